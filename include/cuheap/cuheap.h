@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuheap public interface: what a program (or a test) may call in the preloaded library.
+ * Everything here is safe to call whether or not CUDA was ever used, and from any thread.
+ * Programs that want to stay runnable without cuheap should resolve these with
+ * dlsym(RTLD_DEFAULT, "cuheap_...") and treat a NULL result as "not loaded".
+ */
+#ifndef CUHEAP_CUHEAP_H
+#define CUHEAP_CUHEAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUHEAP_API __attribute__((visibility("default")))
+
+/* Process-wide figures, summed over devices. Sizes are bytes. */
+struct cuheap_stats {
+    uint64_t live_bytes;          /* bytes the program holds now (requested sizes) */
+    uint64_t peak_live_bytes;     /* highest live_bytes seen */
+    uint64_t reserved_bytes;      /* bytes cuheap holds from the driver now (pool arenas + pass-through) */
+    uint64_t peak_reserved_bytes; /* highest reserved_bytes seen */
+    uint64_t nr_allocs;           /* allocation calls that succeeded, all APIs */
+    uint64_t nr_frees;            /* free calls that succeeded, all APIs */
+    uint64_t nr_pool_hits;        /* allocations served from the pool without the driver */
+    uint64_t nr_pool_misses;      /* pool-eligible allocations that needed the driver */
+    uint64_t nr_passthrough;      /* allocations that went to the driver by design */
+    uint64_t nr_ooms;             /* CUDA_ERROR_OUT_OF_MEMORY returned to the program */
+    uint64_t nr_events;           /* events recorded */
+    uint64_t nr_dropped;          /* events dropped because the ring was full */
+    uint64_t nr_arenas;           /* pool arenas held now */
+};
+
+/* Fill *ret with the current figures. size is sizeof(struct cuheap_stats) as the caller knows
+ * it (newer fields are left out for older callers). Returns 0, or -EINVAL. */
+CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size);
+
+/* How many times the program called a hooked driver entry point by its versioned name
+ * ("cuMemAlloc_v2", "cuMemFreeAsync_ptsz", ...), whichever door it came through.
+ * Returns 0 for names cuheap does not hook. */
+CUHEAP_API uint64_t cuheap_call_count(const char *entry_point);
+
+/* Put a named marker into the trace (a phase, a step number). The string is copied. */
+CUHEAP_API void cuheap_mark(const char *label);
+
+/* Entry points for PyTorch's CUDAPluggableAllocator: the stream is known, so a freed block
+ * is reused in stream order (at once on the same stream, after a fence on another).
+ *   alloc = torch.cuda.memory.CUDAPluggableAllocator("libcuheap.so", "cuheap_torch_alloc",
+ *                                                    "cuheap_torch_free")
+ *   torch.cuda.memory.change_current_allocator(alloc)
+ * Returns NULL when the device cannot give the memory. */
+CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream);
+CUHEAP_API void cuheap_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: MIT */
+/* Pass-through allocation map (see addrmap.h). */
+#include "addrmap.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static size_t slot_of(const struct cuheap_addrmap *m, uint64_t key)
+{
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    return (size_t)key & (m->nr_slots - 1);
+}
+
+int cuheap_addrmap_init(struct cuheap_addrmap *m, size_t capacity)
+{
+    if (capacity < 8 || (capacity & (capacity - 1)))
+        return -EINVAL;
+    void *p = mmap(NULL, capacity * sizeof(struct cuheap_addr_entry), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return -ENOMEM;
+    pthread_mutex_init(&m->lock, NULL);
+    m->slots = p;
+    m->nr_slots = capacity;
+    m->nr_used = 0;
+    return 0;
+}
+
+void cuheap_addrmap_destroy(struct cuheap_addrmap *m)
+{
+    if (m->slots)
+        munmap(m->slots, m->nr_slots * sizeof(struct cuheap_addr_entry));
+    m->slots = NULL;
+}
+
+/* Slot holding key, or the empty slot where it would go. m->lock held. */
+static size_t find_locked(const struct cuheap_addrmap *m, uint64_t key)
+{
+    size_t i = slot_of(m, key);
+    while (m->slots[i].key && m->slots[i].key != key)
+        i = (i + 1) & (m->nr_slots - 1);
+    return i;
+}
+
+int cuheap_addrmap_put(struct cuheap_addrmap *m, const struct cuheap_addr_entry *e)
+{
+    if (!e->key)
+        return -EINVAL;
+    pthread_mutex_lock(&m->lock);
+    size_t i = find_locked(m, e->key);
+    if (!m->slots[i].key) {
+        if ((m->nr_used + 1) * 8 > m->nr_slots * 7) {
+            pthread_mutex_unlock(&m->lock);
+            return -ENOSPC;
+        }
+        m->nr_used++;
+    }
+    m->slots[i] = *e;
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}
+
+int cuheap_addrmap_get(struct cuheap_addrmap *m, uint64_t key, struct cuheap_addr_entry *ret)
+{
+    if (!key)
+        return -ENOENT;
+    pthread_mutex_lock(&m->lock);
+    size_t i = find_locked(m, key);
+    int r = m->slots[i].key ? 0 : -ENOENT;
+    if (!r)
+        *ret = m->slots[i];
+    pthread_mutex_unlock(&m->lock);
+    return r;
+}
+
+int cuheap_addrmap_take(struct cuheap_addrmap *m, uint64_t key, struct cuheap_addr_entry *ret)
+{
+    if (!key)
+        return -ENOENT;
+    pthread_mutex_lock(&m->lock);
+    size_t i = find_locked(m, key);
+    if (!m->slots[i].key) {
+        pthread_mutex_unlock(&m->lock);
+        return -ENOENT;
+    }
+    *ret = m->slots[i];
+    /* Backward-shift deletion keeps probe chains intact without tombstones. */
+    size_t mask = m->nr_slots - 1, hole = i;
+    for (size_t j = (i + 1) & mask; m->slots[j].key; j = (j + 1) & mask) {
+        size_t home = slot_of(m, m->slots[j].key);
+        /* Move j into the hole unless its home lies cyclically in (hole, j]. */
+        bool stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!stays) {
+            m->slots[hole] = m->slots[j];
+            hole = j;
+        }
+    }
+    memset(&m->slots[hole], 0, sizeof(m->slots[hole]));
+    m->nr_used--;
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The device backend: the few device operations the pool needs, as function pointers.
+ * backend_cuda.c implements it over the real driver; unit tests implement it over host
+ * memory. Results are 0 on success, CUHEAP_BE_OOM when the device is out of memory, or
+ * another negative value for any other failure.
+ */
+#ifndef CUHEAP_BACKEND_H
+#define CUHEAP_BACKEND_H
+
+#include <stdint.h>
+
+#define CUHEAP_BE_OOM (-12) /* same value as -ENOMEM */
+
+struct cuheap_backend {
+    void *ctx; /* the device (a CUcontext for the CUDA backend) */
+    /* Take / give back device memory for an arena. */
+    int (*mem_alloc)(void *ctx, uint64_t size, uint64_t *ret_ptr);
+    int (*mem_free)(void *ctx, uint64_t ptr);
+    /* A device-wide fence: completes once all work submitted to the device before it does.
+     * query returns 1 when complete, 0 when not yet. */
+    int (*fence_record)(void *ctx, void **ret_fence);
+    int (*fence_query)(void *ctx, void *fence);
+    int (*fence_wait)(void *ctx, void *fence);
+    void (*fence_destroy)(void *ctx, void *fence);
+    /* A fence on one stream only (pluggable allocator frees). */
+    int (*stream_fence_record)(void *ctx, uint64_t stream, void **ret_fence);
+    /* Wait for the whole device, as the driver's free does. */
+    int (*device_sync)(void *ctx);
+    /* What the driver says is free and total on the device. */
+    int (*mem_info)(void *ctx, uint64_t *ret_free, uint64_t *ret_total);
+};
+
+#endif

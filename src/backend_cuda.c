@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The pool's device backend over the real driver. A fence is one event on the legacy stream
+ * (which orders every blocking stream, per-thread default streams included) plus one on every
+ * non-blocking stream cuheap saw created in that context: together they complete only once
+ * all work submitted before them has, which is what the driver's own cuMemFree waits for.
+ *
+ * Fence slots live in struct cuheap_device and are touched only under the pool lock.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "backend.h"
+#include "log.h"
+#include "runtime.h"
+
+#define NR_MAX_STREAMS 4096
+
+struct known_stream {
+    CUcontext ctx;
+    CUstream stream;
+};
+
+static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct known_stream streams[NR_MAX_STREAMS]; /* guarded by streams_lock */
+static unsigned nr_streams;
+
+void cuheap_streams_add(CUcontext ctx, CUstream s)
+{
+    pthread_mutex_lock(&streams_lock);
+    if (nr_streams < NR_MAX_STREAMS)
+        streams[nr_streams++] = (struct known_stream){ctx, s};
+    else
+        cuheap_log_once("more than %d non-blocking streams: frees on the newest are fenced by "
+                        "device syncs only through CUHEAP_REUSE=sync; consider it",
+                        NR_MAX_STREAMS);
+    pthread_mutex_unlock(&streams_lock);
+}
+
+void cuheap_streams_remove(CUstream s)
+{
+    pthread_mutex_lock(&streams_lock);
+    for (unsigned i = 0; i < nr_streams; i++)
+        if (streams[i].stream == s) {
+            streams[i] = streams[--nr_streams];
+            break;
+        }
+    pthread_mutex_unlock(&streams_lock);
+}
+
+/* Make d's context current for the duration of a call; returns whether one was pushed. */
+static bool enter_ctx(struct cuheap_device *d)
+{
+    CUcontext cur = NULL;
+    CUcontext want = atomic_load(&d->ctx);
+    if (cuheap_drv.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == want)
+        return false;
+    return cuheap_drv.cuCtxPushCurrent_v2 && cuheap_drv.cuCtxPushCurrent_v2(want) == CUDA_SUCCESS;
+}
+
+static void leave_ctx(bool pushed)
+{
+    CUcontext dummy;
+    if (pushed)
+        cuheap_drv.cuCtxPopCurrent_v2(&dummy);
+}
+
+static int mem_alloc(void *ctx, uint64_t size, uint64_t *ret_ptr)
+{
+    struct cuheap_device *d = ctx;
+    bool pushed = enter_ctx(d);
+    CUdeviceptr p = 0;
+    CUresult r = cuheap_drv.cuMemAlloc_v2(&p, size);
+    leave_ctx(pushed);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        return CUHEAP_BE_OOM;
+    if (r != CUDA_SUCCESS)
+        return -5;
+    *ret_ptr = p;
+    return 0;
+}
+
+static int mem_free(void *ctx, uint64_t ptr)
+{
+    struct cuheap_device *d = ctx;
+    bool pushed = enter_ctx(d);
+    CUresult r = cuheap_drv.cuMemFree_v2(ptr);
+    leave_ctx(pushed);
+    return r == CUDA_SUCCESS ? 0 : -5;
+}
+
+static int record_on(struct cuheap_fence *f, CUstream s)
+{
+    if (f->nr == CUHEAP_NR_MAX_FENCE_STREAMS)
+        return -1;
+    CUevent *ev = &f->events[f->nr];
+    if (!*ev && cuheap_drv.cuEventCreate(ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        *ev = NULL;
+        return -1;
+    }
+    if (cuheap_drv.cuEventRecord(*ev, s) != CUDA_SUCCESS)
+        return -1;
+    f->nr++;
+    return 0;
+}
+
+static struct cuheap_fence *fence_slot(struct cuheap_device *d)
+{
+    for (unsigned i = 0; i < CUHEAP_NR_FENCES; i++)
+        if (!d->fences[i].in_use) {
+            d->fences[i].in_use = true;
+            d->fences[i].nr = 0;
+            return &d->fences[i];
+        }
+    return NULL;
+}
+
+static int fence_record(void *ctx, void **ret_fence)
+{
+    struct cuheap_device *d = ctx;
+    struct cuheap_fence *f = fence_slot(d);
+    if (!f)
+        return -1;
+    bool pushed = enter_ctx(d);
+    int r = record_on(f, CU_STREAM_LEGACY);
+    CUcontext want = atomic_load(&d->ctx);
+    pthread_mutex_lock(&streams_lock);
+    for (unsigned i = 0; i < nr_streams && r == 0; i++)
+        if (streams[i].ctx == want)
+            r = record_on(f, streams[i].stream);
+    pthread_mutex_unlock(&streams_lock);
+    leave_ctx(pushed);
+    if (r) {
+        f->in_use = false;
+        return -1;
+    }
+    *ret_fence = f;
+    return 0;
+}
+
+static int fence_query(void *ctx, void *fence)
+{
+    (void)ctx;
+    struct cuheap_fence *f = fence;
+    for (unsigned i = 0; i < f->nr; i++)
+        if (cuheap_drv.cuEventQuery(f->events[i]) == CUDA_ERROR_NOT_READY)
+            return 0;
+    return 1; /* complete; a broken context also counts: nothing will run on it again */
+}
+
+static int fence_wait(void *ctx, void *fence)
+{
+    (void)ctx;
+    struct cuheap_fence *f = fence;
+    int r = 0;
+    for (unsigned i = 0; i < f->nr; i++)
+        if (cuheap_drv.cuEventSynchronize(f->events[i]) != CUDA_SUCCESS)
+            r = -1;
+    return r;
+}
+
+static void fence_destroy(void *ctx, void *fence)
+{
+    (void)ctx;
+    struct cuheap_fence *f = fence;
+    f->in_use = false; /* events stay created for the next fence */
+}
+
+static int stream_fence_record(void *ctx, uint64_t stream, void **ret_fence)
+{
+    struct cuheap_device *d = ctx;
+    struct cuheap_fence *f = fence_slot(d);
+    if (!f)
+        return -1;
+    bool pushed = enter_ctx(d);
+    int r = record_on(f, (CUstream)(uintptr_t)stream);
+    leave_ctx(pushed);
+    if (r) {
+        f->in_use = false;
+        return -1;
+    }
+    *ret_fence = f;
+    return 0;
+}
+
+static int device_sync(void *ctx)
+{
+    struct cuheap_device *d = ctx;
+    bool pushed = enter_ctx(d);
+    CUresult r = cuheap_drv.cuCtxSynchronize();
+    leave_ctx(pushed);
+    return r == CUDA_SUCCESS ? 0 : -5;
+}
+
+static int mem_info(void *ctx, uint64_t *ret_free, uint64_t *ret_total)
+{
+    struct cuheap_device *d = ctx;
+    bool pushed = enter_ctx(d);
+    size_t f = 0, t = 0;
+    CUresult r = cuheap_drv.cuMemGetInfo_v2(&f, &t);
+    leave_ctx(pushed);
+    if (r != CUDA_SUCCESS)
+        return -5;
+    *ret_free = f;
+    *ret_total = t;
+    return 0;
+}
+
+void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *ret)
+{
+    *ret = (struct cuheap_backend){
+        .ctx = d,
+        .mem_alloc = mem_alloc,
+        .mem_free = mem_free,
+        .fence_record = fence_record,
+        .fence_query = fence_query,
+        .fence_wait = fence_wait,
+        .fence_destroy = fence_destroy,
+        .stream_fence_record = stream_fence_record,
+        .device_sync = device_sync,
+        .mem_info = mem_info,
+    };
+}

@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A binary buddy allocator over one address range (an arena). Pure bookkeeping: it never
+ * touches the memory it manages, so it works for device addresses. Orders are log2 of block
+ * sizes in bytes, from min_order (the smallest block) to max_order (the arena).
+ *
+ * free_area[order] holds the free blocks of that order in an O(1) list; free_bitmap has bit
+ * `order` set while that list is non-empty, so the smallest fitting order is one ctz away.
+ * Per-unit metadata (one unit = one smallest block) makes pointer-to-block lookup O(1) for
+ * block starts and O(orders) for interior pointers.
+ *
+ * Not thread-safe: the pool holds its lock around every call.
+ */
+#ifndef CUHEAP_BUDDY_H
+#define CUHEAP_BUDDY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CUHEAP_MAX_ORDER 40 /* largest block 1 TiB */
+#define CUHEAP_NR_ORDERS (CUHEAP_MAX_ORDER + 1)
+
+struct cuheap_free_area {
+    uint32_t head;    /* unit of the first free block, CUHEAP_BUDDY_NIL when empty */
+    uint32_t nr_free; /* blocks on the list for this order */
+};
+
+struct cuheap_buddy {
+    uintptr_t base;      /* first byte of the arena, aligned to the smallest block */
+    uint64_t size;       /* bytes, a power of two */
+    unsigned min_order;  /* log2 of the smallest block */
+    unsigned max_order;  /* log2 of size */
+    uint32_t nr_units;   /* size >> min_order */
+    uint64_t free_bitmap;/* bit o set iff free_area[o].nr_free > 0 */
+    uint64_t free_bytes; /* bytes in free blocks */
+    struct cuheap_free_area free_area[CUHEAP_NR_ORDERS];
+    uint8_t *unit_state; /* per unit: HEAD|FREE|order for block starts, 0 inside blocks */
+    uint32_t *next;      /* free-list links, valid for free block starts */
+    uint32_t *prev;
+    size_t meta_bytes;   /* bytes mapped for the three arrays */
+};
+
+#define CUHEAP_BUDDY_NIL UINT32_MAX
+
+/* Set up an empty (all free) arena of size bytes at base. size and min_block are powers of
+ * two, min_block <= size. Metadata comes from mmap, so untouched parts cost no memory.
+ * Returns 0, -EINVAL or -ENOMEM. */
+int cuheap_buddy_init(struct cuheap_buddy *b, uintptr_t base, uint64_t size, uint64_t min_block);
+
+/* Release the metadata. */
+void cuheap_buddy_destroy(struct cuheap_buddy *b);
+
+/* Smallest order that holds size bytes (at least min_order). */
+unsigned cuheap_buddy_order_for(const struct cuheap_buddy *b, uint64_t size);
+
+/* Take a block of at least size bytes. Returns 0 and its address and order, or -ENOMEM. */
+int cuheap_buddy_alloc(struct cuheap_buddy *b, uint64_t size, uintptr_t *ret_addr,
+                       unsigned *ret_order);
+
+/* Give back the block that starts at addr, merging with free buddies. Returns the freed
+ * block's order, or -EINVAL when addr is not the start of an allocated block. */
+int cuheap_buddy_free(struct cuheap_buddy *b, uintptr_t addr);
+
+/* The block (free or allocated) that contains addr. Returns 0, or -EINVAL outside the arena.*/
+int cuheap_buddy_block_of(const struct cuheap_buddy *b, uintptr_t addr, uintptr_t *ret_start,
+                          unsigned *ret_order, bool *ret_allocated);
+
+/* True when every byte is free again (one block of max_order on its list). */
+bool cuheap_buddy_empty(const struct cuheap_buddy *b);
+
+/* Walk the whole arena and check every invariant: blocks tile the arena, lists and bitmap
+ * agree, no two free buddies left unmerged, free_bytes adds up. Returns 0 or -EFAULT, and
+ * when it fails, a description in why (may be NULL). Expensive: tests and debug builds. */
+int cuheap_buddy_check(const struct cuheap_buddy *b, char *why, size_t why_size);
+
+#endif

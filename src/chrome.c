@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+/* Chrome Trace Event writer (see chrome.h). */
+#include "chrome.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+#include "event.h"
+
+static void emit(struct cuheap_chrome *c, json_t *obj)
+{
+    if (!c->first)
+        fputs(",\n", c->f);
+    c->first = false;
+    json_dumpf(obj, c->f, JSON_COMPACT);
+    json_decref(obj);
+}
+
+int cuheap_chrome_begin(struct cuheap_chrome *c, FILE *f, long pid, const char *process_name)
+{
+    memset(c, 0, sizeof(*c));
+    if (cuheap_addrmap_init(&c->live, 1u << 20))
+        return -1;
+    c->f = f;
+    c->first = true;
+    fputs("[\n", f);
+    cuheap_chrome_process(c, pid, process_name);
+    return 0;
+}
+
+void cuheap_chrome_process(struct cuheap_chrome *c, long pid, const char *process_name)
+{
+    c->pid = pid;
+    memset(c->live_bytes, 0, sizeof(c->live_bytes));
+    memset(c->reserved_bytes, 0, sizeof(c->reserved_bytes));
+    emit(c, json_pack("{s:s, s:s, s:I, s:i, s:{s:s}}", "ph", "M", "name", "process_name", "pid",
+                      (json_int_t)pid, "tid", 0, "args", "name", process_name));
+}
+
+static void counter(struct cuheap_chrome *c, int dev, double ts)
+{
+    char name[48];
+    snprintf(name, sizeof(name), "GPU %d memory (bytes)", dev);
+    emit(c, json_pack("{s:s, s:s, s:I, s:i, s:f, s:{s:I, s:I}}", "ph", "C", "name", name, "pid",
+                      (json_int_t)c->pid, "tid", 0, "ts", ts, "args", "live",
+                      (json_int_t)c->live_bytes[dev], "reserved",
+                      (json_int_t)c->reserved_bytes[dev]));
+}
+
+static void slice_name(char *buf, size_t n, int api, uint64_t size, bool pooled)
+{
+    const char *unit = "B";
+    double v = (double)size;
+    if (size >= (1ull << 30)) {
+        v /= (double)(1ull << 30);
+        unit = "GiB";
+    } else if (size >= (1ull << 20)) {
+        v /= (double)(1ull << 20);
+        unit = "MiB";
+    } else if (size >= 1024) {
+        v /= 1024.0;
+        unit = "KiB";
+    }
+    snprintf(buf, n, "%.4g %s %s%s", v, unit, cuheap_api_name((unsigned)api),
+             pooled ? " (pool)" : "");
+}
+
+void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev *e)
+{
+    int dev = e->device >= 0 && e->device < CUHEAP_CHROME_NR_DEVICES ? e->device : -1;
+    char id[40], name[96];
+    snprintf(id, sizeof(id), "0x%" PRIx64, e->ptr);
+    bool device_memory = e->api != CUHEAP_API_HOST && e->api != CUHEAP_API_VMM_MAP;
+    switch (e->type) {
+    case CUHEAP_EV_ALLOC: {
+        slice_name(name, sizeof(name), e->api, e->size, e->pooled);
+        json_t *args = json_pack("{s:I, s:I, s:s, s:i}", "size", (json_int_t)e->size, "actual",
+                                 (json_int_t)e->actual, "ptr", id, "device", e->device);
+        if (e->stack_id)
+            json_object_set_new(args, "stack_id", json_integer(e->stack_id));
+        if (e->stack)
+            json_object_set(args, "stack", e->stack);
+        emit(c, json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f, s:o}", "ph", "b", "cat", "alloc",
+                          "name", name, "id", id, "pid", (json_int_t)c->pid, "tid",
+                          (json_int_t)e->tid, "ts", e->ts_us, "args", args));
+        struct cuheap_addr_entry ent = {e->ptr, e->size, e->actual, (int16_t)e->device,
+                                        (uint8_t)e->api};
+        cuheap_addrmap_put(&c->live, &ent);
+        if (dev >= 0 && device_memory) {
+            c->live_bytes[dev] += (int64_t)e->size;
+            if (!e->pooled)
+                c->reserved_bytes[dev] += (int64_t)e->actual;
+            counter(c, dev, e->ts_us);
+        }
+        break;
+    }
+    case CUHEAP_EV_FREE: {
+        struct cuheap_addr_entry ent;
+        if (cuheap_addrmap_take(&c->live, e->ptr, &ent) == 0)
+            slice_name(name, sizeof(name), ent.api, ent.size, e->pooled);
+        else
+            snprintf(name, sizeof(name), "free");
+        emit(c, json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f}", "ph", "e", "cat", "alloc",
+                          "name", name, "id", id, "pid", (json_int_t)c->pid, "tid",
+                          (json_int_t)e->tid, "ts", e->ts_us));
+        if (dev >= 0 && device_memory) {
+            c->live_bytes[dev] -= (int64_t)e->size;
+            if (!e->pooled)
+                c->reserved_bytes[dev] -= (int64_t)e->actual;
+            counter(c, dev, e->ts_us);
+        }
+        break;
+    }
+    case CUHEAP_EV_ARENA_GROW:
+    case CUHEAP_EV_ARENA_RELEASE:
+        if (dev >= 0) {
+            c->reserved_bytes[dev] += e->type == CUHEAP_EV_ARENA_GROW ? (int64_t)e->size
+                                                                      : -(int64_t)e->size;
+            counter(c, dev, e->ts_us);
+        }
+        break;
+    case CUHEAP_EV_OOM:
+    case CUHEAP_EV_LIMIT:
+        snprintf(name, sizeof(name), "%s: %" PRIu64 " bytes refused on GPU %d",
+                 e->type == CUHEAP_EV_OOM ? "OOM" : "limit", e->size, e->device);
+        emit(c, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:{s:I, s:I, s:I}}", "ph", "i", "s",
+                          "g", "name", name, "pid", (json_int_t)c->pid, "tid", (json_int_t)e->tid,
+                          "ts", e->ts_us, "args", "size", (json_int_t)e->size, "driver_free",
+                          (json_int_t)e->aux, "driver_total", (json_int_t)e->aux2));
+        break;
+    case CUHEAP_EV_MARK:
+        emit(c, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "ph", "i", "s", "p", "name",
+                          e->label ? e->label : "mark", "pid", (json_int_t)c->pid, "tid",
+                          (json_int_t)e->tid, "ts", e->ts_us));
+        break;
+    default:
+        break;
+    }
+}
+
+void cuheap_chrome_end(struct cuheap_chrome *c)
+{
+    fputs("\n]\n", c->f);
+    cuheap_addrmap_destroy(&c->live);
+}

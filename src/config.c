@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The option table and its parsers. Each entry is one environment variable: its default,
+ * the line the README shows, and the parser that fills struct cuheap_config.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct option;
+typedef int (*parse_fn)(const struct option *opt, const char *value, struct cuheap_config *cfg);
+
+struct option {
+    const char *name;
+    const char *dflt;
+    const char *doc;
+    parse_fn parse;
+    size_t offset;      /* field in struct cuheap_config */
+    uint64_t min, max;  /* inclusive bounds for numbers */
+    const char *const *choices; /* for enums, NULL-terminated, index = enum value */
+};
+
+static bool is_pow2(uint64_t v)
+{
+    return v && !(v & (v - 1));
+}
+
+int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
+                      unsigned *ret_permille)
+{
+    if (!s || !*s)
+        return -EINVAL;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0 || !isfinite(v))
+        return -EINVAL;
+    while (*end == ' ')
+        end++;
+    if (*end == '%') {
+        if (!allow_percent || end[1] || v <= 0 || v > 100)
+            return -EINVAL;
+        *ret_permille = (unsigned)(v * 10 + 0.5);
+        *ret_bytes = 0;
+        return 0;
+    }
+    double mult = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': mult = 1024.0; end++; break;
+    case 'M': mult = 1024.0 * 1024; end++; break;
+    case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: return -EINVAL;
+    }
+    if (*end == 'i' || *end == 'I')
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end)
+        return -EINVAL;
+    double bytes = v * mult;
+    if (bytes > 1.8e19)
+        return -EINVAL;
+    *ret_bytes = (uint64_t)bytes;
+    if (ret_permille)
+        *ret_permille = 0;
+    return 0;
+}
+
+static int parse_bool(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    bool *field = (bool *)((char *)cfg + opt->offset);
+    if (!strcmp(v, "1") || !strcasecmp(v, "on") || !strcasecmp(v, "yes") || !strcasecmp(v, "true"))
+        *field = true;
+    else if (!strcmp(v, "0") || !strcasecmp(v, "off") || !strcasecmp(v, "no") ||
+             !strcasecmp(v, "false"))
+        *field = false;
+    else
+        return -EINVAL;
+    return 0;
+}
+
+static int parse_uint(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (errno || end == v || *end || v[0] == '-' || n < opt->min || n > opt->max)
+        return -EINVAL;
+    *(unsigned *)((char *)cfg + opt->offset) = (unsigned)n;
+    return 0;
+}
+
+static int parse_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    uint64_t n;
+    unsigned pm;
+    if (cuheap_parse_size(v, false, &n, &pm) || n < opt->min || n > opt->max)
+        return -EINVAL;
+    *(uint64_t *)((char *)cfg + opt->offset) = n;
+    return 0;
+}
+
+static int parse_pow2_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    uint64_t n;
+    unsigned pm;
+    if (cuheap_parse_size(v, false, &n, &pm) || !is_pow2(n) || n < opt->min || n > opt->max)
+        return -EINVAL;
+    *(uint64_t *)((char *)cfg + opt->offset) = n;
+    return 0;
+}
+
+static int parse_pow2_uint(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    if (parse_uint(opt, v, cfg))
+        return -EINVAL;
+    return is_pow2(*(unsigned *)((char *)cfg + opt->offset)) ? 0 : -EINVAL;
+}
+
+static int parse_limit(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    (void)opt;
+    uint64_t n;
+    unsigned pm;
+    if (!strcasecmp(v, "none") || !strcmp(v, "0")) {
+        cfg->limit_bytes = 0;
+        cfg->limit_permille = 0;
+        return 0;
+    }
+    if (cuheap_parse_size(v, true, &n, &pm) || (!n && !pm))
+        return -EINVAL;
+    cfg->limit_bytes = n;
+    cfg->limit_permille = pm;
+    return 0;
+}
+
+static int parse_enum(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    for (int i = 0; opt->choices[i]; i++)
+        if (!strcasecmp(v, opt->choices[i])) {
+            *(int *)((char *)cfg + opt->offset) = i;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+static int parse_path(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    if (!*v || strlen(v) >= CUHEAP_PATH_MAX)
+        return -EINVAL;
+    memcpy((char *)cfg + opt->offset, v, strlen(v) + 1);
+    return 0;
+}
+
+static const char *const reuse_names[] = {"fence", "sync", "immediate", NULL};
+static const char *const release_names[] = {"oom", "empty", "never", NULL};
+static const char *const format_names[] = {"jsonl", "chrome", NULL};
+
+#define FIELD(f) offsetof(struct cuheap_config, f)
+#define KIB 1024ull
+#define MIB (1024ull * KIB)
+#define GIB (1024ull * MIB)
+#define TIB (1024ull * GIB)
+
+static const struct option options[] = {
+    {"CUHEAP_POOL", "1", "serve cuMemAlloc/cudaMalloc from cuheap's pool (0: record only)",
+     parse_bool, FIELD(pool), 0, 0, NULL},
+    {"CUHEAP_POOL_INIT", "0", "bytes reserved per device at first use", parse_bytes,
+     FIELD(pool_init), 0, 64 * TIB, NULL},
+    {"CUHEAP_ARENA_SIZE", "256M", "bytes taken from the driver per arena (power of two)",
+     parse_pow2_bytes, FIELD(arena_size), 2 * MIB, 64 * GIB, NULL},
+    {"CUHEAP_MIN_BLOCK", "512", "smallest pool block (power of two)", parse_pow2_bytes,
+     FIELD(min_block), 256, 2 * MIB, NULL},
+    {"CUHEAP_POOL_MAX", "64M", "largest request served from the pool; larger go to the driver",
+     parse_bytes, FIELD(pool_max), 1, 64 * GIB, NULL},
+    {"CUHEAP_RELEASE", "oom", "when empty arenas go back to the driver: oom, empty, never",
+     parse_enum, FIELD(release), 0, 0, release_names},
+    {"CUHEAP_REUSE", "fence", "when a freed block may be reused: fence, sync, immediate",
+     parse_enum, FIELD(reuse), 0, 0, reuse_names},
+    {"CUHEAP_FENCE_BATCH", "64", "frees collected before a fence is recorded", parse_uint,
+     FIELD(fence_batch), 1, 1u << 20, NULL},
+    {"CUHEAP_LIMIT", "none", "per-device limit: bytes (K/M/G) or a percentage of the device",
+     parse_limit, 0, 0, 0, NULL},
+    {"CUHEAP_RECORD", "1", "record events into the trace", parse_bool, FIELD(record), 0, 0,
+     NULL},
+    {"CUHEAP_STACK_DEPTH", "32", "native frames recorded per event (0: no stacks, at most 64)",
+     parse_uint, FIELD(stack_depth), 0, CUHEAP_MAX_STACK_DEPTH, NULL},
+    {"CUHEAP_PYTHON", "1", "add Python frames when the allocating thread runs Python",
+     parse_bool, FIELD(python), 0, 0, NULL},
+    {"CUHEAP_RING", "16384", "event ring slots (power of two)", parse_pow2_uint,
+     FIELD(ring_slots), 64, 1u << 22, NULL},
+    {"CUHEAP_OUTPUT", "cuheap-%p.jsonl",
+     "trace path; %p pid, %r rank (RANK/LOCAL_RANK), %h host; with a rank the default is "
+     "cuheap-r%r-%p.jsonl",
+     parse_path, FIELD(output), 0, 0, NULL},
+    {"CUHEAP_FORMAT", "jsonl", "trace format: jsonl (cuheap) or chrome (Perfetto)", parse_enum,
+     FIELD(format), 0, 0, format_names},
+    {"CUHEAP_SUMMARY", "1", "print a summary on stderr at exit", parse_bool, FIELD(summary), 0,
+     0, NULL},
+    {"CUHEAP_VERBOSE", "0", "print the effective settings at start", parse_bool,
+     FIELD(verbose), 0, 0, NULL},
+    {"CUHEAP_FLUSH_MS", "200", "how often the trace is flushed to disk", parse_uint,
+     FIELD(flush_ms), 1, 60000, NULL},
+};
+
+#define NR_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static void set_defaults(struct cuheap_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < NR_OPTIONS; i++) {
+        int r = options[i].parse(&options[i], options[i].dflt, cfg);
+        (void)r; /* defaults are valid by construction; test-config checks it */
+    }
+}
+
+int cuheap_config_parse(struct cuheap_config *cfg, cuheap_getenv_fn get, cuheap_warn_fn warn,
+                        void *arg)
+{
+    int nr_warnings = 0;
+    set_defaults(cfg);
+    for (size_t i = 0; i < NR_OPTIONS; i++) {
+        const char *v = get(options[i].name, arg);
+        if (!v)
+            continue;
+        struct cuheap_config trial = *cfg;
+        if (options[i].parse(&options[i], v, &trial) == 0) {
+            *cfg = trial;
+            continue;
+        }
+        char line[CUHEAP_PATH_MAX + 160];
+        snprintf(line, sizeof(line), "ignoring %s=\"%.*s\": expected %s; keeping %s",
+                 options[i].name, 64, v, options[i].doc, options[i].dflt);
+        warn(line, arg);
+        nr_warnings++;
+    }
+    if (cfg->pool_max > cfg->arena_size) {
+        char line[160];
+        snprintf(line, sizeof(line),
+                 "CUHEAP_POOL_MAX is larger than CUHEAP_ARENA_SIZE; using %" PRIu64,
+                 cfg->arena_size);
+        warn(line, arg);
+        cfg->pool_max = cfg->arena_size;
+        nr_warnings++;
+    }
+    if (cfg->min_block > cfg->arena_size)
+        cfg->min_block = cfg->arena_size;
+    return nr_warnings;
+}
+
+void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, void *arg)
+{
+    char line[CUHEAP_PATH_MAX + 64];
+#define EMIT(...)                                                                                  \
+    do {                                                                                           \
+        snprintf(line, sizeof(line), __VA_ARGS__);                                                 \
+        emit(line, arg);                                                                           \
+    } while (0)
+    EMIT("CUHEAP_POOL=%d", cfg->pool);
+    EMIT("CUHEAP_POOL_INIT=%" PRIu64, cfg->pool_init);
+    EMIT("CUHEAP_ARENA_SIZE=%" PRIu64, cfg->arena_size);
+    EMIT("CUHEAP_MIN_BLOCK=%" PRIu64, cfg->min_block);
+    EMIT("CUHEAP_POOL_MAX=%" PRIu64, cfg->pool_max);
+    EMIT("CUHEAP_RELEASE=%s", release_names[cfg->release]);
+    EMIT("CUHEAP_REUSE=%s", reuse_names[cfg->reuse]);
+    EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
+    if (cfg->limit_permille)
+        EMIT("CUHEAP_LIMIT=%u.%u%%", cfg->limit_permille / 10, cfg->limit_permille % 10);
+    else
+        EMIT("CUHEAP_LIMIT=%" PRIu64, cfg->limit_bytes);
+    EMIT("CUHEAP_RECORD=%d", cfg->record);
+    EMIT("CUHEAP_STACK_DEPTH=%u", cfg->stack_depth);
+    EMIT("CUHEAP_PYTHON=%d", cfg->python);
+    EMIT("CUHEAP_RING=%u", cfg->ring_slots);
+    EMIT("CUHEAP_OUTPUT=%s", cfg->output);
+    EMIT("CUHEAP_FORMAT=%s", format_names[cfg->format]);
+    EMIT("CUHEAP_SUMMARY=%d", cfg->summary);
+    EMIT("CUHEAP_FLUSH_MS=%u", cfg->flush_ms);
+#undef EMIT
+}
+
+const char *cuheap_reuse_name(enum cuheap_reuse r)
+{
+    return reuse_names[r];
+}
+
+void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
+                        const char *host)
+{
+    size_t o = 0;
+    for (const char *p = tmpl; *p && o + 1 < size; p++) {
+        char tmp[64];
+        const char *ins = NULL;
+        if (*p == '%' && p[1]) {
+            p++;
+            switch (*p) {
+            case 'p': snprintf(tmp, sizeof(tmp), "%ld", pid); ins = tmp; break;
+            case 'r': ins = rank && *rank ? rank : "0"; break;
+            case 'h': ins = host && *host ? host : "localhost"; break;
+            case '%': ins = "%"; break;
+            default: tmp[0] = '%'; tmp[1] = *p; tmp[2] = 0; ins = tmp; break;
+            }
+            for (; *ins && o + 1 < size; ins++)
+                out[o++] = *ins;
+        } else {
+            out[o++] = *p;
+        }
+    }
+    out[o] = 0;
+}

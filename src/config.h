@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Settings, from CUHEAP_* environment variables, through one option table (config.c) that
+ * also holds each option's default and the text the README documents. Parsing is pure: the
+ * caller passes how to read a variable and where warnings go, so tests drive it directly.
+ */
+#ifndef CUHEAP_CONFIG_H
+#define CUHEAP_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum cuheap_reuse {
+    CUHEAP_REUSE_FENCE,     /* freed blocks wait for a device-wide fence (default) */
+    CUHEAP_REUSE_SYNC,      /* every free waits for the device, like the driver's */
+    CUHEAP_REUSE_IMMEDIATE, /* reuse at once: single-stream programs only */
+};
+
+enum cuheap_release {
+    CUHEAP_RELEASE_OOM,   /* give empty arenas back only when the driver runs out (default) */
+    CUHEAP_RELEASE_EMPTY, /* give an arena back as soon as it is empty */
+    CUHEAP_RELEASE_NEVER, /* keep every arena until exit */
+};
+
+enum cuheap_format {
+    CUHEAP_FORMAT_JSONL,  /* JSON Lines, the cuheap trace format (default) */
+    CUHEAP_FORMAT_CHROME, /* Chrome Trace Event JSON for Perfetto */
+};
+
+#define CUHEAP_MAX_STACK_DEPTH 64
+#define CUHEAP_PATH_MAX 512
+
+struct cuheap_config {
+    bool pool;                   /* serve cuMemAlloc from the pool */
+    uint64_t pool_init;          /* bytes reserved per device at first use */
+    uint64_t arena_size;         /* bytes per arena, power of two */
+    uint64_t min_block;          /* smallest block, power of two */
+    uint64_t pool_max;           /* largest request served from the pool */
+    enum cuheap_release release;
+    enum cuheap_reuse reuse;
+    unsigned fence_batch;        /* frees per fence epoch */
+    uint64_t limit_bytes;        /* per-device limit in bytes, 0 = none */
+    unsigned limit_permille;     /* per-device limit as a share of the device, 0 = none */
+    bool record;                 /* record events at all */
+    unsigned stack_depth;        /* native frames per event, 0 = no stacks */
+    bool python;                 /* add Python frames when the thread holds the GIL */
+    unsigned ring_slots;         /* ring capacity, power of two */
+    char output[CUHEAP_PATH_MAX];/* trace path template (%p pid, %r rank, %h host) */
+    enum cuheap_format format;
+    bool summary;                /* print the exit summary on stderr */
+    bool verbose;                /* print the effective settings at start */
+    unsigned flush_ms;           /* trace flush interval */
+};
+
+/* How to read one variable (NULL when unset) and where to put a warning line. */
+typedef const char *(*cuheap_getenv_fn)(const char *name, void *arg);
+typedef void (*cuheap_warn_fn)(const char *line, void *arg);
+
+/* Fill *cfg with defaults, then apply every variable get() returns. A bad value produces one
+ * warning naming the variable and the value, and the default is kept. Returns the number of
+ * warnings. */
+int cuheap_config_parse(struct cuheap_config *cfg, cuheap_getenv_fn get, cuheap_warn_fn warn,
+                        void *arg);
+
+/* Write "NAME=value" lines of the effective settings through warn (for CUHEAP_VERBOSE). */
+void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, void *arg);
+
+/* Parse "123", "64K", "1.5G", "80%" style sizes. Percentages set *ret_permille instead.
+ * Returns 0 or -EINVAL. Exposed for the tool's command line. */
+int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
+                      unsigned *ret_permille);
+
+/* Expand %p (pid), %r (rank or 0), %h (host name) and %% in a path template. */
+void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
+                        const char *host);
+
+/* "fence", "sync" or "immediate". */
+const char *cuheap_reuse_name(enum cuheap_reuse r);
+
+#endif

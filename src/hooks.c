@@ -1,0 +1,852 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The exported driver hooks: the one choke point every CUDA runtime, framework and library
+ * reaches (see DESIGN.md, "Doors"). Each hook translates the call, lets the pool or the
+ * pass-through map do the work, records exactly one event, and otherwise behaves like the
+ * driver: same results, same error codes. When cuheap cannot do its part the driver's own
+ * answer goes back unchanged.
+ *
+ * Three ways in, one set of hooks:
+ *   - the symbols themselves (programs linked with -lcuda; LD_PRELOAD puts ours first);
+ *   - dlsym(handle, "cu...") on the driver (our dlsym override);
+ *   - cuGetProcAddress / cuGetProcAddress_v2, which every CUDA runtime uses: the driver's
+ *     answer is matched by pointer against the real functions we hook, so _ptsz twins and
+ *     ABI versions map to the right hook and anything else passes through untouched.
+ */
+#include <cuheap/cuheap.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "driver.h"
+#include "event.h"
+#include "log.h"
+#include "recorder.h"
+#include "runtime.h"
+
+#define CUHEAP_EXPORT __attribute__((visibility("default")))
+
+/* Every hooked entry point, by its versioned driver name. */
+#define CUHEAP_HOOKS(X)                                                                            \
+    X(cuMemAlloc_v2)                                                                               \
+    X(cuMemAllocPitch_v2)                                                                          \
+    X(cuMemFree_v2)                                                                                \
+    X(cuMemAllocAsync)                                                                             \
+    X(cuMemAllocAsync_ptsz)                                                                        \
+    X(cuMemAllocFromPoolAsync)                                                                     \
+    X(cuMemAllocFromPoolAsync_ptsz)                                                                \
+    X(cuMemFreeAsync)                                                                              \
+    X(cuMemFreeAsync_ptsz)                                                                         \
+    X(cuMemAllocManaged)                                                                           \
+    X(cuMemHostAlloc)                                                                              \
+    X(cuMemAllocHost_v2)                                                                           \
+    X(cuMemFreeHost)                                                                               \
+    X(cuMemCreate)                                                                                 \
+    X(cuMemRelease)                                                                                \
+    X(cuMemMap)                                                                                    \
+    X(cuMemUnmap)                                                                                  \
+    X(cuMemGetInfo_v2)                                                                             \
+    X(cuMemGetAddressRange_v2)                                                                     \
+    X(cuPointerGetAttribute)                                                                       \
+    X(cuPointerGetAttributes)                                                                      \
+    X(cuIpcGetMemHandle)                                                                           \
+    X(cuStreamCreate)                                                                              \
+    X(cuStreamCreateWithPriority)                                                                  \
+    X(cuStreamDestroy_v2)                                                                          \
+    X(cuStreamBeginCapture_v2)                                                                     \
+    X(cuStreamBeginCapture_v2_ptsz)                                                                \
+    X(cuStreamEndCapture)                                                                          \
+    X(cuStreamEndCapture_ptsz)                                                                     \
+    X(cuGetProcAddress)                                                                            \
+    X(cuGetProcAddress_v2)
+
+enum hook_id {
+#define CUHEAP_HOOK_ID(name) H_##name,
+    CUHEAP_HOOKS(CUHEAP_HOOK_ID)
+#undef CUHEAP_HOOK_ID
+    NR_HOOKS
+};
+
+/* Prototypes of the hooks cuda.h does not declare under these names. */
+CUHEAP_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s);
+CUHEAP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size,
+                                                    CUmemoryPool pool, CUstream s);
+CUHEAP_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
+CUHEAP_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
+CUHEAP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
+CUHEAP_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g);
+CUHEAP_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                        cuuint64_t flags);
+CUHEAP_EXPORT void *dlsym(void *handle, const char *name);
+
+typedef void (*cuheap_fn)(void); /* any function, as ISO C allows casting between them */
+
+static const struct hook_entry {
+    const char *name;
+    cuheap_fn hook;
+    size_t real_offset; /* of the real pointer in struct cuheap_driver */
+} hooks[NR_HOOKS] = {
+#define CUHEAP_HOOK_ENTRY(name) [H_##name] = {#name, (cuheap_fn)name, offsetof(struct cuheap_driver, name)},
+    CUHEAP_HOOKS(CUHEAP_HOOK_ENTRY)
+#undef CUHEAP_HOOK_ENTRY
+};
+
+static _Atomic uint64_t calls[NR_HOOKS];
+static __thread int in_hook __attribute__((tls_model("initial-exec")));
+
+static void *real_of(const struct hook_entry *h)
+{
+    return *(void **)((char *)&cuheap_drv + h->real_offset);
+}
+
+/* The hook for a real driver function, or NULL when we do not hook it. */
+static void *hook_for_real(void *real)
+{
+    if (!real)
+        return NULL;
+    for (int i = 0; i < NR_HOOKS; i++)
+        if (real_of(&hooks[i]) == real) {
+            void *hook;
+            memcpy(&hook, &hooks[i].hook, sizeof(hook));
+            return hook;
+        }
+    return NULL;
+}
+
+/* Count the call; decide whether cuheap does its part (active) or only forwards. */
+#define ENTER(name)                                                                                \
+    atomic_fetch_add_explicit(&calls[H_##name], 1, memory_order_relaxed);                          \
+    bool active = !in_hook && cuheap_boot();                                                       \
+    if (!active && (cuheap_driver_load() || !cuheap_drv.name))                                     \
+        return CUDA_ERROR_NOT_INITIALIZED;                                                         \
+    if (active)                                                                                    \
+        in_hook = 1;
+
+#define LEAVE(value)                                                                               \
+    do {                                                                                           \
+        if (active)                                                                                \
+            in_hook = 0;                                                                           \
+        return (value);                                                                            \
+    } while (0)
+
+static uint8_t capture_flag(void)
+{
+    return cuheap_capturing() ? CUHEAP_EVF_CAPTURE : 0;
+}
+
+/* What the driver reserves for a request: 2 MiB pages for large ones, 512 B otherwise. */
+static uint64_t driver_rounded(uint64_t n)
+{
+    const uint64_t page = 2ull << 20;
+    return n >= page ? (n + page - 1) & ~(page - 1) : (n + 511) & ~511ull;
+}
+
+static void record_alloc(struct cuheap_device *d, int api, uint8_t flags, uint64_t ptr,
+                         uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
+{
+    atomic_fetch_add_explicit(&cuheap_nr_allocs, 1, memory_order_relaxed);
+    struct cuheap_rec r = {.type = CUHEAP_EV_ALLOC, .api = (uint8_t)api,
+                           .flags = (uint8_t)(flags | capture_flag()),
+                           .device = (int16_t)(d ? d->ordinal : -1), .seq = seq, .ptr = ptr,
+                           .size = size, .actual = actual, .stream = stream};
+    cuheap_record(&r);
+}
+
+static void record_free(int device, int api, uint8_t flags, uint64_t ptr, uint64_t size,
+                        uint64_t actual, uint64_t stream, uint64_t seq)
+{
+    atomic_fetch_add_explicit(&cuheap_nr_frees, 1, memory_order_relaxed);
+    struct cuheap_rec r = {.type = CUHEAP_EV_FREE, .api = (uint8_t)api,
+                           .flags = (uint8_t)(flags | capture_flag()), .device = (int16_t)device,
+                           .seq = seq, .ptr = ptr, .size = size, .actual = actual,
+                           .stream = stream};
+    cuheap_record(&r);
+}
+
+static void record_oom(struct cuheap_device *d, int api, uint64_t size, bool by_limit)
+{
+    atomic_fetch_add_explicit(&cuheap_nr_ooms, 1, memory_order_relaxed);
+    size_t f = 0, t = 0;
+    cuheap_drv.cuMemGetInfo_v2(&f, &t);
+    struct cuheap_rec r = {.type = by_limit ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM,
+                           .api = (uint8_t)api, .device = (int16_t)(d ? d->ordinal : -1),
+                           .size = size, .aux = f, .aux2 = by_limit && d ? d->limit : t,
+                           .result = CUDA_ERROR_OUT_OF_MEMORY};
+    cuheap_record(&r);
+}
+
+/* ---- pass-through allocations ---- */
+
+/* Count actual bytes against the device's limit before asking the driver. Under pressure
+ * the pool gives back what it can spare first. */
+static bool admit(struct cuheap_device *d, uint64_t actual)
+{
+    if (!d)
+        return true;
+    uint64_t now = atomic_fetch_add(&d->reserved, actual) + actual;
+    if (!d->limit || now <= d->limit)
+        return true;
+    atomic_fetch_sub(&d->reserved, actual);
+    if (cuheap_cfg.release == CUHEAP_RELEASE_NEVER || !cuheap_pool_trim(&d->pool, false))
+        return false;
+    now = atomic_fetch_add(&d->reserved, actual) + actual;
+    if (now <= d->limit)
+        return true;
+    atomic_fetch_sub(&d->reserved, actual);
+    return false;
+}
+
+/* After the driver said out of memory: give back empty arenas and say whether to retry. */
+static bool reclaim_for_driver(struct cuheap_device *d)
+{
+    return d && cuheap_cfg.release != CUHEAP_RELEASE_NEVER && cuheap_pool_trim(&d->pool, false);
+}
+
+/* Book-keep a pass-through allocation once the driver answered. */
+static CUresult passthru_done(struct cuheap_device *d, CUresult r, int api, uint64_t key,
+                              uint64_t size, uint64_t actual, uint64_t stream, bool device_mem)
+{
+    if (r != CUDA_SUCCESS) {
+        if (d && device_mem)
+            atomic_fetch_sub(&d->reserved, actual);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            record_oom(d, api, size, false);
+        return r;
+    }
+    uint64_t seq = cuheap_seq_next();
+    struct cuheap_addr_entry e = {key, size, actual, (int16_t)(device_mem && d ? d->ordinal : -1),
+                                  (uint8_t)api};
+    if (cuheap_addrmap_put(&cuheap_passthru, &e))
+        cuheap_log_once("allocation table full: some frees will be recorded without sizes");
+    atomic_fetch_add_explicit(&cuheap_nr_passthrough, 1, memory_order_relaxed);
+    if (device_mem)
+        cuheap_account(d, (int64_t)size, 0);
+    record_alloc(device_mem ? d : NULL, api, 0, key, size, actual, stream, seq);
+    return r;
+}
+
+/* Free through the driver, keeping the map and the accounting exact: take the entry (and
+ * the sequence number: a reuse of the address by the driver must come after the free) before
+ * the call, then settle once the driver answered. */
+struct passthru_free {
+    struct cuheap_addr_entry entry;
+    bool known;
+    uint64_t seq;
+};
+
+static void passthru_free_begin(struct passthru_free *f, uint64_t key)
+{
+    memset(f, 0, sizeof(*f));
+    f->known = cuheap_addrmap_take(&cuheap_passthru, key, &f->entry) == 0;
+    f->seq = cuheap_seq_next();
+}
+
+static CUresult passthru_free_end(struct passthru_free *f, CUresult r, uint64_t key, int api,
+                                  uint64_t stream)
+{
+    if (r != CUDA_SUCCESS) {
+        if (f->known)
+            cuheap_addrmap_put(&cuheap_passthru, &f->entry);
+        return r;
+    }
+    int dev = f->known ? f->entry.device : -1;
+    if (dev >= 0)
+        cuheap_account(cuheap_device_by_ordinal(dev), -(int64_t)f->entry.size,
+                       -(int64_t)f->entry.actual);
+    record_free(dev, f->known ? f->entry.api : api, 0, key, f->entry.size, f->entry.actual,
+                stream, f->seq);
+    return r;
+}
+
+#define PASSTHRU_FREE(key, api, stream, call)                                                      \
+    do {                                                                                           \
+        struct passthru_free pf_;                                                                  \
+        passthru_free_begin(&pf_, (key));                                                          \
+        CUresult r_ = (call);                                                                      \
+        LEAVE(passthru_free_end(&pf_, r_, (key), (api), (stream)));                                \
+    } while (0)
+
+/* ---- the pool's doors ---- */
+
+/* Serve from the pool. Returns 1 when served (*ret set), 0 to pass through, -1 for OOM. */
+static int pool_alloc(struct cuheap_device *d, int api, uint64_t size, uint64_t stream,
+                      CUdeviceptr *ret)
+{
+    if (!d || !cuheap_cfg.pool)
+        return 0;
+    uint64_t ptr, block, seq;
+    int r = cuheap_pool_alloc(&d->pool, size, stream, &ptr, &block, &seq);
+    if (r == CUHEAP_POOL_PASS)
+        return 0;
+    if (r < 0) {
+        record_oom(d, api, size, d->limit && atomic_load(&d->reserved) + size > d->limit);
+        return -1;
+    }
+    *ret = (CUdeviceptr)ptr;
+    cuheap_account(d, (int64_t)size, 0);
+    record_alloc(d, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
+    return 1;
+}
+
+/* Free a pooled pointer. Returns 1 when freed, 0 when not ours, -1 for an invalid free. */
+static int pool_free(uint64_t ptr, uint64_t stream, int api)
+{
+    struct cuheap_pool *p = cuheap_pool_of(ptr);
+    if (!p)
+        return 0;
+    uint64_t size, block, seq;
+    if (cuheap_pool_free(p, ptr, stream, &size, &block, &seq))
+        return -1;
+    cuheap_account((struct cuheap_device *)p->be.ctx, -(int64_t)size, 0);
+    record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
+    return 1;
+}
+
+CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    ENTER(cuMemAlloc_v2);
+    if (!active || !dptr || !size)
+        LEAVE(cuheap_drv.cuMemAlloc_v2(dptr, size));
+    struct cuheap_device *d = cuheap_device_current();
+    int served = pool_alloc(d, CUHEAP_API_MEM_ALLOC, size, 0, dptr);
+    if (served)
+        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
+    uint64_t actual = driver_rounded(size);
+    if (!admit(d, actual)) {
+        record_oom(d, CUHEAP_API_MEM_ALLOC, size, true);
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    CUresult r = cuheap_drv.cuMemAlloc_v2(dptr, size);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))
+        r = cuheap_drv.cuMemAlloc_v2(dptr, size);
+    LEAVE(passthru_done(d, r, CUHEAP_API_MEM_ALLOC, r ? 0 : *dptr, size, actual, 0, true));
+}
+
+CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                          size_t height, unsigned int elem)
+{
+    ENTER(cuMemAllocPitch_v2);
+    bool valid = dptr && pitch && width && height && (elem == 4 || elem == 8 || elem == 16);
+    if (!active || !valid)
+        LEAVE(cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
+    struct cuheap_device *d = cuheap_device_current();
+    /* 512-byte rows satisfy every pitch alignment the driver asks of 2D accesses. */
+    size_t row = (width + 511) & ~(size_t)511;
+    if (height <= SIZE_MAX / row) {
+        int served = pool_alloc(d, CUHEAP_API_PITCH, (uint64_t)row * height, 0, dptr);
+        if (served > 0)
+            *pitch = row;
+        if (served)
+            LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    uint64_t actual = driver_rounded((uint64_t)row * height);
+    if (!admit(d, actual)) {
+        record_oom(d, CUHEAP_API_PITCH, actual, true);
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    CUresult r = cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+    LEAVE(passthru_done(d, r, CUHEAP_API_PITCH, r ? 0 : *dptr, r ? actual : *pitch * height,
+                        actual, 0, true));
+}
+
+CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    ENTER(cuMemFree_v2);
+    if (!active || !dptr)
+        LEAVE(cuheap_drv.cuMemFree_v2(dptr));
+    int freed = pool_free(dptr, 0, CUHEAP_API_MEM_ALLOC);
+    if (freed)
+        LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+    PASSTHRU_FREE(dptr, CUHEAP_API_MEM_ALLOC, 0, cuheap_drv.cuMemFree_v2(dptr));
+}
+
+/* Stream-ordered allocations belong to the driver's own pools; they pass through. */
+#define ASYNC_ALLOC(name, api, call)                                                               \
+    ENTER(name);                                                                                   \
+    if (!active || !dptr || !size)                                                                 \
+        LEAVE(call);                                                                               \
+    struct cuheap_device *d = cuheap_device_current();                                             \
+    uint64_t actual = (size + 511) & ~(uint64_t)511;                                               \
+    if (!admit(d, actual)) {                                                                       \
+        record_oom(d, api, size, true);                                                            \
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);                                                           \
+    }                                                                                              \
+    CUresult r = call;                                                                             \
+    LEAVE(passthru_done(d, r, api, r ? 0 : *dptr, size, actual, (uint64_t)(uintptr_t)s, true))
+
+CUHEAP_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    ASYNC_ALLOC(cuMemAllocAsync, CUHEAP_API_ASYNC, cuheap_drv.cuMemAllocAsync(dptr, size, s));
+}
+
+CUHEAP_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    ASYNC_ALLOC(cuMemAllocAsync_ptsz, CUHEAP_API_ASYNC,
+                cuheap_drv.cuMemAllocAsync_ptsz(dptr, size, s));
+}
+
+CUHEAP_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                               CUstream s)
+{
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync, CUHEAP_API_POOL_ASYNC,
+                cuheap_drv.cuMemAllocFromPoolAsync(dptr, size, pool, s));
+}
+
+CUHEAP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size,
+                                                    CUmemoryPool pool, CUstream s)
+{
+    ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, CUHEAP_API_POOL_ASYNC,
+                cuheap_drv.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, s));
+}
+
+/* cudaFreeAsync of a pooled pointer is a stream-ordered free of our block. */
+#define ASYNC_FREE(name, call)                                                                     \
+    ENTER(name);                                                                                   \
+    if (!active || !dptr)                                                                          \
+        LEAVE(call);                                                                               \
+    int freed = pool_free(dptr, s ? (uint64_t)(uintptr_t)s : 1, CUHEAP_API_ASYNC);                 \
+    if (freed)                                                                                     \
+        LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);                                \
+    PASSTHRU_FREE(dptr, CUHEAP_API_ASYNC, (uint64_t)(uintptr_t)s, call)
+
+CUHEAP_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+{
+    ASYNC_FREE(cuMemFreeAsync, cuheap_drv.cuMemFreeAsync(dptr, s));
+}
+
+CUHEAP_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
+{
+    ASYNC_FREE(cuMemFreeAsync_ptsz, cuheap_drv.cuMemFreeAsync_ptsz(dptr, s));
+}
+
+CUHEAP_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    ENTER(cuMemAllocManaged);
+    if (!active || !dptr || !size)
+        LEAVE(cuheap_drv.cuMemAllocManaged(dptr, size, flags));
+    struct cuheap_device *d = cuheap_device_current();
+    uint64_t actual = driver_rounded(size);
+    if (!admit(d, actual)) {
+        record_oom(d, CUHEAP_API_MANAGED, size, true);
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    CUresult r = cuheap_drv.cuMemAllocManaged(dptr, size, flags);
+    LEAVE(passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, true));
+}
+
+/* Pinned host memory: recorded, not counted against the device. */
+CUHEAP_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
+{
+    ENTER(cuMemHostAlloc);
+    CUresult r = cuheap_drv.cuMemHostAlloc(pp, size, flags);
+    if (!active)
+        LEAVE(r);
+    LEAVE(passthru_done(cuheap_device_current(), r, CUHEAP_API_HOST,
+                        r ? 0 : (uint64_t)(uintptr_t)*pp, size, size, 0, false));
+}
+
+CUHEAP_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
+{
+    ENTER(cuMemAllocHost_v2);
+    CUresult r = cuheap_drv.cuMemAllocHost_v2(pp, size);
+    if (!active)
+        LEAVE(r);
+    LEAVE(passthru_done(cuheap_device_current(), r, CUHEAP_API_HOST,
+                        r ? 0 : (uint64_t)(uintptr_t)*pp, size, size, 0, false));
+}
+
+CUHEAP_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    ENTER(cuMemFreeHost);
+    if (!active || !p)
+        LEAVE(cuheap_drv.cuMemFreeHost(p));
+    PASSTHRU_FREE((uint64_t)(uintptr_t)p, CUHEAP_API_HOST, 0, cuheap_drv.cuMemFreeHost(p));
+}
+
+/* VMM: physical handles are keyed apart from addresses in the pass-through map. */
+#define VMM_KEY(h) ((uint64_t)(h) ^ 0x5a5a000000000001ull)
+
+CUHEAP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                                   const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    ENTER(cuMemCreate);
+    if (!active || !h || !prop)
+        LEAVE(cuheap_drv.cuMemCreate(h, size, prop, flags));
+    struct cuheap_device *d = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                                  ? cuheap_device_by_ordinal(prop->location.id)
+                                  : NULL;
+    if (!d && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        struct cuheap_device *cur = cuheap_device_current();
+        d = cur && cur->ordinal == prop->location.id ? cur : NULL;
+    }
+    if (!admit(d, size)) {
+        record_oom(d, CUHEAP_API_VMM_CREATE, size, true);
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    CUresult r = cuheap_drv.cuMemCreate(h, size, prop, flags);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))
+        r = cuheap_drv.cuMemCreate(h, size, prop, flags);
+    LEAVE(passthru_done(d, r, CUHEAP_API_VMM_CREATE, r ? 0 : VMM_KEY(*h), size, size, 0,
+                        d != NULL));
+}
+
+CUHEAP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    ENTER(cuMemRelease);
+    if (!active)
+        LEAVE(cuheap_drv.cuMemRelease(h));
+    PASSTHRU_FREE(VMM_KEY(h), CUHEAP_API_VMM_CREATE, 0, cuheap_drv.cuMemRelease(h));
+}
+
+CUHEAP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+    ENTER(cuMemMap);
+    CUresult r = cuheap_drv.cuMemMap(ptr, size, offset, h, flags);
+    if (!active || r != CUDA_SUCCESS)
+        LEAVE(r);
+    /* A mapping makes memory usable but costs nothing new: an event, no accounting. */
+    struct cuheap_addr_entry e;
+    int dev = cuheap_addrmap_get(&cuheap_passthru, VMM_KEY(h), &e) == 0 ? e.device : -1;
+    record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0,
+                 cuheap_seq_next());
+    LEAVE(r);
+}
+
+CUHEAP_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    ENTER(cuMemUnmap);
+    uint64_t seq = cuheap_seq_next();
+    CUresult r = cuheap_drv.cuMemUnmap(ptr, size);
+    if (!active || r != CUDA_SUCCESS)
+        LEAVE(r);
+    struct cuheap_device *d = cuheap_device_current();
+    record_free(d ? d->ordinal : -1, CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0, seq);
+    LEAVE(r);
+}
+
+/* ---- queries that must agree with the pool ---- */
+
+CUHEAP_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    ENTER(cuMemGetInfo_v2);
+    CUresult r = cuheap_drv.cuMemGetInfo_v2(free_bytes, total);
+    if (!active || r != CUDA_SUCCESS)
+        LEAVE(r);
+    struct cuheap_device *d = cuheap_device_current();
+    if (d && d->limit) {
+        /* Under a limit the limit is the device: what is left of it, and never more than
+         * the driver really has. */
+        uint64_t used = atomic_load(&d->reserved);
+        uint64_t left = used < d->limit ? d->limit - used : 0;
+        *total = d->limit;
+        if (left < *free_bytes)
+            *free_bytes = left;
+    }
+    LEAVE(r);
+}
+
+CUHEAP_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
+{
+    ENTER(cuMemGetAddressRange_v2);
+    struct cuheap_pool *p = active ? cuheap_pool_of(dptr) : NULL;
+    if (!p)
+        LEAVE(cuheap_drv.cuMemGetAddressRange_v2(base, size, dptr));
+    uint64_t b, s, id, arena;
+    if (cuheap_pool_block_range(p, dptr, &b, &s, &id, &arena))
+        LEAVE(CUDA_ERROR_NOT_FOUND); /* a freed block: as the driver says for freed memory */
+    if (base)
+        *base = b;
+    if (size)
+        *size = s;
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* Answer a range attribute for a pooled pointer. Returns 1 when answered, 0 when the driver
+ * should answer, -1 for a pointer into a freed block. */
+static int pooled_attribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
+{
+    if (attr != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && attr != CU_POINTER_ATTRIBUTE_RANGE_SIZE &&
+        attr != CU_POINTER_ATTRIBUTE_BUFFER_ID &&
+        attr != CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)
+        return 0;
+    struct cuheap_pool *p = cuheap_pool_of(ptr);
+    if (!p)
+        return 0;
+    uint64_t b, s, id, arena;
+    if (cuheap_pool_block_range(p, ptr, &b, &s, &id, &arena))
+        return -1;
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = b; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = s; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = id; break;
+    default:
+        /* legacy IPC exports the whole arena: only a block at its start shares the right bytes */
+        *(int *)data = b == arena;
+        break;
+    }
+    return 1;
+}
+
+CUHEAP_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr,
+                                             CUdeviceptr ptr)
+{
+    ENTER(cuPointerGetAttribute);
+    int answered = active && data ? pooled_attribute(data, attr, ptr) : 0;
+    if (answered)
+        LEAVE(answered > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+    LEAVE(cuheap_drv.cuPointerGetAttribute(data, attr, ptr));
+}
+
+CUHEAP_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs,
+                                              void **data, CUdeviceptr ptr)
+{
+    ENTER(cuPointerGetAttributes);
+    CUresult r = cuheap_drv.cuPointerGetAttributes(n, attrs, data, ptr);
+    if (!active || r != CUDA_SUCCESS || !attrs || !data || !cuheap_pool_of(ptr))
+        LEAVE(r);
+    for (unsigned i = 0; i < n; i++)
+        if (data[i] && pooled_attribute(data[i], attrs[i], ptr) < 0)
+            memset(data[i], 0, attrs[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE ? sizeof(size_t) : 8);
+    LEAVE(r);
+}
+
+CUHEAP_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr ptr)
+{
+    ENTER(cuIpcGetMemHandle);
+    struct cuheap_pool *p = active ? cuheap_pool_of(ptr) : NULL;
+    if (p) {
+        uint64_t b, s, id, arena;
+        if (cuheap_pool_block_range(p, ptr, &b, &s, &id, &arena) || b != arena) {
+            cuheap_log_once("cuIpcGetMemHandle on a pooled block: legacy IPC would share the "
+                            "whole pool arena, not this block, so it is refused. Run with "
+                            "CUHEAP_POOL=0, or CUHEAP_POOL_MAX below the shared buffers' size");
+            LEAVE(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    LEAVE(cuheap_drv.cuIpcGetMemHandle(h, ptr));
+}
+
+/* ---- streams: the fences must know every non-blocking stream ---- */
+
+static void stream_created(CUresult r, CUstream *ph, unsigned flags)
+{
+    if (r != CUDA_SUCCESS || !(flags & CU_STREAM_NON_BLOCKING))
+        return;
+    CUcontext ctx = NULL;
+    cuheap_drv.cuCtxGetCurrent(&ctx);
+    cuheap_streams_add(ctx, *ph);
+}
+
+CUHEAP_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
+{
+    ENTER(cuStreamCreate);
+    CUresult r = cuheap_drv.cuStreamCreate(ph, flags);
+    if (active)
+        stream_created(r, ph, flags);
+    LEAVE(r);
+}
+
+CUHEAP_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int prio)
+{
+    ENTER(cuStreamCreateWithPriority);
+    CUresult r = cuheap_drv.cuStreamCreateWithPriority(ph, flags, prio);
+    if (active)
+        stream_created(r, ph, flags);
+    LEAVE(r);
+}
+
+CUHEAP_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    ENTER(cuStreamDestroy_v2);
+    if (active)
+        cuheap_streams_remove(s);
+    LEAVE(cuheap_drv.cuStreamDestroy_v2(s));
+}
+
+CUHEAP_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+    ENTER(cuStreamBeginCapture_v2);
+    CUresult r = cuheap_drv.cuStreamBeginCapture_v2(s, mode);
+    if (active && r == CUDA_SUCCESS)
+        cuheap_capture_changed(s, true);
+    LEAVE(r);
+}
+
+CUHEAP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
+{
+    ENTER(cuStreamBeginCapture_v2_ptsz);
+    CUresult r = cuheap_drv.cuStreamBeginCapture_v2_ptsz(s, mode);
+    if (active && r == CUDA_SUCCESS)
+        cuheap_capture_changed(s, true);
+    LEAVE(r);
+}
+
+CUHEAP_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    ENTER(cuStreamEndCapture);
+    CUresult r = cuheap_drv.cuStreamEndCapture(s, g);
+    if (active)
+        cuheap_capture_changed(s, false); /* a failed end still ends the capture */
+    LEAVE(r);
+}
+
+CUHEAP_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+    ENTER(cuStreamEndCapture_ptsz);
+    CUresult r = cuheap_drv.cuStreamEndCapture_ptsz(s, g);
+    if (active)
+        cuheap_capture_changed(s, false);
+    LEAVE(r);
+}
+
+/* ---- the lookup doors ---- */
+
+static void remap(void **pfn)
+{
+    void *hook = hook_for_real(*pfn);
+    if (hook)
+        *pfn = hook;
+}
+
+CUHEAP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                           cuuint64_t flags, CUdriverProcAddressQueryResult *st)
+{
+    atomic_fetch_add_explicit(&calls[H_cuGetProcAddress_v2], 1, memory_order_relaxed);
+    if (cuheap_driver_load() || !cuheap_drv.cuGetProcAddress_v2)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = cuheap_drv.cuGetProcAddress_v2(symbol, pfn, version, flags, st);
+    if (r == CUDA_SUCCESS && pfn)
+        remap(pfn);
+    return r;
+}
+
+CUHEAP_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                        cuuint64_t flags)
+{
+    atomic_fetch_add_explicit(&calls[H_cuGetProcAddress], 1, memory_order_relaxed);
+    if (cuheap_driver_load() || !cuheap_drv.cuGetProcAddress)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = cuheap_drv.cuGetProcAddress(symbol, pfn, version, flags);
+    if (r == CUDA_SUCCESS && pfn)
+        remap(pfn);
+    return r;
+}
+
+/* Driver names look like cuMemAlloc_v2: "cu" then a capital. cudnn*, cublas*, cuda* do not. */
+static bool is_driver_name(const char *name)
+{
+    return name && name[0] == 'c' && name[1] == 'u' && name[2] >= 'A' && name[2] <= 'Z';
+}
+
+static __attribute__((noinline)) void *dlsym_driver(void *handle, const char *name)
+{
+    cuheap_dlsym_fn real = cuheap_real_dlsym();
+    void *p;
+    if (handle == RTLD_NEXT) {
+        /* RTLD_NEXT is relative to the caller, which we cannot pass on; for a driver name the
+         * next definition after any caller is the driver's own. */
+        p = cuheap_driver_load() == 0 ? real(cuheap_drv.handle, name) : NULL;
+    } else {
+        p = real(handle, name);
+    }
+    if (p && cuheap_driver_load() == 0)
+        remap(&p);
+    return p;
+}
+
+/* Everything that is not a driver name goes straight to glibc as a tail call, so the
+ * return address glibc sees (which RTLD_NEXT depends on) is our caller's. */
+CUHEAP_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *dlsym(void *handle,
+                                                                             const char *name)
+{
+    if (__builtin_expect(is_driver_name(name), 0))
+        return dlsym_driver(handle, name);
+    return cuheap_real_dlsym()(handle, name);
+}
+
+/* ---- public: counters and the pluggable allocator ---- */
+
+CUHEAP_API uint64_t cuheap_call_count(const char *entry_point)
+{
+    for (int i = 0; entry_point && i < NR_HOOKS; i++)
+        if (!strcmp(hooks[i].name, entry_point))
+            return atomic_load(&calls[i]);
+    return 0;
+}
+
+/* The stream tag the pool keys on: the legacy default stream is 0x1, as in cuda.h. */
+static uint64_t stream_tag(void *stream)
+{
+    return stream ? (uint64_t)(uintptr_t)stream : (uint64_t)(uintptr_t)CU_STREAM_LEGACY;
+}
+
+static struct cuheap_device *device_for(int ordinal, bool *ret_pushed)
+{
+    *ret_pushed = false;
+    struct cuheap_device *d = cuheap_device_current();
+    if (d && d->ordinal == ordinal)
+        return d;
+    CUcontext ctx;
+    CUdevice dev;
+    if (cuheap_drv.cuDeviceGet(&dev, ordinal) || cuheap_drv.cuDevicePrimaryCtxRetain(&ctx, dev) ||
+        cuheap_drv.cuCtxPushCurrent_v2(ctx))
+        return NULL;
+    *ret_pushed = true;
+    return cuheap_device_current();
+}
+
+CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream)
+{
+    if (size <= 0 || in_hook || !cuheap_boot())
+        return NULL;
+    bool pushed;
+    struct cuheap_device *d = device_for(device, &pushed);
+    if (!d)
+        return NULL;
+    in_hook = 1;
+    CUdeviceptr p = 0;
+    int served = pool_alloc(d, CUHEAP_API_TORCH, (uint64_t)size, stream_tag(stream), &p);
+    if (served == 0) {
+        uint64_t actual = driver_rounded((uint64_t)size);
+        CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+        if (admit(d, actual)) {
+            r = cuheap_drv.cuMemAlloc_v2(&p, (size_t)size);
+            if (r == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))
+                r = cuheap_drv.cuMemAlloc_v2(&p, (size_t)size);
+            passthru_done(d, r, CUHEAP_API_TORCH, r ? 0 : p, (uint64_t)size, actual,
+                          stream_tag(stream), true);
+        } else {
+            record_oom(d, CUHEAP_API_TORCH, (uint64_t)size, true);
+        }
+        if (r != CUDA_SUCCESS)
+            p = 0;
+    } else if (served < 0) {
+        p = 0;
+    }
+    in_hook = 0;
+    if (pushed) {
+        CUcontext dummy;
+        cuheap_drv.cuCtxPopCurrent_v2(&dummy);
+    }
+    return (void *)(uintptr_t)p;
+}
+
+CUHEAP_API void cuheap_torch_free(void *ptr, ssize_t size, int device, void *stream)
+{
+    (void)size;
+    (void)device;
+    if (!ptr || in_hook || !cuheap_boot())
+        return;
+    in_hook = 1;
+    uint64_t p = (uint64_t)(uintptr_t)ptr;
+    if (!pool_free(p, stream_tag(stream), CUHEAP_API_TORCH)) {
+        /* A pass-through block: the driver's free syncs the device, as cudaFree would. */
+        struct passthru_free f;
+        passthru_free_begin(&f, p);
+        passthru_free_end(&f, cuheap_drv.cuMemFree_v2(p), p, CUHEAP_API_TORCH,
+                          stream_tag(stream));
+    }
+    in_hook = 0;
+}

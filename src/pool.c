@@ -1,0 +1,770 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The per-device pool (see pool.h for the rules and the locking).
+ *
+ * Life of a block under CUHEAP_REUSE=fence: cuheap_pool_free() marks it not live and puts it
+ * on the open epoch's list; after CUHEAP_FENCE_BATCH frees the epoch is closed by recording a
+ * device-wide fence; when that fence has completed, reclaim_locked() gives the blocks back to
+ * the buddy allocator. An allocation that misses the free lists first reclaims completed
+ * epochs, then grows the pool, then waits for the oldest fence: the order the issue asks for.
+ */
+#include "pool.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "event.h"
+#include "log.h"
+
+/* ---- global address map: 2 MiB granule -> arena, read without locks ---- */
+
+#define GRANULE_SHIFT 21
+#define NR_MAP_SLOTS (1u << 18) /* 512 GiB of arenas at 2 MiB granules, half full */
+#define MAP_EMPTY 0
+#define MAP_TOMB UINT64_MAX
+
+struct map_slot {
+    _Atomic uint64_t key; /* granule + 1, MAP_EMPTY or MAP_TOMB */
+    _Atomic(struct cuheap_arena *) arena;
+};
+
+static struct map_slot *g_map;
+static pthread_mutex_t g_map_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t g_seq;
+
+uint64_t cuheap_seq_next(void)
+{
+    return atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
+}
+
+static void map_init(void)
+{
+    void *m = mmap(NULL, NR_MAP_SLOTS * sizeof(struct map_slot), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    g_map = m == MAP_FAILED ? NULL : m;
+}
+
+static uint32_t map_hash(uint64_t key)
+{
+    key *= 0x9e3779b97f4a7c15ull;
+    return (uint32_t)(key >> 40) & (NR_MAP_SLOTS - 1);
+}
+
+static struct cuheap_arena *map_lookup(uint64_t addr)
+{
+    struct map_slot *map = g_map;
+    if (!map)
+        return NULL;
+    uint64_t key = (addr >> GRANULE_SHIFT) + 1;
+    for (uint32_t i = map_hash(key), n = 0; n < NR_MAP_SLOTS; i = (i + 1) & (NR_MAP_SLOTS - 1), n++) {
+        uint64_t k = atomic_load_explicit(&map[i].key, memory_order_acquire);
+        if (k == MAP_EMPTY)
+            return NULL;
+        if (k != key)
+            continue;
+        struct cuheap_arena *a = atomic_load_explicit(&map[i].arena, memory_order_acquire);
+        if (a && addr >= a->buddy.base && addr < a->buddy.base + a->buddy.size)
+            return a;
+    }
+    return NULL;
+}
+
+/* Register or unregister every granule the arena touches. g_map_lock taken inside. */
+static int map_update(struct cuheap_arena *a, bool add)
+{
+    pthread_once(&g_map_once, map_init);
+    if (!g_map)
+        return -ENOMEM;
+    uint64_t first = a->buddy.base >> GRANULE_SHIFT;
+    uint64_t last = (a->buddy.base + a->buddy.size - 1) >> GRANULE_SHIFT;
+    pthread_mutex_lock(&g_map_lock);
+    for (uint64_t g = first; g <= last; g++) {
+        uint64_t key = g + 1;
+        uint32_t i = map_hash(key), n = 0;
+        if (add) {
+            for (; n < NR_MAP_SLOTS; i = (i + 1) & (NR_MAP_SLOTS - 1), n++) {
+                uint64_t k = atomic_load_explicit(&g_map[i].key, memory_order_relaxed);
+                if (k == key && atomic_load(&g_map[i].arena)) {
+                    /* granule shared with another arena: only possible for unaligned arenas */
+                    pthread_mutex_unlock(&g_map_lock);
+                    for (uint64_t u = first; u < g; u++) {
+                        /* roll back what we added */
+                        uint64_t uk = u + 1;
+                        for (uint32_t j = map_hash(uk);; j = (j + 1) & (NR_MAP_SLOTS - 1))
+                            if (atomic_load(&g_map[j].key) == uk &&
+                                atomic_load(&g_map[j].arena) == a) {
+                                atomic_store(&g_map[j].arena, NULL);
+                                atomic_store(&g_map[j].key, MAP_TOMB);
+                                break;
+                            }
+                    }
+                    return -EEXIST;
+                }
+                if (k == MAP_EMPTY || k == MAP_TOMB) {
+                    atomic_store_explicit(&g_map[i].arena, a, memory_order_relaxed);
+                    atomic_store_explicit(&g_map[i].key, key, memory_order_release);
+                    break;
+                }
+            }
+            if (n == NR_MAP_SLOTS) {
+                pthread_mutex_unlock(&g_map_lock);
+                return -ENOSPC;
+            }
+        } else {
+            for (; n < NR_MAP_SLOTS; i = (i + 1) & (NR_MAP_SLOTS - 1), n++) {
+                uint64_t k = atomic_load_explicit(&g_map[i].key, memory_order_relaxed);
+                if (k == MAP_EMPTY)
+                    break;
+                if (k == key && atomic_load(&g_map[i].arena) == a) {
+                    atomic_store_explicit(&g_map[i].arena, NULL, memory_order_release);
+                    atomic_store_explicit(&g_map[i].key, MAP_TOMB, memory_order_release);
+                    break;
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_map_lock);
+    return 0;
+}
+
+struct cuheap_pool *cuheap_pool_of(uint64_t ptr)
+{
+    struct cuheap_arena *a = map_lookup(ptr);
+    return a ? a->pool : NULL;
+}
+
+/* ---- arenas ---- */
+
+static uint32_t unit_of(const struct cuheap_arena *a, uint64_t addr)
+{
+    return (uint32_t)((addr - a->buddy.base) >> a->buddy.min_order);
+}
+
+/* Arena structs are never unmapped: a lock-free reader of the map may still hold one. A
+ * released arena has buddy.size == 0, which map_lookup() rejects. */
+static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t size)
+{
+    struct cuheap_arena *a = mmap(NULL, sizeof(*a), PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED)
+        return NULL;
+    memset(a, 0, sizeof(*a));
+    if (cuheap_buddy_init(&a->buddy, (uintptr_t)base, size, p->cfg->min_block)) {
+        munmap(a, sizeof(*a));
+        return NULL;
+    }
+    size_t n = a->buddy.nr_units;
+    a->meta_bytes = 3 * n * sizeof(uint64_t);
+    void *m = mmap(NULL, a->meta_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+        cuheap_buddy_destroy(&a->buddy);
+        munmap(a, sizeof(*a));
+        return NULL;
+    }
+    a->block_size = m;
+    a->buffer_id = a->block_size + n;
+    a->link = a->buffer_id + n;
+    a->pool = p;
+    return a;
+}
+
+static void arena_retire(struct cuheap_arena *a)
+{
+    munmap(a->block_size, a->meta_bytes);
+    a->block_size = a->buffer_id = a->link = NULL;
+    cuheap_buddy_destroy(&a->buddy); /* size becomes 0 */
+}
+
+static void note(struct cuheap_pool *p, int type, uint64_t ptr, uint64_t size, uint64_t aux,
+                 uint64_t aux2)
+{
+    if (p->note) {
+        struct cuheap_pool_note n = {type, ptr, size, aux, aux2};
+        p->note(p, &n);
+    }
+}
+
+int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
+                     const struct cuheap_backend *be, int device, uint64_t limit,
+                     _Atomic uint64_t *device_reserved, cuheap_pool_note_fn note_fn)
+{
+    memset(p, 0, sizeof(*p));
+    pthread_mutex_init(&p->lock, NULL);
+    p->cfg = cfg;
+    p->be = *be;
+    p->device = device;
+    p->limit = limit;
+    p->device_reserved = device_reserved;
+    p->note = note_fn;
+    p->next_buffer_id = 1;
+    return 0;
+}
+
+/* Take one arena from the device: the configured size, smaller when a limit or the device
+ * leaves less, but never smaller than need. Drops p->lock around the driver call.
+ * Returns 0, CUHEAP_BE_OOM, or -EDQUOT when the limit is what refused. */
+static int grow_locked(struct cuheap_pool *p, uint64_t need)
+{
+    if (p->nr_arenas == CUHEAP_NR_MAX_ARENAS)
+        return CUHEAP_BE_OOM;
+    uint64_t size = p->cfg->arena_size;
+    if (need < p->cfg->min_block)
+        need = p->cfg->min_block;
+    bool limited = false;
+    int r = CUHEAP_BE_OOM;
+    uint64_t ptr = 0;
+    pthread_mutex_unlock(&p->lock);
+    for (; size >= need; size >>= 1) {
+        if (p->limit) {
+            uint64_t reserved = atomic_load(p->device_reserved);
+            if (reserved + size > p->limit) {
+                limited = true;
+                continue;
+            }
+        }
+        r = p->be.mem_alloc(p->be.ctx, size, &ptr);
+        if (r != CUHEAP_BE_OOM)
+            break;
+    }
+    if (r == 0 && (ptr & (p->cfg->min_block - 1))) {
+        p->be.mem_free(p->be.ctx, ptr); /* never expected: the driver aligns to 512 B */
+        r = -EINVAL;
+    }
+    struct cuheap_arena *a = NULL;
+    if (r == 0) {
+        a = arena_new(p, ptr, size);
+        if (!a || map_update(a, true)) {
+            if (a)
+                arena_retire(a);
+            p->be.mem_free(p->be.ctx, ptr);
+            r = -ENOMEM;
+        }
+    }
+    pthread_mutex_lock(&p->lock);
+    if (r != 0)
+        return limited && r == CUHEAP_BE_OOM ? -EDQUOT : r;
+    atomic_fetch_add(p->device_reserved, size);
+    p->arenas[p->nr_arenas++] = a;
+    p->st.reserved += size;
+    p->st.nr_arenas++;
+    note(p, CUHEAP_EV_ARENA_GROW, ptr, size, p->st.reserved, 0);
+    return 0;
+}
+
+/* Remove an empty arena from the pool; the caller gives its memory back after unlocking. */
+static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_t *ret_size)
+{
+    struct cuheap_arena *a = p->arenas[idx];
+    uint64_t base = a->buddy.base, size = a->buddy.size;
+    map_update(a, false);
+    arena_retire(a);
+    p->arenas[idx] = p->arenas[--p->nr_arenas];
+    p->hint = 0;
+    p->st.reserved -= size;
+    p->st.nr_arenas--;
+    atomic_fetch_sub(p->device_reserved, size);
+    note(p, CUHEAP_EV_ARENA_RELEASE, base, size, p->st.reserved, 0);
+    *ret_size = size;
+    return base;
+}
+
+/* ---- blocks ---- */
+
+static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr,
+                             uint64_t *ret_block)
+{
+    for (unsigned n = 0; n < p->nr_arenas; n++) {
+        unsigned i = (p->hint + n) % p->nr_arenas;
+        struct cuheap_arena *a = p->arenas[i];
+        uintptr_t addr;
+        unsigned order;
+        if (cuheap_buddy_alloc(&a->buddy, size, &addr, &order) == 0) {
+            p->hint = i;
+            a->nr_live++;
+            *ret_ptr = addr;
+            *ret_block = 1ull << order;
+            return 0;
+        }
+    }
+    return -ENOMEM;
+}
+
+static void mark_live_locked(struct cuheap_pool *p, uint64_t ptr, uint64_t size, uint64_t block)
+{
+    struct cuheap_arena *a = map_lookup(ptr);
+    uint32_t u = unit_of(a, ptr);
+    a->block_size[u] = size;
+    a->buffer_id[u] = (1ull << 63) | ((uint64_t)(p->device & 0x7fff) << 48) | p->next_buffer_id++;
+    p->st.live += size;
+    p->st.live_blocks += block;
+}
+
+/* Give a not-live block back to its buddy allocator; an emptied arena is released per policy
+ * (its base goes to *ret_release for the caller to free after unlocking). */
+static void return_block_locked(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_release,
+                                uint64_t *ret_release_size)
+{
+    struct cuheap_arena *a = map_lookup(ptr);
+    cuheap_assert(a && a->block_size[unit_of(a, ptr)] == 0);
+    if (cuheap_buddy_free(&a->buddy, ptr) < 0)
+        return;
+    a->nr_live--;
+    if (a->nr_live == 0 && p->cfg->release == CUHEAP_RELEASE_EMPTY && ret_release &&
+        !*ret_release && p->st.reserved - a->buddy.size >= p->cfg->pool_init) {
+        for (unsigned i = 0; i < p->nr_arenas; i++)
+            if (p->arenas[i] == a) {
+                *ret_release = unlink_arena_locked(p, i, ret_release_size);
+                break;
+            }
+    }
+}
+
+/* ---- fences ---- */
+
+static struct cuheap_epoch *open_epoch(struct cuheap_pool *p)
+{
+    return &p->epochs[p->ep_tail % CUHEAP_NR_EPOCHS];
+}
+
+static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
+{
+    uint64_t nr = e->nr_blocks, bytes = e->bytes;
+    for (uint64_t ptr = e->head; ptr;) {
+        struct cuheap_arena *a = map_lookup(ptr);
+        uint64_t next = a->link[unit_of(a, ptr)];
+        uint64_t rel = 0, rel_size = 0;
+        return_block_locked(p, ptr, NULL, &rel_size);
+        (void)rel;
+        ptr = next;
+    }
+    p->st.pending -= bytes;
+    if (e->fence)
+        p->be.fence_destroy(p->be.ctx, e->fence);
+    memset(e, 0, sizeof(*e));
+    note(p, CUHEAP_EV_FENCE, 0, 0, nr, bytes);
+}
+
+/* Give back the blocks of every closed epoch whose fence has completed. Returns how many
+ * epochs were reclaimed. */
+static unsigned reclaim_locked(struct cuheap_pool *p)
+{
+    unsigned n = 0;
+    while (p->ep_head != p->ep_tail) {
+        struct cuheap_epoch *e = &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS];
+        if (p->be.fence_query(p->be.ctx, e->fence) == 0)
+            break;
+        release_epoch_locked(p, e);
+        p->ep_head++;
+        n++;
+    }
+    return n;
+}
+
+/* Wait for the oldest closed epoch's fence (lock held: only on the slow paths). */
+static void wait_oldest_locked(struct cuheap_pool *p)
+{
+    struct cuheap_epoch *e = &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS];
+    p->st.nr_waits++;
+    if (p->be.fence_wait(p->be.ctx, e->fence) != 0)
+        p->be.device_sync(p->be.ctx);
+    release_epoch_locked(p, e);
+    p->ep_head++;
+}
+
+/* Close the open epoch behind a new fence. While a stream captures, recording would disturb
+ * the capture: the epoch stays open unless force (then the device is synced instead). */
+static void close_epoch_locked(struct cuheap_pool *p)
+{
+    struct cuheap_epoch *e = open_epoch(p);
+    if (!e->nr_blocks || p->nr_capturing)
+        return;
+    if (p->ep_tail - p->ep_head == CUHEAP_NR_EPOCHS - 1)
+        wait_oldest_locked(p);
+    void *fence = NULL;
+    if (p->be.fence_record(p->be.ctx, &fence) != 0) {
+        /* No fence to be had: fall back to what the driver's own free does. */
+        p->be.device_sync(p->be.ctx);
+        release_epoch_locked(p, e);
+        return;
+    }
+    e->fence = fence;
+    p->st.nr_fences++;
+    p->ep_tail++;
+}
+
+/* Move every stream-cached block onto the open epoch. */
+static void flush_stream_caches_locked(struct cuheap_pool *p)
+{
+    struct cuheap_epoch *e = open_epoch(p);
+    for (unsigned c = 0; c < CUHEAP_NR_STREAM_CACHES; c++) {
+        struct cuheap_stream_cache *sc = &p->caches[c];
+        if (!sc->stream)
+            continue;
+        for (unsigned o = 0; o < CUHEAP_NR_ORDERS; o++) {
+            for (uint64_t ptr = sc->heads[o]; ptr;) {
+                struct cuheap_arena *a = map_lookup(ptr);
+                uint64_t next = a->link[unit_of(a, ptr)];
+                a->link[unit_of(a, ptr)] = e->head;
+                e->head = ptr;
+                e->nr_blocks++;
+                e->bytes += 1ull << o;
+                ptr = next;
+            }
+        }
+        memset(sc, 0, sizeof(*sc));
+    }
+}
+
+static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, uint64_t stream,
+                                                       bool create)
+{
+    struct cuheap_stream_cache *empty = NULL;
+    for (unsigned c = 0; c < CUHEAP_NR_STREAM_CACHES; c++) {
+        if (p->caches[c].stream == stream)
+            return &p->caches[c];
+        if (!p->caches[c].stream && !empty)
+            empty = &p->caches[c];
+    }
+    if (create && empty)
+        empty->stream = stream;
+    return create ? empty : NULL;
+}
+
+/* Give every empty arena back (p->lock held on entry and exit, dropped around the driver
+ * calls). Returns how many were released. */
+static unsigned release_empty_unlocked(struct cuheap_pool *p)
+{
+    uint64_t bases[CUHEAP_NR_MAX_ARENAS];
+    unsigned nr = 0;
+    for (unsigned i = 0; i < p->nr_arenas;) {
+        if (p->arenas[i]->nr_live == 0) {
+            uint64_t size;
+            bases[nr++] = unlink_arena_locked(p, i, &size);
+            continue;
+        }
+        i++;
+    }
+    if (!nr)
+        return 0;
+    pthread_mutex_unlock(&p->lock);
+    for (unsigned i = 0; i < nr; i++)
+        p->be.mem_free(p->be.ctx, bases[i]);
+    pthread_mutex_lock(&p->lock);
+    return nr;
+}
+
+/* ---- public ---- */
+
+int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
+                      uint64_t *ret_block, uint64_t *ret_seq)
+{
+    if (size == 0 || size > p->cfg->pool_max)
+        return CUHEAP_POOL_PASS;
+    pthread_mutex_lock(&p->lock);
+    if (p->nr_capturing && !stream) {
+        pthread_mutex_unlock(&p->lock);
+        return CUHEAP_POOL_PASS;
+    }
+    uint64_t ptr = 0, block = 0;
+    int r = -ENOMEM;
+    bool missed = false;
+    /* Same-stream reuse needs no fence: later work on that stream is ordered after the free. */
+    struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, false) : NULL;
+    if (sc && p->arenas[0]) {
+        unsigned order = cuheap_buddy_order_for(&p->arenas[0]->buddy, size);
+        if (order < CUHEAP_NR_ORDERS && sc->heads[order]) {
+            ptr = sc->heads[order];
+            struct cuheap_arena *a = map_lookup(ptr);
+            sc->heads[order] = a->link[unit_of(a, ptr)];
+            sc->bytes -= 1ull << order;
+            block = 1ull << order;
+            p->st.pending -= block;
+            r = 0;
+        }
+    }
+    if (r && ++p->nr_since_poll >= 32) {
+        p->nr_since_poll = 0;
+        reclaim_locked(p);
+    }
+    bool flushed = false, trimmed = false;
+    while (r) {
+        r = take_block_locked(p, size, &ptr, &block);
+        if (r == 0)
+            break;
+        missed = true;
+        if (reclaim_locked(p))
+            continue;
+        if (!flushed) {
+            /* Blocks waiting in the open epoch or in stream caches become reusable sooner
+             * behind a fence recorded now. */
+            flushed = true;
+            flush_stream_caches_locked(p);
+            close_epoch_locked(p);
+        }
+        int g = grow_locked(p, size);
+        if (g == 0)
+            continue;
+        if (p->ep_head != p->ep_tail) {
+            wait_oldest_locked(p);
+            continue;
+        }
+        if (!trimmed && p->cfg->release != CUHEAP_RELEASE_NEVER) {
+            /* Empty arenas too small for this request (made under a limit) can make room
+             * for one that fits. */
+            trimmed = true;
+            if (release_empty_unlocked(p))
+                continue;
+        }
+        note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved,
+             p->limit);
+        pthread_mutex_unlock(&p->lock);
+        return -ENOMEM;
+    }
+    if (missed)
+        p->st.nr_misses++;
+    else
+        p->st.nr_hits++;
+    mark_live_locked(p, ptr, size, block);
+    *ret_seq = cuheap_seq_next();
+    pthread_mutex_unlock(&p->lock);
+    *ret_ptr = ptr;
+    *ret_block = block;
+    return 0;
+}
+
+int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
+                     uint64_t *ret_block, uint64_t *ret_seq)
+{
+    pthread_mutex_lock(&p->lock);
+    struct cuheap_arena *a = map_lookup(ptr);
+    uintptr_t start;
+    unsigned order;
+    bool allocated;
+    if (!a || a->pool != p || cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) ||
+        start != ptr || !allocated || a->block_size[unit_of(a, ptr)] == 0) {
+        pthread_mutex_unlock(&p->lock);
+        return -EINVAL;
+    }
+    uint32_t u = unit_of(a, ptr);
+    uint64_t size = a->block_size[u], block = 1ull << order;
+    a->block_size[u] = 0;
+    p->st.live -= size;
+    p->st.live_blocks -= block;
+    *ret_seq = cuheap_seq_next();
+    *ret_size = size;
+    *ret_block = block;
+    uint64_t release = 0, release_size = 0;
+    struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, true) : NULL;
+    if (sc) {
+        a->link[u] = sc->heads[order];
+        sc->heads[order] = ptr;
+        sc->bytes += block;
+        p->st.pending += block;
+        /* Keep per-stream hoards bounded: past an arena's worth, share them behind a fence. */
+        if (sc->bytes > p->cfg->arena_size) {
+            struct cuheap_epoch *e = open_epoch(p);
+            uint64_t before = e->bytes;
+            flush_stream_caches_locked(p);
+            (void)before;
+            close_epoch_locked(p);
+        }
+    } else if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE) {
+        return_block_locked(p, ptr, &release, &release_size);
+    } else if (p->cfg->reuse == CUHEAP_REUSE_SYNC) {
+        pthread_mutex_unlock(&p->lock);
+        p->be.device_sync(p->be.ctx); /* what cuMemFree itself would have waited for */
+        pthread_mutex_lock(&p->lock);
+        return_block_locked(p, ptr, &release, &release_size);
+    } else {
+        struct cuheap_epoch *e = open_epoch(p);
+        a->link[u] = e->head;
+        e->head = ptr;
+        e->nr_blocks++;
+        e->bytes += block;
+        p->st.pending += block;
+        if (e->nr_blocks >= p->cfg->fence_batch)
+            close_epoch_locked(p);
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (release)
+        p->be.mem_free(p->be.ctx, release);
+    return 0;
+}
+
+int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_base,
+                            uint64_t *ret_size, uint64_t *ret_buffer_id, uint64_t *ret_arena)
+{
+    pthread_mutex_lock(&p->lock);
+    struct cuheap_arena *a = map_lookup(ptr);
+    uintptr_t start;
+    unsigned order;
+    bool allocated;
+    int r = -EINVAL;
+    if (a && cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) == 0 &&
+        allocated) {
+        uint32_t u = unit_of(a, start);
+        uint64_t size = a->block_size[u];
+        if (size && ptr < start + size) {
+            *ret_base = start;
+            *ret_size = size;
+            *ret_buffer_id = a->buffer_id[u];
+            *ret_arena = a->buddy.base;
+            r = 0;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
+{
+    pthread_mutex_lock(&p->lock);
+    flush_stream_caches_locked(p);
+    close_epoch_locked(p);
+    while (p->ep_head != p->ep_tail)
+        wait_oldest_locked(p);
+    uint64_t bases[CUHEAP_NR_MAX_ARENAS];
+    unsigned nr = 0;
+    uint64_t released = 0;
+    for (unsigned i = 0; i < p->nr_arenas;) {
+        struct cuheap_arena *a = p->arenas[i];
+        if (a->nr_live == 0 && (!keep_init || p->st.reserved - a->buddy.size >= p->cfg->pool_init)) {
+            uint64_t size;
+            bases[nr++] = unlink_arena_locked(p, i, &size);
+            released += size;
+            continue; /* slot i now holds another arena */
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&p->lock);
+    for (unsigned i = 0; i < nr; i++)
+        p->be.mem_free(p->be.ctx, bases[i]);
+    return released;
+}
+
+int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
+{
+    int r = 0;
+    pthread_mutex_lock(&p->lock);
+    while (p->st.reserved < bytes && r == 0)
+        r = grow_locked(p, p->cfg->arena_size);
+    pthread_mutex_unlock(&p->lock);
+    return r ? -ENOMEM : 0;
+}
+
+void cuheap_pool_capture(struct cuheap_pool *p, int delta)
+{
+    pthread_mutex_lock(&p->lock);
+    if (delta < 0 && p->nr_capturing == 0) {
+        pthread_mutex_unlock(&p->lock);
+        return;
+    }
+    p->nr_capturing = (unsigned)((int)p->nr_capturing + delta);
+    if (!p->nr_capturing && open_epoch(p)->nr_blocks >= p->cfg->fence_batch)
+        close_epoch_locked(p);
+    pthread_mutex_unlock(&p->lock);
+}
+
+void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
+{
+    pthread_mutex_lock(&p->lock);
+    *ret = p->st;
+    pthread_mutex_unlock(&p->lock);
+}
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        snprintf(why, why_size, __VA_ARGS__);                                                      \
+        pthread_mutex_unlock(&p->lock);                                                            \
+        return -EFAULT;                                                                            \
+    } while (0)
+
+int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t reserved = 0, live = 0, live_blocks = 0, nr_allocated = 0;
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        if (cuheap_buddy_check(&a->buddy, why, why_size)) {
+            pthread_mutex_unlock(&p->lock);
+            return -EFAULT;
+        }
+        if (map_lookup(a->buddy.base) != a)
+            FAIL("arena %u missing from the address map", i);
+        reserved += a->buddy.size;
+        uint64_t arena_allocated = 0;
+        for (uint32_t u = 0; u < a->buddy.nr_units;) {
+            uintptr_t start;
+            unsigned order;
+            bool allocated;
+            uintptr_t addr = a->buddy.base + ((uintptr_t)u << a->buddy.min_order);
+            cuheap_buddy_block_of(&a->buddy, addr, &start, &order, &allocated);
+            if (allocated) {
+                arena_allocated++;
+                if (a->block_size[u]) {
+                    live += a->block_size[u];
+                    live_blocks += 1ull << order;
+                    if (a->block_size[u] > (1ull << order))
+                        FAIL("block at %#lx holds %lu bytes in a %llu byte block",
+                             (unsigned long)addr, (unsigned long)a->block_size[u], 1ull << order);
+                }
+            } else if (a->block_size[u]) {
+                FAIL("free block at %#lx still has a size", (unsigned long)addr);
+            }
+            u += 1u << (order - a->buddy.min_order);
+        }
+        if (arena_allocated != a->nr_live)
+            FAIL("arena %u: nr_live %lu, counted %lu", i, (unsigned long)a->nr_live,
+                 (unsigned long)arena_allocated);
+        nr_allocated += arena_allocated;
+    }
+    if (reserved != p->st.reserved)
+        FAIL("reserved %lu, arenas add up to %lu", (unsigned long)p->st.reserved,
+             (unsigned long)reserved);
+    if (live != p->st.live || live_blocks != p->st.live_blocks)
+        FAIL("live %lu/%lu, counted %lu/%lu", (unsigned long)p->st.live,
+             (unsigned long)p->st.live_blocks, (unsigned long)live, (unsigned long)live_blocks);
+    /* Every pending block is allocated in its buddy and not live. */
+    uint64_t pending = 0;
+    for (unsigned e = p->ep_head; e != p->ep_tail + 1; e++) {
+        struct cuheap_epoch *ep = &p->epochs[e % CUHEAP_NR_EPOCHS];
+        for (uint64_t ptr = ep->head; ptr;) {
+            struct cuheap_arena *a = map_lookup(ptr);
+            if (!a || a->block_size[unit_of(a, ptr)])
+                FAIL("pending block %#lx is live or outside every arena", (unsigned long)ptr);
+            uintptr_t start;
+            unsigned order;
+            bool allocated;
+            cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated);
+            if (!allocated || start != ptr)
+                FAIL("pending block %#lx is free in its arena", (unsigned long)ptr);
+            pending += 1ull << order;
+            ptr = a->link[unit_of(a, ptr)];
+        }
+    }
+    for (unsigned c = 0; c < CUHEAP_NR_STREAM_CACHES; c++)
+        pending += p->caches[c].bytes;
+    if (pending != p->st.pending)
+        FAIL("pending %lu, lists hold %lu", (unsigned long)p->st.pending, (unsigned long)pending);
+    (void)nr_allocated;
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+}
+
+void cuheap_pool_forget(struct cuheap_pool *p)
+{
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        map_update(p->arenas[i], false);
+        arena_retire(p->arenas[i]);
+    }
+    p->nr_arenas = 0;
+    memset(&p->st, 0, sizeof(p->st));
+    memset(p->epochs, 0, sizeof(p->epochs));
+    memset(p->caches, 0, sizeof(p->caches));
+    p->ep_head = p->ep_tail = 0;
+    pthread_mutex_init(&p->lock, NULL);
+}

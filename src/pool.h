@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The per-device pool: arenas taken from the device through a backend (backend.h), a buddy
+ * allocator inside each, and the rules that keep reuse safe: a freed block is not handed out
+ * again while work submitted before its free may still touch it (CUHEAP_REUSE).
+ *
+ * The pool knows nothing of CUDA: the hook layer gives it a backend over the real driver,
+ * unit tests give it one over host memory.
+ *
+ * Locking: one mutex per pool (p->lock) guards everything in struct cuheap_pool and its
+ * arenas. Driver calls that may block (arena allocation and release, device syncs, fence
+ * waits) are made with the lock dropped. The address map (arena lookup by pointer) is global
+ * and read without locks.
+ */
+#ifndef CUHEAP_POOL_H
+#define CUHEAP_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "buddy.h"
+#include "config.h"
+
+#define CUHEAP_NR_MAX_ARENAS 4096
+#define CUHEAP_NR_EPOCHS 64
+#define CUHEAP_NR_STREAM_CACHES 16
+
+struct cuheap_pool;
+
+struct cuheap_arena {
+    struct cuheap_buddy buddy;
+    struct cuheap_pool *pool;
+    uint64_t nr_live;      /* allocated blocks, pending ones included */
+    uint64_t *block_size;  /* per unit: bytes the program asked for at a block start; 0 = not live */
+    uint64_t *buffer_id;   /* per unit: id answered for CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    uint64_t *link;        /* per unit: next block on a pending or stream-cache list */
+    size_t meta_bytes;
+};
+
+/* A batch of freed blocks waiting behind one fence. */
+struct cuheap_epoch {
+    void *fence;     /* from backend->fence_record; NULL while the epoch is open */
+    uint64_t head;   /* first block (address), 0 = none */
+    uint64_t nr_blocks;
+    uint64_t bytes;
+};
+
+/* Blocks freed on a known stream (pluggable allocator), reusable on that stream at once. */
+struct cuheap_stream_cache {
+    uint64_t stream;                     /* 0 = slot unused */
+    uint64_t heads[CUHEAP_NR_ORDERS];    /* per order, list through arena->link */
+    uint64_t bytes;
+};
+
+struct cuheap_pool_stats {
+    uint64_t reserved;   /* bytes in arenas */
+    uint64_t live;       /* bytes requested by live pooled allocations */
+    uint64_t live_blocks;/* bytes of live pooled blocks (rounded) */
+    uint64_t pending;    /* bytes freed but waiting for a fence */
+    uint64_t nr_hits;
+    uint64_t nr_misses;
+    uint64_t nr_arenas;
+    uint64_t nr_fences;  /* fences recorded */
+    uint64_t nr_waits;   /* times an allocation waited for a fence */
+};
+
+/* Something the pool did that a trace should show; seq is taken under the pool lock. */
+struct cuheap_pool_note {
+    int type;          /* CUHEAP_EV_ARENA_GROW, _ARENA_RELEASE, _FENCE, _OOM, _LIMIT */
+    uint64_t ptr;
+    uint64_t size;
+    uint64_t aux, aux2;
+};
+typedef void (*cuheap_pool_note_fn)(struct cuheap_pool *p, const struct cuheap_pool_note *n);
+
+struct cuheap_pool {
+    pthread_mutex_t lock;
+    const struct cuheap_config *cfg;
+    struct cuheap_backend be;
+    int device;
+    uint64_t limit;        /* bytes, 0 = none; covers arenas and pass-through */
+    _Atomic uint64_t *device_reserved; /* bytes this process holds on the device via cuheap */
+    cuheap_pool_note_fn note;
+    struct cuheap_arena *arenas[CUHEAP_NR_MAX_ARENAS];
+    unsigned nr_arenas;
+    unsigned hint;         /* arena that served the last allocation */
+    struct cuheap_epoch epochs[CUHEAP_NR_EPOCHS]; /* ring: [ep_head, ep_tail) closed, ep_tail open */
+    unsigned ep_head, ep_tail;
+    unsigned nr_since_poll;
+    unsigned nr_capturing; /* streams capturing: no fences recorded meanwhile */
+    struct cuheap_stream_cache caches[CUHEAP_NR_STREAM_CACHES];
+    uint64_t next_buffer_id;
+    struct cuheap_pool_stats st;
+};
+
+enum {
+    CUHEAP_POOL_PASS = 1, /* not for the pool: the caller goes to the driver */
+};
+
+/* Set up a pool for one device. device_reserved is shared with the hook layer so pass-through
+ * allocations count toward the limit. Returns 0 or a negative errno. */
+int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
+                     const struct cuheap_backend *be, int device, uint64_t limit,
+                     _Atomic uint64_t *device_reserved, cuheap_pool_note_fn note);
+
+/* Allocate size bytes. stream is the stream the memory will be used on when known (pluggable
+ * allocator), else 0. Returns 0 with the address, block size and event sequence number;
+ * CUHEAP_POOL_PASS when the request is not for the pool (too large, during capture);
+ * -ENOMEM when neither the pool nor the driver can give it after every reclaim. */
+int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
+                      uint64_t *ret_block, uint64_t *ret_seq);
+
+/* Free a block this pool handed out. With a stream, the block is reusable at once on that
+ * stream and after a fence elsewhere. Returns 0 with the requested and block sizes and the
+ * event sequence number, or -EINVAL when ptr is not a live block start (a double free). */
+int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
+                     uint64_t *ret_block, uint64_t *ret_seq);
+
+/* The pool whose arena contains ptr, or NULL. Lock-free. */
+struct cuheap_pool *cuheap_pool_of(uint64_t ptr);
+
+/* What a range query on ptr answers for a pooled pointer: the live block containing it.
+ * Returns 0, or -EINVAL when ptr is in an arena but not inside a live block. On success also
+ * the arena's driver allocation (for IPC decisions). */
+int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_base,
+                            uint64_t *ret_size, uint64_t *ret_buffer_id, uint64_t *ret_arena);
+
+/* Wait for every pending fence and give empty arenas back to the driver (all of them, or
+ * down to CUHEAP_POOL_INIT when keep_init). Returns the bytes released. */
+uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init);
+
+/* Grow the pool until it holds at least bytes (CUHEAP_POOL_INIT). Returns 0 or -ENOMEM. */
+int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes);
+
+/* Stream capture began (+1) or ended (-1) somewhere in the process. */
+void cuheap_pool_capture(struct cuheap_pool *p, int delta);
+
+void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret);
+
+/* Check every invariant of every arena and the pending lists. Returns 0 or -EFAULT with a
+ * description in why. Expensive: tests and CUHEAP_DEBUG builds. */
+int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size);
+
+/* Forget everything without calling the driver: a child after fork cannot use the parent's
+ * device memory. */
+void cuheap_pool_forget(struct cuheap_pool *p);
+
+/* Global sequence counter shared by all events. */
+uint64_t cuheap_seq_next(void);
+
+#endif

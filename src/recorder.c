@@ -1,0 +1,571 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The recorder (see recorder.h). Hook side: claim a ring slot, fill it, commit. Writer side:
+ * a thread that owns the trace file, the stack table and the symbol lookups.
+ *
+ * Event lines are formatted with snprintf: they hold only numbers and fixed names, and the
+ * writer must keep up with millions of events a second. Everything that carries outside
+ * strings (header, stacks, marks, footer) goes through jansson, which escapes it correctly.
+ *
+ * Locking: io_lock is held by the writer thread while it touches the file or the stack table;
+ * fork takes it so the child inherits them consistent.
+ */
+#include "recorder.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chrome.h"
+#include "log.h"
+#include "pool.h"
+#include "pyframes.h"
+#include "ring.h"
+#include "stacktab.h"
+#include "unwind.h"
+
+#define TRACE_FORMAT_VERSION 1
+#define NR_MAX_DEVICES 64
+#define CHROME_STACK_FRAMES 16
+
+struct device_info {
+    _Atomic int state; /* 0 unknown, 1 filled (to announce), 2 announced */
+    char name[128];
+    uint64_t total;
+};
+
+static const struct cuheap_config *cfg;
+static struct cuheap_ring ring;
+static atomic_bool enabled;
+static atomic_bool stopping;
+static bool writer_running;
+static pthread_t writer;
+static pthread_mutex_t io_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *out;
+static char out_path[CUHEAP_PATH_MAX];
+static bool write_failed;
+static struct cuheap_stacktab stacks;
+static struct cuheap_chrome chrome;
+static uint64_t t0_ns;
+static enum cuheap_unwinder unwinder;
+static bool python;
+static struct device_info devices[NR_MAX_DEVICES];
+static _Atomic uint64_t nr_events;
+static uint64_t nr_written;
+static __thread pid_t tls_tid __attribute__((tls_model("initial-exec")));
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static pid_t current_tid(void)
+{
+    if (!tls_tid)
+        tls_tid = (pid_t)syscall(SYS_gettid);
+    return tls_tid;
+}
+
+/* ---- hook side ---- */
+
+void cuheap_record(const struct cuheap_rec *r)
+{
+    if (!atomic_load_explicit(&enabled, memory_order_relaxed))
+        return;
+    struct cuheap_event *ev = cuheap_ring_claim(&ring);
+    atomic_fetch_add_explicit(&nr_events, 1, memory_order_relaxed);
+    if (!ev)
+        return;
+    ev->seq = r->seq ? r->seq : cuheap_seq_next();
+    ev->time_ns = now_ns();
+    ev->ptr = r->ptr;
+    ev->size = r->size;
+    ev->actual = r->actual;
+    ev->stream = r->stream;
+    ev->aux = r->aux;
+    ev->aux2 = r->aux2;
+    ev->tid = (uint32_t)current_tid();
+    ev->result = r->result;
+    ev->device = r->device;
+    ev->type = r->type;
+    ev->api = r->api;
+    ev->flags = r->flags;
+    ev->unwinder = (uint8_t)unwinder;
+    ev->nr_frames = 0;
+    ev->nr_py = 0;
+    if (r->type == CUHEAP_EV_MARK) {
+        snprintf(ev->label, sizeof(ev->label), "%s", r->label ? r->label : "");
+    } else if (r->type == CUHEAP_EV_ALLOC || r->type == CUHEAP_EV_OOM ||
+               r->type == CUHEAP_EV_LIMIT) {
+        /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
+        if (cfg->stack_depth)
+            ev->nr_frames = (uint8_t)cuheap_unwind_capture(ev->frames, cfg->stack_depth);
+        if (python)
+            ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
+    }
+    cuheap_ring_commit(&ring, ev);
+}
+
+void cuheap_recorder_device(int ordinal, const char *name, uint64_t total)
+{
+    if (ordinal < 0 || ordinal >= NR_MAX_DEVICES)
+        return;
+    struct device_info *d = &devices[ordinal];
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&d->state, &expected, -1))
+        return;
+    snprintf(d->name, sizeof(d->name), "%s", name);
+    d->total = total;
+    atomic_store(&d->state, 1);
+}
+
+/* ---- writer side (io_lock held) ---- */
+
+static void put_line(json_t *obj)
+{
+    if (out && !write_failed) {
+        json_dumpf(obj, out, JSON_COMPACT);
+        fputc('\n', out);
+    }
+    json_decref(obj);
+}
+
+static json_t *frame_json(uint64_t ip)
+{
+    Dl_info info;
+    char buf[32];
+    snprintf(buf, sizeof(buf), "0x%" PRIx64, ip);
+    json_t *f = json_pack("{s:s}", "ip", buf);
+    /* ip is a return address: look up ip - 1 so a call at a function's end stays in it. */
+    if (dladdr((void *)(uintptr_t)(ip - 1), &info) && info.dli_fname) {
+        json_object_set_new(f, "module", json_string(info.dli_fname));
+        snprintf(buf, sizeof(buf), "0x%" PRIx64, ip - (uint64_t)(uintptr_t)info.dli_fbase);
+        json_object_set_new(f, "offset", json_string(buf));
+        if (info.dli_sname)
+            json_object_set_new(f, "function", json_string(info.dli_sname));
+    }
+    return f;
+}
+
+static json_t *py_frame_json(const struct cuheap_py_frame *pf)
+{
+    const char *file = "?", *fn = "?";
+    cuheap_py_code(pf->code, &file, &fn);
+    return json_pack("{s:s, s:i, s:s}", "file", file, "line", (int)pf->line, "function", fn);
+}
+
+/* A short, readable form of a stack for Chrome args: Python frames, then native. */
+static json_t *stack_strings(const struct cuheap_stack *s)
+{
+    json_t *a = json_array();
+    for (unsigned i = 0; i < s->nr_py && json_array_size(a) < CHROME_STACK_FRAMES; i++) {
+        const char *file = "?", *fn = "?";
+        cuheap_py_code(s->py[i].code, &file, &fn);
+        char buf[600];
+        snprintf(buf, sizeof(buf), "%s:%u in %s", file, s->py[i].line, fn);
+        json_array_append_new(a, json_string(buf));
+    }
+    for (unsigned i = 0; i < s->nr_frames && json_array_size(a) < CHROME_STACK_FRAMES; i++) {
+        Dl_info info;
+        char buf[600];
+        uint64_t ip = s->frames[i];
+        if (dladdr((void *)(uintptr_t)(ip - 1), &info) && info.dli_fname) {
+            const char *base = strrchr(info.dli_fname, '/');
+            base = base ? base + 1 : info.dli_fname;
+            if (info.dli_sname)
+                snprintf(buf, sizeof(buf), "%s (%s)", info.dli_sname, base);
+            else
+                snprintf(buf, sizeof(buf), "%s+0x%" PRIx64, base,
+                         ip - (uint64_t)(uintptr_t)info.dli_fbase);
+        } else {
+            snprintf(buf, sizeof(buf), "0x%" PRIx64, ip);
+        }
+        json_array_append_new(a, json_string(buf));
+    }
+    return a;
+}
+
+static void write_stack(const struct cuheap_stack *s)
+{
+    if (cfg->format != CUHEAP_FORMAT_JSONL)
+        return;
+    json_t *frames = json_array(), *py = json_array();
+    for (unsigned i = 0; i < s->nr_frames; i++)
+        json_array_append_new(frames, frame_json(s->frames[i]));
+    for (unsigned i = 0; i < s->nr_py; i++)
+        json_array_append_new(py, py_frame_json(&s->py[i]));
+    put_line(json_pack("{s:s, s:I, s:o, s:o}", "type", "stack", "id", (json_int_t)s->id, "frames",
+                       frames, "python", py));
+}
+
+static void announce_devices(void)
+{
+    for (int i = 0; i < NR_MAX_DEVICES; i++) {
+        struct device_info *d = &devices[i];
+        if (atomic_load(&d->state) != 1)
+            continue;
+        if (cfg->format == CUHEAP_FORMAT_JSONL)
+            put_line(json_pack("{s:s, s:i, s:s, s:I}", "type", "device", "device", i, "name",
+                               d->name, "total", (json_int_t)d->total));
+        atomic_store(&d->state, 2);
+    }
+}
+
+static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
+{
+    char line[512];
+    int n = snprintf(line, sizeof(line),
+                     "{\"type\":\"event\",\"seq\":%" PRIu64 ",\"t\":%" PRIu64
+                     ",\"event\":\"%s\",\"api\":\"%s\",\"device\":%d,\"tid\":%u,\"ptr\":\"0x%" PRIx64
+                     "\",\"size\":%" PRIu64 ",\"actual\":%" PRIu64 ",\"pooled\":%s",
+                     ev->seq, ev->time_ns - t0_ns, cuheap_event_type_name(ev->type),
+                     cuheap_api_name(ev->api), ev->device, ev->tid, ev->ptr, ev->size, ev->actual,
+                     (ev->flags & CUHEAP_EVF_POOLED) ? "true" : "false");
+    if (ev->stream)
+        n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"stream\":\"0x%" PRIx64 "\"",
+                      ev->stream);
+    if (ev->flags & CUHEAP_EVF_CAPTURE)
+        n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"capture\":true");
+    if (stack_id)
+        n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"stack\":%u", stack_id);
+    switch (ev->type) {
+    case CUHEAP_EV_OOM:
+    case CUHEAP_EV_LIMIT:
+        n += snprintf(line + n, sizeof(line) - (size_t)n,
+                      ",\"result\":%d,\"driver_free\":%" PRIu64 ",\"driver_total\":%" PRIu64
+                      ",\"limit\":%" PRIu64,
+                      ev->result, ev->aux, ev->aux2,
+                      ev->type == CUHEAP_EV_LIMIT ? ev->aux2 : (uint64_t)0);
+        break;
+    case CUHEAP_EV_FENCE:
+        n += snprintf(line + n, sizeof(line) - (size_t)n,
+                      ",\"blocks\":%" PRIu64 ",\"bytes\":%" PRIu64, ev->aux, ev->aux2);
+        break;
+    case CUHEAP_EV_ARENA_GROW:
+    case CUHEAP_EV_ARENA_RELEASE:
+        n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"reserved\":%" PRIu64, ev->aux);
+        break;
+    default:
+        break;
+    }
+    if (ev->type == CUHEAP_EV_MARK) {
+        char *label = json_dumps(json_string(ev->label), JSON_ENCODE_ANY);
+        fprintf(out, "%.*s,\"label\":%s}\n", n, line, label ? label : "\"\"");
+        free(label);
+        return;
+    }
+    fprintf(out, "%.*s}\n", n, line);
+}
+
+static void write_event(const struct cuheap_event *ev)
+{
+    uint32_t stack_id = 0;
+    bool is_new = false;
+    unsigned nr_frames = ev->nr_frames, nr_py = ev->nr_py;
+    if (ev->type == CUHEAP_EV_MARK)
+        nr_frames = nr_py = 0; /* the frames union holds the label */
+    if (cuheap_stacktab_intern(&stacks, ev->frames, nr_frames, ev->py, nr_py, &stack_id,
+                               &is_new) == 0 &&
+        is_new)
+        write_stack(cuheap_stacktab_get(&stacks, stack_id));
+    if (!out || write_failed)
+        return;
+    nr_written++;
+    if (cfg->format == CUHEAP_FORMAT_JSONL) {
+        write_event_jsonl(ev, stack_id);
+        return;
+    }
+    const struct cuheap_stack *s = cuheap_stacktab_get(&stacks, stack_id);
+    json_t *strs = s && ev->type == CUHEAP_EV_ALLOC ? stack_strings(s) : NULL;
+    struct cuheap_chrome_ev ce = {
+        .type = ev->type,
+        .api = ev->api,
+        .pooled = ev->flags & CUHEAP_EVF_POOLED,
+        .device = ev->device,
+        .ptr = ev->ptr,
+        .size = ev->size,
+        .actual = ev->actual,
+        .aux = ev->aux,
+        .aux2 = ev->aux2,
+        .ts_us = (double)(ev->time_ns - t0_ns) / 1000.0,
+        .tid = ev->tid,
+        .stack_id = stack_id,
+        .stack = strs,
+        .label = ev->type == CUHEAP_EV_MARK ? ev->label : NULL,
+    };
+    cuheap_chrome_event(&chrome, &ce);
+    json_decref(strs);
+}
+
+static unsigned drain(void)
+{
+    unsigned n = 0;
+    announce_devices();
+    struct cuheap_event *ev;
+    while ((ev = cuheap_ring_peek(&ring))) {
+        write_event(ev);
+        cuheap_ring_consume(&ring);
+        n++;
+    }
+    return n;
+}
+
+static void check_write_error(void)
+{
+    if (!out || write_failed)
+        return;
+    if (fflush(out) != 0 || ferror(out)) {
+        write_failed = true;
+        cuheap_log("cannot write trace %s (%s); the program goes on, events are counted but "
+                   "no longer written",
+                   out_path, strerror(errno));
+    }
+}
+
+static void *writer_main(void *arg)
+{
+    (void)arg;
+    uint64_t last_flush = now_ns();
+    while (!atomic_load(&stopping)) {
+        pthread_mutex_lock(&io_lock);
+        unsigned n = drain();
+        uint64_t now = now_ns();
+        if (now - last_flush >= (uint64_t)cfg->flush_ms * 1000000ull) {
+            check_write_error();
+            last_flush = now;
+        }
+        pthread_mutex_unlock(&io_lock);
+        if (n == 0) {
+            struct timespec ts = {0, 2 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+static json_t *cmdline_json(void)
+{
+    json_t *a = json_array();
+    FILE *f = fopen("/proc/self/cmdline", "r");
+    if (!f)
+        return a;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    for (size_t i = 0; i < n;) {
+        json_array_append_new(a, json_string(buf + i));
+        i += strlen(buf + i) + 1;
+    }
+    return a;
+}
+
+static void config_item(const char *line, void *arg)
+{
+    const char *eq = strchr(line, '=');
+    if (eq) {
+        char key[64];
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - line), line);
+        json_object_set_new(arg, key, json_string(eq + 1));
+    }
+}
+
+static const char *rank_env(void)
+{
+    const char *r = getenv("RANK");
+    if (!r || !*r)
+        r = getenv("LOCAL_RANK");
+    if (!r || !*r)
+        r = getenv("OMPI_COMM_WORLD_RANK");
+    if (!r || !*r)
+        r = getenv("SLURM_PROCID");
+    return r && *r ? r : NULL;
+}
+
+/* Open the trace for this process and write its header (io_lock held or single-threaded). */
+static void open_trace(void)
+{
+    char host[128] = "";
+    gethostname(host, sizeof(host) - 1);
+    const char *rank = rank_env();
+    const char *tmpl = cfg->output;
+    if (rank && !strcmp(tmpl, "cuheap-%p.jsonl"))
+        tmpl = "cuheap-r%r-%p.jsonl";
+    if (cfg->format == CUHEAP_FORMAT_CHROME && !strcmp(tmpl, "cuheap-%p.jsonl"))
+        tmpl = "cuheap-%p.trace.json";
+    cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(), rank, host);
+    write_failed = false;
+    nr_written = 0;
+    out = fopen(out_path, "we");
+    if (!out) {
+        cuheap_log("cannot open trace %s: %s; the program goes on without a trace file "
+                   "(set CUHEAP_OUTPUT to a writable path)",
+                   out_path, strerror(errno));
+        return;
+    }
+    setvbuf(out, NULL, _IOFBF, 1 << 20);
+    t0_ns = now_ns();
+    struct timespec real;
+    clock_gettime(CLOCK_REALTIME, &real);
+    if (cfg->format == CUHEAP_FORMAT_CHROME) {
+        char name[160];
+        snprintf(name, sizeof(name), "cuheap pid %ld%s%s", (long)getpid(), rank ? " rank " : "",
+                 rank ? rank : "");
+        cuheap_chrome_begin(&chrome, out, (long)getpid(), name);
+        return;
+    }
+    char exe[1024] = "";
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0)
+        exe[n] = 0;
+    json_t *conf = json_object();
+    cuheap_config_dump(cfg, config_item, conf);
+    json_t *h = json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:o, s:I, s:s, s:s, s:b, s:o}",
+                          "type", "header", "format", "cuheap-trace", "version",
+                          TRACE_FORMAT_VERSION, "pid", (json_int_t)getpid(), "ppid",
+                          (json_int_t)getppid(), "host", host, "exe", exe, "cmdline",
+                          cmdline_json(), "start_unix_ns",
+                          (json_int_t)((uint64_t)real.tv_sec * 1000000000ull +
+                                       (uint64_t)real.tv_nsec),
+                          "clock", "CLOCK_MONOTONIC, t in ns since start", "unwinder",
+                          cuheap_unwinder_name(unwinder), "python", python, "config", conf);
+    if (rank)
+        json_object_set_new(h, "rank", json_integer(atoll(rank)));
+    put_line(h);
+    fflush(out);
+}
+
+static void close_trace(void)
+{
+    if (!out)
+        return;
+    if (cfg->format == CUHEAP_FORMAT_CHROME) {
+        cuheap_chrome_end(&chrome);
+    } else {
+        put_line(json_pack("{s:s, s:I, s:I, s:I, s:I, s:I}", "type", "footer", "events",
+                           (json_int_t)atomic_load(&nr_events), "written",
+                           (json_int_t)nr_written, "dropped",
+                           (json_int_t)atomic_load(&ring.nr_dropped), "stacks",
+                           (json_int_t)stacks.nr_stacks, "t", (json_int_t)(now_ns() - t0_ns)));
+    }
+    check_write_error();
+    fclose(out);
+    out = NULL;
+}
+
+static bool start_writer(void)
+{
+    atomic_store(&stopping, false);
+    sigset_t all, old;
+    sigfillset(&all);
+    /* The writer must never take the program's signals. */
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int r = pthread_create(&writer, NULL, writer_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r) {
+        cuheap_log("cannot start the trace writer thread (%s); recording is off", strerror(r));
+        return false;
+    }
+    writer_running = true;
+    return true;
+}
+
+void cuheap_recorder_start(const struct cuheap_config *config)
+{
+    cfg = config;
+    if (!cfg->record)
+        return;
+    if (cuheap_ring_init(&ring, cfg->ring_slots)) {
+        cuheap_log("cannot map an event ring of %u slots; recording is off", cfg->ring_slots);
+        return;
+    }
+    unwinder = cfg->stack_depth ? cuheap_unwind_init() : CUHEAP_UNWIND_NONE;
+    python = cfg->python && cuheap_py_init();
+    cuheap_stacktab_init(&stacks);
+    open_trace();
+    if (!start_writer()) {
+        close_trace();
+        return;
+    }
+    atomic_store(&enabled, true);
+}
+
+void cuheap_recorder_stop(void)
+{
+    if (!atomic_exchange(&enabled, false))
+        return;
+    if (writer_running) {
+        atomic_store(&stopping, true);
+        pthread_join(writer, NULL);
+        writer_running = false;
+    }
+    pthread_mutex_lock(&io_lock);
+    drain();
+    close_trace();
+    pthread_mutex_unlock(&io_lock);
+}
+
+void cuheap_recorder_atfork_prepare(void)
+{
+    if (!atomic_load(&enabled))
+        return;
+    pthread_mutex_lock(&io_lock);
+    if (out)
+        fflush(out); /* an empty buffer cannot be written twice by parent and child */
+}
+
+void cuheap_recorder_atfork_parent(void)
+{
+    if (!atomic_load(&enabled))
+        return;
+    pthread_mutex_unlock(&io_lock);
+}
+
+void cuheap_recorder_atfork_child(void)
+{
+    tls_tid = 0;
+    if (!atomic_load(&enabled))
+        return;
+    pthread_mutex_init(&io_lock, NULL);
+    /* The parent's writer thread does not exist here. Start over with our own file. */
+    writer_running = false;
+    if (out) {
+        fclose(out); /* buffer was flushed in prepare */
+        out = NULL;
+    }
+    cuheap_ring_reset(&ring);
+    atomic_store(&nr_events, 0);
+    atomic_store(&ring.nr_dropped, 0);
+    cuheap_stacktab_destroy(&stacks);
+    cuheap_stacktab_init(&stacks);
+    for (int i = 0; i < NR_MAX_DEVICES; i++)
+        if (atomic_load(&devices[i].state) == 2)
+            atomic_store(&devices[i].state, 1);
+    open_trace();
+    if (!start_writer()) {
+        atomic_store(&enabled, false);
+        close_trace();
+    }
+}
+
+void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
+{
+    ret->nr_events = atomic_load(&nr_events);
+    ret->nr_dropped = ring.slots ? atomic_load(&ring.nr_dropped) : 0;
+    ret->writing = out != NULL && !write_failed;
+    ret->write_failed = write_failed;
+    ret->path = out_path[0] ? out_path : NULL;
+    ret->unwinder = cuheap_unwinder_name(unwinder);
+}

@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The recorder: hooks hand it events (cuheap_record, lock-free, never blocks); a writer
+ * thread drains the ring, deduplicates and symbolizes stacks, and streams the trace file
+ * (JSON Lines, or Chrome Trace Event JSON with CUHEAP_FORMAT=chrome), flushed every
+ * CUHEAP_FLUSH_MS so a killed program still leaves a readable prefix.
+ */
+#ifndef CUHEAP_RECORDER_H
+#define CUHEAP_RECORDER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "event.h"
+
+/* What a hook knows about one event; the recorder adds time, thread and stacks. */
+struct cuheap_rec {
+    uint8_t type;   /* enum cuheap_event_type */
+    uint8_t api;    /* enum cuheap_api */
+    uint8_t flags;  /* enum cuheap_event_flags */
+    int16_t device;
+    uint64_t seq;   /* 0: take the next one now */
+    uint64_t ptr, size, actual, stream, aux, aux2;
+    int32_t result;
+    const char *label; /* CUHEAP_EV_MARK */
+};
+
+/* Start recording per cfg (ring, unwinder, Python, writer thread, trace file). Failure to
+ * open the trace is reported once; events are then counted but not written. */
+void cuheap_recorder_start(const struct cuheap_config *cfg);
+
+/* Record one event from a hook. Never blocks, never allocates. */
+void cuheap_record(const struct cuheap_rec *r);
+
+/* Tell the trace about a device (written once per device). */
+void cuheap_recorder_device(int ordinal, const char *name, uint64_t total);
+
+/* Stop the writer, drain what is left, close the trace. Idempotent. */
+void cuheap_recorder_stop(void);
+
+/* Fork handling: the child writes its own trace. */
+void cuheap_recorder_atfork_prepare(void);
+void cuheap_recorder_atfork_parent(void);
+void cuheap_recorder_atfork_child(void);
+
+struct cuheap_recorder_stats {
+    uint64_t nr_events;  /* events recorded */
+    uint64_t nr_dropped; /* lost to a full ring */
+    bool writing;        /* a trace file is being written */
+    bool write_failed;   /* writing stopped on an error */
+    const char *path;    /* the trace file */
+    const char *unwinder;
+};
+void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);
+
+#endif

@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A bounded lock-free ring of events: many producers (any thread, inside hooks), one consumer
+ * (the writer thread). Vyukov's bounded MPMC queue specialised for one consumer: every slot
+ * has a sequence number telling whose turn it is, producers claim a position with one CAS.
+ * A full ring never blocks: the event is dropped and counted.
+ */
+#ifndef CUHEAP_RING_H
+#define CUHEAP_RING_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "event.h"
+
+struct cuheap_ring_slot {
+    _Atomic uint64_t turn; /* == position: free for the producer of that position;
+                              == position + 1: holds that position's event */
+    struct cuheap_event event;
+};
+
+struct cuheap_ring {
+    struct cuheap_ring_slot *slots;
+    uint64_t mask;                             /* capacity - 1 */
+    _Alignas(64) _Atomic uint64_t enqueue_pos; /* next position producers claim */
+    _Alignas(64) uint64_t dequeue_pos;         /* consumer only */
+    _Alignas(64) _Atomic uint64_t nr_dropped;  /* events lost to a full ring */
+    _Atomic uint64_t nr_pushed;                /* events that made it in */
+    size_t map_bytes;
+};
+
+/* Capacity is a power of two >= 2. Slots come from mmap. Returns 0, -EINVAL or -ENOMEM. */
+int cuheap_ring_init(struct cuheap_ring *r, unsigned capacity);
+void cuheap_ring_destroy(struct cuheap_ring *r);
+
+/* Producer: claim a slot and get the event to fill, or NULL when full (counted as a drop).
+ * Fill it, then cuheap_ring_commit() with the same pointer. Never blocks. */
+struct cuheap_event *cuheap_ring_claim(struct cuheap_ring *r);
+void cuheap_ring_commit(struct cuheap_ring *r, struct cuheap_event *ev);
+
+/* Consumer: the oldest committed event, or NULL when none is ready. Call
+ * cuheap_ring_consume() when done with it. Only one thread may consume. */
+struct cuheap_event *cuheap_ring_peek(struct cuheap_ring *r);
+void cuheap_ring_consume(struct cuheap_ring *r);
+
+/* Drop everything in flight and start empty; for a child after fork (single-threaded). */
+void cuheap_ring_reset(struct cuheap_ring *r);
+
+#endif

@@ -1,0 +1,350 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Process-wide state (see runtime.h), the public API of include/cuheap/cuheap.h, the exit
+ * summary and fork handling. Start-up is lazy: the first hooked call runs boot() under
+ * pthread_once; the library's constructor does nothing, so a process that never touches
+ * CUDA runs exactly as without cuheap.
+ */
+#include "runtime.h"
+
+#include <cuheap/cuheap.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "event.h"
+#include "log.h"
+#include "recorder.h"
+
+struct cuheap_config cuheap_cfg;
+struct cuheap_addrmap cuheap_passthru;
+_Atomic uint64_t cuheap_nr_allocs, cuheap_nr_frees, cuheap_nr_passthrough, cuheap_nr_ooms;
+
+static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
+static atomic_bool booted;
+static struct cuheap_device devices[CUHEAP_NR_MAX_DEVICES];
+static _Atomic unsigned nr_devices;
+static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int nr_capturing;
+static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUstream capturing_streams[64]; /* guarded by capture_lock */
+
+static const char *env(const char *name, void *arg)
+{
+    (void)arg;
+    return secure_getenv(name);
+}
+
+static void warn_line(const char *line, void *arg)
+{
+    (void)arg;
+    cuheap_log_always("%s", line);
+}
+
+static void summary(void);
+
+static void at_exit(void)
+{
+    if (!atomic_load(&booted))
+        return;
+    cuheap_recorder_stop();
+    if (cuheap_cfg.summary)
+        summary();
+}
+
+static void fork_prepare(void)
+{
+    cuheap_recorder_atfork_prepare();
+}
+
+static void fork_parent(void)
+{
+    cuheap_recorder_atfork_parent();
+}
+
+/* The child cannot use the parent's device memory (CUDA does not survive fork): forget the
+ * pools without touching the driver; the child's own CUDA use starts fresh. */
+static void fork_child(void)
+{
+    unsigned n = atomic_load(&nr_devices);
+    for (unsigned i = 0; i < n; i++) {
+        cuheap_pool_forget(&devices[i].pool);
+        memset(devices[i].fences, 0, sizeof(devices[i].fences));
+        atomic_store(&devices[i].reserved, 0);
+        atomic_store(&devices[i].live, 0);
+        atomic_store(&devices[i].peak_live, 0);
+        atomic_store(&devices[i].peak_reserved, 0);
+    }
+    pthread_mutex_init(&devices_lock, NULL);
+    pthread_mutex_init(&capture_lock, NULL);
+    pthread_mutex_init(&cuheap_passthru.lock, NULL);
+    atomic_store(&cuheap_nr_allocs, 0);
+    atomic_store(&cuheap_nr_frees, 0);
+    atomic_store(&cuheap_nr_passthrough, 0);
+    atomic_store(&cuheap_nr_ooms, 0);
+    cuheap_recorder_atfork_child();
+}
+
+static void boot(void)
+{
+    if (cuheap_driver_load() != 0)
+        return;
+    cuheap_config_parse(&cuheap_cfg, env, warn_line, NULL);
+    if (cuheap_cfg.verbose)
+        cuheap_config_dump(&cuheap_cfg, warn_line, NULL);
+    if (cuheap_addrmap_init(&cuheap_passthru, 1u << 20)) {
+        cuheap_log("cannot map the allocation table; cuheap stays out of the way");
+        return;
+    }
+    cuheap_recorder_start(&cuheap_cfg);
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    atexit(at_exit);
+    atomic_store(&booted, true);
+}
+
+bool cuheap_boot(void)
+{
+    if (__builtin_expect(atomic_load_explicit(&booted, memory_order_acquire), 1))
+        return true;
+    pthread_once(&boot_once, boot);
+    return atomic_load(&booted);
+}
+
+static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
+{
+    struct cuheap_rec r = {
+        .type = (uint8_t)n->type,
+        .api = CUHEAP_API_NONE,
+        .flags = CUHEAP_EVF_POOLED,
+        .device = (int16_t)p->device,
+        .ptr = n->ptr,
+        .size = n->size,
+        .actual = n->size,
+        .aux = n->aux,
+        .aux2 = n->aux2,
+    };
+    if (n->type == CUHEAP_EV_OOM || n->type == CUHEAP_EV_LIMIT)
+        return; /* the hook records these with the program's stack */
+    cuheap_record(&r);
+    if (n->type == CUHEAP_EV_ARENA_GROW || n->type == CUHEAP_EV_ARENA_RELEASE) {
+        struct cuheap_device *d = (struct cuheap_device *)p->be.ctx;
+        /* d->reserved was moved by the pool itself; only the peak needs a look */
+        cuheap_account(d, 0, 0);
+    }
+}
+
+static struct cuheap_device *create_device_locked(CUcontext ctx)
+{
+    unsigned n = atomic_load(&nr_devices);
+    if (n == CUHEAP_NR_MAX_DEVICES)
+        return NULL;
+    struct cuheap_device *d = &devices[n];
+    CUdevice dev = 0;
+    if (cuheap_drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+        return NULL;
+    size_t total = 0;
+    cuheap_drv.cuDeviceTotalMem_v2(&total, dev);
+    char name[128] = "unknown";
+    if (cuheap_drv.cuDeviceGetName)
+        cuheap_drv.cuDeviceGetName(name, sizeof(name), dev);
+    d->ordinal = (int)dev;
+    d->total = total;
+    d->limit = cuheap_cfg.limit_permille ? (uint64_t)total / 1000 * cuheap_cfg.limit_permille
+                                         : cuheap_cfg.limit_bytes;
+    struct cuheap_backend be;
+    cuheap_backend_cuda_init(d, &be);
+    cuheap_pool_init(&d->pool, &cuheap_cfg, &be, d->ordinal, d->limit, &d->reserved, pool_note);
+    d->pool.nr_capturing = (unsigned)atomic_load(&nr_capturing);
+    atomic_store_explicit(&d->ctx, ctx, memory_order_release);
+    atomic_store_explicit(&nr_devices, n + 1, memory_order_release);
+    cuheap_recorder_device(d->ordinal, name, total);
+    return d;
+}
+
+struct cuheap_device *cuheap_device_current(void)
+{
+    CUcontext ctx = NULL;
+    if (cuheap_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return NULL;
+    unsigned n = atomic_load_explicit(&nr_devices, memory_order_acquire);
+    for (unsigned i = 0; i < n; i++)
+        if (atomic_load_explicit(&devices[i].ctx, memory_order_relaxed) == ctx)
+            return &devices[i];
+    pthread_mutex_lock(&devices_lock);
+    struct cuheap_device *d = NULL;
+    n = atomic_load(&nr_devices);
+    for (unsigned i = 0; i < n && !d; i++)
+        if (atomic_load(&devices[i].ctx) == ctx)
+            d = &devices[i];
+    bool fresh = false;
+    if (!d) {
+        d = create_device_locked(ctx);
+        fresh = d != NULL;
+    }
+    pthread_mutex_unlock(&devices_lock);
+    if (fresh && cuheap_cfg.pool && cuheap_cfg.pool_init &&
+        cuheap_pool_reserve(&d->pool, cuheap_cfg.pool_init))
+        cuheap_log("CUHEAP_POOL_INIT: could only reserve %" PRIu64 " bytes on device %d",
+                   (uint64_t)atomic_load(&d->reserved), d->ordinal);
+    return d;
+}
+
+struct cuheap_device *cuheap_device_by_ordinal(int ordinal)
+{
+    unsigned n = atomic_load_explicit(&nr_devices, memory_order_acquire);
+    for (unsigned i = 0; i < n; i++)
+        if (devices[i].ordinal == ordinal)
+            return &devices[i];
+    return NULL;
+}
+
+static void raise_peak(_Atomic uint64_t *peak, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(peak, memory_order_relaxed);
+    while (v > cur && !atomic_compare_exchange_weak_explicit(peak, &cur, v, memory_order_relaxed,
+                                                             memory_order_relaxed))
+        ;
+}
+
+void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved)
+{
+    if (!d)
+        return;
+    uint64_t l = atomic_fetch_add_explicit(&d->live, (uint64_t)live, memory_order_relaxed) +
+                 (uint64_t)live;
+    uint64_t r = atomic_fetch_add_explicit(&d->reserved, (uint64_t)reserved, memory_order_relaxed) +
+                 (uint64_t)reserved;
+    if (live > 0)
+        raise_peak(&d->peak_live, l);
+    raise_peak(&d->peak_reserved, r);
+}
+
+void cuheap_capture_changed(CUstream s, bool begin)
+{
+    pthread_mutex_lock(&capture_lock);
+    int slot = -1;
+    for (int i = 0; i < 64; i++)
+        if (capturing_streams[i] == s) {
+            slot = i;
+            break;
+        }
+    bool changed = false;
+    if (begin && slot < 0) {
+        for (int i = 0; i < 64; i++)
+            if (!capturing_streams[i]) {
+                capturing_streams[i] = s;
+                changed = true;
+                break;
+            }
+    } else if (!begin && slot >= 0) {
+        capturing_streams[slot] = NULL;
+        changed = true;
+    }
+    if (changed) {
+        atomic_fetch_add(&nr_capturing, begin ? 1 : -1);
+        unsigned n = atomic_load(&nr_devices);
+        for (unsigned i = 0; i < n; i++)
+            cuheap_pool_capture(&devices[i].pool, begin ? 1 : -1);
+    }
+    pthread_mutex_unlock(&capture_lock);
+}
+
+bool cuheap_capturing(void)
+{
+    return atomic_load_explicit(&nr_capturing, memory_order_relaxed) > 0;
+}
+
+/* ---- public API ---- */
+
+CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
+{
+    if (!ret || size == 0)
+        return -EINVAL;
+    struct cuheap_stats s = {0};
+    unsigned n = atomic_load(&nr_devices);
+    for (unsigned i = 0; i < n; i++) {
+        struct cuheap_device *d = &devices[i];
+        struct cuheap_pool_stats ps;
+        cuheap_pool_get_stats(&d->pool, &ps);
+        s.live_bytes += atomic_load(&d->live);
+        s.peak_live_bytes += atomic_load(&d->peak_live);
+        s.reserved_bytes += atomic_load(&d->reserved);
+        s.peak_reserved_bytes += atomic_load(&d->peak_reserved);
+        s.nr_pool_hits += ps.nr_hits;
+        s.nr_pool_misses += ps.nr_misses;
+        s.nr_arenas += ps.nr_arenas;
+    }
+    s.nr_allocs = atomic_load(&cuheap_nr_allocs);
+    s.nr_frees = atomic_load(&cuheap_nr_frees);
+    s.nr_passthrough = atomic_load(&cuheap_nr_passthrough);
+    s.nr_ooms = atomic_load(&cuheap_nr_ooms);
+    struct cuheap_recorder_stats rs;
+    cuheap_recorder_get_stats(&rs);
+    s.nr_events = rs.nr_events;
+    s.nr_dropped = rs.nr_dropped;
+    memcpy(ret, &s, size < sizeof(s) ? size : sizeof(s));
+    return 0;
+}
+
+CUHEAP_API void cuheap_mark(const char *label)
+{
+    if (!cuheap_boot())
+        return;
+    struct cuheap_device *d = cuheap_device_current();
+    struct cuheap_rec r = {.type = CUHEAP_EV_MARK, .device = (int16_t)(d ? d->ordinal : -1),
+                           .label = label ? label : ""};
+    cuheap_record(&r);
+}
+
+static void human(char *buf, size_t n, uint64_t v)
+{
+    if (v >= (1ull << 30))
+        snprintf(buf, n, "%.2f GiB", (double)v / (double)(1ull << 30));
+    else if (v >= (1ull << 20))
+        snprintf(buf, n, "%.2f MiB", (double)v / (double)(1ull << 20));
+    else if (v >= 1024)
+        snprintf(buf, n, "%.2f KiB", (double)v / 1024.0);
+    else
+        snprintf(buf, n, "%" PRIu64 " B", v);
+}
+
+static void summary(void)
+{
+    struct cuheap_stats s;
+    cuheap_get_stats(&s, sizeof(s));
+    struct cuheap_recorder_stats rs;
+    cuheap_recorder_get_stats(&rs);
+    unsigned n = atomic_load(&nr_devices);
+    for (unsigned i = 0; i < n; i++) {
+        struct cuheap_device *d = &devices[i];
+        struct cuheap_pool_stats ps;
+        cuheap_pool_get_stats(&d->pool, &ps);
+        char pl[32], pr[32];
+        uint64_t peak_live = atomic_load(&d->peak_live), peak_res = atomic_load(&d->peak_reserved);
+        human(pl, sizeof(pl), peak_live);
+        human(pr, sizeof(pr), peak_res);
+        uint64_t tries = ps.nr_hits + ps.nr_misses;
+        cuheap_log_always("GPU %d: peak live %s, peak reserved %s, fragmentation %.2f "
+                          "(reserved/live), pool hit rate %.1f%% (%" PRIu64 " of %" PRIu64 ")",
+                          d->ordinal, pl, pr,
+                          peak_live ? (double)peak_res / (double)peak_live : 0.0,
+                          tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits,
+                          tries);
+    }
+    cuheap_log_always("%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64
+                      " passed to the driver, %" PRIu64 " out-of-memory; %" PRIu64
+                      " events, %" PRIu64 " dropped",
+                      s.nr_allocs, s.nr_frees, s.nr_passthrough, s.nr_ooms, rs.nr_events,
+                      rs.nr_dropped);
+    if (rs.nr_dropped)
+        cuheap_log_always("events were dropped: raise CUHEAP_RING (now %u) or lower "
+                          "CUHEAP_STACK_DEPTH",
+                          cuheap_cfg.ring_slots);
+    if (rs.path && !rs.write_failed && cuheap_cfg.record)
+        cuheap_log_always("trace: %s (stacks: %s)", rs.path, rs.unwinder);
+    else if (cuheap_cfg.record)
+        cuheap_log_always("no trace written%s%s", rs.path ? " to " : "", rs.path ? rs.path : "");
+}

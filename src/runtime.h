@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Process-wide state of the preloaded library: settings, one record per device context
+ * (its pool, its accounting), the pass-through map, and the lazy start-up that runs on the
+ * first hooked call (never in a constructor).
+ */
+#ifndef CUHEAP_RUNTIME_H
+#define CUHEAP_RUNTIME_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "addrmap.h"
+#include "config.h"
+#include "driver.h"
+#include "pool.h"
+
+#define CUHEAP_NR_MAX_DEVICES 32
+#define CUHEAP_NR_MAX_FENCE_STREAMS 256
+#define CUHEAP_NR_FENCES (CUHEAP_NR_EPOCHS + 8)
+
+/* One device fence: an event on the legacy stream and on every non-blocking stream. */
+struct cuheap_fence {
+    unsigned nr;                                  /* events recorded */
+    bool in_use;
+    CUevent events[CUHEAP_NR_MAX_FENCE_STREAMS];  /* created on first use, then reused */
+};
+
+struct cuheap_device {
+    _Atomic(CUcontext) ctx; /* NULL until the record is complete */
+    int ordinal;
+    uint64_t total;         /* bytes on the device */
+    uint64_t limit;         /* CUHEAP_LIMIT in bytes, 0 = none */
+    _Atomic uint64_t reserved;      /* bytes held from the driver through cuheap */
+    _Atomic uint64_t live;          /* bytes the program holds (requested sizes) */
+    _Atomic uint64_t peak_live;
+    _Atomic uint64_t peak_reserved;
+    struct cuheap_pool pool;
+    struct cuheap_fence fences[CUHEAP_NR_FENCES]; /* guarded by pool.lock */
+};
+
+extern struct cuheap_config cuheap_cfg;
+extern struct cuheap_addrmap cuheap_passthru;
+
+/* Counters the public stats report. */
+extern _Atomic uint64_t cuheap_nr_allocs, cuheap_nr_frees, cuheap_nr_passthrough, cuheap_nr_ooms;
+
+/* Start everything once (driver, settings, recorder). Returns true when hooks may do their
+ * work; false means: call the driver and nothing else. */
+bool cuheap_boot(void);
+
+/* The record of the calling thread's current context, created on first use; NULL without a
+ * context or when the table is full. */
+struct cuheap_device *cuheap_device_current(void);
+
+/* The record for a device ordinal, if one exists. */
+struct cuheap_device *cuheap_device_by_ordinal(int ordinal);
+
+/* Adjust the accounting of d and its peaks. */
+void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved);
+
+/* Set up d->pool's backend over the real driver (backend_cuda.c). */
+void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *ret);
+
+/* Non-blocking streams the fences must cover (backend_cuda.c). */
+void cuheap_streams_add(CUcontext ctx, CUstream s);
+void cuheap_streams_remove(CUstream s);
+
+/* Stream capture began or ended: tell every pool. */
+void cuheap_capture_changed(CUstream s, bool begin);
+bool cuheap_capturing(void);
+
+#endif

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+/* Stack capture (see unwind.h). */
+#include "unwind.h"
+
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <link.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "driver.h"
+
+typedef int (*unw_backtrace_fn)(void **buffer, int size);
+
+static unw_backtrace_fn unw_backtrace_ptr;
+static enum cuheap_unwinder kind = CUHEAP_UNWIND_NONE;
+static uintptr_t self_start, self_end; /* our executable segment, to skip our frames */
+
+static int find_self(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    uintptr_t fbase = (uintptr_t)arg;
+    if (info->dlpi_addr != fbase)
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+            self_start = info->dlpi_addr + ph->p_vaddr;
+            self_end = self_start + ph->p_memsz;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+enum cuheap_unwinder cuheap_unwind_init(void)
+{
+    Dl_info self;
+    if (dladdr(&self_start, &self)) { /* any address inside this library */
+        dl_iterate_phdr(find_self, self.dli_fbase);
+        if (self.dli_fname) {
+            char path[PATH_MAX];
+            snprintf(path, sizeof(path), "%s", self.dli_fname);
+            char *slash = strrchr(path, '/');
+            if (slash) {
+                snprintf(slash + 1, sizeof(path) - (size_t)(slash + 1 - path), "libunwind.so.8");
+                void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+                if (h)
+                    *(void **)&unw_backtrace_ptr = cuheap_real_dlsym()(h, "unw_backtrace");
+            }
+        }
+    }
+    if (!unw_backtrace_ptr) {
+        void *h = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+        if (h)
+            *(void **)&unw_backtrace_ptr = cuheap_real_dlsym()(h, "unw_backtrace");
+    }
+    void *warm[4];
+    if (unw_backtrace_ptr) {
+        unw_backtrace_ptr(warm, 4); /* first call fills libunwind's caches */
+        kind = CUHEAP_UNWIND_LIBUNWIND;
+    } else {
+        backtrace(warm, 4); /* first call dlopens libgcc_s: do it here, not in a hook */
+        kind = CUHEAP_UNWIND_GLIBC;
+    }
+    return kind;
+}
+
+unsigned cuheap_unwind_capture(uint64_t *out, unsigned max)
+{
+    void *buf[CUHEAP_MAX_STACK_DEPTH + 16];
+    int want = (int)max + 16;
+    if (want > (int)(sizeof(buf) / sizeof(buf[0])))
+        want = (int)(sizeof(buf) / sizeof(buf[0]));
+    int n = 0;
+    if (kind == CUHEAP_UNWIND_LIBUNWIND)
+        n = unw_backtrace_ptr(buf, want);
+    else if (kind == CUHEAP_UNWIND_GLIBC)
+        n = backtrace(buf, want);
+    int skip = 0;
+    while (skip < n && (uintptr_t)buf[skip] >= self_start && (uintptr_t)buf[skip] < self_end)
+        skip++;
+    unsigned nr = 0;
+    for (int i = skip; i < n && nr < max; i++)
+        out[nr++] = (uint64_t)(uintptr_t)buf[i];
+    return nr;
+}
+
+const char *cuheap_unwinder_name(enum cuheap_unwinder u)
+{
+    switch (u) {
+    case CUHEAP_UNWIND_LIBUNWIND: return "libunwind";
+    case CUHEAP_UNWIND_GLIBC: return "glibc";
+    default: return "none";
+    }
+}

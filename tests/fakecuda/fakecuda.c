@@ -1,0 +1,1548 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fakecuda: a simulated CUDA driver (libcuda.so.1) for tests on machines without a GPU.
+ *
+ * Host memory stands in for device memory: each device is one large MAP_NORESERVE mapping
+ * carved by a first-fit allocator, so "device pointers" are real addresses a test can read.
+ * Streams really run asynchronously: every stream has a worker thread that executes queued
+ * work (host functions standing in for kernels, copies, memsets, event records, async frees)
+ * in order. The legacy default stream orders with every blocking stream of its device, as the
+ * real driver does, and cuMemFree_v2 waits for all streams of the device before freeing.
+ * Errors follow the driver: bad or double frees give CUDA_ERROR_INVALID_VALUE, freeing while
+ * a stream captures gives CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, exhaustion gives
+ * CUDA_ERROR_OUT_OF_MEMORY.
+ *
+ * Settings: FAKECUDA_DEVICE_COUNT (default 1), FAKECUDA_DEVICE_MEM (bytes per device,
+ * K/M/G suffixes, default 4G), FAKECUDA_ALLOC_US / FAKECUDA_FREE_US (simulated cost of
+ * cuMemAlloc_v2 / cuMemFree_v2 in microseconds, default 0).
+ *
+ * One global mutex guards all state: this is a test double, clarity beats speed.
+ */
+#include <cuda.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAKECUDA_BUILDING 1
+#include "fakecuda.h"
+
+#undef cuGetProcAddress
+#define FAKE_EXPORT __attribute__((visibility("default")))
+#define NR_MAX_DEVICES 8
+#define NR_MAX_STREAMS 4096
+#define FAKE_VMM_GRANULE (2u << 20)
+
+enum alloc_kind { KIND_DEVICE, KIND_ASYNC, KIND_MANAGED, KIND_HOST, KIND_VMM_PHYS };
+
+struct fake_alloc {
+    uintptr_t ptr;      /* start of the range */
+    size_t size;        /* bytes reserved (rounded) */
+    size_t requested;   /* bytes asked for */
+    enum alloc_kind kind;
+    unsigned long long buffer_id;
+    bool free_pending; /* cuMemFreeAsync queued, not yet executed */
+};
+
+struct fake_ctx {
+    unsigned magic;
+    int device;
+};
+
+struct fake_device {
+    uintptr_t base; /* start of the simulated device memory */
+    size_t size;    /* bytes of simulated device memory */
+    size_t used;    /* bytes handed out, VMM physical memory included */
+    struct fake_ctx ctx;
+    struct fake_stream *legacy;
+};
+
+enum work_kind { WORK_NOP, WORK_HOSTFN, WORK_MEMCPY, WORK_MEMSET, WORK_EVENT, WORK_WAIT, WORK_FREE };
+
+struct fake_event {
+    unsigned magic;
+    unsigned long long recorded; /* generation of the last record */
+    unsigned long long done;     /* generation that has completed */
+};
+
+struct dep {
+    struct fake_stream *stream;
+    unsigned long long count; /* wait until stream->completed reaches this */
+};
+
+struct work {
+    struct work *next;
+    enum work_kind kind;
+    CUhostFn fn;
+    void *arg;
+    void *dst;
+    const void *src;
+    size_t n;
+    unsigned char value;
+    struct fake_event *event;
+    unsigned long long gen;
+    int nr_deps;
+    struct dep deps[64]; /* ordering with the legacy stream */
+};
+
+struct fake_stream {
+    unsigned magic;
+    int device;
+    unsigned flags;
+    bool legacy;
+    bool stop;
+    int capturing; /* CUstreamCaptureMode + 1 while capturing, else 0 */
+    pthread_t thread;
+    struct work *head, *tail;
+    unsigned long long submitted, completed;
+};
+
+#define CTX_MAGIC 0xC0C0C0C0u
+#define STREAM_MAGIC 0x57EA57EAu
+#define EVENT_MAGIC 0xE7E7E7E7u
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_progress = PTHREAD_COND_INITIALIZER;
+static bool g_initialized;
+static int g_nr_devices;
+static struct fake_device g_devices[NR_MAX_DEVICES];
+static struct fake_alloc *g_allocs; /* sorted by ptr; guarded by g_lock */
+static size_t g_nr_allocs, g_cap_allocs;
+static struct fake_stream *g_streams[NR_MAX_STREAMS];
+static unsigned long long g_next_buffer_id = 1;
+static unsigned g_alloc_us, g_free_us;
+static _Thread_local struct fake_ctx *tls_ctx;
+static atomic_ulong g_calls[FAKECUDA_NR_COUNTERS];
+
+static size_t parse_size(const char *s, size_t dflt)
+{
+    if (!s || !*s)
+        return dflt;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    switch (*end) {
+    case 'K': case 'k': v <<= 10; break;
+    case 'M': case 'm': v <<= 20; break;
+    case 'G': case 'g': v <<= 30; break;
+    default: break;
+    }
+    return v ? (size_t)v : dflt;
+}
+
+static void spin_us(unsigned us)
+{
+    if (!us)
+        return;
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- allocations (g_lock held) ---- */
+
+static struct fake_alloc *find_alloc_locked(uintptr_t p)
+{
+    size_t lo = 0, hi = g_nr_allocs;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (g_allocs[mid].ptr + g_allocs[mid].size <= p)
+            lo = mid + 1;
+        else if (g_allocs[mid].ptr > p)
+            hi = mid;
+        else
+            return &g_allocs[mid];
+    }
+    return NULL;
+}
+
+static int insert_alloc_locked(struct fake_alloc a)
+{
+    if (g_nr_allocs == g_cap_allocs) {
+        size_t cap = g_cap_allocs ? g_cap_allocs * 2 : 1024;
+        struct fake_alloc *n = realloc(g_allocs, cap * sizeof(*n));
+        if (!n)
+            return -ENOMEM;
+        g_allocs = n;
+        g_cap_allocs = cap;
+    }
+    size_t i = 0;
+    while (i < g_nr_allocs && g_allocs[i].ptr < a.ptr)
+        i++;
+    memmove(&g_allocs[i + 1], &g_allocs[i], (g_nr_allocs - i) * sizeof(*g_allocs));
+    g_allocs[i] = a;
+    g_nr_allocs++;
+    return 0;
+}
+
+static void remove_alloc_locked(struct fake_alloc *a)
+{
+    size_t i = (size_t)(a - g_allocs);
+    memmove(&g_allocs[i], &g_allocs[i + 1], (g_nr_allocs - i - 1) * sizeof(*g_allocs));
+    g_nr_allocs--;
+}
+
+static size_t round_alloc(size_t n)
+{
+    /* The driver hands out 512-byte aligned blocks and reserves 2 MiB pages for large ones. */
+    if (n >= FAKE_VMM_GRANULE)
+        return (n + FAKE_VMM_GRANULE - 1) & ~(size_t)(FAKE_VMM_GRANULE - 1);
+    return (n + 511) & ~(size_t)511;
+}
+
+/* First fit inside the device's range; 2 MiB aligned for large blocks like the driver. */
+static CUresult device_alloc_locked(int dev, size_t n, enum alloc_kind kind, uintptr_t *ret)
+{
+    struct fake_device *d = &g_devices[dev];
+    size_t size = round_alloc(n ? n : 1);
+    size_t align = size >= FAKE_VMM_GRANULE ? FAKE_VMM_GRANULE : 512;
+    if (d->used + size > d->size)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t cur = d->base, end = d->base + d->size;
+    for (size_t i = 0; i <= g_nr_allocs; i++) {
+        uintptr_t next = end;
+        if (i < g_nr_allocs) {
+            if (g_allocs[i].ptr < d->base || g_allocs[i].ptr >= end)
+                continue;
+            next = g_allocs[i].ptr;
+        }
+        uintptr_t start = (cur + align - 1) & ~(uintptr_t)(align - 1);
+        if (start + size <= next) {
+            struct fake_alloc a = {.ptr = start, .size = size, .requested = n, .kind = kind,
+                                   .buffer_id = g_next_buffer_id++};
+            if (insert_alloc_locked(a))
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            d->used += size;
+            *ret = start;
+            return CUDA_SUCCESS;
+        }
+        if (i < g_nr_allocs)
+            cur = g_allocs[i].ptr + g_allocs[i].size;
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static int device_of_ptr(uintptr_t p)
+{
+    for (int i = 0; i < g_nr_devices; i++)
+        if (p >= g_devices[i].base && p < g_devices[i].base + g_devices[i].size)
+            return i;
+    return -1;
+}
+
+/* ---- streams ---- */
+
+static bool deps_done_locked(const struct work *w)
+{
+    for (int i = 0; i < w->nr_deps; i++)
+        if (w->deps[i].stream->completed < w->deps[i].count)
+            return false;
+    if (w->kind == WORK_WAIT && w->event->done < w->gen)
+        return false;
+    return true;
+}
+
+static void free_range_locked(uintptr_t p);
+
+static void *stream_worker(void *arg)
+{
+    struct fake_stream *s = arg;
+    pthread_mutex_lock(&g_lock);
+    for (;;) {
+        while (!s->stop && !(s->head && deps_done_locked(s->head)))
+            pthread_cond_wait(&g_progress, &g_lock);
+        if (!s->head && s->stop)
+            break;
+        if (!s->head)
+            continue;
+        struct work *w = s->head;
+        pthread_mutex_unlock(&g_lock);
+        switch (w->kind) {
+        case WORK_HOSTFN: w->fn(w->arg); break;
+        case WORK_MEMCPY: memmove(w->dst, w->src, w->n); break;
+        case WORK_MEMSET: memset(w->dst, w->value, w->n); break;
+        default: break;
+        }
+        pthread_mutex_lock(&g_lock);
+        if (w->kind == WORK_EVENT && w->event->done < w->gen)
+            w->event->done = w->gen;
+        if (w->kind == WORK_FREE)
+            free_range_locked((uintptr_t)w->dst);
+        s->head = w->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->completed++;
+        free(w);
+        pthread_cond_broadcast(&g_progress);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return NULL;
+}
+
+static struct fake_stream *stream_new_locked(int dev, unsigned flags, bool legacy)
+{
+    int slot = -1;
+    for (int i = 0; i < NR_MAX_STREAMS; i++)
+        if (!g_streams[i]) {
+            slot = i;
+            break;
+        }
+    if (slot < 0)
+        return NULL;
+    struct fake_stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->magic = STREAM_MAGIC;
+    s->device = dev;
+    s->flags = flags;
+    s->legacy = legacy;
+    if (pthread_create(&s->thread, NULL, stream_worker, s)) {
+        free(s);
+        return NULL;
+    }
+    g_streams[slot] = s;
+    return s;
+}
+
+static struct fake_ctx *current_ctx(void)
+{
+    return tls_ctx;
+}
+
+/* Resolve a CUstream handle; NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD all mean the
+ * legacy stream of the current device here (the fake has no per-thread default streams). */
+static CUresult resolve_stream_locked(CUstream h, struct fake_stream **ret)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        struct fake_ctx *c = current_ctx();
+        if (!c)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *ret = g_devices[c->device].legacy;
+        return CUDA_SUCCESS;
+    }
+    struct fake_stream *s = (struct fake_stream *)h;
+    for (int i = 0; i < NR_MAX_STREAMS; i++)
+        if (g_streams[i] == s && s->magic == STREAM_MAGIC) {
+            *ret = s;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
+static bool any_capture_locked(void)
+{
+    for (int i = 0; i < NR_MAX_STREAMS; i++)
+        if (g_streams[i] && g_streams[i]->capturing)
+            return true;
+    return false;
+}
+
+/* Queue w on s, adding the implicit ordering of the legacy stream: work on the legacy
+ * stream waits for all blocking streams of the device, and work on a blocking stream waits
+ * for the legacy stream. Takes ownership of w. */
+static void enqueue_locked(struct fake_stream *s, struct work *w)
+{
+    w->nr_deps = 0;
+    if (s->legacy) {
+        for (int i = 0; i < NR_MAX_STREAMS && w->nr_deps < 64; i++) {
+            struct fake_stream *o = g_streams[i];
+            if (o && o != s && o->device == s->device && !(o->flags & CU_STREAM_NON_BLOCKING))
+                w->deps[w->nr_deps++] = (struct dep){o, o->submitted};
+        }
+    } else if (!(s->flags & CU_STREAM_NON_BLOCKING)) {
+        struct fake_stream *l = g_devices[s->device].legacy;
+        w->deps[w->nr_deps++] = (struct dep){l, l->submitted};
+    }
+    w->next = NULL;
+    if (s->tail)
+        s->tail->next = w;
+    else
+        s->head = w;
+    s->tail = w;
+    s->submitted++;
+    pthread_cond_broadcast(&g_progress);
+}
+
+static void wait_stream_locked(struct fake_stream *s, unsigned long long upto)
+{
+    while (s->completed < upto)
+        pthread_cond_wait(&g_progress, &g_lock);
+}
+
+/* Synchronous operations on the legacy stream: queue and wait. */
+static CUresult submit_sync_locked(struct fake_stream *s, struct work *w)
+{
+    enqueue_locked(s, w);
+    wait_stream_locked(s, s->submitted);
+    return CUDA_SUCCESS;
+}
+
+static void device_sync_locked(int dev)
+{
+    for (int i = 0; i < NR_MAX_STREAMS; i++) {
+        struct fake_stream *s = g_streams[i];
+        if (s && s->device == dev)
+            wait_stream_locked(s, s->submitted);
+    }
+}
+
+/* ---- init, devices, contexts ---- */
+
+FAKE_EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (!g_initialized) {
+        const char *n = getenv("FAKECUDA_DEVICE_COUNT");
+        g_nr_devices = n ? atoi(n) : 1;
+        if (g_nr_devices < 0 || g_nr_devices > NR_MAX_DEVICES)
+            g_nr_devices = 1;
+        size_t mem = parse_size(getenv("FAKECUDA_DEVICE_MEM"), (size_t)4 << 30);
+        const char *a = getenv("FAKECUDA_ALLOC_US"), *f = getenv("FAKECUDA_FREE_US");
+        g_alloc_us = a ? (unsigned)atoi(a) : 0;
+        g_free_us = f ? (unsigned)atoi(f) : 0;
+        for (int i = 0; i < g_nr_devices; i++) {
+            void *p = mmap(NULL, mem, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED) {
+                pthread_mutex_unlock(&g_lock);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            g_devices[i].base = (uintptr_t)p;
+            g_devices[i].size = mem;
+            g_devices[i].ctx = (struct fake_ctx){CTX_MAGIC, i};
+            g_devices[i].legacy = stream_new_locked(i, 0, true);
+        }
+        g_initialized = true;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+#define CHECK_INIT()                                                                               \
+    do {                                                                                           \
+        if (!g_initialized)                                                                        \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+    } while (0)
+
+#define CHECK_CTX()                                                                                \
+    do {                                                                                           \
+        CHECK_INIT();                                                                              \
+        if (!current_ctx())                                                                        \
+            return CUDA_ERROR_INVALID_CONTEXT;                                                     \
+    } while (0)
+
+FAKE_EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetCount(int *n)
+{
+    CHECK_INIT();
+    if (!n)
+        return CUDA_ERROR_INVALID_VALUE;
+    *n = g_nr_devices;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+    CHECK_INIT();
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= g_nr_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_nr_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "fakecuda simulated device %d", dev);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_nr_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = g_devices[dev].size;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_nr_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *pctx = (CUcontext)&g_devices[dev].ctx;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CHECK_INIT();
+    return dev >= 0 && dev < g_nr_devices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+FAKE_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CHECK_INIT();
+    struct fake_ctx *c = (struct fake_ctx *)ctx;
+    if (c && c->magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    tls_ctx = c;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    CHECK_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)tls_ctx;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    CHECK_CTX();
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dev = current_ctx()->device;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxSynchronize(void)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    device_sync_locked(current_ctx()->device);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
+{
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (e) {
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
+    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN"; return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+    return cuGetErrorName(e, s);
+}
+
+/* ---- memory ---- */
+
+static CUresult alloc_current(CUdeviceptr *dptr, size_t n, enum alloc_kind kind)
+{
+    CHECK_CTX();
+    if (!dptr || n == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    uintptr_t p = 0;
+    CUresult r = device_alloc_locked(current_ctx()->device, n, kind, &p);
+    pthread_mutex_unlock(&g_lock);
+    if (r == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)p;
+    return r;
+}
+
+FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
+{
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_MEM_ALLOC], 1);
+    spin_us(g_alloc_us);
+    return alloc_current(dptr, n, KIND_DEVICE);
+}
+
+FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                        size_t height, unsigned int elem)
+{
+    if (!pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (width + 511) & ~(size_t)511;
+    CUresult r = alloc_current(dptr, p * height, KIND_DEVICE);
+    if (r == CUDA_SUCCESS)
+        *pitch = p;
+    return r;
+}
+
+FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_current(dptr, n, KIND_MANAGED);
+}
+
+static void free_range_locked(uintptr_t p)
+{
+    struct fake_alloc *a = find_alloc_locked(p);
+    if (!a)
+        return;
+    int dev = device_of_ptr(a->ptr);
+    if (dev >= 0)
+        g_devices[dev].used -= a->size;
+    remove_alloc_locked(a);
+}
+
+FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    CHECK_CTX();
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_MEM_FREE], 1);
+    spin_us(g_free_us);
+    if (dptr == 0)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    struct fake_alloc *a = find_alloc_locked((uintptr_t)dptr);
+    if (!a || a->ptr != (uintptr_t)dptr || a->free_pending ||
+        (a->kind != KIND_DEVICE && a->kind != KIND_ASYNC && a->kind != KIND_MANAGED)) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (any_capture_locked()) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    /* Like the real driver: the free waits for all work on the device. */
+    device_sync_locked(device_of_ptr(a->ptr));
+    free_range_locked((uintptr_t)dptr);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream h)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    pthread_mutex_unlock(&g_lock);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return alloc_current(dptr, n, KIND_ASYNC);
+}
+
+FAKE_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream h)
+{
+    return cuMemAllocAsync(dptr, n, h);
+}
+
+FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool,
+                                             CUstream h)
+{
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAllocAsync(dptr, n, h);
+}
+
+FAKE_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool,
+                                                  CUstream h)
+{
+    return cuMemAllocFromPoolAsync(dptr, n, pool, h);
+}
+
+FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    struct fake_alloc *a = find_alloc_locked((uintptr_t)dptr);
+    if (r == CUDA_SUCCESS && (!a || a->ptr != (uintptr_t)dptr || a->free_pending ||
+                              (a->kind != KIND_DEVICE && a->kind != KIND_ASYNC)))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        struct work *w = calloc(1, sizeof(*w));
+        if (!w) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            a->free_pending = true;
+            w->kind = WORK_FREE;
+            w->dst = (void *)dptr;
+            if (s->capturing)
+                free(w); /* captured: becomes a graph node, nothing runs now */
+            else
+                enqueue_locked(s, w);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream h)
+{
+    return cuMemFreeAsync(dptr, h);
+}
+
+FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    CHECK_CTX();
+    if (!free_bytes || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct fake_device *d = &g_devices[current_ctx()->device];
+    *free_bytes = d->size - d->used;
+    *total = d->size;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    struct fake_alloc *a = find_alloc_locked((uintptr_t)dptr);
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    if (a && a->kind != KIND_HOST) {
+        if (base)
+            *base = (CUdeviceptr)a->ptr;
+        if (size)
+            *size = a->requested;
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t n)
+{
+    CHECK_CTX();
+    if (!pp || !n)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *p = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    struct fake_alloc a = {.ptr = (uintptr_t)p, .size = n, .requested = n, .kind = KIND_HOST,
+                           .buffer_id = g_next_buffer_id++};
+    int e = insert_alloc_locked(a);
+    pthread_mutex_unlock(&g_lock);
+    if (e) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemHostAlloc(void **pp, size_t n, unsigned int flags)
+{
+    if (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                            CU_MEMHOSTALLOC_WRITECOMBINED))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAllocHost_v2(pp, n);
+}
+
+FAKE_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    struct fake_alloc *a = find_alloc_locked((uintptr_t)p);
+    if (!a || a->ptr != (uintptr_t)p || a->kind != KIND_HOST) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    remove_alloc_locked(a);
+    pthread_mutex_unlock(&g_lock);
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+/* ---- pointer attributes and IPC ---- */
+
+static CUresult pointer_attr_locked(void *data, CUpointer_attribute attr, uintptr_t p)
+{
+    struct fake_alloc *a = find_alloc_locked(p);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = device_of_ptr(a->ptr);
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = dev >= 0 ? (CUcontext)&g_devices[dev].ctx : NULL;
+        break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned *)data = a->kind == KIND_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *(CUdeviceptr *)data = (CUdeviceptr)p;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = (CUdeviceptr)a->ptr;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = a->requested;
+        break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = a->buffer_id;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(int *)data = a->kind == KIND_MANAGED;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = dev;
+        break;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(int *)data = 1;
+        break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
+{
+    CHECK_INIT();
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = pointer_attr_locked(data, attr, (uintptr_t)p);
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs,
+                                            void **data, CUdeviceptr p)
+{
+    CHECK_INIT();
+    if (!attrs || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (unsigned i = 0; i < n; i++) {
+        /* Unlike the singular call, unknown pointers give zeroed values and success. */
+        if (pointer_attr_locked(data[i], attrs[i], (uintptr_t)p) != CUDA_SUCCESS)
+            memset(data[i], 0, attrs[i] == CU_POINTER_ATTRIBUTE_CONTEXT ? sizeof(void *) : 8);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+struct fake_ipc {
+    unsigned magic;
+    int pid;
+    unsigned long long base;
+    unsigned long long size;
+};
+
+FAKE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+    CHECK_CTX();
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct fake_alloc *a = find_alloc_locked((uintptr_t)p);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (a && a->kind == KIND_DEVICE) {
+        /* Legacy IPC exports the whole driver allocation that contains p. */
+        struct fake_ipc f = {0xFA4EC0DEu, (int)getpid(), a->ptr, a->size};
+        memset(h, 0, sizeof(*h));
+        memcpy(h->reserved, &f, sizeof(f));
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT unsigned long long fakecuda_ipc_handle_base(const CUipcMemHandle *h)
+{
+    struct fake_ipc f;
+    memcpy(&f, h->reserved, sizeof(f));
+    return f.magic == 0xFA4EC0DEu ? f.base : 0;
+}
+
+FAKE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
+{
+    (void)flags;
+    CHECK_CTX();
+    struct fake_ipc f;
+    memcpy(&f, h.reserved, sizeof(f));
+    if (!p || f.magic != 0xFA4EC0DEu)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (f.pid == (int)getpid())
+        return CUDA_ERROR_INVALID_CONTEXT; /* the driver refuses to open in the exporter */
+    return CUDA_ERROR_NOT_SUPPORTED;       /* separate processes do not share fake memory */
+}
+
+/* ---- VMM ---- */
+
+struct fake_phys {
+    int fd;
+    size_t size;
+    int device;
+    int mapped;   /* number of live mappings */
+    bool released;
+};
+
+static void phys_put_locked(struct fake_phys *ph)
+{
+    if (ph->released && ph->mapped == 0) {
+        close(ph->fd);
+        g_devices[ph->device].used -= ph->size;
+        free(ph);
+    }
+}
+
+/* Mapped ranges: which handle backs [va, va+size). */
+struct fake_map {
+    uintptr_t va;
+    size_t size;
+    struct fake_phys *ph;
+};
+static struct fake_map g_maps[4096];
+
+FAKE_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                                   CUmemAllocationGranularity_flags opt)
+{
+    (void)opt;
+    CHECK_INIT();
+    if (!g || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = FAKE_VMM_GRANULE;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
+                                         CUdeviceptr addr, unsigned long long flags)
+{
+    (void)align;
+    (void)addr;
+    (void)flags;
+    CHECK_INIT();
+    if (!ptr || !size || size % FAKE_VMM_GRANULE)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ptr = (CUdeviceptr)p;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    if (!ptr || munmap((void *)ptr, size))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                                 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!h || !prop || flags || !size || size % FAKE_VMM_GRANULE ||
+        prop->location.id < 0 || prop->location.id >= g_nr_devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = prop->location.id;
+    pthread_mutex_lock(&g_lock);
+    if (g_devices[dev].used + size > g_devices[dev].size) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fake_phys *ph = calloc(1, sizeof(*ph));
+    int fd = ph ? memfd_create("fakecuda-phys", MFD_CLOEXEC) : -1;
+    if (fd < 0 || ftruncate(fd, (off_t)size)) {
+        if (fd >= 0)
+            close(fd);
+        free(ph);
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ph = (struct fake_phys){.fd = fd, .size = size, .device = dev};
+    g_devices[dev].used += size;
+    pthread_mutex_unlock(&g_lock);
+    *h = (CUmemGenericAllocationHandle)(uintptr_t)ph;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    CHECK_INIT();
+    struct fake_phys *ph = (struct fake_phys *)(uintptr_t)h;
+    if (!ph || ph->released)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    ph->released = true;
+    phys_put_locked(ph);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+    CHECK_INIT();
+    struct fake_phys *ph = (struct fake_phys *)(uintptr_t)h;
+    if (!ptr || !ph || flags || ph->released || offset + size > ph->size)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int slot = -1;
+    for (int i = 0; i < 4096; i++)
+        if (!g_maps[i].va) {
+            slot = i;
+            break;
+        }
+    void *p = slot < 0 ? MAP_FAILED
+                       : mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->fd,
+                              (off_t)offset);
+    if (p == MAP_FAILED) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    g_maps[slot] = (struct fake_map){ptr, size, ph};
+    ph->mapped++;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                    size_t count)
+{
+    CHECK_INIT();
+    if (!ptr || !desc || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    return mprotect((void *)ptr, size, PROT_READ | PROT_WRITE) ? CUDA_ERROR_INVALID_VALUE
+                                                                : CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    pthread_mutex_lock(&g_lock);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < 4096; i++)
+        if (g_maps[i].va == ptr && g_maps[i].size == size) {
+            mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+                 MAP_NORESERVE, -1, 0);
+            struct fake_phys *ph = g_maps[i].ph;
+            g_maps[i] = (struct fake_map){0};
+            ph->mapped--;
+            phys_put_locked(ph);
+            r = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* ---- streams and events ---- */
+
+FAKE_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
+{
+    CHECK_CTX();
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s = stream_new_locked(current_ctx()->device, flags, false);
+    pthread_mutex_unlock(&g_lock);
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ph = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int prio)
+{
+    (void)prio;
+    return cuStreamCreate(ph, flags);
+}
+
+FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    if (r == CUDA_SUCCESS && s->legacy)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    if (r != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&g_lock);
+        return r;
+    }
+    /* Like the driver, pending work still completes; the handle dies now. */
+    wait_stream_locked(s, s->submitted);
+    s->stop = true;
+    s->magic = 0;
+    for (int i = 0; i < NR_MAX_STREAMS; i++)
+        if (g_streams[i] == s)
+            g_streams[i] = NULL;
+    pthread_cond_broadcast(&g_progress);
+    pthread_mutex_unlock(&g_lock);
+    pthread_join(s->thread, NULL);
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+static CUresult enqueue_on(CUstream h, struct work *w)
+{
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    if (r != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&g_lock);
+        free(w);
+        return r;
+    }
+    if (s->capturing)
+        free(w); /* recorded into the graph, not run */
+    else
+        enqueue_locked(s, w);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *arg)
+{
+    CHECK_CTX();
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct work *w = calloc(1, sizeof(*w));
+    if (!w)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    w->kind = WORK_HOSTFN;
+    w->fn = fn;
+    w->arg = arg;
+    return enqueue_on(h, w);
+}
+
+FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *arg)
+{
+    return cuLaunchHostFunc(h, fn, arg);
+}
+
+FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
+{
+    CHECK_CTX();
+    struct work *w = calloc(1, sizeof(*w));
+    if (!w)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    if (r == CUDA_SUCCESS)
+        submit_sync_locked(s, w);
+    else
+        free(w);
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuStreamQuery(CUstream h)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    if (r == CUDA_SUCCESS && s->completed < s->submitted)
+        r = CUDA_ERROR_NOT_READY;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
+{
+    (void)flags;
+    CHECK_CTX();
+    if (!ph)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_event *e = calloc(1, sizeof(*e));
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = EVENT_MAGIC;
+    *ph = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent h)
+{
+    CHECK_INIT();
+    struct fake_event *e = (struct fake_event *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    /* Keep it simple: wait until the pending record has run so no worker touches it. */
+    while (e->done < e->recorded)
+        pthread_cond_wait(&g_progress, &g_lock);
+    e->magic = 0;
+    pthread_mutex_unlock(&g_lock);
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuEventRecord(CUevent h, CUstream st)
+{
+    CHECK_CTX();
+    struct fake_event *e = (struct fake_event *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct work *w = calloc(1, sizeof(*w));
+    if (!w)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(st, &s);
+    if (r != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&g_lock);
+        free(w);
+        return r;
+    }
+    if (s->capturing) {
+        pthread_mutex_unlock(&g_lock);
+        free(w);
+        return CUDA_SUCCESS;
+    }
+    w->kind = WORK_EVENT;
+    w->event = e;
+    w->gen = ++e->recorded;
+    enqueue_locked(s, w);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream st)
+{
+    return cuEventRecord(h, st);
+}
+
+FAKE_EXPORT CUresult cuEventQuery(CUevent h)
+{
+    CHECK_INIT();
+    struct fake_event *e = (struct fake_event *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = e->done >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuEventSynchronize(CUevent h)
+{
+    CHECK_INIT();
+    struct fake_event *e = (struct fake_event *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    while (e->done < e->recorded)
+        pthread_cond_wait(&g_progress, &g_lock);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream st, CUevent h, unsigned int flags)
+{
+    (void)flags;
+    CHECK_CTX();
+    struct fake_event *e = (struct fake_event *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct work *w = calloc(1, sizeof(*w));
+    if (!w)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    w->kind = WORK_WAIT;
+    w->event = e;
+    pthread_mutex_lock(&g_lock);
+    w->gen = e->recorded;
+    pthread_mutex_unlock(&g_lock);
+    return enqueue_on(st, w);
+}
+
+FAKE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    if (r == CUDA_SUCCESS && (s->legacy || s->capturing))
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (r == CUDA_SUCCESS)
+        s->capturing = (int)mode + 1;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
+{
+    return cuStreamBeginCapture_v2(h, mode);
+}
+
+static char g_fake_graph;
+
+FAKE_EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g)
+{
+    CHECK_CTX();
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    if (r == CUDA_SUCCESS && !s->capturing)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    if (r == CUDA_SUCCESS) {
+        s->capturing = 0;
+        *g = (CUgraph)&g_fake_graph;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
+{
+    return cuStreamEndCapture(h, g);
+}
+
+FAKE_EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
+{
+    CHECK_CTX();
+    if (!st)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    if (r == CUDA_SUCCESS)
+        *st = s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* ---- copies and memsets ---- */
+
+static bool range_ok_locked(uintptr_t p, size_t n)
+{
+    struct fake_alloc *a = find_alloc_locked(p);
+    if (a)
+        return p + n <= a->ptr + a->size;
+    for (int i = 0; i < 4096; i++)
+        if (g_maps[i].va && p >= g_maps[i].va && p + n <= g_maps[i].va + g_maps[i].size)
+            return true;
+    return false;
+}
+
+static CUresult copy_or_set(CUstream h, bool sync, enum work_kind kind, void *dst,
+                            const void *src, size_t n, unsigned char v, uintptr_t devptr)
+{
+    CHECK_CTX();
+    pthread_mutex_lock(&g_lock);
+    if (!range_ok_locked(devptr, n)) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct fake_stream *s;
+    CUresult r = resolve_stream_locked(h, &s);
+    struct work *w = r == CUDA_SUCCESS ? calloc(1, sizeof(*w)) : NULL;
+    if (r == CUDA_SUCCESS && !w)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) {
+        w->kind = kind;
+        w->dst = dst;
+        w->src = src;
+        w->n = n;
+        w->value = v;
+        if (s->capturing)
+            free(w);
+        else if (sync)
+            submit_sync_locked(s, w);
+        else
+            enqueue_locked(s, w);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+FAKE_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
+{
+    return copy_or_set(NULL, true, WORK_MEMSET, (void *)d, NULL, n, v, d);
+}
+
+FAKE_EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream h)
+{
+    return copy_or_set(h, false, WORK_MEMSET, (void *)d, NULL, n, v, d);
+}
+
+FAKE_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *src, size_t n)
+{
+    return copy_or_set(NULL, true, WORK_MEMCPY, (void *)d, src, n, 0, d);
+}
+
+FAKE_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr s, size_t n)
+{
+    return copy_or_set(NULL, true, WORK_MEMCPY, dst, (const void *)s, n, 0, s);
+}
+
+FAKE_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *src, size_t n, CUstream h)
+{
+    return copy_or_set(h, false, WORK_MEMCPY, (void *)d, src, n, 0, d);
+}
+
+FAKE_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr s, size_t n, CUstream h)
+{
+    return copy_or_set(h, false, WORK_MEMCPY, dst, (const void *)s, n, 0, s);
+}
+
+/* ---- entry point lookup ---- */
+
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                         cuuint64_t flags, CUdriverProcAddressQueryResult *st);
+FAKE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags);
+
+typedef void (*any_fn)(void);
+
+struct proc_entry {
+    const char *name; /* base name, as the runtime asks for it */
+    any_fn fn;        /* the current ABI */
+    any_fn ptsz;      /* per-thread default stream twin, if any */
+};
+
+#define P(n, f) {n, (any_fn)(f), NULL}
+#define PZ(n, f, z) {n, (any_fn)(f), (any_fn)(z)}
+
+static void *as_ptr(any_fn f)
+{
+    void *p;
+    memcpy(&p, &f, sizeof(p));
+    return p;
+}
+static const struct proc_entry g_procs[] = {
+    P("cuInit", cuInit),
+    P("cuDriverGetVersion", cuDriverGetVersion),
+    P("cuDeviceGet", cuDeviceGet),
+    P("cuDeviceGetCount", cuDeviceGetCount),
+    P("cuDeviceGetName", cuDeviceGetName),
+    P("cuDeviceTotalMem", cuDeviceTotalMem_v2),
+    P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
+    P("cuCtxSetCurrent", cuCtxSetCurrent),
+    P("cuCtxGetCurrent", cuCtxGetCurrent),
+    P("cuCtxGetDevice", cuCtxGetDevice),
+    P("cuCtxSynchronize", cuCtxSynchronize),
+    P("cuGetErrorName", cuGetErrorName),
+    P("cuGetErrorString", cuGetErrorString),
+    P("cuMemAlloc", cuMemAlloc_v2),
+    P("cuMemAllocPitch", cuMemAllocPitch_v2),
+    P("cuMemAllocManaged", cuMemAllocManaged),
+    P("cuMemFree", cuMemFree_v2),
+    PZ("cuMemAllocAsync", cuMemAllocAsync, cuMemAllocAsync_ptsz),
+    PZ("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
+    PZ("cuMemFreeAsync", cuMemFreeAsync, cuMemFreeAsync_ptsz),
+    P("cuMemGetInfo", cuMemGetInfo_v2),
+    P("cuMemGetAddressRange", cuMemGetAddressRange_v2),
+    P("cuMemAllocHost", cuMemAllocHost_v2),
+    P("cuMemHostAlloc", cuMemHostAlloc),
+    P("cuMemFreeHost", cuMemFreeHost),
+    P("cuPointerGetAttribute", cuPointerGetAttribute),
+    P("cuPointerGetAttributes", cuPointerGetAttributes),
+    P("cuIpcGetMemHandle", cuIpcGetMemHandle),
+    P("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2),
+    P("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity),
+    P("cuMemAddressReserve", cuMemAddressReserve),
+    P("cuMemAddressFree", cuMemAddressFree),
+    P("cuMemCreate", cuMemCreate),
+    P("cuMemRelease", cuMemRelease),
+    P("cuMemMap", cuMemMap),
+    P("cuMemUnmap", cuMemUnmap),
+    P("cuMemSetAccess", cuMemSetAccess),
+    P("cuStreamCreate", cuStreamCreate),
+    P("cuStreamCreateWithPriority", cuStreamCreateWithPriority),
+    P("cuStreamDestroy", cuStreamDestroy_v2),
+    P("cuStreamSynchronize", cuStreamSynchronize),
+    P("cuStreamQuery", cuStreamQuery),
+    P("cuStreamWaitEvent", cuStreamWaitEvent),
+    PZ("cuStreamBeginCapture", cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz),
+    PZ("cuStreamEndCapture", cuStreamEndCapture, cuStreamEndCapture_ptsz),
+    P("cuStreamIsCapturing", cuStreamIsCapturing),
+    P("cuEventCreate", cuEventCreate),
+    P("cuEventDestroy", cuEventDestroy_v2),
+    PZ("cuEventRecord", cuEventRecord, cuEventRecord_ptsz),
+    P("cuEventQuery", cuEventQuery),
+    P("cuEventSynchronize", cuEventSynchronize),
+    PZ("cuLaunchHostFunc", cuLaunchHostFunc, cuLaunchHostFunc_ptsz),
+    P("cuMemsetD8", cuMemsetD8_v2),
+    P("cuMemsetD8Async", cuMemsetD8Async),
+    P("cuMemcpyHtoD", cuMemcpyHtoD_v2),
+    P("cuMemcpyDtoH", cuMemcpyDtoH_v2),
+    P("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2),
+    P("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2),
+};
+
+static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                       CUdriverProcAddressQueryResult *st)
+{
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    if (strcmp(symbol, "cuGetProcAddress") == 0) {
+        *pfn = as_ptr(version >= 12000 ? (any_fn)cuGetProcAddress_v2 : (any_fn)cuGetProcAddress);
+    } else {
+        for (size_t i = 0; i < sizeof(g_procs) / sizeof(g_procs[0]); i++)
+            if (strcmp(g_procs[i].name, symbol) == 0) {
+                bool per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+                *pfn = as_ptr(per_thread && g_procs[i].ptsz ? g_procs[i].ptsz : g_procs[i].fn);
+                break;
+            }
+    }
+    if (st)
+        *st = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                         cuuint64_t flags, CUdriverProcAddressQueryResult *st)
+{
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_GET_PROC_ADDRESS], 1);
+    return lookup(symbol, pfn, version, flags, st);
+}
+
+FAKE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags)
+{
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_GET_PROC_ADDRESS], 1);
+    return lookup(symbol, pfn, version, flags, NULL);
+}
+
+FAKE_EXPORT unsigned long fakecuda_calls(enum fakecuda_counter c)
+{
+    return c < FAKECUDA_NR_COUNTERS ? atomic_load(&g_calls[c]) : 0;
+}
+
+FAKE_EXPORT size_t fakecuda_live_allocations(void)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t n = 0;
+    for (size_t i = 0; i < g_nr_allocs; i++)
+        n += g_allocs[i].kind != KIND_HOST;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}

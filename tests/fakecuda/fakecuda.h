@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Test-only entry points of the simulated driver: how many times the real allocation calls
+ * reached it, and what an IPC handle points at. Tests resolve these with dlsym so that the
+ * same test binary also runs against a real driver (where they are absent).
+ */
+#ifndef FAKECUDA_H
+#define FAKECUDA_H
+
+#include <stddef.h>
+
+struct CUipcMemHandle_st;
+
+enum fakecuda_counter {
+    FAKECUDA_CALL_MEM_ALLOC,        /* cuMemAlloc_v2 calls that reached the driver */
+    FAKECUDA_CALL_MEM_FREE,         /* cuMemFree_v2 calls that reached the driver */
+    FAKECUDA_CALL_GET_PROC_ADDRESS, /* cuGetProcAddress lookups */
+    FAKECUDA_NR_COUNTERS
+};
+
+#ifdef FAKECUDA_BUILDING
+#include <cuda.h>
+/* Entry points the real driver exports but cuda.h declares only under macros. */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream h);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream h);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream h);
+CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *arg);
+CUresult cuEventRecord_ptsz(CUevent h, CUstream st);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g);
+#endif
+
+unsigned long fakecuda_calls(enum fakecuda_counter c);
+size_t fakecuda_live_allocations(void);
+unsigned long long fakecuda_ipc_handle_base(const struct CUipcMemHandle_st *h);
+
+typedef unsigned long (*fakecuda_calls_fn)(enum fakecuda_counter c);
+typedef size_t (*fakecuda_live_allocations_fn)(void);
+
+#endif

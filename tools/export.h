@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: MIT */
+/* Writing traces in the formats other viewers open: Chrome/Perfetto, folded stacks for
+ * flame graphs, PyTorch memory_viz snapshots. */
+#ifndef CUHEAP_EXPORT_H
+#define CUHEAP_EXPORT_H
+
+#include <stdio.h>
+
+#include "analysis.h"
+#include "tracereader.h"
+
+/* All traces (ranks) into one Chrome Trace Event file, clocks aligned on their start times. */
+int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out);
+
+/* One line per call site: "outer;...;inner BYTES". */
+int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out);
+
+/* A pickled snapshot in the shape of torch.cuda.memory._snapshot(), for
+ * https://pytorch.org/memory_viz and torch.cuda._memory_viz. */
+int export_memviz(const struct cuheap_trace *t, FILE *out);
+
+#endif
