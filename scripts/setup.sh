@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install what building and testing cuheap needs, only what is missing (Debian/Ubuntu).
+# The CUDA toolkit headers (cuda.h) must already be there (e.g. /usr/local/cuda); cuheap
+# never links libcuda, libcudart or CUPTI.
+set -euo pipefail
+
+need=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in meson ninja-build gcc pkg-config libjansson-dev libcmocka-dev libunwind-dev libdw-dev \
+         python3 python3-jsonschema clang-format; do
+    have_pkg "$p" || need+=("$p")
+done
+if ((${#need[@]})); then
+    echo "setup: installing ${need[*]}"
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+found=""
+for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /opt/cuda /usr; do
+    [ -n "$d" ] && [ -f "$d/include/cuda.h" ] && { found="$d/include"; break; }
+done
+if [ -z "$found" ]; then
+    echo "setup: cuda.h not found: install the CUDA toolkit headers (or set CUDA_HOME)" >&2
+    exit 1
+fi
+echo "setup: ok (CUDA headers in $found)"

@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * How the test programs reach the driver, in the three ways real programs do:
+ *   DOOR_LINKED    calls the symbols directly (linked with -lcuda);
+ *   DOOR_DLSYM     dlopen("libcuda.so.1") and dlsym() for every function;
+ *   DOOR_PROCADDR  dlopen, dlsym() for cuGetProcAddress_v2 only, then asks it for every
+ *                  function, as every CUDA runtime (static or shared) does.
+ * The programs are written once against this table.
+ */
+#ifndef CUHEAP_TEST_DRIVER_API_H
+#define CUHEAP_TEST_DRIVER_API_H
+
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#define DRIVER_API(X)                                                                              \
+    X(cuInit, (unsigned int), "cuInit")                                                            \
+    X(cuDeviceGet, (CUdevice *, int), "cuDeviceGet")                                               \
+    X(cuDeviceGetCount, (int *), "cuDeviceGetCount")                                               \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice), "cuDevicePrimaryCtxRetain")               \
+    X(cuCtxSetCurrent, (CUcontext), "cuCtxSetCurrent")                                             \
+    X(cuCtxSynchronize, (void), "cuCtxSynchronize")                                                \
+    X(cuMemAlloc_v2, (CUdeviceptr *, size_t), "cuMemAlloc")                                        \
+    X(cuMemAllocPitch_v2, (CUdeviceptr *, size_t *, size_t, size_t, unsigned), "cuMemAllocPitch")  \
+    X(cuMemFree_v2, (CUdeviceptr), "cuMemFree")                                                    \
+    X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync")                       \
+    X(cuMemFreeAsync, (CUdeviceptr, CUstream), "cuMemFreeAsync")                                   \
+    X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned), "cuMemAllocManaged")                   \
+    X(cuMemAllocHost_v2, (void **, size_t), "cuMemAllocHost")                                      \
+    X(cuMemHostAlloc, (void **, size_t, unsigned), "cuMemHostAlloc")                               \
+    X(cuMemFreeHost, (void *), "cuMemFreeHost")                                                    \
+    X(cuMemGetInfo_v2, (size_t *, size_t *), "cuMemGetInfo")                                       \
+    X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr), "cuMemGetAddressRange")     \
+    X(cuPointerGetAttribute, (void *, CUpointer_attribute, CUdeviceptr), "cuPointerGetAttribute")  \
+    X(cuMemcpyHtoD_v2, (CUdeviceptr, const void *, size_t), "cuMemcpyHtoD")                        \
+    X(cuMemcpyDtoH_v2, (void *, CUdeviceptr, size_t), "cuMemcpyDtoH")                              \
+    X(cuMemsetD8_v2, (CUdeviceptr, unsigned char, size_t), "cuMemsetD8")                           \
+    X(cuStreamCreate, (CUstream *, unsigned), "cuStreamCreate")                                    \
+    X(cuStreamDestroy_v2, (CUstream), "cuStreamDestroy")                                           \
+    X(cuStreamSynchronize, (CUstream), "cuStreamSynchronize")                                      \
+    X(cuLaunchHostFunc, (CUstream, CUhostFn, void *), "cuLaunchHostFunc")                          \
+    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,          \
+                    unsigned long long), "cuMemCreate")                                            \
+    X(cuMemRelease, (CUmemGenericAllocationHandle), "cuMemRelease")                                \
+    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),      \
+      "cuMemAddressReserve")                                                                       \
+    X(cuMemAddressFree, (CUdeviceptr, size_t), "cuMemAddressFree")                                 \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long),  \
+      "cuMemMap")                                                                                  \
+    X(cuMemUnmap, (CUdeviceptr, size_t), "cuMemUnmap")                                             \
+    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t), "cuMemSetAccess")
+
+struct driver_api {
+#define DRIVER_API_FIELD(sym, params, base) CUresult(*sym) params;
+    DRIVER_API(DRIVER_API_FIELD)
+#undef DRIVER_API_FIELD
+};
+
+#if defined(DOOR_LINKED)
+static const char *const door_name = "linked";
+static int driver_api_open(struct driver_api *d)
+{
+#define DRIVER_API_LINK(sym, params, base) d->sym = sym;
+    DRIVER_API(DRIVER_API_LINK)
+#undef DRIVER_API_LINK
+    return 0;
+}
+#elif defined(DOOR_DLSYM)
+static const char *const door_name = "dlsym";
+static int driver_api_open(struct driver_api *d)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return -1;
+#define DRIVER_API_DLSYM(sym, params, base)                                                        \
+    if (!(*(void **)&d->sym = dlsym(h, #sym)))                                                     \
+        return -1;
+    DRIVER_API(DRIVER_API_DLSYM)
+#undef DRIVER_API_DLSYM
+    return 0;
+}
+#else
+static const char *const door_name = "procaddr";
+static int driver_api_open(struct driver_api *d)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return -1;
+    CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+    *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
+    if (!gpa)
+        return -1;
+    CUdriverProcAddressQueryResult st;
+#define DRIVER_API_PROC(sym, params, base)                                                         \
+    if (gpa(base, (void **)&d->sym, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS)     \
+        return -1;
+    DRIVER_API(DRIVER_API_PROC)
+#undef DRIVER_API_PROC
+    return 0;
+}
+#endif
+
+/* cuInit, device 0's primary context made current. */
+static int driver_api_start(struct driver_api *d, int device)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    if (driver_api_open(d) || d->cuInit(0) || d->cuDeviceGet(&dev, device) ||
+        d->cuDevicePrimaryCtxRetain(&ctx, dev) || d->cuCtxSetCurrent(ctx))
+        return -1;
+    return 0;
+}
+
+#endif

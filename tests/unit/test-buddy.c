@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: MIT */
+/* The buddy allocator against a reference model: every block handed out is aligned to its
+ * size, inside the arena, overlaps nothing live, and everything merges back at the end. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "buddy.h"
+
+#define BASE ((uintptr_t)1 << 40) /* device-like addresses; never touched */
+
+static void check_ok(const struct cuheap_buddy *b)
+{
+    char why[256] = "";
+    int r = cuheap_buddy_check(b, why, sizeof(why));
+    if (r)
+        fail_msg("buddy invariant broken: %s", why);
+}
+
+static void test_init_rejects_bad_shapes(void **state)
+{
+    (void)state;
+    struct cuheap_buddy b;
+    assert_int_equal(cuheap_buddy_init(&b, BASE, 3000, 512), -22);
+    assert_int_equal(cuheap_buddy_init(&b, BASE, 1 << 20, 1000), -22);
+    assert_int_equal(cuheap_buddy_init(&b, BASE, 512, 1024), -22);
+    assert_int_equal(cuheap_buddy_init(&b, BASE + 3, 1 << 20, 512), -22);
+}
+
+static void test_split_and_merge(void **state)
+{
+    (void)state;
+    struct cuheap_buddy b;
+    assert_int_equal(cuheap_buddy_init(&b, BASE, 1 << 20, 512), 0);
+    uintptr_t a1, a2, a3;
+    unsigned o1, o2, o3;
+    assert_int_equal(cuheap_buddy_alloc(&b, 1, &a1, &o1), 0);
+    assert_int_equal(o1, 9); /* 512 B minimum */
+    assert_int_equal(a1, BASE);
+    assert_int_equal(cuheap_buddy_alloc(&b, 513, &a2, &o2), 0);
+    assert_int_equal(o2, 10);
+    assert_int_equal(a2 % 1024, 0);
+    assert_int_equal(cuheap_buddy_alloc(&b, 300 << 10, &a3, &o3), 0);
+    assert_int_equal(o3, 19); /* rounds up to 512 KiB */
+    check_ok(&b);
+    assert_false(cuheap_buddy_empty(&b));
+    assert_int_equal(cuheap_buddy_free(&b, a2), 10);
+    assert_int_equal(cuheap_buddy_free(&b, a2), -22); /* double free */
+    assert_int_equal(cuheap_buddy_free(&b, a3 + 512), -22); /* interior pointer */
+    assert_int_equal(cuheap_buddy_free(&b, a1), 9);
+    assert_int_equal(cuheap_buddy_free(&b, a3), 19);
+    check_ok(&b);
+    assert_true(cuheap_buddy_empty(&b));
+    assert_int_equal(b.free_area[20].nr_free, 1); /* merged back to one 1 MiB block */
+    cuheap_buddy_destroy(&b);
+}
+
+static void test_exhaustion_and_whole_arena(void **state)
+{
+    (void)state;
+    struct cuheap_buddy b;
+    assert_int_equal(cuheap_buddy_init(&b, BASE, 1 << 20, 512), 0);
+    uintptr_t a;
+    unsigned o;
+    assert_int_equal(cuheap_buddy_alloc(&b, (1 << 20) + 1, &a, &o), -12);
+    assert_int_equal(cuheap_buddy_alloc(&b, 1 << 20, &a, &o), 0);
+    assert_int_equal(cuheap_buddy_alloc(&b, 1, &a, &o), -12);
+    cuheap_buddy_destroy(&b);
+}
+
+static void test_block_of_finds_interior_pointers(void **state)
+{
+    (void)state;
+    struct cuheap_buddy b;
+    assert_int_equal(cuheap_buddy_init(&b, BASE, 1 << 22, 512), 0);
+    uintptr_t a, c;
+    unsigned o;
+    assert_int_equal(cuheap_buddy_alloc(&b, 3000, &a, &o), 0);
+    assert_int_equal(cuheap_buddy_alloc(&b, 100000, &c, &o), 0);
+    uintptr_t start;
+    unsigned order;
+    bool allocated;
+    assert_int_equal(cuheap_buddy_block_of(&b, c + 99999, &start, &order, &allocated), 0);
+    assert_int_equal(start, c);
+    assert_int_equal(order, 17);
+    assert_true(allocated);
+    assert_int_equal(cuheap_buddy_block_of(&b, a + 4095, &start, &order, &allocated), 0);
+    assert_int_equal(start, a);
+    assert_int_equal(cuheap_buddy_block_of(&b, BASE + (1 << 22), &start, &order, &allocated),
+                     -22);
+    cuheap_buddy_destroy(&b);
+}
+
+struct live {
+    uintptr_t addr;
+    uint64_t size; /* block size */
+};
+
+static int cmp_live(const void *x, const void *y)
+{
+    const struct live *a = x, *b = y;
+    return a->addr < b->addr ? -1 : a->addr > b->addr;
+}
+
+static void assert_no_overlap(struct live *l, size_t n)
+{
+    struct live *sorted = malloc(n * sizeof(*l) + 1);
+    memcpy(sorted, l, n * sizeof(*l));
+    qsort(sorted, n, sizeof(*l), cmp_live);
+    for (size_t i = 1; i < n; i++)
+        if (sorted[i - 1].addr + sorted[i - 1].size > sorted[i].addr)
+            fail_msg("blocks overlap at %#lx", (unsigned long)sorted[i].addr);
+    free(sorted);
+}
+
+/* Long random sequences against the model; the arena must be whole again at the end. */
+static void random_run(uint64_t arena, uint64_t min_block, unsigned seed, int steps,
+                       int check_every)
+{
+    struct cuheap_buddy b;
+    assert_int_equal(cuheap_buddy_init(&b, BASE, arena, min_block), 0);
+    struct live *l = calloc(65536, sizeof(*l));
+    size_t n = 0;
+    uint64_t used = 0;
+    srand(seed);
+    for (int step = 0; step < steps; step++) {
+        bool do_alloc = n == 0 || (n < 65536 && rand() % 100 < 55);
+        if (do_alloc) {
+            /* log-uniform sizes from 1 B to arena/4 */
+            int bits = rand() % (int)(__builtin_ctzll(arena) - 1);
+            uint64_t size = 1 + ((uint64_t)rand() % ((1ull << bits) + 1));
+            uintptr_t a;
+            unsigned o;
+            int r = cuheap_buddy_alloc(&b, size, &a, &o);
+            if (r == 0) {
+                assert_true((1ull << o) >= size);
+                assert_true((1ull << o) >= min_block);
+                assert_int_equal((a - BASE) % (1ull << o), 0);
+                assert_true(a >= BASE && a + (1ull << o) <= BASE + arena);
+                l[n++] = (struct live){a, 1ull << o};
+                used += 1ull << o;
+            } else {
+                /* a refusal must be real: no free block of a fitting order */
+                assert_int_equal(r, -12);
+                unsigned need = cuheap_buddy_order_for(&b, size);
+                for (unsigned k = need; k <= b.max_order; k++)
+                    assert_int_equal(b.free_area[k].nr_free, 0);
+            }
+        } else {
+            size_t i = (size_t)rand() % n;
+            assert_int_equal(cuheap_buddy_free(&b, l[i].addr), __builtin_ctzll(l[i].size));
+            used -= l[i].size;
+            l[i] = l[--n];
+        }
+        assert_int_equal(b.free_bytes, arena - used);
+        if (step % check_every == 0) {
+            check_ok(&b);
+            assert_no_overlap(l, n);
+        }
+    }
+    while (n)
+        assert_true(cuheap_buddy_free(&b, l[--n].addr) >= 0);
+    check_ok(&b);
+    assert_true(cuheap_buddy_empty(&b));
+    assert_int_equal(b.free_area[b.max_order].nr_free, 1);
+    free(l);
+    cuheap_buddy_destroy(&b);
+}
+
+static void test_random_small_arena(void **state)
+{
+    (void)state;
+    random_run(1 << 20, 512, 1, 20000, 1);
+}
+
+static void test_random_large_arena(void **state)
+{
+    (void)state;
+    random_run(256ull << 20, 512, 2, 200000, 1000);
+}
+
+static void test_random_other_min_block(void **state)
+{
+    (void)state;
+    random_run(64ull << 20, 4096, 3, 50000, 100);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_init_rejects_bad_shapes),
+        cmocka_unit_test(test_split_and_merge),
+        cmocka_unit_test(test_exhaustion_and_whole_arena),
+        cmocka_unit_test(test_block_of_finds_interior_pointers),
+        cmocka_unit_test(test_random_small_arena),
+        cmocka_unit_test(test_random_large_arena),
+        cmocka_unit_test(test_random_other_min_block),
+    };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
