@@ -1,1 +1,485 @@
-int main(void){return 0;}
+/* SPDX-License-Identifier: MIT */
+/*
+ * The pool's rules, driven through a host backend whose fences the test completes by hand:
+ * when a freed block may be reused under each policy, growth, out of memory, limits,
+ * same-stream reuse, range answers, trimming, and invariants under random and threaded use.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "event.h"
+#include "pool.h"
+
+#define MIB (1ull << 20)
+
+/* A device of `capacity` bytes of address space (never touched), fences that complete only
+ * when the test says so (or when waited on). */
+struct host_device {
+    pthread_mutex_t lock;
+    uint64_t next_addr;
+    uint64_t capacity, used;
+    int nr_allocs, nr_frees, nr_syncs, nr_waits;
+    int nr_fences;
+    bool fences_done[4096];
+    uint64_t sizes[4096]; /* by (addr - base) / 2 MiB: for frees */
+};
+
+static int hd_alloc(void *ctx, uint64_t size, uint64_t *ret)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    if (d->used + size > d->capacity) {
+        pthread_mutex_unlock(&d->lock);
+        return CUHEAP_BE_OOM;
+    }
+    d->used += size;
+    d->nr_allocs++;
+    *ret = d->next_addr;
+    d->sizes[(d->next_addr - (1ull << 44)) / (2 * MIB) % 4096] = size;
+    d->next_addr += size + 2 * MIB; /* gaps, like a real driver's spread */
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+static int hd_free(void *ctx, uint64_t ptr)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    d->used -= d->sizes[(ptr - (1ull << 44)) / (2 * MIB) % 4096];
+    d->nr_frees++;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+static int hd_fence_record(void *ctx, void **ret)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    int id = d->nr_fences++ % 4096;
+    d->fences_done[id] = false;
+    pthread_mutex_unlock(&d->lock);
+    *ret = (void *)(uintptr_t)(id + 1);
+    return 0;
+}
+
+static int hd_fence_query(void *ctx, void *f)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    int r = d->fences_done[(uintptr_t)f - 1];
+    pthread_mutex_unlock(&d->lock);
+    return r;
+}
+
+static int hd_fence_wait(void *ctx, void *f)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    d->fences_done[(uintptr_t)f - 1] = true;
+    d->nr_waits++;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+static void hd_fence_destroy(void *ctx, void *f)
+{
+    (void)ctx;
+    (void)f;
+}
+
+static int hd_stream_fence(void *ctx, uint64_t s, void **ret)
+{
+    (void)s;
+    return hd_fence_record(ctx, ret);
+}
+
+static int hd_sync(void *ctx)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    d->nr_syncs++;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+static int hd_info(void *ctx, uint64_t *f, uint64_t *t)
+{
+    struct host_device *d = ctx;
+    *f = d->capacity - d->used;
+    *t = d->capacity;
+    return 0;
+}
+
+static void complete_fences(struct host_device *d)
+{
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < 4096; i++)
+        d->fences_done[i] = true;
+    pthread_mutex_unlock(&d->lock);
+}
+
+struct fixture {
+    struct host_device dev;
+    struct cuheap_config cfg;
+    struct cuheap_pool pool;
+    _Atomic uint64_t reserved;
+    int notes[CUHEAP_NR_EVENT_TYPES];
+};
+
+static struct fixture *current;
+
+static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
+{
+    (void)p;
+    current->notes[n->type]++;
+}
+
+static const char *no_env(const char *name, void *arg)
+{
+    (void)name;
+    (void)arg;
+    return NULL;
+}
+
+static void no_warn(const char *line, void *arg)
+{
+    (void)line;
+    (void)arg;
+}
+
+static struct fixture *setup(enum cuheap_reuse reuse, uint64_t capacity, uint64_t arena,
+                             uint64_t limit)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    current = f;
+    pthread_mutex_init(&f->dev.lock, NULL);
+    f->dev.next_addr = 1ull << 44;
+    f->dev.capacity = capacity;
+    cuheap_config_parse(&f->cfg, no_env, no_warn, NULL);
+    f->cfg.reuse = reuse;
+    f->cfg.arena_size = arena;
+    f->cfg.pool_max = arena / 2;
+    f->cfg.fence_batch = 4;
+    struct cuheap_backend be = {
+        .ctx = &f->dev, .mem_alloc = hd_alloc, .mem_free = hd_free,
+        .fence_record = hd_fence_record, .fence_query = hd_fence_query,
+        .fence_wait = hd_fence_wait, .fence_destroy = hd_fence_destroy,
+        .stream_fence_record = hd_stream_fence, .device_sync = hd_sync, .mem_info = hd_info,
+    };
+    assert_int_equal(cuheap_pool_init(&f->pool, &f->cfg, &be, 0, limit, &f->reserved, note), 0);
+    return f;
+}
+
+static void teardown(struct fixture *f)
+{
+    char why[256];
+    if (cuheap_pool_check(&f->pool, why, sizeof(why)))
+        fail_msg("pool invariant: %s", why);
+    cuheap_pool_trim(&f->pool, false);
+    cuheap_pool_forget(&f->pool);
+    free(f);
+}
+
+static uint64_t alloc(struct fixture *f, uint64_t size, uint64_t stream)
+{
+    uint64_t ptr, block, seq;
+    int r = cuheap_pool_alloc(&f->pool, size, stream, &ptr, &block, &seq);
+    assert_int_equal(r, 0);
+    assert_true(block >= size);
+    assert_int_equal(ptr % 512, 0);
+    assert_ptr_equal(cuheap_pool_of(ptr), &f->pool);
+    return ptr;
+}
+
+static void release(struct fixture *f, uint64_t ptr, uint64_t stream)
+{
+    uint64_t size, block, seq;
+    assert_int_equal(cuheap_pool_free(&f->pool, ptr, stream, &size, &block, &seq), 0);
+}
+
+static void test_immediate_reuses_at_once(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 64 * MIB, 0);
+    uint64_t a = alloc(f, 1000, 0);
+    release(f, a, 0);
+    assert_int_equal(alloc(f, 1000, 0), a);
+    assert_int_equal(f->dev.nr_allocs, 1); /* one arena, no driver calls per allocation */
+    assert_int_equal(f->notes[CUHEAP_EV_ARENA_GROW], 1);
+    teardown(f);
+}
+
+static void test_fence_holds_blocks_until_complete(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    uint64_t a = alloc(f, 4096, 0);
+    release(f, a, 0);
+    /* the freed block may still be read by work queued before the free */
+    uint64_t b = alloc(f, 4096, 0);
+    assert_int_not_equal(b, a);
+    uint64_t more[3];
+    for (int i = 0; i < 3; i++)
+        more[i] = alloc(f, 4096, 0);
+    for (int i = 0; i < 3; i++)
+        release(f, more[i], 0); /* with a, four frees: the batch closes behind a fence */
+    assert_int_equal(f->dev.nr_fences, 1);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.pending, 4 * 4096);
+    complete_fences(&f->dev);
+    /* the next miss-free allocations still find free memory, so reclaim happens on the
+     * periodic poll: allocate until it did */
+    bool reused = false;
+    for (int i = 0; i < 64 && !reused; i++) {
+        uint64_t c = alloc(f, 4096, 0);
+        reused = c == a || c == more[0] || c == more[1] || c == more[2];
+    }
+    assert_true(reused);
+    assert_true(f->notes[CUHEAP_EV_FENCE] >= 1);
+    teardown(f);
+}
+
+static void test_fence_miss_waits_for_oldest_when_full(void **state)
+{
+    (void)state;
+    /* room for exactly one 4 MiB arena */
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 4 * MIB, 4 * MIB, 0);
+    uint64_t a = alloc(f, 2 * MIB, 0);
+    uint64_t b = alloc(f, 2 * MIB, 0);
+    release(f, a, 0);
+    release(f, b, 0);
+    /* no free block, growth refused by the device: close the epoch, wait for it, reuse */
+    uint64_t c = alloc(f, 2 * MIB, 0);
+    assert_true(c == a || c == b);
+    assert_true(f->dev.nr_waits >= 1);
+    teardown(f);
+}
+
+static void test_sync_waits_for_device_on_every_free(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_SYNC, 1ull << 30, 64 * MIB, 0);
+    uint64_t a = alloc(f, 1 * MIB, 0);
+    release(f, a, 0);
+    assert_int_equal(f->dev.nr_syncs, 1);
+    assert_int_equal(alloc(f, 1 * MIB, 0), a);
+    teardown(f);
+}
+
+static void test_out_of_memory_after_reclaim(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 8 * MIB, 4 * MIB, 0);
+    alloc(f, 2 * MIB, 0);
+    alloc(f, 2 * MIB, 0);
+    alloc(f, 2 * MIB, 0);
+    alloc(f, 2 * MIB, 0);
+    uint64_t ptr, block, seq;
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 2 * MIB, 0, &ptr, &block, &seq), -12);
+    assert_int_equal(f->notes[CUHEAP_EV_OOM], 1);
+    teardown(f);
+}
+
+static void test_limit_refuses_growth(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 4 * MIB, 6 * MIB);
+    alloc(f, 2 * MIB, 0);
+    alloc(f, 2 * MIB, 0);
+    /* 4 MiB used of a 6 MiB limit: a smaller arena still fits under the limit */
+    alloc(f, 2 * MIB, 0);
+    uint64_t ptr, block, seq;
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 2 * MIB, 0, &ptr, &block, &seq), -12);
+    assert_int_equal(f->notes[CUHEAP_EV_LIMIT], 1);
+    assert_true(atomic_load(&f->reserved) <= 6 * MIB);
+    teardown(f);
+}
+
+static void test_passes_large_and_captured_requests(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    uint64_t ptr, block, seq;
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 33 * MIB, 0, &ptr, &block, &seq),
+                     CUHEAP_POOL_PASS);
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 0, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    cuheap_pool_capture(&f->pool, 1);
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    cuheap_pool_capture(&f->pool, -1);
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &ptr, &block, &seq), 0);
+    teardown(f);
+}
+
+static void test_double_free_and_ranges(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 64 * MIB, 0);
+    uint64_t a = alloc(f, 3000, 0);
+    uint64_t base, size, id1, id2, arena;
+    assert_int_equal(cuheap_pool_block_range(&f->pool, a + 2999, &base, &size, &id1, &arena), 0);
+    assert_int_equal(base, a);
+    assert_int_equal(size, 3000);
+    assert_int_equal(cuheap_pool_block_range(&f->pool, a + 3000, &base, &size, &id1, &arena),
+                     -22); /* past what was asked for */
+    uint64_t sz, block, seq;
+    assert_int_equal(cuheap_pool_free(&f->pool, a + 512, 0, &sz, &block, &seq), -22);
+    release(f, a, 0);
+    assert_int_equal(cuheap_pool_free(&f->pool, a, 0, &sz, &block, &seq), -22);
+    assert_int_equal(cuheap_pool_block_range(&f->pool, a, &base, &size, &id1, &arena), -22);
+    uint64_t b = alloc(f, 3000, 0);
+    assert_int_equal(b, a);
+    assert_int_equal(cuheap_pool_block_range(&f->pool, b, &base, &size, &id2, &arena), 0);
+    cuheap_pool_block_range(&f->pool, a, &base, &size, &id1, &arena);
+    /* the same address, reallocated, is another buffer for registration caches */
+    uint64_t c = alloc(f, 3000, 0);
+    uint64_t id3;
+    cuheap_pool_block_range(&f->pool, c, &base, &size, &id3, &arena);
+    assert_int_not_equal(id3, id2);
+    teardown(f);
+}
+
+static void test_same_stream_reuse_without_fence(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    uint64_t s1 = 0x1111, s2 = 0x2222;
+    uint64_t a = alloc(f, 8192, s1);
+    release(f, a, s1);
+    assert_int_not_equal(alloc(f, 8192, s2), a); /* another stream must wait for a fence */
+    assert_int_equal(alloc(f, 8192, s1), a);     /* the same stream is ordered after the free */
+    assert_int_equal(f->dev.nr_fences, 0);
+    teardown(f);
+}
+
+static void test_trim_gives_empty_arenas_back(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 4 * MIB, 0);
+    uint64_t p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = alloc(f, 2 * MIB, 0);
+    assert_int_equal(f->dev.nr_allocs, 2);
+    release(f, p[0], 0);
+    release(f, p[1], 0);
+    uint64_t released = cuheap_pool_trim(&f->pool, false);
+    /* the two frees waited for their fence; one arena became empty and went back */
+    assert_int_equal(released, 4 * MIB);
+    assert_int_equal(f->dev.nr_frees, 1);
+    assert_int_equal(atomic_load(&f->reserved), 4 * MIB);
+    teardown(f);
+}
+
+static void test_random_with_invariants(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 16 * MIB, 0);
+    uint64_t live[512];
+    int n = 0;
+    srand(11);
+    for (int step = 0; step < 20000; step++) {
+        if (n < 512 && (n == 0 || rand() % 100 < 52)) {
+            uint64_t size = 1 + (uint64_t)rand() % (1u << (rand() % 22));
+            live[n++] = alloc(f, size, rand() % 4 == 0 ? 0x77 : 0);
+        } else {
+            int i = rand() % n;
+            release(f, live[i], rand() % 4 == 0 ? 0x77 : 0);
+            live[i] = live[--n];
+        }
+        if (step % 500 == 0) {
+            char why[256];
+            if (cuheap_pool_check(&f->pool, why, sizeof(why)))
+                fail_msg("step %d: %s", step, why);
+            if (rand() % 2)
+                complete_fences(&f->dev);
+        }
+    }
+    while (n)
+        release(f, live[--n], 0);
+    complete_fences(&f->dev);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.live, 0);
+    teardown(f);
+}
+
+struct storm {
+    struct fixture *f;
+    int seed;
+};
+
+static void *storm_thread(void *arg)
+{
+    struct storm *s = arg;
+    uint64_t live[64];
+    int n = 0;
+    unsigned seed = (unsigned)s->seed;
+    for (int i = 0; i < 20000; i++) {
+        if (n < 64 && (n == 0 || rand_r(&seed) % 2)) {
+            uint64_t ptr, block, seq;
+            uint64_t size = 1 + rand_r(&seed) % (1u << (rand_r(&seed) % 20));
+            if (cuheap_pool_alloc(&s->f->pool, size, 0, &ptr, &block, &seq) == 0)
+                live[n++] = ptr;
+        } else {
+            int k = (int)(rand_r(&seed) % (unsigned)n);
+            uint64_t size, block, seq;
+            if (cuheap_pool_free(&s->f->pool, live[k], 0, &size, &block, &seq))
+                return (void *)1;
+            live[k] = live[--n];
+        }
+        if (i % 1000 == 0)
+            complete_fences(&s->f->dev);
+    }
+    while (n) {
+        uint64_t size, block, seq;
+        cuheap_pool_free(&s->f->pool, live[--n], 0, &size, &block, &seq);
+    }
+    return NULL;
+}
+
+static void test_threaded_storm(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 32, 32 * MIB, 0);
+    pthread_t t[4];
+    struct storm s[4];
+    for (int i = 0; i < 4; i++) {
+        s[i] = (struct storm){f, i + 1};
+        pthread_create(&t[i], NULL, storm_thread, &s[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        assert_null(r);
+    }
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.live, 0);
+    teardown(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_immediate_reuses_at_once),
+        cmocka_unit_test(test_fence_holds_blocks_until_complete),
+        cmocka_unit_test(test_fence_miss_waits_for_oldest_when_full),
+        cmocka_unit_test(test_sync_waits_for_device_on_every_free),
+        cmocka_unit_test(test_out_of_memory_after_reclaim),
+        cmocka_unit_test(test_limit_refuses_growth),
+        cmocka_unit_test(test_passes_large_and_captured_requests),
+        cmocka_unit_test(test_double_free_and_ranges),
+        cmocka_unit_test(test_same_stream_reuse_without_fence),
+        cmocka_unit_test(test_trim_gives_empty_arenas_back),
+        cmocka_unit_test(test_random_with_invariants),
+        cmocka_unit_test(test_threaded_storm),
+    };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
