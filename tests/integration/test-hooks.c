@@ -1,0 +1,539 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The preload library in a process, against the simulated driver: every door reaches the
+ * hooks, each call is one event, errors pass through, pooled pointers answer queries
+ * consistently, reuse is stream-safe under each policy, out-of-memory and limits behave like
+ * the driver. This binary links libcuheap.so ahead of libcuda.so.1, which interposes exactly
+ * as LD_PRELOAD does; meson runs it once per configuration (CUHEAP_* in its environment).
+ */
+#include <cuheap/cuheap.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#define DOOR_LINKED 1
+#include "../programs/driver_api.h"
+#include "fakecuda.h"
+
+#undef cuGetProcAddress
+
+#define MIB (1ull << 20)
+
+static struct driver_api cu;
+static fakecuda_calls_fn fake_calls;
+static bool pool_on, limit_on, small_device;
+static const char *reuse = "fence";
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : dflt;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (driver_api_start(&cu, 0))
+        return -1;
+    *(void **)&fake_calls = dlsym(RTLD_DEFAULT, "fakecuda_calls");
+    pool_on = strcmp(env_or("CUHEAP_POOL", "1"), "0") != 0;
+    reuse = env_or("CUHEAP_REUSE", "fence");
+    limit_on = getenv("CUHEAP_LIMIT") != NULL;
+    small_device = getenv("FAKECUDA_DEVICE_MEM") != NULL;
+    return fake_calls ? 0 : -1;
+}
+
+/* A request just above CUHEAP_POOL_MAX: served by the driver, not the pool. */
+static size_t big_size(void)
+{
+    const char *v = getenv("CUHEAP_POOL_MAX");
+    size_t pool_max = v ? (size_t)strtoull(v, NULL, 10) * MIB : 64 * MIB; /* "NM" here */
+    return pool_max + 4 * MIB;
+}
+
+static struct cuheap_stats stats(void)
+{
+    struct cuheap_stats s;
+    assert_int_equal(cuheap_get_stats(&s, sizeof(s)), 0);
+    return s;
+}
+
+/* ---- doors ---- */
+
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+static void alloc_free_through(alloc_fn a, free_fn f)
+{
+    uint64_t calls_before = cuheap_call_count("cuMemAlloc_v2");
+    uint64_t frees_before = cuheap_call_count("cuMemFree_v2");
+    struct cuheap_stats before = stats();
+    unsigned long driver_before = fake_calls(FAKECUDA_CALL_MEM_ALLOC);
+    CUdeviceptr p;
+    assert_int_equal(a(&p, 4096), CUDA_SUCCESS);
+    assert_int_equal(cuheap_call_count("cuMemAlloc_v2"), calls_before + 1);
+    struct cuheap_stats after = stats();
+    assert_int_equal(after.nr_allocs, before.nr_allocs + 1); /* one call, one event */
+    if (pool_on)
+        assert_int_equal(fake_calls(FAKECUDA_CALL_MEM_ALLOC) - driver_before,
+                         after.nr_arenas - before.nr_arenas); /* the pool served it */
+    else
+        assert_int_equal(fake_calls(FAKECUDA_CALL_MEM_ALLOC), driver_before + 1);
+    assert_int_equal(f(p), CUDA_SUCCESS);
+    assert_int_equal(cuheap_call_count("cuMemFree_v2"), frees_before + 1);
+    assert_int_equal(stats().nr_frees, after.nr_frees + 1);
+}
+
+static void test_door_linked(void **state)
+{
+    (void)state;
+    alloc_free_through(cuMemAlloc_v2, cuMemFree_v2);
+}
+
+static void test_door_dlsym(void **state)
+{
+    (void)state;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(h);
+    alloc_fn a;
+    free_fn f;
+    *(void **)&a = dlsym(h, "cuMemAlloc_v2");
+    *(void **)&f = dlsym(h, "cuMemFree_v2");
+    alloc_free_through(a, f);
+    /* RTLD_NEXT and RTLD_DEFAULT lead to the hooks too */
+    *(void **)&a = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+    *(void **)&f = dlsym(RTLD_NEXT, "cuMemFree_v2");
+    alloc_free_through(a, f);
+    /* names that merely start with "cu" are not driver names and pass untouched */
+    assert_null(dlsym(h, "cudnnCreate"));
+    assert_non_null(dlsym(RTLD_DEFAULT, "malloc"));
+}
+
+static gpa_fn procaddr(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    gpa_fn g;
+    *(void **)&g = dlsym(h, "cuGetProcAddress_v2");
+    assert_non_null(g);
+    return g;
+}
+
+static void test_door_procaddr(void **state)
+{
+    (void)state;
+    gpa_fn gpa = procaddr();
+    alloc_fn a;
+    free_fn f;
+    CUdriverProcAddressQueryResult st;
+    assert_int_equal(gpa("cuMemAlloc", (void **)&a, 12000, 0, &st), CUDA_SUCCESS);
+    assert_int_equal(gpa("cuMemFree", (void **)&f, 12000, 0, &st), CUDA_SUCCESS);
+    alloc_free_through(a, f);
+    /* asking the lookup for itself returns the hook, so later lookups stay hooked */
+    gpa_fn again;
+    assert_int_equal(gpa("cuGetProcAddress", (void **)&again, 12000, 0, &st), CUDA_SUCCESS);
+    assert_int_equal(again("cuMemAlloc", (void **)&a, 12000, 0, &st), CUDA_SUCCESS);
+    alloc_free_through(a, f);
+    /* unknown names: the driver's answer unchanged */
+    void *none;
+    assert_int_equal(gpa("cuNoSuchThing", &none, 12000, 0, &st), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+}
+
+static void test_procaddr_per_thread_twins(void **state)
+{
+    (void)state;
+    gpa_fn gpa = procaddr();
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*free_async)(CUdeviceptr, CUstream);
+    CUdriverProcAddressQueryResult st;
+    assert_int_equal(gpa("cuMemAllocAsync", (void **)&alloc_async, 12000,
+                         CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st),
+                     CUDA_SUCCESS);
+    assert_int_equal(gpa("cuMemFreeAsync", (void **)&free_async, 12000,
+                         CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st),
+                     CUDA_SUCCESS);
+    uint64_t ptsz = cuheap_call_count("cuMemAllocAsync_ptsz");
+    uint64_t legacy = cuheap_call_count("cuMemAllocAsync");
+    CUdeviceptr p;
+    assert_int_equal(alloc_async(&p, 1 << 16, NULL), CUDA_SUCCESS);
+    assert_int_equal(free_async(p, NULL), CUDA_SUCCESS);
+    assert_int_equal(cuheap_call_count("cuMemAllocAsync_ptsz"), ptsz + 1);
+    assert_int_equal(cuheap_call_count("cuMemAllocAsync"), legacy);
+    assert_int_equal(cuheap_call_count("cuMemFreeAsync_ptsz") >= 1, 1);
+}
+
+/* ---- errors pass through ---- */
+
+static void test_errors_pass_through(void **state)
+{
+    (void)state;
+    assert_int_equal(cu.cuMemFree_v2((CUdeviceptr)0x1234), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu.cuMemFree_v2(0), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemAlloc_v2(NULL, 100), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr p;
+    assert_int_equal(cu.cuMemAlloc_v2(&p, 0), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu.cuMemAlloc_v2(&p, 1000), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(p + 512), CUDA_ERROR_INVALID_VALUE); /* interior */
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE); /* double free */
+    size_t pitch;
+    assert_int_equal(cu.cuMemAllocPitch_v2(&p, &pitch, 100, 10, 3), CUDA_ERROR_INVALID_VALUE);
+    /* without a current context the driver says so, hooks or not */
+    CUcontext none = NULL;
+    CUcontext ctx;
+    CUdevice dev;
+    assert_int_equal(cu.cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    assert_int_equal(cu.cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+    assert_int_equal(cu.cuCtxSetCurrent(none), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemAlloc_v2(&p, 1000), CUDA_ERROR_INVALID_CONTEXT);
+    assert_int_equal(cu.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+}
+
+/* ---- queries on pooled pointers ---- */
+
+static void test_pointer_queries_agree(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(cu.cuMemAlloc_v2(&p, 3000), CUDA_SUCCESS);
+    CUdeviceptr base;
+    size_t size;
+    assert_int_equal(cu.cuMemGetAddressRange_v2(&base, &size, p + 2999), CUDA_SUCCESS);
+    assert_int_equal(base, p);
+    assert_int_equal(size, 3000);
+    CUdeviceptr start;
+    size_t rsize;
+    unsigned long long id1, id2;
+    assert_int_equal(cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 10),
+                     CUDA_SUCCESS);
+    assert_int_equal(cu.cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 10),
+                     CUDA_SUCCESS);
+    assert_int_equal(cu.cuPointerGetAttribute(&id1, CU_POINTER_ATTRIBUTE_BUFFER_ID, p),
+                     CUDA_SUCCESS);
+    assert_int_equal(start, base);
+    assert_int_equal(rsize, size);
+    CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                    CU_POINTER_ATTRIBUTE_BUFFER_ID};
+    CUdeviceptr s2 = 0;
+    size_t z2 = 0;
+    unsigned long long i2 = 0;
+    void *data[3] = {&s2, &z2, &i2};
+    CUresult (*get_attrs)(unsigned, CUpointer_attribute *, void **, CUdeviceptr) =
+        cuPointerGetAttributes;
+    assert_int_equal(get_attrs(3, attrs, data, p + 100), CUDA_SUCCESS);
+    assert_int_equal(s2, base);
+    assert_int_equal(z2, size);
+    assert_int_equal(i2, id1);
+    int mem_type = 0;
+    assert_int_equal(cu.cuPointerGetAttribute(&mem_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p),
+                     CUDA_SUCCESS);
+    assert_int_equal(mem_type, CU_MEMORYTYPE_DEVICE);
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
+    CUdeviceptr q;
+    assert_int_equal(cu.cuMemAlloc_v2(&q, 3000), CUDA_SUCCESS);
+    assert_int_equal(cu.cuPointerGetAttribute(&id2, CU_POINTER_ATTRIBUTE_BUFFER_ID, q),
+                     CUDA_SUCCESS);
+    assert_int_not_equal(id1, id2); /* a new allocation, even at a reused address */
+    assert_int_equal(cu.cuMemFree_v2(q), CUDA_SUCCESS);
+}
+
+static void test_ipc_never_shares_wrong_bytes(void **state)
+{
+    (void)state;
+    unsigned long long (*ipc_base)(const CUipcMemHandle *);
+    *(void **)&ipc_base = dlsym(RTLD_DEFAULT, "fakecuda_ipc_handle_base");
+    assert_non_null(ipc_base);
+    CUdeviceptr small[2];
+    assert_int_equal(cu.cuMemAlloc_v2(&small[0], 4096), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemAlloc_v2(&small[1], 4096), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        CUipcMemHandle h;
+        CUresult r = cuIpcGetMemHandle(&h, small[i]);
+        /* either the handle opens exactly at this pointer, or the driver's refusal */
+        if (r == CUDA_SUCCESS)
+            assert_int_equal(ipc_base(&h), small[i]);
+        else
+            assert_int_equal(r, CUDA_ERROR_INVALID_VALUE);
+    }
+    if (pool_on && !small_device) {
+        CUipcMemHandle h;
+        assert_int_equal(cuIpcGetMemHandle(&h, small[1]), CUDA_ERROR_INVALID_VALUE);
+    }
+    CUdeviceptr big;
+    assert_int_equal(cu.cuMemAlloc_v2(&big, big_size()), CUDA_SUCCESS);
+    CUipcMemHandle h;
+    assert_int_equal(cuIpcGetMemHandle(&h, big), CUDA_SUCCESS);
+    assert_int_equal(ipc_base(&h), big);
+    assert_int_equal(cu.cuMemFree_v2(big), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(small[0]), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(small[1]), CUDA_SUCCESS);
+}
+
+static void test_mem_info(void **state)
+{
+    (void)state;
+    size_t f, t;
+    assert_int_equal(cu.cuMemGetInfo_v2(&f, &t), CUDA_SUCCESS);
+    if (limit_on) {
+        assert_int_equal(t, 96 * MIB); /* CUHEAP_LIMIT=96M in this configuration */
+        assert_true(f <= t);
+        return;
+    }
+    size_t dev_total = small_device ? 256 * MIB : 4096 * MIB;
+    assert_int_equal(t, dev_total); /* no limit: the driver's own figures */
+    assert_true(f <= t);
+}
+
+/* ---- stream safety ---- */
+
+struct slow_reader {
+    unsigned char *buf;
+    size_t n;
+    int delay_ms;
+    size_t bad;
+};
+
+static void slow_read(void *arg)
+{
+    struct slow_reader *r = arg;
+    struct timespec ts = {0, r->delay_ms * 1000000L};
+    nanosleep(&ts, NULL);
+    for (size_t i = 0; i < r->n; i++)
+        r->bad += r->buf[i] != 0xAA;
+}
+
+/* A slow kernel on a non-blocking stream still reads its buffer after the program freed it
+ * and allocated the same size again, and wrote the new buffer. */
+static void test_stream_race(void **state)
+{
+    (void)state;
+    const size_t n = 1 << 20;
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr a, b;
+    assert_int_equal(cu.cuMemAlloc_v2(&a, n), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemsetD8_v2(a, 0xAA, n), CUDA_SUCCESS);
+    struct slow_reader r = {(unsigned char *)(uintptr_t)a, n, 300, 0};
+    assert_int_equal(cu.cuLaunchHostFunc(s, slow_read, &r), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(a), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemAlloc_v2(&b, n), CUDA_SUCCESS);
+    /* cuMemsetD8 runs on the legacy stream, which does not wait for a non-blocking one */
+    assert_int_equal(cu.cuMemsetD8_v2(b, 0x55, n), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamSynchronize(s), CUDA_SUCCESS);
+    if (pool_on && !strcmp(reuse, "immediate")) {
+        /* documented: immediate reuse is for single-stream programs; this is the bug it lets
+         * through, and the test shows it can see it */
+        assert_int_equal(b, a);
+        assert_int_equal(r.bad, n);
+    } else {
+        assert_int_equal(r.bad, 0);
+    }
+    assert_int_equal(cu.cuMemFree_v2(b), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+/* ---- out of memory and limits ---- */
+
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    /* 256 MiB device: fill it with 8 MiB blocks until the driver says no */
+    CUdeviceptr p[64];
+    int n = 0;
+    CUresult r;
+    while (n < 64 && (r = cu.cuMemAlloc_v2(&p[n], 8 * MIB)) == CUDA_SUCCESS)
+        n++;
+    assert_int_equal(r, CUDA_ERROR_OUT_OF_MEMORY); /* the driver's code, unchanged */
+    assert_true(n >= 24);                          /* most of the device was usable */
+    assert_true(stats().nr_ooms >= 1);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(cu.cuMemFree_v2(p[i]), CUDA_SUCCESS);
+    /* the program frees and goes on: a large request needs the pool to give arenas back */
+    CUdeviceptr big;
+    assert_int_equal(cu.cuMemAlloc_v2(&big, 200 * MIB), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(big), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemAlloc_v2(&p[0], 8 * MIB), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(p[0]), CUDA_SUCCESS);
+}
+
+static void test_limit(void **state)
+{
+    (void)state;
+    /* CUHEAP_LIMIT=96M, CUHEAP_ARENA_SIZE=32M: everything counts, pooled or not */
+    CUdeviceptr big, small[16];
+    assert_int_equal(cu.cuMemAlloc_v2(&big, 70 * MIB), CUDA_SUCCESS); /* pass-through, 72 MiB */
+    int n = 0;
+    CUresult r;
+    while (n < 16 && (r = cu.cuMemAlloc_v2(&small[n], 4 * MIB)) == CUDA_SUCCESS)
+        n++;
+    assert_int_equal(r, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_true(n >= 4 && n <= 6); /* 24 MiB left under the limit */
+    size_t f, t;
+    assert_int_equal(cu.cuMemGetInfo_v2(&f, &t), CUDA_SUCCESS);
+    assert_int_equal(t, 96 * MIB);
+    assert_true(f < 8 * MIB);
+    assert_int_equal(cu.cuMemFree_v2(big), CUDA_SUCCESS);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(cu.cuMemFree_v2(small[i]), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemAlloc_v2(&big, 70 * MIB), CUDA_SUCCESS); /* room again */
+    assert_int_equal(cu.cuMemFree_v2(big), CUDA_SUCCESS);
+}
+
+/* ---- threads ---- */
+
+static CUcontext main_ctx;
+
+static void *storm(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    if (cu.cuCtxSetCurrent(main_ctx) != CUDA_SUCCESS) /* driver API: per-thread contexts */
+        return (void *)1;
+    CUdeviceptr live[32];
+    unsigned char tag[32];
+    size_t sizes[32];
+    int n = 0;
+    for (int i = 0; i < 3000; i++) {
+        if (n < 32 && (n == 0 || rand_r(&seed) % 2)) {
+            size_t size = 1 + rand_r(&seed) % (1u << (rand_r(&seed) % 18));
+            if (cu.cuMemAlloc_v2(&live[n], size) != CUDA_SUCCESS)
+                return (void *)1;
+            tag[n] = (unsigned char)rand_r(&seed);
+            sizes[n] = size;
+            memset((void *)(uintptr_t)live[n], tag[n], size); /* host memory stands in */
+            n++;
+        } else {
+            int k = (int)(rand_r(&seed) % (unsigned)n);
+            const unsigned char *b = (const unsigned char *)(uintptr_t)live[k];
+            /* nobody else wrote into our block while it was ours */
+            for (size_t j = 0; j < sizes[k]; j += 61)
+                if (b[j] != tag[k])
+                    return (void *)2;
+            if (cu.cuMemFree_v2(live[k]) != CUDA_SUCCESS)
+                return (void *)3;
+            live[k] = live[n - 1];
+            tag[k] = tag[n - 1];
+            sizes[k] = sizes[n - 1];
+            n--;
+        }
+    }
+    while (n)
+        cu.cuMemFree_v2(live[--n]);
+    return NULL;
+}
+
+static void test_threaded_alloc_free_storm(void **state)
+{
+    (void)state;
+    pthread_t t[8];
+    CUresult (*get_ctx)(CUcontext *);
+    *(void **)&get_ctx = dlsym(RTLD_DEFAULT, "cuCtxGetCurrent");
+    assert_int_equal(get_ctx(&main_ctx), CUDA_SUCCESS);
+    for (uintptr_t i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, storm, (void *)(i + 1));
+    for (int i = 0; i < 8; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        if (r)
+            fail_msg("thread %d: %s", i,
+                     r == (void *)1 ? "allocation failed"
+                                    : r == (void *)2 ? "a live block was overwritten"
+                                                     : "free failed");
+    }
+}
+
+/* ---- capture, pluggable allocator ---- */
+
+static void test_capture_passes_to_driver(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    unsigned long before = fake_calls(FAKECUDA_CALL_MEM_ALLOC);
+    CUdeviceptr p;
+    assert_int_equal(cu.cuMemAlloc_v2(&p, 4096), CUDA_SUCCESS);
+    assert_int_equal(fake_calls(FAKECUDA_CALL_MEM_ALLOC), before + 1); /* the driver's own */
+    CUgraph g;
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+static void test_pluggable_allocator(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *a = cuheap_torch_alloc(1 << 20, 0, s);
+    assert_non_null(a);
+    memset(a, 1, 1 << 20);
+    cuheap_torch_free(a, 1 << 20, 0, s);
+    void *b = cuheap_torch_alloc(1 << 20, 0, s);
+    if (pool_on)
+        assert_ptr_equal(b, a); /* same stream: reused at once, in stream order */
+    cuheap_torch_free(b, 1 << 20, 0, s);
+    void *big = cuheap_torch_alloc((ssize_t)big_size(), 0, s);
+    assert_non_null(big);
+    cuheap_torch_free(big, (ssize_t)big_size(), 0, s);
+    assert_null(cuheap_torch_alloc(0, 0, s));
+    assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+static void test_pool_off_goes_to_driver(void **state)
+{
+    (void)state;
+    unsigned long before = fake_calls(FAKECUDA_CALL_MEM_ALLOC);
+    unsigned long frees = fake_calls(FAKECUDA_CALL_MEM_FREE);
+    CUdeviceptr p[10];
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(cu.cuMemAlloc_v2(&p[i], 512u << i), CUDA_SUCCESS);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(cu.cuMemFree_v2(p[i]), CUDA_SUCCESS);
+    assert_int_equal(fake_calls(FAKECUDA_CALL_MEM_ALLOC), before + 10);
+    assert_int_equal(fake_calls(FAKECUDA_CALL_MEM_FREE), frees + 10);
+    assert_int_equal(stats().nr_arenas, 0);
+}
+
+int main(void)
+{
+    /* Each configuration runs what applies to it (cmocka's TAP skips read as failures). */
+    bool small = getenv("FAKECUDA_DEVICE_MEM") != NULL, limited = getenv("CUHEAP_LIMIT") != NULL;
+    bool pool = strcmp(env_or("CUHEAP_POOL", "1"), "0") != 0;
+    struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_door_linked),
+        cmocka_unit_test(test_door_dlsym),
+        cmocka_unit_test(test_door_procaddr),
+        cmocka_unit_test(test_procaddr_per_thread_twins),
+        cmocka_unit_test(test_errors_pass_through),
+        cmocka_unit_test(test_pointer_queries_agree),
+        cmocka_unit_test(test_ipc_never_shares_wrong_bytes),
+        cmocka_unit_test(test_mem_info),
+        cmocka_unit_test(test_stream_race),
+        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_limit),
+        cmocka_unit_test(test_threaded_alloc_free_storm),
+        cmocka_unit_test(test_capture_passes_to_driver),
+        cmocka_unit_test(test_pluggable_allocator),
+        cmocka_unit_test(test_pool_off_goes_to_driver),
+    };
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+        if ((tests[i].test_func == test_out_of_memory && !small) ||
+            (tests[i].test_func == test_limit && !limited) ||
+            (tests[i].test_func == test_pool_off_goes_to_driver && pool))
+            continue;
+        tests[n++] = tests[i];
+    }
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    return _cmocka_run_group_tests("test-hooks", tests, n, setup, NULL);
+}
