@@ -1,49 +1,93 @@
 /* SPDX-License-Identifier: MIT */
-/* Python frame capture (see pyframes.h). */
+/*
+ * Python frame capture (see pyframes.h).
+ *
+ * Frameworks release the GIL around their C++ work (PyTorch does for every operator), so the
+ * allocating thread usually does not hold it when a hook runs. Its Python frames still sit
+ * untouched on its thread state while it runs C code, so we read them the way out-of-process
+ * profilers do: the thread state from PyGILState_GetThisThreadState() (a thread-local lookup,
+ * no GIL), then the frame chain through the structure layout of the running CPython version
+ * (3.10 to 3.13, x86-64 and aarch64 alike: all fields are pointers or ints). Nothing is
+ * written, no reference counts change, nothing is allocated in the interpreter.
+ *
+ * Guard rails: each code object must have PyCode_Type as its type and each string
+ * PyUnicode_Type, or the walk stops. The first captures read memory through
+ * process_vm_readv(), which fails instead of faulting, so a wrong layout is found and
+ * turned off without harm; later captures read directly.
+ *
+ * Code objects are interned by address with their first line as a check (an address can be
+ * reused by a new code object after the old one is freed): id -> file, function name.
+ */
 #include "pyframes.h"
 
 #include <dlfcn.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "driver.h"
+#include "log.h"
 
-typedef void PyObject;
 typedef int (*int_void_fn)(void);
 typedef void *(*ptr_void_fn)(void);
-typedef PyObject *(*obj_obj_fn)(PyObject *);
-typedef int (*int_obj_fn)(PyObject *);
-typedef void (*void_obj_fn)(PyObject *);
-typedef PyObject *(*getattr_fn)(PyObject *, const char *);
-typedef const char *(*utf8_fn)(PyObject *);
+typedef const char *(*str_void_fn)(void);
+typedef int (*addr2line_fn)(void *code, int byte_offset);
+
+/* Where things are in one CPython version's structures (byte offsets). */
+struct py_layout {
+    int minor;
+    size_t ts_frame;        /* tstate -> frame (3.10, 3.13) or -> cframe (3.11, 3.12) */
+    bool via_cframe;
+    size_t cframe_current;  /* cframe -> current_frame */
+    size_t frame_code;      /* frame -> code object */
+    size_t frame_previous;  /* frame -> calling frame */
+    size_t frame_instr;     /* frame -> instruction pointer (or int f_lasti for 3.10) */
+    bool lasti_is_int;      /* 3.10: int f_lasti in code units */
+    ssize_t frame_owner;    /* char owner, -1 when absent */
+    int owner_cstack;       /* owner value of C-stack shim frames, -1 when none */
+    size_t code_filename;
+    size_t code_name;       /* co_qualname where it exists */
+    size_t code_firstlineno;
+    size_t ascii_data;      /* sizeof(PyASCIIObject): where compact ASCII text starts */
+};
+
+static const struct py_layout layouts[] = {
+    {10, 24, false, 0, 32, 24, 96, true, -1, -1, 104, 112, 40, 48},
+    {11, 56, true, 8, 32, 48, 56, false, 69, -1, 112, 128, 72, 48},
+    {12, 56, true, 0, 0, 8, 56, false, 70, 3, 112, 128, 68, 40},
+    {13, 72, false, 0, 0, 8, 56, false, 70, 3, 112, 128, 68, 40},
+};
 
 static struct {
     int_void_fn Py_IsInitialized;
-    int_void_fn PyGILState_Check;
     ptr_void_fn PyGILState_GetThisThreadState;
-    obj_obj_fn PyThreadState_GetFrame;
-    obj_obj_fn PyFrame_GetCode;
-    obj_obj_fn PyFrame_GetBack;
-    int_obj_fn PyFrame_GetLineNumber;
-    void_obj_fn Py_IncRef;
-    void_obj_fn Py_DecRef;
-    getattr_fn PyObject_GetAttrString;
-    utf8_fn PyUnicode_AsUTF8;
-    void (*PyErr_Clear)(void);
+    str_void_fn Py_GetVersion;
+    addr2line_fn PyCode_Addr2Line;
+    void *PyCode_Type;
+    void *PyUnicode_Type;
 } py;
 
+static const struct py_layout *layout;
+static size_t code_header; /* PyCode_Type.tp_basicsize: where bytecode starts (3.11+) */
+static _Atomic int nr_checked; /* captures read through process_vm_readv so far */
+static atomic_bool broken;
 static bool py_ok;
 static pthread_once_t py_once = PTHREAD_ONCE_INIT;
 
+#define NR_CHECKED_CAPTURES 32
 #define NR_CODE_SLOTS (1u << 16)
 #define NR_MAX_CODES (NR_CODE_SLOTS / 2)
 #define STRINGS_BYTES (8u << 20)
+#define NAME_MAX_BYTES 1024
 
 struct code_slot {
-    PyObject *code;
+    uintptr_t code;
     uint32_t id;
+    int firstline;
 };
 
 struct code_info {
@@ -55,32 +99,91 @@ static struct code_slot *code_slots;
 static struct code_info *code_infos;
 static char *strings;
 static uint32_t strings_used;
-static _Atomic uint32_t nr_codes; /* published count: infos[0..nr_codes) are complete */
-static atomic_flag table_lock = ATOMIC_FLAG_INIT; /* for free-threaded builds; uncontended under a GIL */
+static _Atomic uint32_t nr_codes; /* published: infos[0..nr_codes) are complete */
+static atomic_flag table_lock = ATOMIC_FLAG_INIT;
+
+/* ---- reading the interpreter's memory ---- */
+
+static bool checked_phase(void)
+{
+    return atomic_load_explicit(&nr_checked, memory_order_relaxed) < NR_CHECKED_CAPTURES;
+}
+
+/* Copy n bytes from addr; false when the memory is not readable. */
+static bool peek(uintptr_t addr, void *out, size_t n)
+{
+    if (!addr)
+        return false;
+    if (!checked_phase()) {
+        memcpy(out, (const void *)addr, n);
+        return true;
+    }
+    struct iovec local = {out, n}, remote = {(void *)addr, n};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
+}
+
+static bool peek_ptr(uintptr_t addr, uintptr_t *ret)
+{
+    return peek(addr, ret, sizeof(*ret));
+}
+
+static bool has_type(uintptr_t obj, void *type)
+{
+    uintptr_t t;
+    return peek_ptr(obj + sizeof(uintptr_t), &t) && t == (uintptr_t)type;
+}
+
+/* Copy a compact ASCII str object's text; "?" for anything else. */
+static void read_ascii(uintptr_t obj, char *out, size_t size)
+{
+    snprintf(out, size, "?");
+    if (!obj || !has_type(obj, py.PyUnicode_Type))
+        return;
+    int64_t len;
+    uint32_t state;
+    if (!peek(obj + 16, &len, sizeof(len)) || !peek(obj + 32, &state, sizeof(state)))
+        return;
+    /* state bits: interned(2), kind(3), compact(1), ascii(1) from bit 0 upward */
+    bool compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+    if (!compact || !ascii || len < 0 || (size_t)len >= size)
+        return;
+    if (!peek(obj + layout->ascii_data, out, (size_t)len))
+        snprintf(out, size, "?");
+    else
+        out[len] = 0;
+}
+
+/* ---- set-up ---- */
 
 static void init(void)
 {
     cuheap_dlsym_fn sym = cuheap_real_dlsym();
-#define R(name) *(void **)&py.name = sym(RTLD_DEFAULT, #name)
-    R(Py_IsInitialized);
-    R(PyGILState_Check);
-    R(PyGILState_GetThisThreadState);
-    R(PyThreadState_GetFrame);
-    R(PyFrame_GetCode);
-    R(PyFrame_GetBack);
-    R(PyFrame_GetLineNumber);
-    R(Py_IncRef);
-    R(Py_DecRef);
-    R(PyObject_GetAttrString);
-    R(PyUnicode_AsUTF8);
-    R(PyErr_Clear);
-#undef R
-    void **fields = (void **)&py;
-    for (size_t i = 0; i < sizeof(py) / sizeof(void *); i++)
-        if (!fields[i])
-            return;
-    size_t bytes = NR_CODE_SLOTS * sizeof(struct code_slot) + NR_MAX_CODES * sizeof(struct code_info) +
-                   STRINGS_BYTES;
+    *(void **)&py.Py_IsInitialized = sym(RTLD_DEFAULT, "Py_IsInitialized");
+    *(void **)&py.PyGILState_GetThisThreadState = sym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
+    *(void **)&py.Py_GetVersion = sym(RTLD_DEFAULT, "Py_GetVersion");
+    *(void **)&py.PyCode_Addr2Line = sym(RTLD_DEFAULT, "PyCode_Addr2Line");
+    py.PyCode_Type = sym(RTLD_DEFAULT, "PyCode_Type");
+    py.PyUnicode_Type = sym(RTLD_DEFAULT, "PyUnicode_Type");
+    if (!py.Py_IsInitialized || !py.PyGILState_GetThisThreadState || !py.Py_GetVersion ||
+        !py.PyCode_Addr2Line || !py.PyCode_Type || !py.PyUnicode_Type)
+        return; /* not a Python process */
+    const char *v = py.Py_GetVersion();
+    int major = 0, minor = 0;
+    if (!v || sscanf(v, "%d.%d", &major, &minor) != 2)
+        return;
+    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++)
+        if (major == 3 && layouts[i].minor == minor)
+            layout = &layouts[i];
+    if (!layout) {
+        cuheap_log_once("Python %d.%d: no frame layout known (3.10 to 3.13 are); stacks will "
+                        "show native frames only",
+                        major, minor);
+        return;
+    }
+    /* PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, then tp_basicsize */
+    memcpy(&code_header, (char *)py.PyCode_Type + 4 * sizeof(void *), sizeof(code_header));
+    size_t bytes = NR_CODE_SLOTS * sizeof(struct code_slot) +
+                   NR_MAX_CODES * sizeof(struct code_info) + STRINGS_BYTES;
     char *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (m == MAP_FAILED)
@@ -99,51 +202,33 @@ bool cuheap_py_init(void)
     return py_ok;
 }
 
+/* ---- interning ---- */
+
 static uint32_t store_string(const char *s)
 {
-    if (!s)
-        return 0;
     size_t n = strlen(s) + 1;
-    if (n > 4096 || strings_used + n > STRINGS_BYTES)
-        return 0; /* "?" */
+    if (!strcmp(s, "?") || strings_used + n > STRINGS_BYTES)
+        return 0;
     uint32_t off = strings_used;
     memcpy(strings + off, s, n);
     strings_used += (uint32_t)n;
     return off;
 }
 
-static uint32_t code_string(PyObject *code, const char *attr, const char *fallback)
+/* Id + 1 of a code object, interning it on first sight; 0 when it cannot be read. */
+static uint32_t intern_code(uintptr_t code)
 {
-    PyObject *o = py.PyObject_GetAttrString(code, attr);
-    if (!o && fallback) {
-        py.PyErr_Clear();
-        o = py.PyObject_GetAttrString(code, fallback);
-    }
-    if (!o) {
-        py.PyErr_Clear();
+    int firstline;
+    if (!peek(code + layout->code_firstlineno, &firstline, sizeof(firstline)))
         return 0;
-    }
-    const char *s = py.PyUnicode_AsUTF8(o);
-    if (!s)
-        py.PyErr_Clear();
-    uint32_t off = store_string(s);
-    py.Py_DecRef(o);
-    return off;
-}
-
-/* Intern a code object; consumes the caller's reference. Returns its id + 1, or 0 when the
- * table is full. */
-static uint32_t intern_code(PyObject *code)
-{
-    uint64_t h = (uint64_t)(uintptr_t)code * 0x9e3779b97f4a7c15ull;
+    uint64_t h = (uint64_t)code * 0x9e3779b97f4a7c15ull;
     uint32_t i = (uint32_t)(h >> 48) & (NR_CODE_SLOTS - 1);
     while (atomic_flag_test_and_set_explicit(&table_lock, memory_order_acquire))
         ;
     for (;; i = (i + 1) & (NR_CODE_SLOTS - 1)) {
-        if (code_slots[i].code == code) {
+        if (code_slots[i].code == code && code_slots[i].firstline == firstline) {
             uint32_t id = code_slots[i].id;
             atomic_flag_clear_explicit(&table_lock, memory_order_release);
-            py.Py_DecRef(code);
             return id + 1;
         }
         if (!code_slots[i].code)
@@ -152,43 +237,98 @@ static uint32_t intern_code(PyObject *code)
     uint32_t id = atomic_load_explicit(&nr_codes, memory_order_relaxed);
     if (id >= NR_MAX_CODES) {
         atomic_flag_clear_explicit(&table_lock, memory_order_release);
-        py.Py_DecRef(code);
         return 0;
     }
-    code_infos[id].file = code_string(code, "co_filename", NULL);
-    code_infos[id].function = code_string(code, "co_qualname", "co_name");
-    code_slots[i].code = code; /* keeps the reference: the id must not be reused */
+    char file[NAME_MAX_BYTES], name[NAME_MAX_BYTES];
+    uintptr_t file_obj = 0, name_obj = 0;
+    peek_ptr(code + layout->code_filename, &file_obj);
+    peek_ptr(code + layout->code_name, &name_obj);
+    read_ascii(file_obj, file, sizeof(file));
+    read_ascii(name_obj, name, sizeof(name));
+    code_infos[id].file = store_string(file);
+    code_infos[id].function = store_string(name);
+    code_slots[i].code = code;
+    code_slots[i].firstline = firstline;
     code_slots[i].id = id;
     atomic_store_explicit(&nr_codes, id + 1, memory_order_release);
     atomic_flag_clear_explicit(&table_lock, memory_order_release);
     return id + 1;
 }
 
+/* ---- the walk ---- */
+
+static int frame_line(uintptr_t frame, uintptr_t code)
+{
+    if (layout->lasti_is_int) {
+        int lasti;
+        if (!peek(frame + layout->frame_instr, &lasti, sizeof(lasti)))
+            return 0;
+        return py.PyCode_Addr2Line((void *)code, lasti * 2);
+    }
+    uintptr_t instr;
+    if (!peek_ptr(frame + layout->frame_instr, &instr) || instr < code + code_header)
+        return 0;
+    return py.PyCode_Addr2Line((void *)code, (int)(instr - (code + code_header)));
+}
+
 unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max)
 {
-    if (!py_ok || !max || !py.Py_IsInitialized() || !py.PyGILState_Check())
+    if (!py_ok || !max || atomic_load_explicit(&broken, memory_order_relaxed) ||
+        !py.Py_IsInitialized())
         return 0;
-    void *ts = py.PyGILState_GetThisThreadState();
+    uintptr_t ts = (uintptr_t)py.PyGILState_GetThisThreadState();
     if (!ts)
-        return 0;
-    PyObject *f = py.PyThreadState_GetFrame(ts);
-    unsigned n = 0;
-    while (f && n < max) {
-        PyObject *code = py.PyFrame_GetCode(f);
-        int line = py.PyFrame_GetLineNumber(f);
-        uint32_t id = code ? intern_code(code) : 0;
-        if (id) {
-            out[n].code = id - 1;
-            out[n].line = line > 0 ? (uint32_t)line : 0;
-            n++;
-        }
-        PyObject *back = py.PyFrame_GetBack(f);
-        py.Py_DecRef(f);
-        f = back;
+        return 0; /* a thread that never ran Python code */
+    bool checking = checked_phase();
+    uintptr_t frame = 0;
+    if (layout->via_cframe) {
+        uintptr_t cframe;
+        if (!peek_ptr(ts + layout->ts_frame, &cframe) ||
+            (cframe && !peek_ptr(cframe + layout->cframe_current, &frame)))
+            goto bad;
+    } else if (!peek_ptr(ts + layout->ts_frame, &frame)) {
+        goto bad;
     }
-    if (f)
-        py.Py_DecRef(f);
+    unsigned n = 0;
+    for (unsigned guard = 0; frame && n < max && guard < 256; guard++) {
+        uintptr_t code = 0, previous = 0;
+        if (!peek_ptr(frame + layout->frame_code, &code) ||
+            !peek_ptr(frame + layout->frame_previous, &previous))
+            goto bad;
+        bool shim = false;
+        if (layout->frame_owner >= 0) {
+            char owner;
+            if (!peek(frame + (size_t)layout->frame_owner, &owner, 1))
+                goto bad;
+            shim = owner == layout->owner_cstack;
+        }
+        if (!shim && code) {
+            if (!has_type(code, py.PyCode_Type)) {
+                /* 3.13 frames can run non-code executables; elsewhere it means a bad layout */
+                if (layout->minor < 13)
+                    goto bad;
+            } else {
+                uint32_t id = intern_code(code);
+                if (id) {
+                    int line = frame_line(frame, code);
+                    out[n].code = id - 1;
+                    out[n].line = line > 0 ? (uint32_t)line : 0;
+                    n++;
+                }
+            }
+        }
+        frame = previous;
+    }
+    if (checking)
+        atomic_fetch_add_explicit(&nr_checked, 1, memory_order_relaxed);
     return n;
+bad:
+    if (checking) {
+        atomic_store(&broken, true);
+        cuheap_log_once("cannot read this Python's frames (layout check failed); stacks will "
+                        "show native frames only");
+    }
+    return 0;
 }
 
 uint32_t cuheap_py_nr_codes(void)
