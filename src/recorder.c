@@ -13,6 +13,7 @@
 #include "recorder.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -142,6 +143,26 @@ static void put_line(json_t *obj)
     json_decref(obj);
 }
 
+/* The main program's path: dladdr reports it as it was started ("./a.out"), and the tool
+ * needs a path that still works after the program changed directory. */
+static char exe_path[1024];
+static uintptr_t exe_base;
+
+static int find_exe_base(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    (void)arg;
+    exe_base = info->dlpi_addr; /* the first object reported is the program */
+    return 1;
+}
+
+static const char *module_path(const Dl_info *info)
+{
+    if (info->dli_fname[0] != '/' && exe_path[0] && (uintptr_t)info->dli_fbase == exe_base)
+        return exe_path;
+    return info->dli_fname;
+}
+
 static json_t *frame_json(uint64_t ip)
 {
     Dl_info info;
@@ -150,7 +171,7 @@ static json_t *frame_json(uint64_t ip)
     json_t *f = json_pack("{s:s}", "ip", buf);
     /* ip is a return address: look up ip - 1 so a call at a function's end stays in it. */
     if (dladdr((void *)(uintptr_t)(ip - 1), &info) && info.dli_fname) {
-        json_object_set_new(f, "module", json_string(info.dli_fname));
+        json_object_set_new(f, "module", json_string(module_path(&info)));
         snprintf(buf, sizeof(buf), "0x%" PRIx64, ip - (uint64_t)(uintptr_t)info.dli_fbase);
         json_object_set_new(f, "offset", json_string(buf));
         if (info.dli_sname)
@@ -426,10 +447,10 @@ static void open_trace(void)
         cuheap_chrome_begin(&chrome, out, (long)getpid(), name);
         return;
     }
-    char exe[1024] = "";
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n > 0)
-        exe[n] = 0;
+    ssize_t n = readlink("/proc/self/exe", exe_path, sizeof(exe_path) - 1);
+    exe_path[n > 0 ? n : 0] = 0;
+    dl_iterate_phdr(find_exe_base, NULL);
+    const char *exe = exe_path;
     json_t *conf = json_object();
     cuheap_config_dump(cfg, config_item, conf);
     json_t *h = json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:o, s:I, s:s, s:s, s:b, s:o}",

@@ -233,7 +233,11 @@ static void native_frame(json_t *fr, char *buf, size_t size)
     const char *fn = json_string_value(json_object_get(fr, "function"));
     const char *off = json_string_value(json_object_get(fr, "offset"));
     const char *ip = json_string_value(json_object_get(fr, "ip"));
-    if (mod && fn)
+    const char *file = json_string_value(json_object_get(fr, "file"));
+    if (fn && file)
+        snprintf(buf, size, "%s (%s:%lld)", fn, basename_of(file),
+                 (long long)json_integer_value(json_object_get(fr, "line")));
+    else if (mod && fn)
         snprintf(buf, size, "%s (%s)", fn, basename_of(mod));
     else if (mod)
         snprintf(buf, size, "%s+%s", basename_of(mod), off ? off : "?");
@@ -291,7 +295,15 @@ const char *cuheap_trace_site(const struct cuheap_trace *t, uint32_t stack, char
         json_t *fr = json_array_get(s->frames, i);
         const char *mod = json_string_value(json_object_get(fr, "module"));
         if (mod && !is_plumbing(mod)) {
+            /* the first frame of the program, and who called it: allocation helpers are
+             * shared by many sites */
             native_frame(fr, buf, size);
+            if (i + 1 < n) {
+                size_t used = strlen(buf);
+                snprintf(buf + used, size - used, " < ");
+                used = strlen(buf);
+                native_frame(json_array_get(s->frames, i + 1), buf + used, size - used);
+            }
             return buf;
         }
     }

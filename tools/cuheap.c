@@ -18,6 +18,7 @@
 #include "config.h"
 #include "event.h"
 #include "export.h"
+#include "symbolize.h"
 #include "tracereader.h"
 
 #define TOOL "cuheap"
@@ -68,6 +69,7 @@ static int load(const char *path, struct cuheap_trace *t)
     if (t->truncated)
         fprintf(stderr, TOOL ": %s: the run did not finish writing this trace (killed or "
                         "still running); reading what is there\n", path);
+    symbolize_trace(t);
     return 0;
 }
 

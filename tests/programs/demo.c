@@ -17,6 +17,14 @@
 #include "driver_api.h"
 
 #define NR_MAX_LAYERS 64
+#define VISIBLE __attribute__((visibility("default"), noinline)) /* names for dladdr */
+
+struct tensor;
+VISIBLE struct tensor layer_forward(int layer, int step);
+VISIBLE void model_forward(struct tensor *acts, int layers, int step, uint64_t *loss);
+VISIBLE void model_backward(struct tensor *acts, int layers);
+VISIBLE void optimizer_step(struct tensor *params, int nr_params);
+VISIBLE void grow_cache(int step);
 
 static struct driver_api cu;
 static CUstream compute;
@@ -74,13 +82,13 @@ static void launch_sum(struct tensor *t, uint64_t *sum)
     check(cu.cuLaunchHostFunc(compute, sum_kernel, k), "cuLaunchHostFunc");
 }
 
-__attribute__((noinline)) struct tensor layer_forward(int layer, int step)
+VISIBLE struct tensor layer_forward(int layer, int step)
 {
     size_t bytes = ((size_t)256 << 10) << (layer % 6); /* 256 KiB .. 8 MiB */
     return tensor_new(bytes, (unsigned char)(layer + step));
 }
 
-__attribute__((noinline)) void model_forward(struct tensor *acts, int layers, int step,
+VISIBLE void model_forward(struct tensor *acts, int layers, int step,
                                              uint64_t *loss)
 {
     for (int l = 0; l < layers; l++) {
@@ -89,14 +97,14 @@ __attribute__((noinline)) void model_forward(struct tensor *acts, int layers, in
     }
 }
 
-__attribute__((noinline)) void model_backward(struct tensor *acts, int layers)
+VISIBLE void model_backward(struct tensor *acts, int layers)
 {
     /* Freed while the stream may still read them: the pool must not hand them out early. */
     for (int l = layers - 1; l >= 0; l--)
         tensor_free(&acts[l]);
 }
 
-__attribute__((noinline)) void optimizer_step(struct tensor *params, int nr_params)
+VISIBLE void optimizer_step(struct tensor *params, int nr_params)
 {
     struct tensor tmp = tensor_new(params[0].bytes, 1);
     for (int i = 0; i < nr_params; i++)
@@ -104,7 +112,7 @@ __attribute__((noinline)) void optimizer_step(struct tensor *params, int nr_para
     tensor_free(&tmp);
 }
 
-__attribute__((noinline)) void grow_cache(int step)
+VISIBLE void grow_cache(int step)
 {
     /* A cache that is never emptied: what `cuheap leaks` is for. */
     struct tensor t = tensor_new((size_t)64 << 10, (unsigned char)step);

@@ -60,7 +60,7 @@ struct driver_api {
 
 #if defined(DOOR_LINKED)
 static const char *const door_name = "linked";
-static int driver_api_open(struct driver_api *d)
+static inline int driver_api_open(struct driver_api *d)
 {
 #define DRIVER_API_LINK(sym, params, base) d->sym = sym;
     DRIVER_API(DRIVER_API_LINK)
@@ -69,7 +69,7 @@ static int driver_api_open(struct driver_api *d)
 }
 #elif defined(DOOR_DLSYM)
 static const char *const door_name = "dlsym";
-static int driver_api_open(struct driver_api *d)
+static inline int driver_api_open(struct driver_api *d)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h)
@@ -83,7 +83,7 @@ static int driver_api_open(struct driver_api *d)
 }
 #else
 static const char *const door_name = "procaddr";
-static int driver_api_open(struct driver_api *d)
+static inline int driver_api_open(struct driver_api *d)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h)
@@ -103,7 +103,7 @@ static int driver_api_open(struct driver_api *d)
 #endif
 
 /* cuInit, device 0's primary context made current. */
-static int driver_api_start(struct driver_api *d, int device)
+static inline int driver_api_start(struct driver_api *d, int device)
 {
     CUdevice dev;
     CUcontext ctx;

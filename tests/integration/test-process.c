@@ -1,0 +1,387 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Whole processes under LD_PRELOAD, as users run them: a program that never touches CUDA is
+ * unchanged; programs through each door give the same results as without cuheap; children
+ * of fork and exec write their own traces; a bad path, a bad setting or SIGKILL never hurt
+ * the program; traces match their schema and every tool command reads them.
+ *
+ * Paths come from meson: CUHEAP_BUILD_ROOT and CUHEAP_SOURCE_ROOT.
+ */
+#include <dirent.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+static char build[PATH_MAX], source[PATH_MAX], tmp[PATH_MAX], env_base[4 * PATH_MAX];
+static const char *python;
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    buf[got] = 0;
+    fclose(f);
+    return buf;
+}
+
+struct result {
+    int status;
+    char *out;
+    char *err;
+};
+
+/* Run a shell command in the test's directory; stdout and stderr are kept. */
+static struct result run(const char *fmt, ...)
+{
+    char cmd[8192], full[8192 + 3 * PATH_MAX + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof(full), "cd '%s' && (%s) >'%s/out' 2>'%s/err'", tmp, cmd, tmp, tmp);
+    int st = system(full);
+    char p[PATH_MAX + 8];
+    struct result r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), NULL, NULL};
+    snprintf(p, sizeof(p), "%s/out", tmp);
+    r.out = slurp(p);
+    snprintf(p, sizeof(p), "%s/err", tmp);
+    r.err = slurp(p);
+    return r;
+}
+
+static void done(struct result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+static int count_lines(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static int count_files(const char *prefix)
+{
+    DIR *d = opendir(tmp);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    closedir(d);
+    return n;
+}
+
+static int fresh_dir(void **state)
+{
+    (void)state;
+    snprintf(tmp, sizeof(tmp), "/tmp/cuheap-proc-XXXXXX");
+    return mkdtemp(tmp) ? 0 : -1;
+}
+
+static int remove_dir(void **state)
+{
+    (void)state;
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+    return system(cmd);
+}
+
+#define PRELOAD "LD_PRELOAD=%s/src/libcuheap.so"
+#define FAKE "LD_LIBRARY_PATH=%s/tests/fakecuda"
+
+static void test_process_without_cuda_is_untouched(void **state)
+{
+    (void)state;
+    struct result plain = run("ls -la / && echo done");
+    struct result with = run(PRELOAD " ls -la / && echo done", build);
+    assert_int_equal(with.status, plain.status);
+    assert_string_equal(with.out, plain.out);
+    assert_string_equal(with.err, "");
+    assert_int_equal(count_files("cuheap-"), 0); /* no trace for a process that never used CUDA */
+    done(&plain);
+    done(&with);
+}
+
+static void test_doors_give_the_same_results(void **state)
+{
+    (void)state;
+    static const char *const doors[] = {"linked", "dlsym", "procaddr"};
+    for (int i = 0; i < 3; i++) {
+        struct result plain = run(FAKE " %s/tests/programs/door-%s", build, build, doors[i]);
+        assert_int_equal(plain.status, 0);
+        for (int pool = 0; pool < 2; pool++) {
+            struct result with = run(FAKE " " PRELOAD " CUHEAP_POOL=%d CUHEAP_OUTPUT=t-%%p.jsonl "
+                                     "%s/tests/programs/door-%s",
+                                     build, build, pool, build, doors[i]);
+            assert_int_equal(with.status, 0);
+            /* first line: the program's results, identical */
+            size_t len = strcspn(plain.out, "\n");
+            assert_int_equal(strncmp(with.out, plain.out, len), 0);
+            assert_non_null(strstr(plain.out, "failures=0 bad_free=1"));
+            /* every call seen once, whichever door */
+            assert_non_null(strstr(with.out, "cuMemAlloc_v2=6 cuMemFree_v2=9 cuMemAllocAsync=1 "
+                                             "cuMemCreate=1 cuMemMap=1 cuMemAllocHost_v2=1 "
+                                             "cuMemHostAlloc=1"));
+            assert_non_null(strstr(with.err, "13 allocations, 13 frees"));
+            done(&with);
+        }
+        done(&plain);
+    }
+}
+
+static void test_fork_and_exec_children_write_their_own_traces(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t-%%p.jsonl CUHEAP_SUMMARY=0 "
+                          "%s/tests/programs/forker %s/tests/programs/door-procaddr",
+                          build, build, build, build);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(count_files("t-"), 3);
+    int parent, forked, execd, st1, st2;
+    assert_int_equal(sscanf(strstr(r.out, "forker:"),
+                            "forker: parent %d, forked %d (exit %d), exec'd %d (exit %d)", &parent,
+                            &forked, &st1, &execd, &st2),
+                     5);
+    done(&r);
+    /* the parent's trace holds its 5 allocations only, the forked child's its own 5 */
+    int expect[3][2] = {{parent, 5}, {forked, 5}, {execd, 13}};
+    for (int i = 0; i < 3; i++) {
+        r = run("%s/tools/cuheap check t-%d.jsonl && grep -c '\"event\":\"alloc\"' t-%d.jsonl",
+                build, expect[i][0], expect[i][0]);
+        assert_int_equal(r.status, 0);
+        char want[32];
+        snprintf(want, sizeof(want), "\n%d\n", expect[i][1]);
+        if (!strstr(r.out, want))
+            fail_msg("trace of pid %d: %s", expect[i][0], r.out);
+        done(&r);
+    }
+}
+
+static void test_unwritable_trace_path(void **state)
+{
+    (void)state;
+    struct result plain = run(FAKE " %s/tests/programs/cuheap-demo 3", build, build);
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=/nonexistent/dir/t.jsonl "
+                          "%s/tests/programs/cuheap-demo 3",
+                          build, build, build);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, plain.out);
+    assert_int_equal(count_lines(r.err, "cannot open trace /nonexistent/dir/t.jsonl"), 1);
+    assert_non_null(strstr(r.err, "allocations")); /* the summary still comes */
+    done(&plain);
+    done(&r);
+}
+
+static void test_bad_setting_warns_once_and_runs(void **state)
+{
+    (void)state;
+    struct result plain = run(FAKE " %s/tests/programs/cuheap-demo 3", build, build);
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_REUSE=sometimes CUHEAP_OUTPUT=t.jsonl "
+                          "%s/tests/programs/cuheap-demo 3",
+                          build, build, build);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, plain.out);
+    assert_int_equal(count_lines(r.err, "CUHEAP_REUSE=\"sometimes\""), 1);
+    done(&plain);
+    done(&r);
+}
+
+static void test_sigkill_leaves_a_readable_prefix(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_FLUSH_MS=50 "
+                          "%s/tests/programs/cuheap-demo 1000000 & pid=$!; sleep 1; "
+                          "kill -9 $pid; wait $pid; %s/tools/cuheap check t.jsonl",
+                          build, build, build, build);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "t.jsonl: ok"));
+    assert_non_null(strstr(r.out, "incomplete"));
+    int events = 0;
+    sscanf(strstr(r.out, "ok, ") + 4, "%d", &events);
+    assert_true(events > 100);
+    done(&r);
+}
+
+static void test_trace_matches_schema(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 "
+                          "%s/tests/programs/cuheap-demo 5 && %s %s/scripts/validate-trace.py t.jsonl",
+                          build, build, build, python, source);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+    /* the validator itself rejects what is wrong */
+    r = run("head -1 t.jsonl > bad.jsonl && echo '{\"type\":\"event\",\"seq\":0}' >> bad.jsonl && "
+            "%s %s/scripts/validate-trace.py bad.jsonl",
+            python, source);
+    assert_int_not_equal(r.status, 0);
+    done(&r);
+}
+
+static void test_chrome_output_opens(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_FORMAT=chrome CUHEAP_OUTPUT=t.json "
+                          "CUHEAP_SUMMARY=0 %s/tests/programs/cuheap-demo 5 && %s -c \""
+                          "import json; d = json.load(open('t.json')); "
+                          "ph = {e['ph'] for e in d}; "
+                          "assert {'C', 'b', 'e', 'i', 'M'} <= ph, ph; "
+                          "b = [e for e in d if e['ph'] == 'b']; "
+                          "assert any('model_forward' in s for e in b for s in e['args'].get('stack', [])); "
+                          "print('chrome ok', len(d))\"",
+                          build, build, build, python);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
+static void test_tool_commands(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " %s/tools/cuheap run -o demo.jsonl -- %s/tests/programs/cuheap-demo 10",
+                          build, build, build);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "trace: demo.jsonl"));
+    done(&r);
+    r = run("%s/tools/cuheap report demo.jsonl", build);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "GPU 0"));
+    assert_non_null(strstr(r.out, "peak live"));
+    assert_non_null(strstr(r.out, "layer_forward"));
+    done(&r);
+    r = run("%s/tools/cuheap leaks demo.jsonl", build);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "grow_cache")); /* the demo's deliberate leak */
+    assert_non_null(strstr(r.out, "128.00 KiB")); /* 2 x 64 KiB in 10 steps */
+    done(&r);
+    r = run("%s/tools/cuheap top -n 3 --by total demo.jsonl", build);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "allocated over the run"));
+    done(&r);
+    r = run("%s/tools/cuheap folded demo.jsonl", build);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "model_forward"));
+    assert_non_null(strstr(r.out, ";"));
+    done(&r);
+    r = run("%s/tools/cuheap memviz -o snap.pickle demo.jsonl && %s -c \""
+            "import pickle; s = pickle.load(open('snap.pickle', 'rb')); "
+            "t = s['device_traces'][0]; "
+            "assert {'alloc', 'free_completed'} <= {e['action'] for e in t}; "
+            "assert len(s['segments']) == 2; print('memviz ok')\"",
+            build, python);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+    /* two ranks merge into one timeline */
+    r = run(FAKE " RANK=1 %s/tools/cuheap run -o 'r%%r.jsonl' -- %s/tests/programs/cuheap-demo 2 && "
+            "%s/tools/cuheap chrome -o merged.json demo.jsonl r1.jsonl && %s -c \""
+            "import json; d = json.load(open('merged.json')); "
+            "names = [e['args']['name'] for e in d if e['ph'] == 'M']; "
+            "assert len({e['pid'] for e in d}) == 2, names; "
+            "assert any('rank 1' in n for n in names), names; print('merge ok')\"",
+            build, build, build, build, python);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
+static void test_tool_rejects_bad_input(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "report /nonexistent.jsonl", "frobnicate", "run", "top -n zero demo.jsonl",
+        "report notatrace.txt", "run --reuse sometimes -- true", "run --limit lots -- true",
+    };
+    struct result w = run("echo hello > notatrace.txt");
+    done(&w);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct result r = run("%s/tools/cuheap %s", build, bad[i]);
+        assert_int_equal(r.status, 2);
+        /* one line, naming what was wrong */
+        assert_int_equal(count_lines(r.err, "\n"), 1);
+        assert_int_equal(strncmp(r.err, "cuheap: ", 8), 0);
+        done(&r);
+    }
+}
+
+static void test_python_frames_name_the_script(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=py.jsonl CUHEAP_SUMMARY=0 "
+                          "%s %s/tests/programs/py_alloc.py && %s/tools/cuheap top py.jsonl",
+                          build, build, python, source, build);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    assert_non_null(strstr(r.out, "py_alloc.py:22 in allocate_activations"));
+    assert_non_null(strstr(r.out, "forward"));
+    done(&r);
+}
+
+static void test_several_devices(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " " PRELOAD " FAKECUDA_DEVICE_COUNT=2 CUHEAP_OUTPUT=md.jsonl "
+                          "%s/tests/programs/multidev && %s/tools/cuheap report md.jsonl",
+                          build, build, build, build);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    assert_non_null(strstr(r.out, "GPU 0"));
+    assert_non_null(strstr(r.out, "GPU 1"));
+    assert_non_null(strstr(r.out, "still live at the end: 1.00 MiB"));
+    assert_non_null(strstr(r.out, "still live at the end: 2.00 MiB"));
+    assert_non_null(strstr(r.err, "GPU 1: peak live"));
+    done(&r);
+}
+
+int main(void)
+{
+    const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
+    if (!b || !s) {
+        fprintf(stderr, "run through meson test (CUHEAP_BUILD_ROOT, CUHEAP_SOURCE_ROOT)\n");
+        return 1;
+    }
+    snprintf(build, sizeof(build), "%s", b);
+    snprintf(source, sizeof(source), "%s", s);
+    (void)env_base;
+    /* a Python with jsonschema for the schema check: the system one, else the first on PATH */
+    python = system("/usr/bin/python3 -c 'import jsonschema' 2>/dev/null") == 0 ? "/usr/bin/python3"
+                                                                                : "python3";
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_process_without_cuda_is_untouched, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_doors_give_the_same_results, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_fork_and_exec_children_write_their_own_traces, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_unwritable_trace_path, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_bad_setting_warns_once_and_runs, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_sigkill_leaves_a_readable_prefix, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_trace_matches_schema, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_chrome_output_opens, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_tool_commands, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_tool_rejects_bad_input, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_python_frames_name_the_script, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
+    };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

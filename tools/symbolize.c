@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: MIT */
+/* Offline symbolization (see symbolize.h). Without libdw at build time it does nothing. */
+#include "symbolize.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef CUHEAP_HAVE_LIBDW
+#include <elfutils/libdwfl.h>
+#include <gelf.h>
+#include <inttypes.h>
+
+/* From the C++ runtime, when linked: readable C++ names. */
+char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status)
+    __attribute__((weak));
+
+struct module {
+    char *path;
+    Dwfl *dwfl;
+    Dwfl_Module *mod;
+    uint64_t to_address; /* add to a recorded offset to get a module address */
+};
+
+static struct module *modules;
+static size_t nr_modules;
+
+static const Dwfl_Callbacks callbacks = {
+    .find_elf = dwfl_build_id_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .section_address = dwfl_offline_section_address,
+};
+
+static struct module *module_for(const char *path)
+{
+    for (size_t i = 0; i < nr_modules; i++)
+        if (!strcmp(modules[i].path, path))
+            return &modules[i];
+    modules = realloc(modules, (nr_modules + 1) * sizeof(*modules));
+    struct module *m = &modules[nr_modules++];
+    memset(m, 0, sizeof(*m));
+    m->path = strdup(path);
+    m->dwfl = dwfl_begin(&callbacks);
+    if (!m->dwfl)
+        return m;
+    /* one module per session, so it sits at its own link addresses */
+    m->mod = dwfl_report_offline(m->dwfl, path, path, -1);
+    dwfl_report_end(m->dwfl, NULL, NULL);
+    if (!m->mod)
+        return m;
+    Dwarf_Addr bias = 0;
+    Elf *elf = dwfl_module_getelf(m->mod, &bias);
+    size_t nr_phdr = 0;
+    uint64_t low = UINT64_MAX;
+    if (elf && elf_getphdrnum(elf, &nr_phdr) == 0)
+        for (size_t i = 0; i < nr_phdr; i++) {
+            GElf_Phdr ph;
+            if (gelf_getphdr(elf, (int)i, &ph) && ph.p_type == PT_LOAD && ph.p_vaddr < low)
+                low = ph.p_vaddr & ~(uint64_t)0xfff;
+        }
+    /* the recorder's offset is from the load base, which is the first segment's page */
+    m->to_address = (low == UINT64_MAX ? 0 : low) + bias;
+    return m;
+}
+
+static void symbolize_frame(json_t *fr)
+{
+    const char *path = json_string_value(json_object_get(fr, "module"));
+    const char *off = json_string_value(json_object_get(fr, "offset"));
+    if (!path || !off || path[0] != '/')
+        return;
+    struct module *m = module_for(path);
+    if (!m->mod)
+        return;
+    /* a return address: the call is the byte before it */
+    Dwarf_Addr addr = strtoull(off, NULL, 16) + m->to_address - 1;
+    if (!json_object_get(fr, "function")) {
+        const char *name = dwfl_module_addrname(m->mod, addr);
+        if (name) {
+            int status = -1;
+            char *pretty = __cxa_demangle ? __cxa_demangle(name, NULL, NULL, &status) : NULL;
+            json_object_set_new(fr, "function", json_string(status == 0 ? pretty : name));
+            free(pretty);
+        }
+    }
+    Dwfl_Line *line = dwfl_module_getsrc(m->mod, addr);
+    int lineno = 0;
+    const char *file = line ? dwfl_lineinfo(line, NULL, &lineno, NULL, NULL, NULL) : NULL;
+    if (file && lineno > 0) {
+        json_object_set_new(fr, "file", json_string(file));
+        json_object_set_new(fr, "line", json_integer(lineno));
+    }
+}
+
+void symbolize_trace(struct cuheap_trace *t)
+{
+    for (size_t i = 0; i < t->nr_stacks; i++) {
+        size_t n = json_array_size(t->stacks[i].frames);
+        for (size_t k = 0; k < n; k++)
+            symbolize_frame(json_array_get(t->stacks[i].frames, k));
+    }
+}
+
+#else
+
+void symbolize_trace(struct cuheap_trace *t)
+{
+    (void)t;
+}
+
+#endif
