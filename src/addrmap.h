@@ -15,11 +15,11 @@
 #include <stdint.h>
 
 struct cuheap_addr_entry {
-    uint64_t key;   /* address (or VMM handle); 0 = empty slot */
-    uint64_t size;  /* bytes requested */
-    uint64_t actual;/* bytes the driver reserved for it */
-    int16_t device; /* -1 for host memory */
-    uint8_t api;    /* enum cuheap_api */
+    uint64_t key;    /* address (or VMM handle); 0 = empty slot */
+    uint64_t size;   /* bytes requested */
+    uint64_t actual; /* bytes the driver reserved for it */
+    int16_t device;  /* -1 for host memory */
+    uint8_t api;     /* enum cuheap_api */
 };
 
 struct cuheap_addrmap {

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define UNIT_HEAD 0x80u /* a block starts at this unit */
-#define UNIT_FREE 0x40u /* ... and that block is free */
+#define UNIT_HEAD       0x80u /* a block starts at this unit */
+#define UNIT_FREE       0x40u /* ... and that block is free */
 #define UNIT_ORDER_MASK 0x3fu
 
 static unsigned log2_floor(uint64_t v)
@@ -74,8 +74,7 @@ int cuheap_buddy_init(struct cuheap_buddy *b, uintptr_t base, uint64_t size, uin
     b->nr_units = (uint32_t)(size >> b->min_order);
     size_t n = b->nr_units;
     b->meta_bytes = n + 2 * n * sizeof(uint32_t);
-    void *m = mmap(NULL, b->meta_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+    void *m = mmap(NULL, b->meta_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return -ENOMEM;
     b->next = m;
@@ -133,7 +132,8 @@ int cuheap_buddy_alloc(struct cuheap_buddy *b, uint64_t size, uintptr_t *ret_add
 
 int cuheap_buddy_free(struct cuheap_buddy *b, uintptr_t addr)
 {
-    if (addr < b->base || addr >= b->base + b->size || ((addr - b->base) & ((1ull << b->min_order) - 1)))
+    if (addr < b->base || addr >= b->base + b->size ||
+        ((addr - b->base) & ((1ull << b->min_order) - 1)))
         return -EINVAL;
     uint32_t unit = (uint32_t)((addr - b->base) >> b->min_order);
     uint8_t st = b->unit_state[unit];

@@ -41,10 +41,10 @@ static void counter(struct cuheap_chrome *c, int dev, double ts)
 {
     char name[48];
     snprintf(name, sizeof(name), "GPU %d memory (bytes)", dev);
-    emit(c, json_pack("{s:s, s:s, s:I, s:i, s:f, s:{s:I, s:I}}", "ph", "C", "name", name, "pid",
-                      (json_int_t)c->pid, "tid", 0, "ts", ts, "args", "live",
-                      (json_int_t)c->live_bytes[dev], "reserved",
-                      (json_int_t)c->reserved_bytes[dev]));
+    emit(c,
+         json_pack("{s:s, s:s, s:I, s:i, s:f, s:{s:I, s:I}}", "ph", "C", "name", name, "pid",
+                   (json_int_t)c->pid, "tid", 0, "ts", ts, "args", "live",
+                   (json_int_t)c->live_bytes[dev], "reserved", (json_int_t)c->reserved_bytes[dev]));
 }
 
 static void slice_name(char *buf, size_t n, int api, uint64_t size, bool pooled)
@@ -100,9 +100,9 @@ void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev 
             slice_name(name, sizeof(name), ent.api, ent.size, e->pooled);
         else
             snprintf(name, sizeof(name), "free");
-        emit(c, json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f}", "ph", "e", "cat", "alloc",
-                          "name", name, "id", id, "pid", (json_int_t)c->pid, "tid",
-                          (json_int_t)e->tid, "ts", e->ts_us));
+        emit(c, json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f}", "ph", "e", "cat", "alloc", "name",
+                          name, "id", id, "pid", (json_int_t)c->pid, "tid", (json_int_t)e->tid,
+                          "ts", e->ts_us));
         if (dev >= 0 && device_memory) {
             c->live_bytes[dev] -= (int64_t)e->size;
             if (!e->pooled)
@@ -114,8 +114,8 @@ void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev 
     case CUHEAP_EV_ARENA_GROW:
     case CUHEAP_EV_ARENA_RELEASE:
         if (dev >= 0) {
-            c->reserved_bytes[dev] += e->type == CUHEAP_EV_ARENA_GROW ? (int64_t)e->size
-                                                                      : -(int64_t)e->size;
+            c->reserved_bytes[dev] +=
+                e->type == CUHEAP_EV_ARENA_GROW ? (int64_t)e->size : -(int64_t)e->size;
             counter(c, dev, e->ts_us);
         }
         break;
@@ -123,9 +123,9 @@ void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev 
     case CUHEAP_EV_LIMIT:
         snprintf(name, sizeof(name), "%s: %" PRIu64 " bytes refused on GPU %d",
                  e->type == CUHEAP_EV_OOM ? "OOM" : "limit", e->size, e->device);
-        emit(c, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:{s:I, s:I, s:I}}", "ph", "i", "s",
-                          "g", "name", name, "pid", (json_int_t)c->pid, "tid", (json_int_t)e->tid,
-                          "ts", e->ts_us, "args", "size", (json_int_t)e->size, "driver_free",
+        emit(c, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:{s:I, s:I, s:I}}", "ph", "i", "s", "g",
+                          "name", name, "pid", (json_int_t)c->pid, "tid", (json_int_t)e->tid, "ts",
+                          e->ts_us, "args", "size", (json_int_t)e->size, "driver_free",
                           (json_int_t)e->aux, "driver_total", (json_int_t)e->aux2));
         break;
     case CUHEAP_EV_MARK:

@@ -20,8 +20,8 @@
 
 struct cuheap_chrome {
     FILE *f;
-    long pid;                 /* process id shown in the viewer */
-    bool first;               /* no event written yet (no comma needed) */
+    long pid;                   /* process id shown in the viewer */
+    bool first;                 /* no event written yet (no comma needed) */
     struct cuheap_addrmap live; /* open allocation slices: ptr -> size/api */
     int64_t live_bytes[CUHEAP_CHROME_NR_DEVICES];
     int64_t reserved_bytes[CUHEAP_CHROME_NR_DEVICES];
@@ -29,16 +29,16 @@ struct cuheap_chrome {
 
 /* One event, in neutral form. */
 struct cuheap_chrome_ev {
-    int type;           /* enum cuheap_event_type */
-    int api;            /* enum cuheap_api */
+    int type; /* enum cuheap_event_type */
+    int api;  /* enum cuheap_api */
     bool pooled;
     int device;
     uint64_t ptr, size, actual, aux, aux2;
-    double ts_us;       /* microseconds since the trace started */
+    double ts_us; /* microseconds since the trace started */
     long tid;
     uint32_t stack_id;
-    json_t *stack;      /* borrowed: array of frame strings, or NULL */
-    const char *label;  /* marks */
+    json_t *stack;     /* borrowed: array of frame strings, or NULL */
+    const char *label; /* marks */
 };
 
 /* Start writing to f (the caller owns f). Writes the opening bracket and process name. */

@@ -21,8 +21,8 @@ struct option {
     const char *dflt;
     const char *doc;
     parse_fn parse;
-    size_t offset;      /* field in struct cuheap_config */
-    uint64_t min, max;  /* inclusive bounds for numbers */
+    size_t offset;              /* field in struct cuheap_config */
+    uint64_t min, max;          /* inclusive bounds for numbers */
     const char *const *choices; /* for enums, NULL-terminated, index = enum value */
 };
 
@@ -52,12 +52,26 @@ int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
     }
     double mult = 1;
     switch (toupper((unsigned char)*end)) {
-    case 0: break;
-    case 'K': mult = 1024.0; end++; break;
-    case 'M': mult = 1024.0 * 1024; end++; break;
-    case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
-    case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: return -EINVAL;
+    case 0:
+        break;
+    case 'K':
+        mult = 1024.0;
+        end++;
+        break;
+    case 'M':
+        mult = 1024.0 * 1024;
+        end++;
+        break;
+    case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        end++;
+        break;
+    case 'T':
+        mult = 1024.0 * 1024 * 1024 * 1024;
+        end++;
+        break;
+    default:
+        return -EINVAL;
     }
     if (*end == 'i' || *end == 'I')
         end++;
@@ -165,10 +179,10 @@ static const char *const release_names[] = {"oom", "empty", "never", NULL};
 static const char *const format_names[] = {"jsonl", "chrome", NULL};
 
 #define FIELD(f) offsetof(struct cuheap_config, f)
-#define KIB 1024ull
-#define MIB (1024ull * KIB)
-#define GIB (1024ull * MIB)
-#define TIB (1024ull * GIB)
+#define KIB      1024ull
+#define MIB      (1024ull * KIB)
+#define GIB      (1024ull * MIB)
+#define TIB      (1024ull * GIB)
 
 static const struct option options[] = {
     {"CUHEAP_POOL", "1", "serve cuMemAlloc/cudaMalloc from cuheap's pool (0: record only)",
@@ -189,24 +203,23 @@ static const struct option options[] = {
      FIELD(fence_batch), 1, 1u << 20, NULL},
     {"CUHEAP_LIMIT", "none", "per-device limit: bytes (K/M/G) or a percentage of the device",
      parse_limit, 0, 0, 0, NULL},
-    {"CUHEAP_RECORD", "1", "record events into the trace", parse_bool, FIELD(record), 0, 0,
-     NULL},
+    {"CUHEAP_RECORD", "1", "record events into the trace", parse_bool, FIELD(record), 0, 0, NULL},
     {"CUHEAP_STACK_DEPTH", "32", "native frames recorded per event (0: no stacks, at most 64)",
      parse_uint, FIELD(stack_depth), 0, CUHEAP_MAX_STACK_DEPTH, NULL},
-    {"CUHEAP_PYTHON", "1", "add Python frames when the allocating thread runs Python",
-     parse_bool, FIELD(python), 0, 0, NULL},
-    {"CUHEAP_RING", "16384", "event ring slots (power of two)", parse_pow2_uint,
-     FIELD(ring_slots), 64, 1u << 22, NULL},
+    {"CUHEAP_PYTHON", "1", "add Python frames when the allocating thread runs Python", parse_bool,
+     FIELD(python), 0, 0, NULL},
+    {"CUHEAP_RING", "16384", "event ring slots (power of two)", parse_pow2_uint, FIELD(ring_slots),
+     64, 1u << 22, NULL},
     {"CUHEAP_OUTPUT", "cuheap-%p.jsonl",
      "trace path; %p pid, %r rank (RANK/LOCAL_RANK), %h host; with a rank the default is "
      "cuheap-r%r-%p.jsonl",
      parse_path, FIELD(output), 0, 0, NULL},
     {"CUHEAP_FORMAT", "jsonl", "trace format: jsonl (cuheap) or chrome (Perfetto)", parse_enum,
      FIELD(format), 0, 0, format_names},
-    {"CUHEAP_SUMMARY", "1", "print a summary on stderr at exit", parse_bool, FIELD(summary), 0,
+    {"CUHEAP_SUMMARY", "1", "print a summary on stderr at exit", parse_bool, FIELD(summary), 0, 0,
+     NULL},
+    {"CUHEAP_VERBOSE", "0", "print the effective settings at start", parse_bool, FIELD(verbose), 0,
      0, NULL},
-    {"CUHEAP_VERBOSE", "0", "print the effective settings at start", parse_bool,
-     FIELD(verbose), 0, 0, NULL},
     {"CUHEAP_FLUSH_MS", "200", "how often the trace is flushed to disk", parse_uint,
      FIELD(flush_ms), 1, 60000, NULL},
 };
@@ -302,11 +315,25 @@ void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, cons
         if (*p == '%' && p[1]) {
             p++;
             switch (*p) {
-            case 'p': snprintf(tmp, sizeof(tmp), "%ld", pid); ins = tmp; break;
-            case 'r': ins = rank && *rank ? rank : "0"; break;
-            case 'h': ins = host && *host ? host : "localhost"; break;
-            case '%': ins = "%"; break;
-            default: tmp[0] = '%'; tmp[1] = *p; tmp[2] = 0; ins = tmp; break;
+            case 'p':
+                snprintf(tmp, sizeof(tmp), "%ld", pid);
+                ins = tmp;
+                break;
+            case 'r':
+                ins = rank && *rank ? rank : "0";
+                break;
+            case 'h':
+                ins = host && *host ? host : "localhost";
+                break;
+            case '%':
+                ins = "%";
+                break;
+            default:
+                tmp[0] = '%';
+                tmp[1] = *p;
+                tmp[2] = 0;
+                ins = tmp;
+                break;
             }
             for (; *ins && o + 1 < size; ins++)
                 out[o++] = *ins;

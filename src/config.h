@@ -29,28 +29,28 @@ enum cuheap_format {
 };
 
 #define CUHEAP_MAX_STACK_DEPTH 64
-#define CUHEAP_PATH_MAX 512
+#define CUHEAP_PATH_MAX        512
 
 struct cuheap_config {
-    bool pool;                   /* serve cuMemAlloc from the pool */
-    uint64_t pool_init;          /* bytes reserved per device at first use */
-    uint64_t arena_size;         /* bytes per arena, power of two */
-    uint64_t min_block;          /* smallest block, power of two */
-    uint64_t pool_max;           /* largest request served from the pool */
+    bool pool;           /* serve cuMemAlloc from the pool */
+    uint64_t pool_init;  /* bytes reserved per device at first use */
+    uint64_t arena_size; /* bytes per arena, power of two */
+    uint64_t min_block;  /* smallest block, power of two */
+    uint64_t pool_max;   /* largest request served from the pool */
     enum cuheap_release release;
     enum cuheap_reuse reuse;
-    unsigned fence_batch;        /* frees per fence epoch */
-    uint64_t limit_bytes;        /* per-device limit in bytes, 0 = none */
-    unsigned limit_permille;     /* per-device limit as a share of the device, 0 = none */
-    bool record;                 /* record events at all */
-    unsigned stack_depth;        /* native frames per event, 0 = no stacks */
-    bool python;                 /* add Python frames when the thread holds the GIL */
-    unsigned ring_slots;         /* ring capacity, power of two */
-    char output[CUHEAP_PATH_MAX];/* trace path template (%p pid, %r rank, %h host) */
+    unsigned fence_batch;         /* frees per fence epoch */
+    uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */
+    unsigned limit_permille;      /* per-device limit as a share of the device, 0 = none */
+    bool record;                  /* record events at all */
+    unsigned stack_depth;         /* native frames per event, 0 = no stacks */
+    bool python;                  /* add Python frames when the thread holds the GIL */
+    unsigned ring_slots;          /* ring capacity, power of two */
+    char output[CUHEAP_PATH_MAX]; /* trace path template (%p pid, %r rank, %h host) */
     enum cuheap_format format;
-    bool summary;                /* print the exit summary on stderr */
-    bool verbose;                /* print the effective settings at start */
-    unsigned flush_ms;           /* trace flush interval */
+    bool summary;      /* print the exit summary on stderr */
+    bool verbose;      /* print the effective settings at start */
+    unsigned flush_ms; /* trace flush interval */
 };
 
 /* How to read one variable (NULL when unset) and where to put a warning line. */

@@ -27,8 +27,8 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuMemHostAlloc, (void **, size_t, unsigned int))                                             \
     X(cuMemAllocHost_v2, (void **, size_t))                                                        \
     X(cuMemFreeHost, (void *))                                                                     \
-    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,          \
-                    unsigned long long))                                                           \
+    X(cuMemCreate,                                                                                 \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))   \
     X(cuMemRelease, (CUmemGenericAllocationHandle))                                                \
     X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))   \
     X(cuMemUnmap, (CUdeviceptr, size_t))                                                           \
@@ -45,8 +45,8 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuStreamEndCapture, (CUstream, CUgraph *))                                                   \
     X(cuStreamEndCapture_ptsz, (CUstream, CUgraph *))                                              \
     X(cuGetProcAddress, (const char *, void **, int, cuuint64_t))                                  \
-    X(cuGetProcAddress_v2, (const char *, void **, int, cuuint64_t,                               \
-                            CUdriverProcAddressQueryResult *))                                     \
+    X(cuGetProcAddress_v2,                                                                         \
+      (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))                  \
     /* helpers cuheap calls but does not hook */                                                   \
     X(cuCtxGetCurrent, (CUcontext *))                                                              \
     X(cuCtxGetDevice, (CUdevice *))                                                                \
@@ -65,8 +65,8 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuDriverGetVersion, (int *))
 
 struct cuheap_driver {
-    void *handle;              /* libcuda.so.1, from dlopen */
-    cuheap_dlsym_fn real_dlsym;/* glibc's dlsym */
+    void *handle;               /* libcuda.so.1, from dlopen */
+    cuheap_dlsym_fn real_dlsym; /* glibc's dlsym */
 #define CUHEAP_DRIVER_FIELD(name, params) CUresult(*name) params;
     CUHEAP_DRIVER_FUNCS(CUHEAP_DRIVER_FIELD)
 #undef CUHEAP_DRIVER_FIELD

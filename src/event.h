@@ -11,7 +11,7 @@
 #include "config.h"
 
 #define CUHEAP_MAX_PY_DEPTH 24
-#define CUHEAP_LABEL_MAX 120
+#define CUHEAP_LABEL_MAX    120
 
 enum cuheap_event_type {
     CUHEAP_EV_ALLOC = 1,     /* the program got memory */
@@ -27,15 +27,15 @@ enum cuheap_event_type {
 
 enum cuheap_api {
     CUHEAP_API_NONE,
-    CUHEAP_API_MEM_ALLOC,   /* cuMemAlloc_v2 / cuMemFree_v2 (cudaMalloc/cudaFree) */
-    CUHEAP_API_PITCH,       /* cuMemAllocPitch_v2 */
-    CUHEAP_API_ASYNC,       /* cuMemAllocAsync / cuMemFreeAsync */
-    CUHEAP_API_POOL_ASYNC,  /* cuMemAllocFromPoolAsync */
-    CUHEAP_API_MANAGED,     /* cuMemAllocManaged */
-    CUHEAP_API_HOST,        /* cuMemAllocHost_v2 / cuMemHostAlloc / cuMemFreeHost */
-    CUHEAP_API_VMM_CREATE,  /* cuMemCreate / cuMemRelease (physical memory) */
-    CUHEAP_API_VMM_MAP,     /* cuMemMap / cuMemUnmap (address ranges) */
-    CUHEAP_API_TORCH,       /* cuheap_torch_alloc / cuheap_torch_free */
+    CUHEAP_API_MEM_ALLOC,  /* cuMemAlloc_v2 / cuMemFree_v2 (cudaMalloc/cudaFree) */
+    CUHEAP_API_PITCH,      /* cuMemAllocPitch_v2 */
+    CUHEAP_API_ASYNC,      /* cuMemAllocAsync / cuMemFreeAsync */
+    CUHEAP_API_POOL_ASYNC, /* cuMemAllocFromPoolAsync */
+    CUHEAP_API_MANAGED,    /* cuMemAllocManaged */
+    CUHEAP_API_HOST,       /* cuMemAllocHost_v2 / cuMemHostAlloc / cuMemFreeHost */
+    CUHEAP_API_VMM_CREATE, /* cuMemCreate / cuMemRelease (physical memory) */
+    CUHEAP_API_VMM_MAP,    /* cuMemMap / cuMemUnmap (address ranges) */
+    CUHEAP_API_TORCH,      /* cuheap_torch_alloc / cuheap_torch_free */
     CUHEAP_NR_APIS
 };
 

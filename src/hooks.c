@@ -65,7 +65,7 @@ enum hook_id {
 #define CUHEAP_HOOK_ID(name) H_##name,
     CUHEAP_HOOKS(CUHEAP_HOOK_ID)
 #undef CUHEAP_HOOK_ID
-    NR_HOOKS
+        NR_HOOKS
 };
 
 /* Prototypes of the hooks cuda.h does not declare under these names. */
@@ -87,7 +87,8 @@ static const struct hook_entry {
     cuheap_fn hook;
     size_t real_offset; /* of the real pointer in struct cuheap_driver */
 } hooks[NR_HOOKS] = {
-#define CUHEAP_HOOK_ENTRY(name) [H_##name] = {#name, (cuheap_fn)name, offsetof(struct cuheap_driver, name)},
+#define CUHEAP_HOOK_ENTRY(name)                                                                    \
+    [H_##name] = {#name, (cuheap_fn)name, offsetof(struct cuheap_driver, name)},
     CUHEAP_HOOKS(CUHEAP_HOOK_ENTRY)
 #undef CUHEAP_HOOK_ENTRY
 };
@@ -146,10 +147,15 @@ static void record_alloc(struct cuheap_device *d, int api, uint8_t flags, uint64
                          uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
 {
     atomic_fetch_add_explicit(&cuheap_nr_allocs, 1, memory_order_relaxed);
-    struct cuheap_rec r = {.type = CUHEAP_EV_ALLOC, .api = (uint8_t)api,
+    struct cuheap_rec r = {.type = CUHEAP_EV_ALLOC,
+                           .api = (uint8_t)api,
                            .flags = (uint8_t)(flags | capture_flag()),
-                           .device = (int16_t)(d ? d->ordinal : -1), .seq = seq, .ptr = ptr,
-                           .size = size, .actual = actual, .stream = stream};
+                           .device = (int16_t)(d ? d->ordinal : -1),
+                           .seq = seq,
+                           .ptr = ptr,
+                           .size = size,
+                           .actual = actual,
+                           .stream = stream};
     cuheap_record(&r);
 }
 
@@ -157,9 +163,14 @@ static void record_free(int device, int api, uint8_t flags, uint64_t ptr, uint64
                         uint64_t actual, uint64_t stream, uint64_t seq)
 {
     atomic_fetch_add_explicit(&cuheap_nr_frees, 1, memory_order_relaxed);
-    struct cuheap_rec r = {.type = CUHEAP_EV_FREE, .api = (uint8_t)api,
-                           .flags = (uint8_t)(flags | capture_flag()), .device = (int16_t)device,
-                           .seq = seq, .ptr = ptr, .size = size, .actual = actual,
+    struct cuheap_rec r = {.type = CUHEAP_EV_FREE,
+                           .api = (uint8_t)api,
+                           .flags = (uint8_t)(flags | capture_flag()),
+                           .device = (int16_t)device,
+                           .seq = seq,
+                           .ptr = ptr,
+                           .size = size,
+                           .actual = actual,
                            .stream = stream};
     cuheap_record(&r);
 }
@@ -170,8 +181,11 @@ static void record_oom(struct cuheap_device *d, int api, uint64_t size, bool by_
     size_t f = 0, t = 0;
     cuheap_drv.cuMemGetInfo_v2(&f, &t);
     struct cuheap_rec r = {.type = by_limit ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM,
-                           .api = (uint8_t)api, .device = (int16_t)(d ? d->ordinal : -1),
-                           .size = size, .aux = f, .aux2 = by_limit && d ? d->limit : t,
+                           .api = (uint8_t)api,
+                           .device = (int16_t)(d ? d->ordinal : -1),
+                           .size = size,
+                           .aux = f,
+                           .aux2 = by_limit && d ? d->limit : t,
                            .result = CUDA_ERROR_OUT_OF_MEMORY};
     cuheap_record(&r);
 }
@@ -254,8 +268,8 @@ static CUresult passthru_free_end(struct passthru_free *f, CUresult r, uint64_t 
     if (dev >= 0)
         cuheap_account(cuheap_device_by_ordinal(dev), -(int64_t)f->entry.size,
                        -(int64_t)f->entry.actual);
-    record_free(dev, f->known ? f->entry.api : api, 0, key, f->entry.size, f->entry.actual,
-                stream, f->seq);
+    record_free(dev, f->known ? f->entry.api : api, 0, key, f->entry.size, f->entry.actual, stream,
+                f->seq);
     return r;
 }
 
@@ -346,8 +360,8 @@ CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
     CUresult r = cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
-    LEAVE(passthru_done(d, r, CUHEAP_API_PITCH, r ? 0 : *dptr, r ? actual : *pitch * height,
-                        actual, 0, true));
+    LEAVE(passthru_done(d, r, CUHEAP_API_PITCH, r ? 0 : *dptr, r ? actual : *pitch * height, actual,
+                        0, true));
 }
 
 CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -487,8 +501,8 @@ CUHEAP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
     CUresult r = cuheap_drv.cuMemCreate(h, size, prop, flags);
     if (r == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))
         r = cuheap_drv.cuMemCreate(h, size, prop, flags);
-    LEAVE(passthru_done(d, r, CUHEAP_API_VMM_CREATE, r ? 0 : VMM_KEY(*h), size, size, 0,
-                        d != NULL));
+    LEAVE(
+        passthru_done(d, r, CUHEAP_API_VMM_CREATE, r ? 0 : VMM_KEY(*h), size, size, 0, d != NULL));
 }
 
 CUHEAP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
@@ -578,9 +592,15 @@ static int pooled_attribute(void *data, CUpointer_attribute attr, CUdeviceptr pt
     if (cuheap_pool_block_range(p, ptr, &b, &s, &id, &arena))
         return -1;
     switch (attr) {
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = b; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = s; break;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = id; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = b;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = s;
+        break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = id;
+        break;
     default:
         /* legacy IPC exports the whole arena: only a block at its start shares the right bytes */
         *(int *)data = b == arena;
@@ -589,8 +609,7 @@ static int pooled_attribute(void *data, CUpointer_attribute attr, CUdeviceptr pt
     return 1;
 }
 
-CUHEAP_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr,
-                                             CUdeviceptr ptr)
+CUHEAP_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
 {
     ENTER(cuPointerGetAttribute);
     int answered = active && data ? pooled_attribute(data, attr, ptr) : 0;
@@ -734,8 +753,13 @@ CUHEAP_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int vers
     return r;
 }
 
+/* Sanitizer runtimes resolve their interceptors through dlsym before their own shadow memory
+ * exists, so the dlsym path must not be instrumented. */
+#define CUHEAP_NO_SANITIZE                                                                         \
+    __attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize("undefined")))
+
 /* Driver names look like cuMemAlloc_v2: "cu" then a capital. cudnn*, cublas*, cuda* do not. */
-static bool is_driver_name(const char *name)
+static CUHEAP_NO_SANITIZE bool is_driver_name(const char *name)
 {
     return name && name[0] == 'c' && name[1] == 'u' && name[2] >= 'A' && name[2] <= 'Z';
 }
@@ -758,8 +782,8 @@ static __attribute__((noinline)) void *dlsym_driver(void *handle, const char *na
 
 /* Everything that is not a driver name goes straight to glibc as a tail call, so the
  * return address glibc sees (which RTLD_NEXT depends on) is our caller's. */
-CUHEAP_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *dlsym(void *handle,
-                                                                             const char *name)
+CUHEAP_EXPORT CUHEAP_NO_SANITIZE __attribute__((optimize("optimize-sibling-calls"))) void *dlsym(void *handle,
+                                                                              const char *name)
 {
     if (__builtin_expect(is_driver_name(name), 0))
         return dlsym_driver(handle, name);
@@ -845,8 +869,7 @@ CUHEAP_API void cuheap_torch_free(void *ptr, ssize_t size, int device, void *str
         /* A pass-through block: the driver's free syncs the device, as cudaFree would. */
         struct passthru_free f;
         passthru_free_begin(&f, p);
-        passthru_free_end(&f, cuheap_drv.cuMemFree_v2(p), p, CUHEAP_API_TORCH,
-                          stream_tag(stream));
+        passthru_free_end(&f, cuheap_drv.cuMemFree_v2(p), p, CUHEAP_API_TORCH, stream_tag(stream));
     }
     in_hook = 0;
 }

@@ -22,8 +22,9 @@ static void vlog(const char *fmt, va_list ap)
     int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
     if (m < 0)
         return;
-    size_t len = (size_t)n + ((size_t)m < sizeof(buf) - (size_t)n - 1 ? (size_t)m
-                                                                       : sizeof(buf) - (size_t)n - 2);
+    size_t len =
+        (size_t)n +
+        ((size_t)m < sizeof(buf) - (size_t)n - 1 ? (size_t)m : sizeof(buf) - (size_t)n - 2);
     buf[len++] = '\n';
     ssize_t w = write(STDERR_FILENO, buf, len);
     (void)w;

@@ -21,9 +21,9 @@
 /* ---- global address map: 2 MiB granule -> arena, read without locks ---- */
 
 #define GRANULE_SHIFT 21
-#define NR_MAP_SLOTS (1u << 18) /* 512 GiB of arenas at 2 MiB granules, half full */
-#define MAP_EMPTY 0
-#define MAP_TOMB UINT64_MAX
+#define NR_MAP_SLOTS  (1u << 18) /* 512 GiB of arenas at 2 MiB granules, half full */
+#define MAP_EMPTY     0
+#define MAP_TOMB      UINT64_MAX
 
 struct map_slot {
     _Atomic uint64_t key; /* granule + 1, MAP_EMPTY or MAP_TOMB */
@@ -59,7 +59,8 @@ static struct cuheap_arena *map_lookup(uint64_t addr)
     if (!map)
         return NULL;
     uint64_t key = (addr >> GRANULE_SHIFT) + 1;
-    for (uint32_t i = map_hash(key), n = 0; n < NR_MAP_SLOTS; i = (i + 1) & (NR_MAP_SLOTS - 1), n++) {
+    for (uint32_t i = map_hash(key), n = 0; n < NR_MAP_SLOTS;
+         i = (i + 1) & (NR_MAP_SLOTS - 1), n++) {
         uint64_t k = atomic_load_explicit(&map[i].key, memory_order_acquire);
         if (k == MAP_EMPTY)
             return NULL;
@@ -147,8 +148,8 @@ static uint32_t unit_of(const struct cuheap_arena *a, uint64_t addr)
  * released arena has buddy.size == 0, which map_lookup() rejects. */
 static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t size)
 {
-    struct cuheap_arena *a = mmap(NULL, sizeof(*a), PROT_READ | PROT_WRITE,
-                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct cuheap_arena *a =
+        mmap(NULL, sizeof(*a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (a == MAP_FAILED)
         return NULL;
     memset(a, 0, sizeof(*a));
@@ -519,8 +520,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
             if (release_empty_unlocked(p))
                 continue;
         }
-        note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved,
-             p->limit);
+        note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved, p->limit);
         pthread_mutex_unlock(&p->lock);
         return -ENOMEM;
     }
@@ -604,8 +604,7 @@ int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_b
     unsigned order;
     bool allocated;
     int r = -EINVAL;
-    if (a && cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) == 0 &&
-        allocated) {
+    if (a && cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) == 0 && allocated) {
         uint32_t u = unit_of(a, start);
         uint64_t size = a->block_size[u];
         if (size && ptr < start + size) {
@@ -632,7 +631,8 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     uint64_t released = 0;
     for (unsigned i = 0; i < p->nr_arenas;) {
         struct cuheap_arena *a = p->arenas[i];
-        if (a->nr_live == 0 && (!keep_init || p->st.reserved - a->buddy.size >= p->cfg->pool_init)) {
+        if (a->nr_live == 0 &&
+            (!keep_init || p->st.reserved - a->buddy.size >= p->cfg->pool_init)) {
             uint64_t size;
             bases[nr++] = unlink_arena_locked(p, i, &size);
             released += size;

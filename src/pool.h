@@ -24,8 +24,8 @@
 #include "buddy.h"
 #include "config.h"
 
-#define CUHEAP_NR_MAX_ARENAS 4096
-#define CUHEAP_NR_EPOCHS 64
+#define CUHEAP_NR_MAX_ARENAS    4096
+#define CUHEAP_NR_EPOCHS        64
 #define CUHEAP_NR_STREAM_CACHES 16
 
 struct cuheap_pool;
@@ -33,43 +33,43 @@ struct cuheap_pool;
 struct cuheap_arena {
     struct cuheap_buddy buddy;
     struct cuheap_pool *pool;
-    uint64_t nr_live;      /* allocated blocks, pending ones included */
-    uint64_t *block_size;  /* per unit: bytes the program asked for at a block start; 0 = not live */
-    uint64_t *buffer_id;   /* per unit: id answered for CU_POINTER_ATTRIBUTE_BUFFER_ID */
-    uint64_t *link;        /* per unit: next block on a pending or stream-cache list */
+    uint64_t nr_live;     /* allocated blocks, pending ones included */
+    uint64_t *block_size; /* per unit: bytes the program asked for at a block start; 0 = not live */
+    uint64_t *buffer_id;  /* per unit: id answered for CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    uint64_t *link;       /* per unit: next block on a pending or stream-cache list */
     size_t meta_bytes;
 };
 
 /* A batch of freed blocks waiting behind one fence. */
 struct cuheap_epoch {
-    void *fence;     /* from backend->fence_record; NULL while the epoch is open */
-    uint64_t head;   /* first block (address), 0 = none */
+    void *fence;   /* from backend->fence_record; NULL while the epoch is open */
+    uint64_t head; /* first block (address), 0 = none */
     uint64_t nr_blocks;
     uint64_t bytes;
 };
 
 /* Blocks freed on a known stream (pluggable allocator), reusable on that stream at once. */
 struct cuheap_stream_cache {
-    uint64_t stream;                     /* 0 = slot unused */
-    uint64_t heads[CUHEAP_NR_ORDERS];    /* per order, list through arena->link */
+    uint64_t stream;                  /* 0 = slot unused */
+    uint64_t heads[CUHEAP_NR_ORDERS]; /* per order, list through arena->link */
     uint64_t bytes;
 };
 
 struct cuheap_pool_stats {
-    uint64_t reserved;   /* bytes in arenas */
-    uint64_t live;       /* bytes requested by live pooled allocations */
-    uint64_t live_blocks;/* bytes of live pooled blocks (rounded) */
-    uint64_t pending;    /* bytes freed but waiting for a fence */
+    uint64_t reserved;    /* bytes in arenas */
+    uint64_t live;        /* bytes requested by live pooled allocations */
+    uint64_t live_blocks; /* bytes of live pooled blocks (rounded) */
+    uint64_t pending;     /* bytes freed but waiting for a fence */
     uint64_t nr_hits;
     uint64_t nr_misses;
     uint64_t nr_arenas;
-    uint64_t nr_fences;  /* fences recorded */
-    uint64_t nr_waits;   /* times an allocation waited for a fence */
+    uint64_t nr_fences; /* fences recorded */
+    uint64_t nr_waits;  /* times an allocation waited for a fence */
 };
 
 /* Something the pool did that a trace should show; seq is taken under the pool lock. */
 struct cuheap_pool_note {
-    int type;          /* CUHEAP_EV_ARENA_GROW, _ARENA_RELEASE, _FENCE, _OOM, _LIMIT */
+    int type; /* CUHEAP_EV_ARENA_GROW, _ARENA_RELEASE, _FENCE, _OOM, _LIMIT */
     uint64_t ptr;
     uint64_t size;
     uint64_t aux, aux2;
@@ -81,13 +81,14 @@ struct cuheap_pool {
     const struct cuheap_config *cfg;
     struct cuheap_backend be;
     int device;
-    uint64_t limit;        /* bytes, 0 = none; covers arenas and pass-through */
+    uint64_t limit;                    /* bytes, 0 = none; covers arenas and pass-through */
     _Atomic uint64_t *device_reserved; /* bytes this process holds on the device via cuheap */
     cuheap_pool_note_fn note;
     struct cuheap_arena *arenas[CUHEAP_NR_MAX_ARENAS];
     unsigned nr_arenas;
-    unsigned hint;         /* arena that served the last allocation */
-    struct cuheap_epoch epochs[CUHEAP_NR_EPOCHS]; /* ring: [ep_head, ep_tail) closed, ep_tail open */
+    unsigned hint; /* arena that served the last allocation */
+    struct cuheap_epoch
+        epochs[CUHEAP_NR_EPOCHS]; /* ring: [ep_head, ep_tail) closed, ep_tail open */
     unsigned ep_head, ep_tail;
     unsigned nr_since_poll;
     unsigned nr_capturing; /* streams capturing: no fences recorded meanwhile */

@@ -40,19 +40,19 @@ typedef int (*addr2line_fn)(void *code, int byte_offset);
 /* Where things are in one CPython version's structures (byte offsets). */
 struct py_layout {
     int minor;
-    size_t ts_frame;        /* tstate -> frame (3.10, 3.13) or -> cframe (3.11, 3.12) */
+    size_t ts_frame; /* tstate -> frame (3.10, 3.13) or -> cframe (3.11, 3.12) */
     bool via_cframe;
-    size_t cframe_current;  /* cframe -> current_frame */
-    size_t frame_code;      /* frame -> code object */
-    size_t frame_previous;  /* frame -> calling frame */
-    size_t frame_instr;     /* frame -> instruction pointer (or int f_lasti for 3.10) */
-    bool lasti_is_int;      /* 3.10: int f_lasti in code units */
-    ssize_t frame_owner;    /* char owner, -1 when absent */
-    int owner_cstack;       /* owner value of C-stack shim frames, -1 when none */
+    size_t cframe_current; /* cframe -> current_frame */
+    size_t frame_code;     /* frame -> code object */
+    size_t frame_previous; /* frame -> calling frame */
+    size_t frame_instr;    /* frame -> instruction pointer (or int f_lasti for 3.10) */
+    bool lasti_is_int;     /* 3.10: int f_lasti in code units */
+    ssize_t frame_owner;   /* char owner, -1 when absent */
+    int owner_cstack;      /* owner value of C-stack shim frames, -1 when none */
     size_t code_filename;
-    size_t code_name;       /* co_qualname where it exists */
+    size_t code_name; /* co_qualname where it exists */
     size_t code_firstlineno;
-    size_t ascii_data;      /* sizeof(PyASCIIObject): where compact ASCII text starts */
+    size_t ascii_data; /* sizeof(PyASCIIObject): where compact ASCII text starts */
 };
 
 static const struct py_layout layouts[] = {
@@ -72,17 +72,17 @@ static struct {
 } py;
 
 static const struct py_layout *layout;
-static size_t code_header; /* PyCode_Type.tp_basicsize: where bytecode starts (3.11+) */
+static size_t code_header;     /* PyCode_Type.tp_basicsize: where bytecode starts (3.11+) */
 static _Atomic int nr_checked; /* captures read through process_vm_readv so far */
 static atomic_bool broken;
 static bool py_ok;
 static pthread_once_t py_once = PTHREAD_ONCE_INIT;
 
 #define NR_CHECKED_CAPTURES 32
-#define NR_CODE_SLOTS (1u << 16)
-#define NR_MAX_CODES (NR_CODE_SLOTS / 2)
-#define STRINGS_BYTES (8u << 20)
-#define NAME_MAX_BYTES 1024
+#define NR_CODE_SLOTS       (1u << 16)
+#define NR_MAX_CODES        (NR_CODE_SLOTS / 2)
+#define STRINGS_BYTES       (8u << 20)
+#define NAME_MAX_BYTES      1024
 
 struct code_slot {
     uintptr_t code;
@@ -159,7 +159,8 @@ static void init(void)
 {
     cuheap_dlsym_fn sym = cuheap_real_dlsym();
     *(void **)&py.Py_IsInitialized = sym(RTLD_DEFAULT, "Py_IsInitialized");
-    *(void **)&py.PyGILState_GetThisThreadState = sym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
+    *(void **)&py.PyGILState_GetThisThreadState =
+        sym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
     *(void **)&py.Py_GetVersion = sym(RTLD_DEFAULT, "Py_GetVersion");
     *(void **)&py.PyCode_Addr2Line = sym(RTLD_DEFAULT, "PyCode_Addr2Line");
     py.PyCode_Type = sym(RTLD_DEFAULT, "PyCode_Type");

@@ -36,8 +36,8 @@
 #include "unwind.h"
 
 #define TRACE_FORMAT_VERSION 1
-#define NR_MAX_DEVICES 64
-#define CHROME_STACK_FRAMES 16
+#define NR_MAX_DEVICES       64
+#define CHROME_STACK_FRAMES  16
 
 struct device_info {
     _Atomic int state; /* 0 unknown, 1 filled (to announce), 2 announced */
@@ -247,13 +247,14 @@ static void announce_devices(void)
 static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
 {
     char line[512];
-    int n = snprintf(line, sizeof(line),
-                     "{\"type\":\"event\",\"seq\":%" PRIu64 ",\"t\":%" PRIu64
-                     ",\"event\":\"%s\",\"api\":\"%s\",\"device\":%d,\"tid\":%u,\"ptr\":\"0x%" PRIx64
-                     "\",\"size\":%" PRIu64 ",\"actual\":%" PRIu64 ",\"pooled\":%s",
-                     ev->seq, ev->time_ns - t0_ns, cuheap_event_type_name(ev->type),
-                     cuheap_api_name(ev->api), ev->device, ev->tid, ev->ptr, ev->size, ev->actual,
-                     (ev->flags & CUHEAP_EVF_POOLED) ? "true" : "false");
+    int n =
+        snprintf(line, sizeof(line),
+                 "{\"type\":\"event\",\"seq\":%" PRIu64 ",\"t\":%" PRIu64
+                 ",\"event\":\"%s\",\"api\":\"%s\",\"device\":%d,\"tid\":%u,\"ptr\":\"0x%" PRIx64
+                 "\",\"size\":%" PRIu64 ",\"actual\":%" PRIu64 ",\"pooled\":%s",
+                 ev->seq, ev->time_ns - t0_ns, cuheap_event_type_name(ev->type),
+                 cuheap_api_name(ev->api), ev->device, ev->tid, ev->ptr, ev->size, ev->actual,
+                 (ev->flags & CUHEAP_EVF_POOLED) ? "true" : "false");
     if (ev->stream)
         n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"stream\":\"0x%" PRIx64 "\"",
                       ev->stream);
@@ -297,8 +298,8 @@ static void write_event(const struct cuheap_event *ev)
     unsigned nr_frames = ev->nr_frames, nr_py = ev->nr_py;
     if (ev->type == CUHEAP_EV_MARK)
         nr_frames = nr_py = 0; /* the frames union holds the label */
-    if (cuheap_stacktab_intern(&stacks, ev->frames, nr_frames, ev->py, nr_py, &stack_id,
-                               &is_new) == 0 &&
+    if (cuheap_stacktab_intern(&stacks, ev->frames, nr_frames, ev->py, nr_py, &stack_id, &is_new) ==
+            0 &&
         is_new)
         write_stack(cuheap_stacktab_get(&stacks, stack_id));
     if (!out || write_failed)
@@ -453,15 +454,14 @@ static void open_trace(void)
     const char *exe = exe_path;
     json_t *conf = json_object();
     cuheap_config_dump(cfg, config_item, conf);
-    json_t *h = json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:o, s:I, s:s, s:s, s:b, s:o}",
-                          "type", "header", "format", "cuheap-trace", "version",
-                          TRACE_FORMAT_VERSION, "pid", (json_int_t)getpid(), "ppid",
-                          (json_int_t)getppid(), "host", host, "exe", exe, "cmdline",
-                          cmdline_json(), "start_unix_ns",
-                          (json_int_t)((uint64_t)real.tv_sec * 1000000000ull +
-                                       (uint64_t)real.tv_nsec),
-                          "clock", "CLOCK_MONOTONIC, t in ns since start", "unwinder",
-                          cuheap_unwinder_name(unwinder), "python", python, "config", conf);
+    json_t *h =
+        json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:o, s:I, s:s, s:s, s:b, s:o}", "type",
+                  "header", "format", "cuheap-trace", "version", TRACE_FORMAT_VERSION, "pid",
+                  (json_int_t)getpid(), "ppid", (json_int_t)getppid(), "host", host, "exe", exe,
+                  "cmdline", cmdline_json(), "start_unix_ns",
+                  (json_int_t)((uint64_t)real.tv_sec * 1000000000ull + (uint64_t)real.tv_nsec),
+                  "clock", "CLOCK_MONOTONIC, t in ns since start", "unwinder",
+                  cuheap_unwinder_name(unwinder), "python", python, "config", conf);
     if (rank)
         json_object_set_new(h, "rank", json_integer(atoll(rank)));
     put_line(h);
@@ -476,9 +476,8 @@ static void close_trace(void)
         cuheap_chrome_end(&chrome);
     } else {
         put_line(json_pack("{s:s, s:I, s:I, s:I, s:I, s:I}", "type", "footer", "events",
-                           (json_int_t)atomic_load(&nr_events), "written",
-                           (json_int_t)nr_written, "dropped",
-                           (json_int_t)atomic_load(&ring.nr_dropped), "stacks",
+                           (json_int_t)atomic_load(&nr_events), "written", (json_int_t)nr_written,
+                           "dropped", (json_int_t)atomic_load(&ring.nr_dropped), "stacks",
                            (json_int_t)stacks.nr_stacks, "t", (json_int_t)(now_ns() - t0_ns)));
     }
     check_write_error();

@@ -16,11 +16,11 @@
 
 /* What a hook knows about one event; the recorder adds time, thread and stacks. */
 struct cuheap_rec {
-    uint8_t type;   /* enum cuheap_event_type */
-    uint8_t api;    /* enum cuheap_api */
-    uint8_t flags;  /* enum cuheap_event_flags */
+    uint8_t type;  /* enum cuheap_event_type */
+    uint8_t api;   /* enum cuheap_api */
+    uint8_t flags; /* enum cuheap_event_flags */
     int16_t device;
-    uint64_t seq;   /* 0: take the next one now */
+    uint64_t seq; /* 0: take the next one now */
     uint64_t ptr, size, actual, stream, aux, aux2;
     int32_t result;
     const char *label; /* CUHEAP_EV_MARK */

@@ -213,8 +213,8 @@ void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved)
 {
     if (!d)
         return;
-    uint64_t l = atomic_fetch_add_explicit(&d->live, (uint64_t)live, memory_order_relaxed) +
-                 (uint64_t)live;
+    uint64_t l =
+        atomic_fetch_add_explicit(&d->live, (uint64_t)live, memory_order_relaxed) + (uint64_t)live;
     uint64_t r = atomic_fetch_add_explicit(&d->reserved, (uint64_t)reserved, memory_order_relaxed) +
                  (uint64_t)reserved;
     if (live > 0)
@@ -294,7 +294,8 @@ CUHEAP_API void cuheap_mark(const char *label)
     if (!cuheap_boot())
         return;
     struct cuheap_device *d = cuheap_device_current();
-    struct cuheap_rec r = {.type = CUHEAP_EV_MARK, .device = (int16_t)(d ? d->ordinal : -1),
+    struct cuheap_rec r = {.type = CUHEAP_EV_MARK,
+                           .device = (int16_t)(d ? d->ordinal : -1),
                            .label = label ? label : ""};
     cuheap_record(&r);
 }
@@ -327,18 +328,16 @@ static void summary(void)
         human(pl, sizeof(pl), peak_live);
         human(pr, sizeof(pr), peak_res);
         uint64_t tries = ps.nr_hits + ps.nr_misses;
-        cuheap_log_always("GPU %d: peak live %s, peak reserved %s, fragmentation %.2f "
-                          "(reserved/live), pool hit rate %.1f%% (%" PRIu64 " of %" PRIu64 ")",
-                          d->ordinal, pl, pr,
-                          peak_live ? (double)peak_res / (double)peak_live : 0.0,
-                          tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits,
-                          tries);
+        cuheap_log_always(
+            "GPU %d: peak live %s, peak reserved %s, fragmentation %.2f "
+            "(reserved/live), pool hit rate %.1f%% (%" PRIu64 " of %" PRIu64 ")",
+            d->ordinal, pl, pr, peak_live ? (double)peak_res / (double)peak_live : 0.0,
+            tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits, tries);
     }
-    cuheap_log_always("%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64
-                      " passed to the driver, %" PRIu64 " out-of-memory; %" PRIu64
-                      " events, %" PRIu64 " dropped",
-                      s.nr_allocs, s.nr_frees, s.nr_passthrough, s.nr_ooms, rs.nr_events,
-                      rs.nr_dropped);
+    cuheap_log_always(
+        "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64
+        " out-of-memory; %" PRIu64 " events, %" PRIu64 " dropped",
+        s.nr_allocs, s.nr_frees, s.nr_passthrough, s.nr_ooms, rs.nr_events, rs.nr_dropped);
     if (rs.nr_dropped)
         cuheap_log_always("events were dropped: raise CUHEAP_RING (now %u) or lower "
                           "CUHEAP_STACK_DEPTH",

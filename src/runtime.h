@@ -16,24 +16,24 @@
 #include "driver.h"
 #include "pool.h"
 
-#define CUHEAP_NR_MAX_DEVICES 32
+#define CUHEAP_NR_MAX_DEVICES       32
 #define CUHEAP_NR_MAX_FENCE_STREAMS 256
-#define CUHEAP_NR_FENCES (CUHEAP_NR_EPOCHS + 8)
+#define CUHEAP_NR_FENCES            (CUHEAP_NR_EPOCHS + 8)
 
 /* One device fence: an event on the legacy stream and on every non-blocking stream. */
 struct cuheap_fence {
-    unsigned nr;                                  /* events recorded */
+    unsigned nr; /* events recorded */
     bool in_use;
-    CUevent events[CUHEAP_NR_MAX_FENCE_STREAMS];  /* created on first use, then reused */
+    CUevent events[CUHEAP_NR_MAX_FENCE_STREAMS]; /* created on first use, then reused */
 };
 
 struct cuheap_device {
     _Atomic(CUcontext) ctx; /* NULL until the record is complete */
     int ordinal;
-    uint64_t total;         /* bytes on the device */
-    uint64_t limit;         /* CUHEAP_LIMIT in bytes, 0 = none */
-    _Atomic uint64_t reserved;      /* bytes held from the driver through cuheap */
-    _Atomic uint64_t live;          /* bytes the program holds (requested sizes) */
+    uint64_t total;            /* bytes on the device */
+    uint64_t limit;            /* CUHEAP_LIMIT in bytes, 0 = none */
+    _Atomic uint64_t reserved; /* bytes held from the driver through cuheap */
+    _Atomic uint64_t live;     /* bytes the program holds (requested sizes) */
     _Atomic uint64_t peak_live;
     _Atomic uint64_t peak_reserved;
     struct cuheap_pool pool;

@@ -43,8 +43,8 @@ static bool same(const struct cuheap_stack *s, uint64_t h, const uint64_t *frame
                  const struct cuheap_py_frame *py, unsigned npy)
 {
     return s->hash == h && s->nr_frames == n && s->nr_py == npy &&
-           !memcmp(s->frames, frames, n * sizeof(*frames)) &&
-           !memcmp(s->py, py, npy * sizeof(*py));
+           (!n || !memcmp(s->frames, frames, n * sizeof(*frames))) &&
+           (!npy || !memcmp(s->py, py, npy * sizeof(*py)));
 }
 
 static int grow_slots(struct cuheap_stacktab *t)
@@ -102,8 +102,10 @@ int cuheap_stacktab_intern(struct cuheap_stacktab *t, const uint64_t *frames, un
         free(s->py);
         return -ENOMEM;
     }
-    memcpy(s->frames, frames, nr_frames * sizeof(*frames));
-    memcpy(s->py, py, nr_py * sizeof(*py));
+    if (nr_frames)
+        memcpy(s->frames, frames, nr_frames * sizeof(*frames));
+    if (nr_py)
+        memcpy(s->py, py, nr_py * sizeof(*py));
     s->hash = h;
     s->nr_frames = (uint8_t)nr_frames;
     s->nr_py = (uint8_t)nr_py;

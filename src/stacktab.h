@@ -15,10 +15,10 @@
 
 struct cuheap_stack {
     uint64_t hash;
-    uint32_t id;          /* 1-based */
+    uint32_t id; /* 1-based */
     uint8_t nr_frames;
     uint8_t nr_py;
-    uint64_t *frames;     /* nr_frames return addresses, innermost first */
+    uint64_t *frames;           /* nr_frames return addresses, innermost first */
     struct cuheap_py_frame *py; /* nr_py Python frames, innermost first */
 };
 

@@ -69,7 +69,8 @@ static int add_event(struct cuheap_trace *t, size_t *cap, json_t *o)
     case CUHEAP_EV_OOM:
     case CUHEAP_EV_LIMIT:
         e->aux = hex_or_int(json_object_get(o, "driver_free"));
-        e->aux2 = hex_or_int(json_object_get(o, type == CUHEAP_EV_LIMIT ? "limit" : "driver_total"));
+        e->aux2 =
+            hex_or_int(json_object_get(o, type == CUHEAP_EV_LIMIT ? "limit" : "driver_total"));
         break;
     case CUHEAP_EV_FENCE:
         e->aux = hex_or_int(json_object_get(o, "blocks"));
@@ -112,17 +113,22 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
         if (lineno == 1) {
             const char *fmt = o ? json_string_value(json_object_get(o, "format")) : NULL;
             if (!o && line[0] == '[') {
-                snprintf(err, err_size, "%s: a Chrome trace (CUHEAP_FORMAT=chrome), which "
-                         "Perfetto opens; the cuheap tool reads the JSON Lines format", path);
+                snprintf(err, err_size,
+                         "%s: a Chrome trace (CUHEAP_FORMAT=chrome), which "
+                         "Perfetto opens; the cuheap tool reads the JSON Lines format",
+                         path);
                 r = -1;
             } else if (!o || !fmt || strcmp(fmt, "cuheap-trace")) {
-                snprintf(err, err_size, "%s: not a cuheap trace (line 1 is not a cuheap "
-                         "header)", path);
+                snprintf(err, err_size,
+                         "%s: not a cuheap trace (line 1 is not a cuheap "
+                         "header)",
+                         path);
                 r = -1;
             } else if (json_integer_value(json_object_get(o, "version")) > 1) {
-                snprintf(err, err_size, "%s: trace format version %lld is newer than this "
-                         "tool understands (1)", path,
-                         (long long)json_integer_value(json_object_get(o, "version")));
+                snprintf(err, err_size,
+                         "%s: trace format version %lld is newer than this "
+                         "tool understands (1)",
+                         path, (long long)json_integer_value(json_object_get(o, "version")));
                 r = -1;
             }
             if (r) {
@@ -192,8 +198,10 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
     }
     if (!t->footer)
         t->truncated = true;
-    qsort(t->events, t->nr_events, sizeof(*t->events), cmp_seq);
-    qsort(t->stacks, t->nr_stacks, sizeof(*t->stacks), cmp_stack);
+    if (t->nr_events)
+        qsort(t->events, t->nr_events, sizeof(*t->events), cmp_seq);
+    if (t->nr_stacks)
+        qsort(t->stacks, t->nr_stacks, sizeof(*t->stacks), cmp_stack);
     return 0;
 }
 
@@ -271,8 +279,9 @@ bool cuheap_trace_frame(const struct cuheap_trace_stack *s, size_t i, char *buf,
 static bool is_plumbing(const char *mod)
 {
     const char *b = basename_of(mod);
-    static const char *const skip[] = {"libcuheap", "libcuda.", "libcudart", "libc10_cuda",
-                                       "libcuda-", "libc.so", "libcupy", "libxla", NULL};
+    static const char *const skip[] = {"libcuheap",   "libcuda.", "libcudart",
+                                       "libc10_cuda", "libcuda-", "libc.so",
+                                       "libcupy",     "libxla",   NULL};
     for (int i = 0; skip[i]; i++)
         if (!strncmp(b, skip[i], strlen(skip[i])))
             return true;

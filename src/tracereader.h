@@ -16,21 +16,21 @@
 
 struct cuheap_trace_event {
     uint64_t seq;
-    uint64_t t;       /* ns since the trace started */
+    uint64_t t; /* ns since the trace started */
     uint64_t ptr, size, actual, stream, aux, aux2;
-    uint32_t stack;   /* stack id, 0 = none */
+    uint32_t stack; /* stack id, 0 = none */
     uint32_t tid;
     int16_t device;
-    uint8_t type;     /* enum cuheap_event_type */
-    uint8_t api;      /* enum cuheap_api */
+    uint8_t type; /* enum cuheap_event_type */
+    uint8_t api;  /* enum cuheap_api */
     bool pooled;
-    char *label;      /* marks */
+    char *label; /* marks */
 };
 
 struct cuheap_trace_stack {
     uint32_t id;
-    json_t *frames;   /* array of {ip, module, offset, function?} */
-    json_t *python;   /* array of {file, line, function} */
+    json_t *frames; /* array of {ip, module, offset, function?} */
+    json_t *python; /* array of {file, line, function} */
 };
 
 struct cuheap_trace_device {
@@ -42,16 +42,16 @@ struct cuheap_trace_device {
 struct cuheap_trace {
     char *path;
     json_t *header;
-    json_t *footer;   /* NULL when the run did not end normally */
+    json_t *footer; /* NULL when the run did not end normally */
     long pid;
-    long rank;        /* -1 when the run had no rank */
+    long rank; /* -1 when the run had no rank */
     struct cuheap_trace_device devices[CUHEAP_TRACE_NR_MAX_DEVICES];
     unsigned nr_devices;
     struct cuheap_trace_stack *stacks; /* sorted by id */
     size_t nr_stacks;
     struct cuheap_trace_event *events; /* in seq order */
     size_t nr_events;
-    bool truncated;   /* last line cut off or no footer */
+    bool truncated; /* last line cut off or no footer */
     size_t nr_bad_lines;
     size_t first_bad_line;
 };
@@ -67,8 +67,7 @@ const struct cuheap_trace_stack *cuheap_trace_stack(const struct cuheap_trace *t
 /* A one-line name for a stack's most telling frame: the innermost Python frame
  * ("train.py:42 in forward") if any, else the innermost native frame outside the CUDA
  * libraries ("libfoo.so!fn" or "libfoo.so+0x1234"). Writes into buf. */
-const char *cuheap_trace_site(const struct cuheap_trace *t, uint32_t stack, char *buf,
-                              size_t size);
+const char *cuheap_trace_site(const struct cuheap_trace *t, uint32_t stack, char *buf, size_t size);
 
 /* Render one frame of a stack as text: Python frames first, then native. Returns false past
  * the last frame. */

@@ -34,12 +34,20 @@ static int find_self(struct dl_phdr_info *info, size_t size, void *arg)
     return 0;
 }
 
+/* TSan tears a thread down before libunwind's per-thread destructor runs and then faults in
+ * it: under TSan, glibc's unwinder does the job. */
+#if defined(__SANITIZE_THREAD__)
+#define CUHEAP_TRY_LIBUNWIND 0
+#else
+#define CUHEAP_TRY_LIBUNWIND 1
+#endif
+
 enum cuheap_unwinder cuheap_unwind_init(void)
 {
     Dl_info self;
     if (dladdr(&self_start, &self)) { /* any address inside this library */
         dl_iterate_phdr(find_self, self.dli_fbase);
-        if (self.dli_fname) {
+        if (self.dli_fname && CUHEAP_TRY_LIBUNWIND) {
             char path[PATH_MAX];
             snprintf(path, sizeof(path), "%s", self.dli_fname);
             char *slash = strrchr(path, '/');
@@ -51,7 +59,7 @@ enum cuheap_unwinder cuheap_unwind_init(void)
             }
         }
     }
-    if (!unw_backtrace_ptr) {
+    if (!unw_backtrace_ptr && CUHEAP_TRY_LIBUNWIND) {
         void *h = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
         if (h)
             *(void **)&unw_backtrace_ptr = cuheap_real_dlsym()(h, "unw_backtrace");
@@ -90,8 +98,11 @@ unsigned cuheap_unwind_capture(uint64_t *out, unsigned max)
 const char *cuheap_unwinder_name(enum cuheap_unwinder u)
 {
     switch (u) {
-    case CUHEAP_UNWIND_LIBUNWIND: return "libunwind";
-    case CUHEAP_UNWIND_GLIBC: return "glibc";
-    default: return "none";
+    case CUHEAP_UNWIND_LIBUNWIND:
+        return "libunwind";
+    case CUHEAP_UNWIND_GLIBC:
+        return "glibc";
+    default:
+        return "none";
     }
 }

@@ -202,8 +202,8 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
                 add_site(&sites, &nr, &cap, e->stack, e->size);
                 continue;
             }
-            struct live_alloc a = {e->ptr, e->size, e->actual, e->t, e->stack, e->device,
-                                   e->api, e->pooled};
+            struct live_alloc a = {e->ptr,   e->size,   e->actual, e->t,
+                                   e->stack, e->device, e->api,    e->pooled};
             live_set_put(&live, &a);
         } else if (e->type == CUHEAP_EV_FREE && m != SITES_TOTAL) {
             live_set_take(&live, e->ptr, NULL);

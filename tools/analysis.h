@@ -13,7 +13,7 @@
 
 /* A live allocation while replaying. */
 struct live_alloc {
-    uint64_t ptr;   /* 0 = empty slot */
+    uint64_t ptr; /* 0 = empty slot */
     uint64_t size;
     uint64_t actual;
     uint64_t t;
@@ -36,12 +36,12 @@ bool live_set_take(struct live_set *s, uint64_t ptr, struct live_alloc *ret);
 
 struct device_summary {
     int device;
-    uint64_t live, reserved;           /* at the end of the trace */
+    uint64_t live, reserved; /* at the end of the trace */
     uint64_t peak_live, peak_reserved;
-    uint64_t peak_live_t;              /* ns */
-    size_t peak_live_index;            /* event index at which live peaked */
+    uint64_t peak_live_t;   /* ns */
+    size_t peak_live_index; /* event index at which live peaked */
     uint64_t nr_allocs, nr_frees, nr_pooled, nr_ooms, nr_limit;
-    uint64_t bytes_allocated;          /* sum of all allocation sizes */
+    uint64_t bytes_allocated; /* sum of all allocation sizes */
 };
 
 struct trace_summary {
@@ -63,14 +63,14 @@ struct device_summary *summary_device(struct trace_summary *s, int device);
 /* Per-site aggregate. */
 struct site {
     uint32_t stack;
-    uint64_t bytes;   /* the measure sorted on */
+    uint64_t bytes; /* the measure sorted on */
     uint64_t count;
 };
 
 enum site_measure {
-    SITES_AT_PEAK,    /* bytes live at the device's peak */
-    SITES_TOTAL,      /* bytes allocated over the run */
-    SITES_LEAKED,     /* bytes never freed */
+    SITES_AT_PEAK, /* bytes live at the device's peak */
+    SITES_TOTAL,   /* bytes allocated over the run */
+    SITES_LEAKED,  /* bytes never freed */
 };
 
 /* Group allocations by stack under a measure, largest first. device < 0: all devices (for

@@ -25,25 +25,24 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: cuheap COMMAND [OPTIONS] ...\n"
-            "\n"
-            "  run [OPTIONS] [--] PROGRAM [ARGS]   run PROGRAM with libcuheap.so preloaded\n"
-            "      -o, --output PATH     trace path (%%p pid, %%r rank, %%h host)\n"
-            "      -f, --format FMT      jsonl (default) or chrome\n"
-            "      --no-pool             record only; every allocation goes to the driver\n"
-            "      --reuse POLICY        fence (default), sync or immediate\n"
-            "      --limit SIZE          per-device limit, bytes (K/M/G) or a percentage\n"
-            "      --stack-depth N       native frames per event (0 = none)\n"
-            "  report TRACE...          peak, fragmentation, APIs, top sites, leaks\n"
-            "  top [-n N] [--by peak|total] TRACE   call sites by bytes live at the peak\n"
-            "                                       or allocated over the run\n"
-            "  leaks [-n N] TRACE        allocations never freed, by call site\n"
-            "  chrome [-o OUT] TRACE...  one Chrome/Perfetto timeline (ranks merged)\n"
-            "  folded [--by peak|total] TRACE   folded stacks for flamegraph.pl/speedscope\n"
-            "  memviz [-o OUT] TRACE     PyTorch memory_viz snapshot (pickle)\n"
-            "  check TRACE...            read and validate traces\n"
-            "  help                      this text\n");
+    fprintf(f, "usage: cuheap COMMAND [OPTIONS] ...\n"
+               "\n"
+               "  run [OPTIONS] [--] PROGRAM [ARGS]   run PROGRAM with libcuheap.so preloaded\n"
+               "      -o, --output PATH     trace path (%%p pid, %%r rank, %%h host)\n"
+               "      -f, --format FMT      jsonl (default) or chrome\n"
+               "      --no-pool             record only; every allocation goes to the driver\n"
+               "      --reuse POLICY        fence (default), sync or immediate\n"
+               "      --limit SIZE          per-device limit, bytes (K/M/G) or a percentage\n"
+               "      --stack-depth N       native frames per event (0 = none)\n"
+               "  report TRACE...          peak, fragmentation, APIs, top sites, leaks\n"
+               "  top [-n N] [--by peak|total] TRACE   call sites by bytes live at the peak\n"
+               "                                       or allocated over the run\n"
+               "  leaks [-n N] TRACE        allocations never freed, by call site\n"
+               "  chrome [-o OUT] TRACE...  one Chrome/Perfetto timeline (ranks merged)\n"
+               "  folded [--by peak|total] TRACE   folded stacks for flamegraph.pl/speedscope\n"
+               "  memviz [-o OUT] TRACE     PyTorch memory_viz snapshot (pickle)\n"
+               "  check TRACE...            read and validate traces\n"
+               "  help                      this text\n");
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -67,8 +66,10 @@ static int load(const char *path, struct cuheap_trace *t)
         fprintf(stderr, TOOL ": %s: skipped %zu malformed lines (first at line %zu)\n", path,
                 t->nr_bad_lines, t->first_bad_line);
     if (t->truncated)
-        fprintf(stderr, TOOL ": %s: the run did not finish writing this trace (killed or "
-                        "still running); reading what is there\n", path);
+        fprintf(stderr,
+                TOOL ": %s: the run did not finish writing this trace (killed or "
+                     "still running); reading what is there\n",
+                path);
     symbolize_trace(t);
     return 0;
 }
@@ -90,9 +91,12 @@ static int find_library(char *out, size_t size)
         return fail("cannot find where cuheap is installed; set CUHEAP_LIBRARY");
     exe[n] = 0;
     const char *dir = dirname(exe);
-    static const char *const rel[] = {"libcuheap.so", "../src/libcuheap.so",
-                                      "../lib/libcuheap.so", "../lib64/libcuheap.so",
-                                      "../lib/x86_64-linux-gnu/libcuheap.so", NULL};
+    static const char *const rel[] = {"libcuheap.so",
+                                      "../src/libcuheap.so",
+                                      "../lib/libcuheap.so",
+                                      "../lib64/libcuheap.so",
+                                      "../lib/x86_64-linux-gnu/libcuheap.so",
+                                      NULL};
     for (int i = 0; rel[i]; i++) {
         char cand[PATH_MAX + 64];
         snprintf(cand, sizeof(cand), "%s/%s", dir, rel[i]);
@@ -109,22 +113,26 @@ static int find_library(char *out, size_t size)
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'},  {"format", required_argument, NULL, 'f'},
-        {"no-pool", no_argument, NULL, 'P'},       {"reuse", required_argument, NULL, 'R'},
-        {"limit", required_argument, NULL, 'L'},   {"stack-depth", required_argument, NULL, 'D'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
+        {"output", required_argument, NULL, 'o'}, {"format", required_argument, NULL, 'f'},
+        {"no-pool", no_argument, NULL, 'P'},      {"reuse", required_argument, NULL, 'R'},
+        {"limit", required_argument, NULL, 'L'},  {"stack-depth", required_argument, NULL, 'D'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "+o:f:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'o': setenv("CUHEAP_OUTPUT", optarg, 1); break;
+        case 'o':
+            setenv("CUHEAP_OUTPUT", optarg, 1);
+            break;
         case 'f':
             if (strcmp(optarg, "jsonl") && strcmp(optarg, "chrome"))
                 return fail("run: --format %s: expected jsonl or chrome", optarg);
             setenv("CUHEAP_FORMAT", optarg, 1);
             break;
-        case 'P': setenv("CUHEAP_POOL", "0", 1); break;
+        case 'P':
+            setenv("CUHEAP_POOL", "0", 1);
+            break;
         case 'R':
             if (strcmp(optarg, "fence") && strcmp(optarg, "sync") && strcmp(optarg, "immediate"))
                 return fail("run: --reuse %s: expected fence, sync or immediate", optarg);
@@ -146,8 +154,11 @@ static int cmd_run(int argc, char **argv)
             setenv("CUHEAP_STACK_DEPTH", optarg, 1);
             break;
         }
-        case 'h': usage(stdout); return 0;
-        default: return fail("run: see 'cuheap help'");
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            return fail("run: see 'cuheap help'");
         }
     }
     if (optind >= argc)
@@ -277,8 +288,7 @@ static int parse_by(const char *s, enum site_measure *ret)
 
 static int cmd_sites(int argc, char **argv, bool leaks)
 {
-    static const struct option opts[] = {{"by", required_argument, NULL, 'b'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"by", required_argument, NULL, 'b'}, {NULL, 0, NULL, 0}};
     size_t n = 20;
     enum site_measure m = leaks ? SITES_LEAKED : SITES_AT_PEAK;
     int c;
@@ -299,9 +309,9 @@ static int cmd_sites(int argc, char **argv, bool leaks)
     summarize(&t, &s);
     struct site *sites;
     size_t nr = collect_sites(&t, &s, m, -1, &sites);
-    printf("%s\n", leaks ? "never freed, by call site:"
-                         : m == SITES_AT_PEAK ? "live at each device's peak, by call site:"
-                                              : "allocated over the run, by call site:");
+    printf("%s\n", leaks                ? "never freed, by call site:"
+                   : m == SITES_AT_PEAK ? "live at each device's peak, by call site:"
+                                        : "allocated over the run, by call site:");
     print_sites(&t, sites, nr, n, leaks ? "blocks" : "allocs");
     if (nr)
         for (size_t i = 0; i < nr && i < 3; i++) {
@@ -384,8 +394,7 @@ static int cmd_chrome(int argc, char **argv)
 
 static int cmd_folded(int argc, char **argv)
 {
-    static const struct option opts[] = {{"by", required_argument, NULL, 'b'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"by", required_argument, NULL, 'b'}, {NULL, 0, NULL, 0}};
     enum site_measure m = SITES_AT_PEAK;
     int c;
     optind = 1;
@@ -438,8 +447,8 @@ static int cmd_check(int argc, char **argv)
             bad = 1;
             continue;
         }
-        printf("%s: ok, %zu events, %zu stacks, %u devices%s\n", argv[i], t.nr_events,
-               t.nr_stacks, t.nr_devices, t.truncated ? ", incomplete" : "");
+        printf("%s: ok, %zu events, %zu stacks, %u devices%s\n", argv[i], t.nr_events, t.nr_stacks,
+               t.nr_devices, t.truncated ? ", incomplete" : "");
         cuheap_trace_free(&t);
     }
     return bad ? 2 : 0;

@@ -26,7 +26,8 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out)
 {
     uint64_t t0 = UINT64_MAX;
     for (size_t i = 0; i < nr; i++) {
-        uint64_t s = (uint64_t)json_integer_value(json_object_get(traces[i].header, "start_unix_ns"));
+        uint64_t s =
+            (uint64_t)json_integer_value(json_object_get(traces[i].header, "start_unix_ns"));
         if (s < t0)
             t0 = s;
     }
@@ -44,15 +45,26 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out)
         } else {
             cuheap_chrome_process(&c, t->pid, name);
         }
-        uint64_t off = (uint64_t)json_integer_value(json_object_get(t->header, "start_unix_ns")) - t0;
+        uint64_t off =
+            (uint64_t)json_integer_value(json_object_get(t->header, "start_unix_ns")) - t0;
         for (size_t k = 0; k < t->nr_events; k++) {
             const struct cuheap_trace_event *e = &t->events[k];
             json_t *stack = e->type == CUHEAP_EV_ALLOC ? stack_strings(t, e->stack) : NULL;
             struct cuheap_chrome_ev ce = {
-                .type = e->type, .api = e->api, .pooled = e->pooled, .device = e->device,
-                .ptr = e->ptr, .size = e->size, .actual = e->actual, .aux = e->aux,
-                .aux2 = e->aux2, .ts_us = (double)(e->t + off) / 1000.0, .tid = e->tid,
-                .stack_id = e->stack, .stack = stack, .label = e->label,
+                .type = e->type,
+                .api = e->api,
+                .pooled = e->pooled,
+                .device = e->device,
+                .ptr = e->ptr,
+                .size = e->size,
+                .actual = e->actual,
+                .aux = e->aux,
+                .aux2 = e->aux2,
+                .ts_us = (double)(e->t + off) / 1000.0,
+                .tid = e->tid,
+                .stack_id = e->stack,
+                .stack = stack,
+                .label = e->label,
             };
             cuheap_chrome_event(&c, &ce);
             json_decref(stack);
@@ -156,9 +168,9 @@ static void p_key_int(FILE *f, const char *k, int64_t v)
 }
 
 #define P_DICT_BEGIN(f) fputs("}(", f)
-#define P_DICT_END(f) fputc('u', f)
+#define P_DICT_END(f)   fputc('u', f)
 #define P_LIST_BEGIN(f) fputs("](", f)
-#define P_LIST_END(f) fputc('e', f)
+#define P_LIST_END(f)   fputc('e', f)
 
 static void p_frames(FILE *f, const struct cuheap_trace *t, uint32_t stack)
 {
@@ -209,8 +221,8 @@ int export_memviz(const struct cuheap_trace *t, FILE *f)
         if (!counts_as_device_memory(e))
             continue;
         if (e->type == CUHEAP_EV_ALLOC) {
-            struct live_alloc a = {e->ptr, e->size, e->actual, e->t, e->stack, e->device, e->api,
-                                   e->pooled};
+            struct live_alloc a = {e->ptr,   e->size,   e->actual, e->t,
+                                   e->stack, e->device, e->api,    e->pooled};
             live_set_put(&live, &a);
         } else if (e->type == CUHEAP_EV_FREE) {
             live_set_take(&live, e->ptr, NULL);
@@ -255,12 +267,24 @@ int export_memviz(const struct cuheap_trace *t, FILE *f)
                 continue;
             const char *actions[2] = {NULL, NULL};
             switch (e->type) {
-            case CUHEAP_EV_ALLOC: actions[0] = "alloc"; break;
-            case CUHEAP_EV_FREE: actions[0] = "free_requested"; actions[1] = "free_completed"; break;
-            case CUHEAP_EV_ARENA_GROW: actions[0] = "segment_alloc"; break;
-            case CUHEAP_EV_ARENA_RELEASE: actions[0] = "segment_free"; break;
-            case CUHEAP_EV_OOM: actions[0] = "oom"; break;
-            default: break;
+            case CUHEAP_EV_ALLOC:
+                actions[0] = "alloc";
+                break;
+            case CUHEAP_EV_FREE:
+                actions[0] = "free_requested";
+                actions[1] = "free_completed";
+                break;
+            case CUHEAP_EV_ARENA_GROW:
+                actions[0] = "segment_alloc";
+                break;
+            case CUHEAP_EV_ARENA_RELEASE:
+                actions[0] = "segment_free";
+                break;
+            case CUHEAP_EV_OOM:
+                actions[0] = "oom";
+                break;
+            default:
+                break;
             }
             for (int a = 0; a < 2 && actions[a]; a++) {
                 P_DICT_BEGIN(f);

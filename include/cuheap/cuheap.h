@@ -20,9 +20,10 @@ extern "C" {
 
 /* Process-wide figures, summed over devices. Sizes are bytes. */
 struct cuheap_stats {
-    uint64_t live_bytes;          /* bytes the program holds now (requested sizes) */
-    uint64_t peak_live_bytes;     /* highest live_bytes seen */
-    uint64_t reserved_bytes;      /* bytes cuheap holds from the driver now (pool arenas + pass-through) */
+    uint64_t live_bytes;      /* bytes the program holds now (requested sizes) */
+    uint64_t peak_live_bytes; /* highest live_bytes seen */
+    uint64_t
+        reserved_bytes; /* bytes cuheap holds from the driver now (pool arenas + pass-through) */
     uint64_t peak_reserved_bytes; /* highest reserved_bytes seen */
     uint64_t nr_allocs;           /* allocation calls that succeeded, all APIs */
     uint64_t nr_frees;            /* free calls that succeeded, all APIs */

@@ -35,17 +35,17 @@
 #include "fakecuda.h"
 
 #undef cuGetProcAddress
-#define FAKE_EXPORT __attribute__((visibility("default")))
-#define NR_MAX_DEVICES 8
-#define NR_MAX_STREAMS 4096
+#define FAKE_EXPORT      __attribute__((visibility("default")))
+#define NR_MAX_DEVICES   8
+#define NR_MAX_STREAMS   4096
 #define FAKE_VMM_GRANULE (2u << 20)
 
 enum alloc_kind { KIND_DEVICE, KIND_ASYNC, KIND_MANAGED, KIND_HOST, KIND_VMM_PHYS };
 
 struct fake_alloc {
-    uintptr_t ptr;      /* start of the range */
-    size_t size;        /* bytes reserved (rounded) */
-    size_t requested;   /* bytes asked for */
+    uintptr_t ptr;    /* start of the range */
+    size_t size;      /* bytes reserved (rounded) */
+    size_t requested; /* bytes asked for */
     enum alloc_kind kind;
     unsigned long long buffer_id;
     bool free_pending; /* cuMemFreeAsync queued, not yet executed */
@@ -64,7 +64,15 @@ struct fake_device {
     struct fake_stream *legacy;
 };
 
-enum work_kind { WORK_NOP, WORK_HOSTFN, WORK_MEMCPY, WORK_MEMSET, WORK_EVENT, WORK_WAIT, WORK_FREE };
+enum work_kind {
+    WORK_NOP,
+    WORK_HOSTFN,
+    WORK_MEMCPY,
+    WORK_MEMSET,
+    WORK_EVENT,
+    WORK_WAIT,
+    WORK_FREE
+};
 
 struct fake_event {
     unsigned magic;
@@ -104,9 +112,9 @@ struct fake_stream {
     unsigned long long submitted, completed;
 };
 
-#define CTX_MAGIC 0xC0C0C0C0u
+#define CTX_MAGIC    0xC0C0C0C0u
 #define STREAM_MAGIC 0x57EA57EAu
-#define EVENT_MAGIC 0xE7E7E7E7u
+#define EVENT_MAGIC  0xE7E7E7E7u
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_progress = PTHREAD_COND_INITIALIZER;
@@ -128,10 +136,20 @@ static size_t parse_size(const char *s, size_t dflt)
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     switch (*end) {
-    case 'K': case 'k': v <<= 10; break;
-    case 'M': case 'm': v <<= 20; break;
-    case 'G': case 'g': v <<= 30; break;
-    default: break;
+    case 'K':
+    case 'k':
+        v <<= 10;
+        break;
+    case 'M':
+    case 'm':
+        v <<= 20;
+        break;
+    case 'G':
+    case 'g':
+        v <<= 30;
+        break;
+    default:
+        break;
     }
     return v ? (size_t)v : dflt;
 }
@@ -213,7 +231,10 @@ static CUresult device_alloc_locked(int dev, size_t n, enum alloc_kind kind, uin
         }
         uintptr_t start = (cur + align - 1) & ~(uintptr_t)(align - 1);
         if (start + size <= next) {
-            struct fake_alloc a = {.ptr = start, .size = size, .requested = n, .kind = kind,
+            struct fake_alloc a = {.ptr = start,
+                                   .size = size,
+                                   .requested = n,
+                                   .kind = kind,
                                    .buffer_id = g_next_buffer_id++};
             if (insert_alloc_locked(a))
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -263,10 +284,17 @@ static void *stream_worker(void *arg)
         struct work *w = s->head;
         pthread_mutex_unlock(&g_lock);
         switch (w->kind) {
-        case WORK_HOSTFN: w->fn(w->arg); break;
-        case WORK_MEMCPY: memmove(w->dst, w->src, w->n); break;
-        case WORK_MEMSET: memset(w->dst, w->value, w->n); break;
-        default: break;
+        case WORK_HOSTFN:
+            w->fn(w->arg);
+            break;
+        case WORK_MEMCPY:
+            memmove(w->dst, w->src, w->n);
+            break;
+        case WORK_MEMSET:
+            memset(w->dst, w->value, w->n);
+            break;
+        default:
+            break;
         }
         pthread_mutex_lock(&g_lock);
         if (w->kind == WORK_EVENT && w->event->done < w->gen)
@@ -547,15 +575,33 @@ FAKE_EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
     if (!s)
         return CUDA_ERROR_INVALID_VALUE;
     switch (e) {
-    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
-    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
-    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
-    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
-    case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
-    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
-    default: *s = "CUDA_ERROR_UNKNOWN"; return CUDA_ERROR_INVALID_VALUE;
+    case CUDA_SUCCESS:
+        *s = "CUDA_SUCCESS";
+        break;
+    case CUDA_ERROR_INVALID_VALUE:
+        *s = "CUDA_ERROR_INVALID_VALUE";
+        break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        *s = "CUDA_ERROR_OUT_OF_MEMORY";
+        break;
+    case CUDA_ERROR_NOT_INITIALIZED:
+        *s = "CUDA_ERROR_NOT_INITIALIZED";
+        break;
+    case CUDA_ERROR_INVALID_CONTEXT:
+        *s = "CUDA_ERROR_INVALID_CONTEXT";
+        break;
+    case CUDA_ERROR_NOT_READY:
+        *s = "CUDA_ERROR_NOT_READY";
+        break;
+    case CUDA_ERROR_NOT_FOUND:
+        *s = "CUDA_ERROR_NOT_FOUND";
+        break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+        *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+        break;
+    default:
+        *s = "CUDA_ERROR_UNKNOWN";
+        return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
@@ -746,7 +792,10 @@ FAKE_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t n)
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_lock);
-    struct fake_alloc a = {.ptr = (uintptr_t)p, .size = n, .requested = n, .kind = KIND_HOST,
+    struct fake_alloc a = {.ptr = (uintptr_t)p,
+                           .size = n,
+                           .requested = n,
+                           .kind = KIND_HOST,
                            .buffer_id = g_next_buffer_id++};
     int e = insert_alloc_locked(a);
     pthread_mutex_unlock(&g_lock);
@@ -834,8 +883,8 @@ FAKE_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr,
     return r;
 }
 
-FAKE_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs,
-                                            void **data, CUdeviceptr p)
+FAKE_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data,
+                                            CUdeviceptr p)
 {
     CHECK_INIT();
     if (!attrs || !data)
@@ -902,7 +951,7 @@ struct fake_phys {
     int fd;
     size_t size;
     int device;
-    int mapped;   /* number of live mappings */
+    int mapped; /* number of live mappings */
     bool released;
 };
 
@@ -962,8 +1011,8 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
     CHECK_INIT();
-    if (!h || !prop || flags || !size || size % FAKE_VMM_GRANULE ||
-        prop->location.id < 0 || prop->location.id >= g_nr_devices)
+    if (!h || !prop || flags || !size || size % FAKE_VMM_GRANULE || prop->location.id < 0 ||
+        prop->location.id >= g_nr_devices)
         return CUDA_ERROR_INVALID_VALUE;
     int dev = prop->location.id;
     pthread_mutex_lock(&g_lock);
@@ -1034,7 +1083,7 @@ FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
     if (!ptr || !desc || !count)
         return CUDA_ERROR_INVALID_VALUE;
     return mprotect((void *)ptr, size, PROT_READ | PROT_WRITE) ? CUDA_ERROR_INVALID_VALUE
-                                                                : CUDA_SUCCESS;
+                                                               : CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
@@ -1044,8 +1093,8 @@ FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < 4096; i++)
         if (g_maps[i].va == ptr && g_maps[i].size == size) {
-            mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
-                 MAP_NORESERVE, -1, 0);
+            mmap((void *)ptr, size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
             struct fake_phys *ph = g_maps[i].ph;
             g_maps[i] = (struct fake_map){0};
             ph->mapped--;
@@ -1350,8 +1399,8 @@ static bool range_ok_locked(uintptr_t p, size_t n)
     return false;
 }
 
-static CUresult copy_or_set(CUstream h, bool sync, enum work_kind kind, void *dst,
-                            const void *src, size_t n, unsigned char v, uintptr_t devptr)
+static CUresult copy_or_set(CUstream h, bool sync, enum work_kind kind, void *dst, const void *src,
+                            size_t n, unsigned char v, uintptr_t devptr)
 {
     CHECK_CTX();
     pthread_mutex_lock(&g_lock);
@@ -1426,8 +1475,14 @@ struct proc_entry {
     any_fn ptsz;      /* per-thread default stream twin, if any */
 };
 
-#define P(n, f) {n, (any_fn)(f), NULL}
-#define PZ(n, f, z) {n, (any_fn)(f), (any_fn)(z)}
+#define P(n, f)                                                                                    \
+    {                                                                                              \
+        n, (any_fn)(f), NULL                                                                       \
+    }
+#define PZ(n, f, z)                                                                                \
+    {                                                                                              \
+        n, (any_fn)(f), (any_fn)(z)                                                                \
+    }
 
 static void *as_ptr(any_fn f)
 {
@@ -1525,8 +1580,7 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
     return lookup(symbol, pfn, version, flags, st);
 }
 
-FAKE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
-                                      cuuint64_t flags)
+FAKE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
     atomic_fetch_add(&g_calls[FAKECUDA_CALL_GET_PROC_ADDRESS], 1);
     return lookup(symbol, pfn, version, flags, NULL);

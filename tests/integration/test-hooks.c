@@ -70,7 +70,8 @@ static struct cuheap_stats stats(void)
 
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*free_fn)(CUdeviceptr);
-typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
+                           CUdriverProcAddressQueryResult *);
 
 static void alloc_free_through(alloc_fn a, free_fn f)
 {
@@ -213,8 +214,9 @@ static void test_pointer_queries_agree(void **state)
     CUdeviceptr start;
     size_t rsize;
     unsigned long long id1, id2;
-    assert_int_equal(cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 10),
-                     CUDA_SUCCESS);
+    assert_int_equal(
+        cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 10),
+        CUDA_SUCCESS);
     assert_int_equal(cu.cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 10),
                      CUDA_SUCCESS);
     assert_int_equal(cu.cuPointerGetAttribute(&id1, CU_POINTER_ATTRIBUTE_BUFFER_ID, p),
@@ -445,9 +447,9 @@ static void test_threaded_alloc_free_storm(void **state)
         pthread_join(t[i], &r);
         if (r)
             fail_msg("thread %d: %s", i,
-                     r == (void *)1 ? "allocation failed"
-                                    : r == (void *)2 ? "a live block was overwritten"
-                                                     : "free failed");
+                     r == (void *)1   ? "allocation failed"
+                     : r == (void *)2 ? "a live block was overwritten"
+                                      : "free failed");
     }
 }
 

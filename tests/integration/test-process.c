@@ -107,7 +107,7 @@ static int remove_dir(void **state)
 }
 
 #define PRELOAD "LD_PRELOAD=%s/src/libcuheap.so"
-#define FAKE "LD_LIBRARY_PATH=%s/tests/fakecuda"
+#define FAKE    "LD_LIBRARY_PATH=%s/tests/fakecuda"
 
 static void test_process_without_cuda_is_untouched(void **state)
 {
@@ -131,7 +131,7 @@ static void test_doors_give_the_same_results(void **state)
         assert_int_equal(plain.status, 0);
         for (int pool = 0; pool < 2; pool++) {
             struct result with = run(FAKE " " PRELOAD " CUHEAP_POOL=%d CUHEAP_OUTPUT=t-%%p.jsonl "
-                                     "%s/tests/programs/door-%s",
+                                          "%s/tests/programs/door-%s",
                                      build, build, pool, build, doors[i]);
             assert_int_equal(with.status, 0);
             /* first line: the program's results, identical */
@@ -153,7 +153,7 @@ static void test_fork_and_exec_children_write_their_own_traces(void **state)
 {
     (void)state;
     struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t-%%p.jsonl CUHEAP_SUMMARY=0 "
-                          "%s/tests/programs/forker %s/tests/programs/door-procaddr",
+                               "%s/tests/programs/forker %s/tests/programs/door-procaddr",
                           build, build, build, build);
     assert_int_equal(r.status, 0);
     assert_int_equal(count_files("t-"), 3);
@@ -182,7 +182,7 @@ static void test_unwritable_trace_path(void **state)
     (void)state;
     struct result plain = run(FAKE " %s/tests/programs/cuheap-demo 3", build, build);
     struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=/nonexistent/dir/t.jsonl "
-                          "%s/tests/programs/cuheap-demo 3",
+                               "%s/tests/programs/cuheap-demo 3",
                           build, build, build);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.out, plain.out);
@@ -197,7 +197,7 @@ static void test_bad_setting_warns_once_and_runs(void **state)
     (void)state;
     struct result plain = run(FAKE " %s/tests/programs/cuheap-demo 3", build, build);
     struct result r = run(FAKE " " PRELOAD " CUHEAP_REUSE=sometimes CUHEAP_OUTPUT=t.jsonl "
-                          "%s/tests/programs/cuheap-demo 3",
+                               "%s/tests/programs/cuheap-demo 3",
                           build, build, build);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.out, plain.out);
@@ -210,8 +210,8 @@ static void test_sigkill_leaves_a_readable_prefix(void **state)
 {
     (void)state;
     struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_FLUSH_MS=50 "
-                          "%s/tests/programs/cuheap-demo 1000000 & pid=$!; sleep 1; "
-                          "kill -9 $pid; wait $pid; %s/tools/cuheap check t.jsonl",
+                               "%s/tests/programs/cuheap-demo 1000000 & pid=$!; sleep 1; "
+                               "kill -9 $pid; wait $pid; %s/tools/cuheap check t.jsonl",
                           build, build, build, build);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "t.jsonl: ok"));
@@ -225,9 +225,10 @@ static void test_sigkill_leaves_a_readable_prefix(void **state)
 static void test_trace_matches_schema(void **state)
 {
     (void)state;
-    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 "
-                          "%s/tests/programs/cuheap-demo 5 && %s %s/scripts/validate-trace.py t.jsonl",
-                          build, build, build, python, source);
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 "
+                 "%s/tests/programs/cuheap-demo 5 && %s %s/scripts/validate-trace.py t.jsonl",
+            build, build, build, python, source);
     if (r.status)
         fail_msg("%s%s", r.out, r.err);
     done(&r);
@@ -242,15 +243,16 @@ static void test_trace_matches_schema(void **state)
 static void test_chrome_output_opens(void **state)
 {
     (void)state;
-    struct result r = run(FAKE " " PRELOAD " CUHEAP_FORMAT=chrome CUHEAP_OUTPUT=t.json "
-                          "CUHEAP_SUMMARY=0 %s/tests/programs/cuheap-demo 5 && %s -c \""
-                          "import json; d = json.load(open('t.json')); "
-                          "ph = {e['ph'] for e in d}; "
-                          "assert {'C', 'b', 'e', 'i', 'M'} <= ph, ph; "
-                          "b = [e for e in d if e['ph'] == 'b']; "
-                          "assert any('model_forward' in s for e in b for s in e['args'].get('stack', [])); "
-                          "print('chrome ok', len(d))\"",
-                          build, build, build, python);
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_FORMAT=chrome CUHEAP_OUTPUT=t.json "
+                 "CUHEAP_SUMMARY=0 %s/tests/programs/cuheap-demo 5 && %s -c \""
+                 "import json; d = json.load(open('t.json')); "
+                 "ph = {e['ph'] for e in d}; "
+                 "assert {'C', 'b', 'e', 'i', 'M'} <= ph, ph; "
+                 "b = [e for e in d if e['ph'] == 'b']; "
+                 "assert any('model_forward' in s for e in b for s in e['args'].get('stack', [])); "
+                 "print('chrome ok', len(d))\"",
+            build, build, build, python);
     if (r.status)
         fail_msg("%s%s", r.out, r.err);
     done(&r);
@@ -259,8 +261,9 @@ static void test_chrome_output_opens(void **state)
 static void test_tool_commands(void **state)
 {
     (void)state;
-    struct result r = run(FAKE " %s/tools/cuheap run -o demo.jsonl -- %s/tests/programs/cuheap-demo 10",
-                          build, build, build);
+    struct result r =
+        run(FAKE " %s/tools/cuheap run -o demo.jsonl -- %s/tests/programs/cuheap-demo 10", build,
+            build, build);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.err, "trace: demo.jsonl"));
     done(&r);
@@ -294,7 +297,8 @@ static void test_tool_commands(void **state)
         fail_msg("%s%s", r.out, r.err);
     done(&r);
     /* two ranks merge into one timeline */
-    r = run(FAKE " RANK=1 %s/tools/cuheap run -o 'r%%r.jsonl' -- %s/tests/programs/cuheap-demo 2 && "
+    r = run(FAKE
+            " RANK=1 %s/tools/cuheap run -o 'r%%r.jsonl' -- %s/tests/programs/cuheap-demo 2 && "
             "%s/tools/cuheap chrome -o merged.json demo.jsonl r1.jsonl && %s -c \""
             "import json; d = json.load(open('merged.json')); "
             "names = [e['args']['name'] for e in d if e['ph'] == 'M']; "
@@ -310,8 +314,9 @@ static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
     static const char *const bad[] = {
-        "report /nonexistent.jsonl", "frobnicate", "run", "top -n zero demo.jsonl",
-        "report notatrace.txt", "run --reuse sometimes -- true", "run --limit lots -- true",
+        "report /nonexistent.jsonl", "frobnicate",           "run",
+        "top -n zero demo.jsonl",    "report notatrace.txt", "run --reuse sometimes -- true",
+        "run --limit lots -- true",
     };
     struct result w = run("echo hello > notatrace.txt");
     done(&w);
@@ -329,7 +334,7 @@ static void test_python_frames_name_the_script(void **state)
 {
     (void)state;
     struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=py.jsonl CUHEAP_SUMMARY=0 "
-                          "%s %s/tests/programs/py_alloc.py && %s/tools/cuheap top py.jsonl",
+                               "%s %s/tests/programs/py_alloc.py && %s/tools/cuheap top py.jsonl",
                           build, build, python, source, build);
     if (r.status)
         fail_msg("%s%s", r.out, r.err);
@@ -342,7 +347,7 @@ static void test_several_devices(void **state)
 {
     (void)state;
     struct result r = run(FAKE " " PRELOAD " FAKECUDA_DEVICE_COUNT=2 CUHEAP_OUTPUT=md.jsonl "
-                          "%s/tests/programs/multidev && %s/tools/cuheap report md.jsonl",
+                               "%s/tests/programs/multidev && %s/tools/cuheap report md.jsonl",
                           build, build, build, build);
     if (r.status)
         fail_msg("%s%s", r.out, r.err);
@@ -368,13 +373,16 @@ int main(void)
     python = system("/usr/bin/python3 -c 'import jsonschema' 2>/dev/null") == 0 ? "/usr/bin/python3"
                                                                                 : "python3";
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_process_without_cuda_is_untouched, fresh_dir, remove_dir),
-        cmocka_unit_test_setup_teardown(test_doors_give_the_same_results, fresh_dir, remove_dir),
-        cmocka_unit_test_setup_teardown(test_fork_and_exec_children_write_their_own_traces, fresh_dir,
+        cmocka_unit_test_setup_teardown(test_process_without_cuda_is_untouched, fresh_dir,
                                         remove_dir),
+        cmocka_unit_test_setup_teardown(test_doors_give_the_same_results, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_fork_and_exec_children_write_their_own_traces,
+                                        fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_unwritable_trace_path, fresh_dir, remove_dir),
-        cmocka_unit_test_setup_teardown(test_bad_setting_warns_once_and_runs, fresh_dir, remove_dir),
-        cmocka_unit_test_setup_teardown(test_sigkill_leaves_a_readable_prefix, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_bad_setting_warns_once_and_runs, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_sigkill_leaves_a_readable_prefix, fresh_dir,
+                                        remove_dir),
         cmocka_unit_test_setup_teardown(test_trace_matches_schema, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_chrome_output_opens, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_commands, fresh_dir, remove_dir),

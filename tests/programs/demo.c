@@ -17,7 +17,7 @@
 #include "driver_api.h"
 
 #define NR_MAX_LAYERS 64
-#define VISIBLE __attribute__((visibility("default"), noinline)) /* names for dladdr */
+#define VISIBLE       __attribute__((visibility("default"), noinline)) /* names for dladdr */
 
 struct tensor;
 VISIBLE struct tensor layer_forward(int layer, int step);
@@ -88,8 +88,7 @@ VISIBLE struct tensor layer_forward(int layer, int step)
     return tensor_new(bytes, (unsigned char)(layer + step));
 }
 
-VISIBLE void model_forward(struct tensor *acts, int layers, int step,
-                                             uint64_t *loss)
+VISIBLE void model_forward(struct tensor *acts, int layers, int step, uint64_t *loss)
 {
     for (int l = 0; l < layers; l++) {
         acts[l] = layer_forward(l, step);

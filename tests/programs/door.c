@@ -96,12 +96,12 @@ int main(void)
     uint64_t (*count)(const char *);
     *(void **)&count = dlsym(RTLD_DEFAULT, "cuheap_call_count");
     if (count)
-        printf("cuheap calls: cuMemAlloc_v2=%llu cuMemFree_v2=%llu cuMemAllocAsync=%llu "
-               "cuMemCreate=%llu cuMemMap=%llu cuMemAllocHost_v2=%llu cuMemHostAlloc=%llu\n",
-               (unsigned long long)count("cuMemAlloc_v2"), (unsigned long long)count("cuMemFree_v2"),
-               (unsigned long long)count("cuMemAllocAsync"),
-               (unsigned long long)count("cuMemCreate"), (unsigned long long)count("cuMemMap"),
-               (unsigned long long)count("cuMemAllocHost_v2"),
-               (unsigned long long)count("cuMemHostAlloc"));
+        printf(
+            "cuheap calls: cuMemAlloc_v2=%llu cuMemFree_v2=%llu cuMemAllocAsync=%llu "
+            "cuMemCreate=%llu cuMemMap=%llu cuMemAllocHost_v2=%llu cuMemHostAlloc=%llu\n",
+            (unsigned long long)count("cuMemAlloc_v2"), (unsigned long long)count("cuMemFree_v2"),
+            (unsigned long long)count("cuMemAllocAsync"), (unsigned long long)count("cuMemCreate"),
+            (unsigned long long)count("cuMemMap"), (unsigned long long)count("cuMemAllocHost_v2"),
+            (unsigned long long)count("cuMemHostAlloc"));
     return failures ? 1 : 0;
 }

@@ -41,13 +41,14 @@
     X(cuStreamDestroy_v2, (CUstream), "cuStreamDestroy")                                           \
     X(cuStreamSynchronize, (CUstream), "cuStreamSynchronize")                                      \
     X(cuLaunchHostFunc, (CUstream, CUhostFn, void *), "cuLaunchHostFunc")                          \
-    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,          \
-                    unsigned long long), "cuMemCreate")                                            \
+    X(cuMemCreate,                                                                                 \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long),   \
+      "cuMemCreate")                                                                               \
     X(cuMemRelease, (CUmemGenericAllocationHandle), "cuMemRelease")                                \
-    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),      \
+    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),       \
       "cuMemAddressReserve")                                                                       \
     X(cuMemAddressFree, (CUdeviceptr, size_t), "cuMemAddressFree")                                 \
-    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long),  \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long),   \
       "cuMemMap")                                                                                  \
     X(cuMemUnmap, (CUdeviceptr, size_t), "cuMemUnmap")                                             \
     X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t), "cuMemSetAccess")
@@ -94,7 +95,7 @@ static inline int driver_api_open(struct driver_api *d)
         return -1;
     CUdriverProcAddressQueryResult st;
 #define DRIVER_API_PROC(sym, params, base)                                                         \
-    if (gpa(base, (void **)&d->sym, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS)     \
+    if (gpa(base, (void **)&d->sym, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS)      \
         return -1;
     DRIVER_API(DRIVER_API_PROC)
 #undef DRIVER_API_PROC

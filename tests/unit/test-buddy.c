@@ -49,7 +49,7 @@ static void test_split_and_merge(void **state)
     check_ok(&b);
     assert_false(cuheap_buddy_empty(&b));
     assert_int_equal(cuheap_buddy_free(&b, a2), 10);
-    assert_int_equal(cuheap_buddy_free(&b, a2), -22); /* double free */
+    assert_int_equal(cuheap_buddy_free(&b, a2), -22);       /* double free */
     assert_int_equal(cuheap_buddy_free(&b, a3 + 512), -22); /* interior pointer */
     assert_int_equal(cuheap_buddy_free(&b, a1), 9);
     assert_int_equal(cuheap_buddy_free(&b, a3), 19);
@@ -90,8 +90,7 @@ static void test_block_of_finds_interior_pointers(void **state)
     assert_true(allocated);
     assert_int_equal(cuheap_buddy_block_of(&b, a + 4095, &start, &order, &allocated), 0);
     assert_int_equal(start, a);
-    assert_int_equal(cuheap_buddy_block_of(&b, BASE + (1 << 22), &start, &order, &allocated),
-                     -22);
+    assert_int_equal(cuheap_buddy_block_of(&b, BASE + (1 << 22), &start, &order, &allocated), -22);
     cuheap_buddy_destroy(&b);
 }
 

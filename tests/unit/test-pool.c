@@ -167,10 +167,16 @@ static struct fixture *setup(enum cuheap_reuse reuse, uint64_t capacity, uint64_
     f->cfg.pool_max = arena / 2;
     f->cfg.fence_batch = 4;
     struct cuheap_backend be = {
-        .ctx = &f->dev, .mem_alloc = hd_alloc, .mem_free = hd_free,
-        .fence_record = hd_fence_record, .fence_query = hd_fence_query,
-        .fence_wait = hd_fence_wait, .fence_destroy = hd_fence_destroy,
-        .stream_fence_record = hd_stream_fence, .device_sync = hd_sync, .mem_info = hd_info,
+        .ctx = &f->dev,
+        .mem_alloc = hd_alloc,
+        .mem_free = hd_free,
+        .fence_record = hd_fence_record,
+        .fence_query = hd_fence_query,
+        .fence_wait = hd_fence_wait,
+        .fence_destroy = hd_fence_destroy,
+        .stream_fence_record = hd_stream_fence,
+        .device_sync = hd_sync,
+        .mem_info = hd_info,
     };
     assert_int_equal(cuheap_pool_init(&f->pool, &f->cfg, &be, 0, limit, &f->reserved, note), 0);
     return f;

@@ -33,19 +33,25 @@ static void test_reads_a_trace(void **state)
 {
     (void)state;
     char buf[4096];
-    snprintf(buf, sizeof(buf),
-             "%s"
-             "{\"type\":\"device\",\"device\":0,\"name\":\"gpu\",\"total\":1000}\n"
-             "{\"type\":\"stack\",\"id\":1,\"frames\":[{\"ip\":\"0x10\",\"module\":\"/x/libtorch_cuda.so\","
-             "\"offset\":\"0x10\"}],\"python\":[{\"file\":\"train.py\",\"line\":42,\"function\":\"forward\"}]}\n"
-             "{\"type\":\"event\",\"seq\":2,\"t\":20,\"event\":\"free\",\"api\":\"cuMemAlloc\",\"device\":0,"
-             "\"tid\":1,\"ptr\":\"0x1000\",\"size\":100,\"actual\":512,\"pooled\":true}\n"
-             "{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\",\"device\":0,"
-             "\"tid\":1,\"ptr\":\"0x1000\",\"size\":100,\"actual\":512,\"pooled\":true,\"stack\":1}\n"
-             "{\"type\":\"event\",\"seq\":3,\"t\":30,\"event\":\"mark\",\"api\":\"none\",\"device\":0,"
-             "\"tid\":1,\"ptr\":\"0x0\",\"size\":0,\"actual\":0,\"pooled\":false,\"label\":\"step \\\"1\\\"\"}\n"
-             "{\"type\":\"footer\",\"events\":3,\"dropped\":0}\n",
-             HEADER);
+    snprintf(
+        buf, sizeof(buf),
+        "%s"
+        "{\"type\":\"device\",\"device\":0,\"name\":\"gpu\",\"total\":1000}\n"
+        "{\"type\":\"stack\",\"id\":1,\"frames\":[{\"ip\":\"0x10\",\"module\":\"/x/"
+        "libtorch_cuda.so\","
+        "\"offset\":\"0x10\"}],\"python\":[{\"file\":\"train.py\",\"line\":42,\"function\":"
+        "\"forward\"}]}\n"
+        "{\"type\":\"event\",\"seq\":2,\"t\":20,\"event\":\"free\",\"api\":\"cuMemAlloc\","
+        "\"device\":0,"
+        "\"tid\":1,\"ptr\":\"0x1000\",\"size\":100,\"actual\":512,\"pooled\":true}\n"
+        "{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\","
+        "\"device\":0,"
+        "\"tid\":1,\"ptr\":\"0x1000\",\"size\":100,\"actual\":512,\"pooled\":true,\"stack\":1}\n"
+        "{\"type\":\"event\",\"seq\":3,\"t\":30,\"event\":\"mark\",\"api\":\"none\",\"device\":0,"
+        "\"tid\":1,\"ptr\":\"0x0\",\"size\":0,\"actual\":0,\"pooled\":false,\"label\":\"step "
+        "\\\"1\\\"\"}\n"
+        "{\"type\":\"footer\",\"events\":3,\"dropped\":0}\n",
+        HEADER);
     char *path = write_tmp(buf);
     struct cuheap_trace t;
     char err[256];
@@ -72,11 +78,12 @@ static void test_truncated_trace_keeps_its_prefix(void **state)
 {
     (void)state;
     char buf[1024];
-    snprintf(buf, sizeof(buf),
-             "%s{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\","
-             "\"device\":0,\"tid\":1,\"ptr\":\"0x1000\",\"size\":100,\"actual\":512,\"pooled\":true}\n"
-             "{\"type\":\"event\",\"seq\":2,\"t\":20,\"ev",
-             HEADER);
+    snprintf(
+        buf, sizeof(buf),
+        "%s{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\","
+        "\"device\":0,\"tid\":1,\"ptr\":\"0x1000\",\"size\":100,\"actual\":512,\"pooled\":true}\n"
+        "{\"type\":\"event\",\"seq\":2,\"t\":20,\"ev",
+        HEADER);
     char *path = write_tmp(buf);
     struct cuheap_trace t;
     char err[256];

@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Allocation microbenchmark. One process measures one allocator; bench/run-gpu.sh runs it
+ * under each configuration (raw driver, stream-ordered pool, cuheap with each setting) in the
+ * same call and bench/summarize.py turns the medians into ratios.
+ *
+ *   bench-alloc sync   SIZE... : cuMemAlloc/cuMemFree pairs (what cudaMalloc/cudaFree become;
+ *                                under LD_PRELOAD=libcuheap.so, cuheap's pool)
+ *   bench-alloc async  SIZE... : cuMemAllocAsync/cuMemFreeAsync pairs on one stream from a warm
+ *                                default pool (release threshold raised)
+ *   bench-alloc mix-sync|mix-async : log-uniform sizes 512 B..64 MiB, random lifetimes
+ *   bench-alloc replay-sync|replay-async TRACE : the alloc/free sequence of a cuheap trace
+ *
+ * Output: one line per case, "case=... ns_per_pair=... pairs=...", median of 7 repetitions
+ * after a warm-up.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DOOR_PROCADDR 1
+#include "../tests/programs/driver_api.h"
+#include "tracereader.h"
+#include "event.h"
+
+static struct driver_api cu;
+static CUstream stream;
+static CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+static CUresult (*free_async)(CUdeviceptr, CUstream);
+static bool use_async;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void check(CUresult r, const char *what)
+{
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "bench-alloc: %s failed (%d)\n", what, (int)r);
+        exit(1);
+    }
+}
+
+static CUdeviceptr do_alloc(size_t n)
+{
+    CUdeviceptr p;
+    check(use_async ? alloc_async(&p, n, stream) : cu.cuMemAlloc_v2(&p, n), "alloc");
+    return p;
+}
+
+static void do_free(CUdeviceptr p)
+{
+    check(use_async ? free_async(p, stream) : cu.cuMemFree_v2(p), "free");
+}
+
+/* Median over 7 timed repetitions of `pairs` alloc+free pairs of one size. */
+static double time_pairs(size_t size, int pairs)
+{
+    uint64_t t[7];
+    for (int w = 0; w < pairs / 10 + 1; w++)
+        do_free(do_alloc(size)); /* warm-up: pools grown, code paths hot */
+    for (int r = 0; r < 7; r++) {
+        uint64_t t0 = now_ns();
+        for (int i = 0; i < pairs; i++)
+            do_free(do_alloc(size));
+        t[r] = now_ns() - t0;
+    }
+    if (use_async)
+        check(cu.cuStreamSynchronize(stream), "sync");
+    qsort(t, 7, sizeof(t[0]), cmp_u64);
+    return (double)t[3] / pairs;
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Log-uniform sizes from 512 B to 64 MiB; each step frees a random slot of 64 and fills it. */
+static double time_mix(int steps)
+{
+    enum { SLOTS = 64 };
+    uint64_t t[7];
+    CUdeviceptr live[SLOTS] = {0};
+    for (int r = -1; r < 7; r++) {
+        uint64_t seed = 0x9e3779b97f4a7c15ull;
+        uint64_t t0 = now_ns();
+        for (int i = 0; i < steps; i++) {
+            int slot = (int)(xorshift(&seed) % SLOTS);
+            if (live[slot])
+                do_free(live[slot]);
+            int bits = 9 + (int)(xorshift(&seed) % 18); /* 2^9 .. 2^26 */
+            size_t size = ((size_t)1 << bits) + xorshift(&seed) % ((size_t)1 << bits);
+            live[slot] = do_alloc(size > (64u << 20) ? (64u << 20) : size);
+        }
+        for (int s = 0; s < SLOTS; s++)
+            if (live[s]) {
+                do_free(live[s]);
+                live[s] = 0;
+            }
+        if (r >= 0)
+            t[r] = now_ns() - t0;
+    }
+    if (use_async)
+        check(cu.cuStreamSynchronize(stream), "sync");
+    qsort(t, 7, sizeof(t[0]), cmp_u64);
+    return (double)t[3] / steps; /* one step = one alloc and (mostly) one free */
+}
+
+/* Replay the allocations and frees of a trace (device memory, in seq order). */
+static double time_replay(const char *path, size_t *ret_pairs)
+{
+    struct cuheap_trace tr;
+    char err[512];
+    if (cuheap_trace_read(path, &tr, err, sizeof(err))) {
+        fprintf(stderr, "bench-alloc: %s\n", err);
+        exit(2);
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < tr.nr_events; i++)
+        n += tr.events[i].type == CUHEAP_EV_ALLOC && tr.events[i].api != CUHEAP_API_HOST &&
+             tr.events[i].api != CUHEAP_API_VMM_MAP;
+    /* map trace addresses to ours with a small open-addressing table */
+    size_t cap = 1;
+    while (cap < 4 * n + 16)
+        cap <<= 1;
+    uint64_t *keys = calloc(cap, sizeof(*keys));
+    CUdeviceptr *vals = calloc(cap, sizeof(*vals));
+    uint64_t t[5];
+    for (int r = -1; r < 5; r++) {
+        uint64_t t0 = now_ns();
+        for (size_t i = 0; i < tr.nr_events; i++) {
+            const struct cuheap_trace_event *e = &tr.events[i];
+            if (e->api == CUHEAP_API_HOST || e->api == CUHEAP_API_VMM_MAP || !e->ptr)
+                continue;
+            size_t h = (size_t)((e->ptr * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
+            if (e->type == CUHEAP_EV_ALLOC) {
+                while (keys[h] && keys[h] != e->ptr)
+                    h = (h + 1) & (cap - 1);
+                keys[h] = e->ptr;
+                vals[h] = do_alloc(e->size ? e->size : 1);
+            } else if (e->type == CUHEAP_EV_FREE) {
+                while (keys[h] && keys[h] != e->ptr)
+                    h = (h + 1) & (cap - 1);
+                if (keys[h] == e->ptr && vals[h]) {
+                    do_free(vals[h]);
+                    vals[h] = 0;
+                }
+            }
+        }
+        for (size_t k = 0; k < cap; k++)
+            if (vals[k]) {
+                do_free(vals[k]);
+                vals[k] = 0;
+            }
+        memset(keys, 0, cap * sizeof(*keys));
+        if (r >= 0)
+            t[r] = now_ns() - t0;
+    }
+    if (use_async)
+        check(cu.cuStreamSynchronize(stream), "sync");
+    qsort(t, 5, sizeof(t[0]), cmp_u64);
+    *ret_pairs = n;
+    free(keys);
+    free(vals);
+    cuheap_trace_free(&tr);
+    return n ? (double)t[2] / (double)n : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench-alloc sync|async SIZE... | mix-sync|mix-async | "
+                        "replay-sync|replay-async TRACE\n");
+        return 2;
+    }
+    const char *mode = argv[1];
+    use_async = strstr(mode, "async") != NULL;
+    if (driver_api_start(&cu, 0)) {
+        fprintf(stderr, "bench-alloc: no CUDA driver\n");
+        return 1;
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    *(void **)&alloc_async = dlsym(h, "cuMemAllocAsync");
+    *(void **)&free_async = dlsym(h, "cuMemFreeAsync");
+    check(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");
+    if (use_async) {
+        /* a warm pool: keep freed memory instead of returning it at every sync */
+        CUresult (*get_pool)(CUmemoryPool *, CUdevice);
+        CUresult (*set_attr)(CUmemoryPool, CUmemPool_attribute, void *);
+        *(void **)&get_pool = dlsym(h, "cuDeviceGetDefaultMemPool");
+        *(void **)&set_attr = dlsym(h, "cuMemPoolSetAttribute");
+        CUmemoryPool pool;
+        cuuint64_t threshold = UINT64_MAX;
+        if (get_pool && set_attr && get_pool(&pool, 0) == CUDA_SUCCESS)
+            set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+    }
+    const char *label = getenv("BENCH_LABEL") ? getenv("BENCH_LABEL") : mode;
+    if (!strncmp(mode, "mix", 3)) {
+        printf("config=%s case=mix ns_per_op=%.1f ops=%d\n", label, time_mix(20000), 20000);
+    } else if (!strncmp(mode, "replay", 6)) {
+        if (argc < 3)
+            return 2;
+        size_t pairs;
+        double ns = time_replay(argv[2], &pairs);
+        printf("config=%s case=replay ns_per_pair=%.1f pairs=%zu\n", label, ns, pairs);
+    } else {
+        for (int i = 2; i < argc; i++) {
+            size_t size = strtoull(argv[i], NULL, 0);
+            int pairs = size >= (64u << 20) ? 200 : size >= (1u << 20) ? 2000 : 20000;
+            if (!use_async && !getenv("LD_PRELOAD") && size >= (64u << 20))
+                pairs = 50; /* the driver's free of large blocks costs hundreds of us */
+            printf("config=%s case=%zu ns_per_pair=%.1f pairs=%d\n", label, size,
+                   time_pairs(size, pairs), pairs);
+            fflush(stdout);
+        }
+    }
+    return 0;
+}
