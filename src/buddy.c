@@ -173,6 +173,17 @@ int cuheap_buddy_block_of(const struct cuheap_buddy *b, uintptr_t addr, uintptr_
     return -EINVAL;
 }
 
+int cuheap_buddy_order_at(const struct cuheap_buddy *b, uintptr_t addr)
+{
+    if (addr < b->base || addr >= b->base + b->size ||
+        ((addr - b->base) & ((1ull << b->min_order) - 1)))
+        return -EINVAL;
+    uint8_t st = b->unit_state[(addr - b->base) >> b->min_order];
+    if (!(st & UNIT_HEAD) || (st & UNIT_FREE))
+        return -EINVAL;
+    return st & UNIT_ORDER_MASK;
+}
+
 bool cuheap_buddy_empty(const struct cuheap_buddy *b)
 {
     return b->free_bytes == b->size;

@@ -66,6 +66,9 @@ int cuheap_buddy_free(struct cuheap_buddy *b, uintptr_t addr);
 int cuheap_buddy_block_of(const struct cuheap_buddy *b, uintptr_t addr, uintptr_t *ret_start,
                           unsigned *ret_order, bool *ret_allocated);
 
+/* Order of the allocated block that starts at addr, or -EINVAL. O(1). */
+int cuheap_buddy_order_at(const struct cuheap_buddy *b, uintptr_t addr);
+
 /* True when every byte is free again (one block of max_order on its list). */
 bool cuheap_buddy_empty(const struct cuheap_buddy *b);
 

@@ -19,8 +19,8 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int load_result = -ENOENT;
 
 /* Not instrumented: sanitizer runtimes reach it through our dlsym during their own start-up. */
-__attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize("undefined")))
-cuheap_dlsym_fn cuheap_real_dlsym(void)
+__attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize("undefined"))) cuheap_dlsym_fn
+cuheap_real_dlsym(void)
 {
     cuheap_dlsym_fn f = atomic_load_explicit(&real_dlsym_ptr, memory_order_acquire);
     if (f)

@@ -782,8 +782,8 @@ static __attribute__((noinline)) void *dlsym_driver(void *handle, const char *na
 
 /* Everything that is not a driver name goes straight to glibc as a tail call, so the
  * return address glibc sees (which RTLD_NEXT depends on) is our caller's. */
-CUHEAP_EXPORT CUHEAP_NO_SANITIZE __attribute__((optimize("optimize-sibling-calls"))) void *dlsym(void *handle,
-                                                                              const char *name)
+CUHEAP_EXPORT CUHEAP_NO_SANITIZE __attribute__((optimize("optimize-sibling-calls"))) void *
+dlsym(void *handle, const char *name)
 {
     if (__builtin_expect(is_driver_name(name), 0))
         return dlsym_driver(handle, name);

@@ -13,7 +13,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "event.h"
 #include "log.h"
@@ -202,6 +204,7 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->device_reserved = device_reserved;
     p->note = note_fn;
     p->next_buffer_id = 1;
+    p->min_order = 63u - (unsigned)__builtin_clzll(cfg->min_block);
     return 0;
 }
 
@@ -275,19 +278,41 @@ static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_
 
 /* ---- blocks ---- */
 
+#define CUHEAP_QUICK_MAX_SMALL 64 /* blocks per order up to 1 MiB */
+#define CUHEAP_QUICK_MAX_LARGE 8  /* blocks per order above */
+
+static unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
+{
+    if (size <= (1ull << p->min_order))
+        return p->min_order;
+    return 64u - (unsigned)__builtin_clzll(size - 1);
+}
+
 static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr,
                              uint64_t *ret_block)
 {
+    unsigned order = order_of_size(p, size);
+    struct cuheap_quick *q = order < CUHEAP_NR_ORDERS ? &p->quick[order] : NULL;
+    if (q && q->head) {
+        uint64_t ptr = q->head;
+        struct cuheap_arena *a = map_lookup(ptr);
+        q->head = a->link[unit_of(a, ptr)];
+        q->nr--;
+        p->quick_bytes -= 1ull << order;
+        *ret_ptr = ptr;
+        *ret_block = 1ull << order;
+        return 0;
+    }
     for (unsigned n = 0; n < p->nr_arenas; n++) {
         unsigned i = (p->hint + n) % p->nr_arenas;
         struct cuheap_arena *a = p->arenas[i];
         uintptr_t addr;
-        unsigned order;
-        if (cuheap_buddy_alloc(&a->buddy, size, &addr, &order) == 0) {
+        unsigned got;
+        if (cuheap_buddy_alloc(&a->buddy, size, &addr, &got) == 0) {
             p->hint = i;
             a->nr_live++;
             *ret_ptr = addr;
-            *ret_block = 1ull << order;
+            *ret_block = 1ull << got;
             return 0;
         }
     }
@@ -306,11 +331,9 @@ static void mark_live_locked(struct cuheap_pool *p, uint64_t ptr, uint64_t size,
 
 /* Give a not-live block back to its buddy allocator; an emptied arena is released per policy
  * (its base goes to *ret_release for the caller to free after unlocking). */
-static void return_block_locked(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_release,
-                                uint64_t *ret_release_size)
+static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                               uint64_t *ret_release, uint64_t *ret_release_size)
 {
-    struct cuheap_arena *a = map_lookup(ptr);
-    cuheap_assert(a && a->block_size[unit_of(a, ptr)] == 0);
     if (cuheap_buddy_free(&a->buddy, ptr) < 0)
         return;
     a->nr_live--;
@@ -322,6 +345,48 @@ static void return_block_locked(struct cuheap_pool *p, uint64_t ptr, uint64_t *r
                 break;
             }
     }
+}
+
+/* Give a not-live block back for reuse: onto its order's quick list while there is room,
+ * else merged into its arena (an emptied arena is released per policy: its base goes to
+ * *ret_release for the caller to free after unlocking). */
+static void return_block_locked(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_release,
+                                uint64_t *ret_release_size)
+{
+    struct cuheap_arena *a = map_lookup(ptr);
+    cuheap_assert(a && a->block_size[unit_of(a, ptr)] == 0);
+    int order = cuheap_buddy_order_at(&a->buddy, ptr);
+    if (order < 0)
+        return;
+    struct cuheap_quick *q = &p->quick[order];
+    unsigned max = order <= 20 ? CUHEAP_QUICK_MAX_SMALL : CUHEAP_QUICK_MAX_LARGE;
+    if (q->nr < max && p->cfg->release != CUHEAP_RELEASE_EMPTY) {
+        a->link[unit_of(a, ptr)] = q->head;
+        q->head = ptr;
+        q->nr++;
+        p->quick_bytes += 1ull << order;
+        return;
+    }
+    merge_block_locked(p, a, ptr, ret_release, ret_release_size);
+}
+
+/* Merge every quick-list block back into its arena. Returns how many. */
+static unsigned flush_quick_locked(struct cuheap_pool *p)
+{
+    unsigned n = 0;
+    for (unsigned o = 0; o < CUHEAP_NR_ORDERS; o++) {
+        struct cuheap_quick *q = &p->quick[o];
+        while (q->head) {
+            uint64_t ptr = q->head;
+            struct cuheap_arena *a = map_lookup(ptr);
+            q->head = a->link[unit_of(a, ptr)];
+            merge_block_locked(p, a, ptr, NULL, NULL);
+            n++;
+        }
+        q->nr = 0;
+    }
+    p->quick_bytes = 0;
+    return n;
 }
 
 /* ---- fences ---- */
@@ -374,6 +439,36 @@ static void wait_oldest_locked(struct cuheap_pool *p)
         p->be.device_sync(p->be.ctx);
     release_epoch_locked(p, e);
     p->ep_head++;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* An idle GPU passes a fence within microseconds: poll the oldest one briefly before taking
+ * more memory from the driver, so a tight alloc/free loop reuses its blocks instead of
+ * growing the pool. A busy GPU (long kernels in flight) makes us grow, as the rules say.
+ * Returns whether an epoch was reclaimed. */
+#define CUHEAP_FENCE_POLL_NS 50000
+
+static bool poll_oldest_locked(struct cuheap_pool *p)
+{
+    if (p->ep_head == p->ep_tail)
+        return false;
+    struct cuheap_epoch *e = &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS];
+    uint64_t deadline = mono_ns() + CUHEAP_FENCE_POLL_NS;
+    do {
+        if (p->be.fence_query(p->be.ctx, e->fence)) {
+            release_epoch_locked(p, e);
+            p->ep_head++;
+            return true;
+        }
+        sched_yield();
+    } while (mono_ns() < deadline);
+    return false;
 }
 
 /* Close the open epoch behind a new fence. While a stream captures, recording would disturb
@@ -439,6 +534,7 @@ static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, ui
  * calls). Returns how many were released. */
 static unsigned release_empty_unlocked(struct cuheap_pool *p)
 {
+    flush_quick_locked(p);
     uint64_t bases[CUHEAP_NR_MAX_ARENAS];
     unsigned nr = 0;
     for (unsigned i = 0; i < p->nr_arenas;) {
@@ -497,7 +593,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         if (r == 0)
             break;
         missed = true;
-        if (reclaim_locked(p))
+        if (reclaim_locked(p) || flush_quick_locked(p))
             continue;
         if (!flushed) {
             /* Blocks waiting in the open epoch or in stream caches become reusable sooner
@@ -506,6 +602,8 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
             flush_stream_caches_locked(p);
             close_epoch_locked(p);
         }
+        if (poll_oldest_locked(p))
+            continue;
         int g = grow_locked(p, size);
         if (g == 0)
             continue;
@@ -586,7 +684,9 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         e->nr_blocks++;
         e->bytes += block;
         p->st.pending += block;
-        if (e->nr_blocks >= p->cfg->fence_batch)
+        /* Close the batch after CUHEAP_FENCE_BATCH frees, or sooner when it holds an eighth of
+         * the pool: large blocks should not wait behind many small ones. */
+        if (e->nr_blocks >= p->cfg->fence_batch || e->bytes >= p->st.reserved / 8)
             close_epoch_locked(p);
     }
     pthread_mutex_unlock(&p->lock);
@@ -626,6 +726,7 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     close_epoch_locked(p);
     while (p->ep_head != p->ep_tail)
         wait_oldest_locked(p);
+    flush_quick_locked(p);
     uint64_t bases[CUHEAP_NR_MAX_ARENAS];
     unsigned nr = 0;
     uint64_t released = 0;
@@ -748,6 +849,23 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
     }
     for (unsigned c = 0; c < CUHEAP_NR_STREAM_CACHES; c++)
         pending += p->caches[c].bytes;
+    uint64_t quick = 0;
+    for (unsigned o = 0; o < CUHEAP_NR_ORDERS; o++) {
+        uint32_t nr = 0;
+        for (uint64_t ptr = p->quick[o].head; ptr; nr++) {
+            struct cuheap_arena *a = map_lookup(ptr);
+            if (!a || a->block_size[unit_of(a, ptr)] ||
+                cuheap_buddy_order_at(&a->buddy, ptr) != (int)o)
+                FAIL("quick block %#lx of order %u is live or not a block", (unsigned long)ptr, o);
+            quick += 1ull << o;
+            ptr = a->link[unit_of(a, ptr)];
+        }
+        if (nr != p->quick[o].nr)
+            FAIL("quick list of order %u: nr %u, counted %u", o, p->quick[o].nr, nr);
+    }
+    if (quick != p->quick_bytes)
+        FAIL("quick_bytes %lu, lists hold %lu", (unsigned long)p->quick_bytes,
+             (unsigned long)quick);
     if (pending != p->st.pending)
         FAIL("pending %lu, lists hold %lu", (unsigned long)p->st.pending, (unsigned long)pending);
     (void)nr_allocated;
@@ -765,6 +883,8 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     memset(&p->st, 0, sizeof(p->st));
     memset(p->epochs, 0, sizeof(p->epochs));
     memset(p->caches, 0, sizeof(p->caches));
+    memset(p->quick, 0, sizeof(p->quick));
+    p->quick_bytes = 0;
     p->ep_head = p->ep_tail = 0;
     pthread_mutex_init(&p->lock, NULL);
 }

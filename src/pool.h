@@ -48,6 +48,14 @@ struct cuheap_epoch {
     uint64_t bytes;
 };
 
+/* Reusable blocks kept whole, per order, so steady alloc/free churn does not split and merge
+ * an arena from top to bottom every time (the kernel's per-cpu page lists play this part).
+ * They are merged back into their arenas on a miss, on trim and before out-of-memory. */
+struct cuheap_quick {
+    uint64_t head; /* first block (address), list through arena->link; 0 = empty */
+    uint32_t nr;   /* blocks on the list */
+};
+
 /* Blocks freed on a known stream (pluggable allocator), reusable on that stream at once. */
 struct cuheap_stream_cache {
     uint64_t stream;                  /* 0 = slot unused */
@@ -93,6 +101,9 @@ struct cuheap_pool {
     unsigned nr_since_poll;
     unsigned nr_capturing; /* streams capturing: no fences recorded meanwhile */
     struct cuheap_stream_cache caches[CUHEAP_NR_STREAM_CACHES];
+    struct cuheap_quick quick[CUHEAP_NR_ORDERS];
+    uint64_t quick_bytes; /* bytes held on the quick lists */
+    unsigned min_order;   /* log2 of CUHEAP_MIN_BLOCK */
     uint64_t next_buffer_id;
     struct cuheap_pool_stats st;
 };
