@@ -180,7 +180,23 @@ static double time_replay(const char *path, size_t *ret_pairs)
     return n ? (double)t[2] / (double)n : 0;
 }
 
+static int run(int argc, char **argv);
+
+/* BENCH_DEPTH=N runs the benchmark N calls deep, so recorded stacks have about N frames. */
+__attribute__((noinline)) static int deep(int n, int argc, char **argv)
+{
+    int r = n > 0 ? deep(n - 1, argc, argv) : run(argc, argv);
+    __asm__ volatile("" ::: "memory"); /* keeps the call from becoming a jump */
+    return r;
+}
+
 int main(int argc, char **argv)
+{
+    const char *d = getenv("BENCH_DEPTH");
+    return deep(d ? atoi(d) : 0, argc, argv);
+}
+
+static int run(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: bench-alloc sync|async SIZE... | mix-sync|mix-async | "

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU benchmarks in one go (called by scripts/gpu-run.sh bench): the allocation
+# microbenchmark under every configuration, then the PyTorch GPT loop under every allocator.
+# Raw lines go to $OUT/bench.log; bench/summarize.py turns them into the tables of RESULTS.md.
+#   run-gpu.sh BUNDLE OUT TRACEDIR
+set -u
+B=$1
+OUT=$2
+T=$3
+PRE=$B/libcuheap.so
+LOG=$OUT/bench.log
+SIZES="512 1048576 2097152 20971520 268435456"
+replay=$(ls "$T"/torch-nocache-pool1-*.jsonl 2>/dev/null | head -1)
+echo "== $(date -u +%FT%TZ) bench-alloc (median ns per alloc+free pair)" >>"$LOG"
+micro() { # label, env..., -- args
+    local label=$1
+    shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" BENCH_LABEL=$label CUHEAP_SUMMARY=0 CUHEAP_OUTPUT=/dev/null \
+        timeout 240 "$B/bench-alloc" "$@" >>"$LOG" 2>&1
+}
+for mode in sync mix-sync; do
+    args=($mode)
+    [ $mode = sync ] && args+=($SIZES)
+    micro cudaMalloc -- "${args[@]}"
+    micro cuheap-norecord LD_PRELOAD=$PRE CUHEAP_RECORD=0 -- "${args[@]}"
+    micro cuheap-events LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 -- "${args[@]}"
+    micro cuheap-stacks30 LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=30 BENCH_DEPTH=30 CUHEAP_RING=65536 -- "${args[@]}"
+    micro cuheap-sync LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_REUSE=sync -- "${args[@]}"
+    micro cuheap-immediate LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_REUSE=immediate -- "${args[@]}"
+done
+micro cudaMallocAsync -- async $SIZES
+micro cudaMallocAsync -- mix-async
+if [ -n "$replay" ]; then
+    micro cudaMalloc -- replay-sync "$replay"
+    micro cudaMallocAsync -- replay-async "$replay"
+    micro cuheap-norecord LD_PRELOAD=$PRE CUHEAP_RECORD=0 -- replay-sync "$replay"
+    micro cuheap-stacks30 LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=30 BENCH_DEPTH=30 CUHEAP_RING=65536 -- replay-sync "$replay"
+    micro cuheap-immediate LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_REUSE=immediate -- replay-sync "$replay"
+fi
+echo "== $(date -u +%FT%TZ) torch_gpt" >>"$LOG"
+gpt() { # label, env...
+    local label=$1
+    shift
+    echo "config=$label" >>"$LOG"
+    env "$@" CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/gpt-$label-%p.jsonl" timeout 300 python3 bench/torch_gpt.py 30 >>"$LOG" 2>&1
+}
+gpt caching
+gpt caching+cuheap-record LD_PRELOAD=$PRE
+gpt nocache-raw PYTORCH_NO_CUDA_MEMORY_CACHING=1
+gpt nocache+cuheap-fence PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE
+gpt nocache+cuheap-fence-nostacks PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0
+gpt nocache+cuheap-fence-norecord PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_RECORD=0
+gpt nocache+cuheap-sync PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_REUSE=sync
+gpt nocache+cuheap-immediate PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_REUSE=immediate
+gpt pluggable CUHEAP_PLUGGABLE=$PRE
+gpt cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+python3 bench/summarize.py "$LOG" | tee "$OUT/bench-summary.md" | tee -a "$OUT/summary.txt"

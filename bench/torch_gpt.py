@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: MIT
+"""GPT-style training loop written with torch.nn only (no downloads): token embedding, causal
+self-attention blocks, bf16 autocast, AdamW. Prints the median step time, peak live and peak
+reserved bytes, and the losses as exact hex floats (they must match across allocators).
+
+  python torch_gpt.py [STEPS]
+
+The allocator is chosen by the environment (PYTORCH_NO_CUDA_MEMORY_CACHING,
+PYTORCH_CUDA_ALLOC_CONF, LD_PRELOAD=libcuheap.so); CUHEAP_PLUGGABLE=/path/libcuheap.so installs
+cuheap through CUDAPluggableAllocator."""
+import ctypes
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+if os.environ.get("CUHEAP_PLUGGABLE"):
+    torch.cuda.memory.change_current_allocator(torch.cuda.memory.CUDAPluggableAllocator(
+        os.environ["CUHEAP_PLUGGABLE"], "cuheap_torch_alloc", "cuheap_torch_free"))
+
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+VOCAB, D, LAYERS, HEADS, SEQ, BATCH = 4096, 512, 6, 8, 256, 16
+torch.manual_seed(0)
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+dev = torch.device("cuda")
+
+
+class CausalSelfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(D, 3 * D)
+        self.proj = torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split(D, dim=2)
+        q, k, v = (z.view(b, t, HEADS, D // HEADS).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / (D // HEADS) ** 0.5
+        mask = torch.triu(torch.ones(t, t, device=x.device, dtype=torch.bool), 1)
+        att = att.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        return self.proj((att @ v).transpose(1, 2).reshape(b, t, D))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
+        self.attn = CausalSelfAttention()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(D, 4 * D), torch.nn.GELU(), torch.nn.Linear(4 * D, D))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(VOCAB, D)
+        self.pos = torch.nn.Embedding(SEQ, D)
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln = torch.nn.LayerNorm(D)
+        self.head = torch.nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+model = GPT().to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+gen = torch.Generator(device=dev).manual_seed(1)
+data = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=dev, generator=gen)
+x, y = data[:, :-1], data[:, 1:]
+losses, times = [], []
+for step in range(STEPS):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+    torch.cuda.synchronize()
+    times.append(time.perf_counter() - t0)
+
+peak_live = torch.cuda.max_memory_allocated()
+peak_reserved = torch.cuda.max_memory_reserved()
+source = "torch"
+try:
+    lib = ctypes.CDLL(os.environ["CUHEAP_PLUGGABLE"]) if os.environ.get("CUHEAP_PLUGGABLE") else ctypes.CDLL(None)
+    stats = (ctypes.c_uint64 * 13)()
+    if lib.cuheap_get_stats(stats, ctypes.sizeof(stats)) == 0 and stats[3]:
+        peak_reserved, source = stats[3], "cuheap"
+        if not peak_live:
+            peak_live = stats[1]
+except (AttributeError, OSError):
+    pass
+warm = times[5:] if len(times) > 10 else times
+print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f" % (
+    1000 * statistics.median(warm), peak_live, peak_reserved, source,
+    peak_reserved / peak_live if peak_live else 0))
+print("losses", " ".join(float(v).hex() for v in losses))

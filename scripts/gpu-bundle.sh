@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Build, on this machine, everything the GPU machine runs, into gpu-bundle/ (git-ignored):
+# the shim, the tool, the gpu suite, the benchmark, the door programs, two CUDA clients built
+# with nvcc (static and shared runtime), and the libraries the GPU machine lacks
+# (libunwind.so.8, libcmocka.so.0). Then: device run with carry ["gpu-bundle"] and
+# `scripts/gpu-run.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh >/dev/null
+dir=build-gpu
+[ -f "$dir/build.ninja" ] || meson setup "$dir" -Dbuildtype=release -Dgpu_tests=true \
+    -Dsymbolizer=disabled >/dev/null
+ninja -C "$dir" >/dev/null
+b=gpu-bundle
+rm -rf "$b"
+mkdir -p "$b"
+cp "$dir/src/libcuheap.so" "$dir/tools/cuheap" "$dir/tests/test-gpu" "$dir/bench/bench-alloc" \
+   "$dir/tests/programs/door-procaddr" "$dir/tests/programs/door-dlsym" \
+   "$dir/tests/programs/cuheap-demo" "$b/"
+lib=$(dirname "$(readlink -f /usr/lib/x86_64-linux-gnu/libunwind.so.8)")
+cp -L "$lib/libunwind.so.8" "$lib/libcmocka.so.0" "$b/"
+if [ -e "$lib/liblzma.so.5" ]; then cp -L "$lib/liblzma.so.5" "$b/"; fi
+nvcc -O2 -arch=sm_90 -cudart static -o "$b/cuda-static" tests/gpu/cuda_client.cu -ldl
+nvcc -O2 -arch=sm_90 -cudart shared -o "$b/cuda-shared" tests/gpu/cuda_client.cu -ldl
+git rev-parse --short HEAD >"$b/COMMIT" 2>/dev/null || true
+du -sh "$b"

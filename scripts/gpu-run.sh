@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, with gpu-bundle/ (scripts/gpu-bundle.sh)
+# carried along. Writes its logs to $OUT (at most a few files: summary.txt, gpu-suite.log,
+# clients.log, bench.log, traces.tar.gz).
+#
+#   scripts/gpu-run.sh tests     the gpu suite (real-stream race per reuse policy, OOM, queries)
+#   scripts/gpu-run.sh clients   real clients with and without cuheap, pool off and on
+#   scripts/gpu-run.sh bench     benchmarks (bench/run-gpu.sh)
+#   scripts/gpu-run.sh all       all three
+set -u
+cd "$(dirname "$0")/.."
+root=$PWD
+B=$root/gpu-bundle
+OUT=${OUT:-$root/out-gpu}
+mkdir -p "$OUT"
+T=$(mktemp -d)
+# NVLink multicast stays off on lent machines (see the device tool's notes).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1
+PRE=$B/libcuheap.so
+what=${1:-all}
+
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+
+say "== $(date -u +%FT%TZ) commit $(cat "$B/COMMIT" 2>/dev/null) on $(nvidia-smi -L 2>/dev/null | head -1)"
+say "   driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null), $(python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)' 2>/dev/null)"
+
+run_tests() {
+    for r in fence sync immediate; do
+        echo "## CUHEAP_REUSE=$r"
+        LD_PRELOAD=$PRE CUHEAP_REUSE=$r CUHEAP_OUTPUT="$T/gpu-$r-%p.jsonl" timeout 240 "$B/test-gpu"
+        echo "## exit $?"
+    done >"$OUT/gpu-suite.log" 2>&1
+    say "gpu suite: $(grep -c '^ok' "$OUT/gpu-suite.log") ok, $(grep -c '^not ok' "$OUT/gpu-suite.log") not ok"
+    grep -E '^# (race|oom):' "$OUT/gpu-suite.log" | tee -a "$OUT/summary.txt"
+}
+
+# first line of a program's output with and without cuheap: must be the same
+compare() {
+    local name=$1 base=$2 with=$3
+    if [ "$(head -1 <<<"$base")" = "$(head -1 <<<"$with")" ] && [ -n "$base" ]; then
+        say "  $name: same result"
+    else
+        say "  $name: DIFFERENT: '$(head -1 <<<"$base")' vs '$(head -1 <<<"$with")'"
+    fi
+}
+
+run_clients() {
+    exec 3>>"$OUT/clients.log"
+    say "clients (result without cuheap vs with, pool off / on):"
+    for prog in cuda-static cuda-shared; do
+        base=$(timeout 120 "$B/$prog" 2>&1)
+        echo "### $prog plain"$'\n'"$base" >&3
+        for pool in 0 1; do
+            with=$(CUHEAP_POOL=$pool LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/$prog-pool$pool-%p.jsonl" \
+                timeout 120 "$B/$prog" 2>&1)
+            echo "### $prog pool=$pool"$'\n'"$with" >&3
+            compare "$prog pool=$pool" "$base" "$with"
+            say "    $(grep '^program:' <<<"$with")"
+            say "    $(grep '^cuheap:' <<<"$with" | head -1)"
+        done
+    done
+    for mode in default nocache expandable async graph pluggable; do
+        envs=()
+        case $mode in
+        nocache) envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
+        expandable) envs=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+        async) envs=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) ;;
+        esac
+        if [ $mode = pluggable ]; then
+            base=$(timeout 300 python3 tests/gpu/torch_client.py default 2>&1)
+        else
+            base=$(env "${envs[@]}" timeout 300 python3 tests/gpu/torch_client.py $mode 2>&1)
+        fi
+        echo "### torch $mode plain"$'\n'"$base" >&3
+        for pool in 0 1; do
+            if [ $mode = pluggable ]; then
+                [ $pool = 0 ] && continue
+                with=$(CUHEAP_LIB=$PRE CUHEAP_OUTPUT="$T/torch-$mode-%p.jsonl" \
+                    timeout 300 python3 tests/gpu/torch_client.py pluggable 2>&1)
+            else
+                with=$(env "${envs[@]}" CUHEAP_POOL=$pool LD_PRELOAD=$PRE \
+                    CUHEAP_OUTPUT="$T/torch-$mode-pool$pool-%p.jsonl" \
+                    timeout 300 python3 tests/gpu/torch_client.py $mode 2>&1)
+            fi
+            echo "### torch $mode pool=$pool"$'\n'"$with" >&3
+            a=$(grep '^losses' <<<"$base")
+            b=$(grep '^losses' <<<"$with")
+            if [ -n "$a" ] && [ "$a" = "$b" ]; then
+                say "  torch $mode pool=$pool: losses identical bit for bit"
+            else
+                say "  torch $mode pool=$pool: LOSSES DIFFER or run failed (see clients.log)"
+            fi
+            say "    $(grep '^torch:' <<<"$with")"
+            say "    $(grep '^cuheap:' <<<"$with")"
+        done
+    done
+    # the Python lines of the model, and the live curve against torch.cuda.memory_allocated()
+    tr=$(ls "$T"/torch-nocache-pool1-*.jsonl 2>/dev/null | head -1)
+    if [ -n "$tr" ]; then
+        "$B/cuheap" top -n 8 "$tr" >&3 2>&1
+        say "  top sites of torch nocache+pool:"
+        "$B/cuheap" top -n 5 "$tr" 2>/dev/null | sed -n 2,6p | tee -a "$OUT/summary.txt"
+        python3 tests/gpu/check_marks.py "$tr" >&3 2>&1
+        say "  $(python3 tests/gpu/check_marks.py "$tr" 2>&1 | tail -1)"
+    fi
+    for lib in jax cupy; do
+        envs=()
+        [ $lib = jax ] && envs=(XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false)
+        base=$(env "${envs[@]}" timeout 300 python3 tests/gpu/${lib}_client.py 2>&1 | grep -v Warning)
+        echo "### $lib plain"$'\n'"$base" >&3
+        for pool in 0 1; do
+            with=$(env "${envs[@]}" CUHEAP_POOL=$pool LD_PRELOAD=$PRE \
+                CUHEAP_OUTPUT="$T/$lib-pool$pool-%p.jsonl" \
+                timeout 300 python3 tests/gpu/${lib}_client.py 2>&1 | grep -v Warning)
+            echo "### $lib pool=$pool"$'\n'"$with" >&3
+            a=$(grep '^checksum' <<<"$base")
+            b=$(grep '^checksum' <<<"$with")
+            if [ -n "$a" ] && [ "$a" = "$b" ]; then
+                say "  $lib pool=$pool: same result"
+            else
+                say "  $lib pool=$pool: DIFFERENT or failed (see clients.log)"
+            fi
+            say "    $(grep '^cuheap:' <<<"$with")"
+        done
+    done
+    exec 3>&-
+}
+
+case $what in
+tests) run_tests ;;
+clients) run_clients ;;
+bench) bash bench/run-gpu.sh "$B" "$OUT" "$T" ;;
+all)
+    run_tests
+    run_clients
+    bash bench/run-gpu.sh "$B" "$OUT" "$T"
+    ;;
+*)
+    echo "usage: gpu-run.sh tests|clients|bench|all" >&2
+    exit 2
+    ;;
+esac
+tar -C "$T" -czf "$OUT/traces.tar.gz" . 2>/dev/null
+say "== done $(date -u +%FT%TZ)"
