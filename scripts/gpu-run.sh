@@ -35,20 +35,27 @@ run_tests() {
     grep -E '^# (race|oom):' "$OUT/gpu-suite.log" | tee -a "$OUT/summary.txt"
 }
 
-# first line of a program's output with and without cuheap: must be the same
+# the program's result line with and without cuheap: must be the same
 compare() {
     local name=$1 base=$2 with=$3
-    if [ "$(head -1 <<<"$base")" = "$(head -1 <<<"$with")" ] && [ -n "$base" ]; then
-        say "  $name: same result"
+    local a b
+    a=$(grep '^checksum' <<<"$base")
+    b=$(grep '^checksum' <<<"$with")
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then
+        say "  $name: same result ($a)"
     else
-        say "  $name: DIFFERENT: '$(head -1 <<<"$base")' vs '$(head -1 <<<"$with")'"
+        say "  $name: DIFFERENT: '$a' vs '$b'"
     fi
 }
+
+# ONLY="cuda torch:graph jax" limits the clients run (default: all)
+wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 run_clients() {
     exec 3>>"$OUT/clients.log"
     say "clients (result without cuheap vs with, pool off / on):"
     for prog in cuda-static cuda-shared; do
+        wanted cuda || continue
         base=$(timeout 120 "$B/$prog" 2>&1)
         echo "### $prog plain"$'\n'"$base" >&3
         for pool in 0 1; do
@@ -61,6 +68,7 @@ run_clients() {
         done
     done
     for mode in default nocache expandable async graph pluggable; do
+        wanted torch:$mode || continue
         envs=()
         case $mode in
         nocache) envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
@@ -105,6 +113,7 @@ run_clients() {
         say "  $(python3 tests/gpu/check_marks.py "$tr" 2>&1 | tail -1)"
     fi
     for lib in jax cupy; do
+        wanted $lib || continue
         envs=()
         [ $lib = jax ] && envs=(XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false)
         base=$(env "${envs[@]}" timeout 300 python3 tests/gpu/${lib}_client.py 2>&1 | grep -v Warning)

@@ -129,7 +129,7 @@ static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
     if (n->type == CUHEAP_EV_OOM || n->type == CUHEAP_EV_LIMIT)
         return; /* the hook records these with the program's stack */
     cuheap_record(&r);
-    if (n->type == CUHEAP_EV_ARENA_GROW || n->type == CUHEAP_EV_ARENA_RELEASE) {
+    if (n->type == CUHEAP_EV_ARENA_GROW) {
         struct cuheap_device *d = (struct cuheap_device *)p->be.ctx;
         /* d->reserved was moved by the pool itself; only the peak needs a look */
         cuheap_account(d, 0, 0);

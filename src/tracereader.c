@@ -295,8 +295,20 @@ const char *cuheap_trace_site(const struct cuheap_trace *t, uint32_t stack, char
         snprintf(buf, size, "(no stack)");
         return buf;
     }
-    if (json_array_size(s->python)) {
-        python_frame(json_array_get(s->python, 0), buf, size);
+    size_t npy = json_array_size(s->python);
+    if (npy) {
+        /* the program's own line says more than a library's: skip installed packages and
+         * the standard library when the stack has a frame of the user's code */
+        size_t pick = 0;
+        for (size_t i = 0; i < npy; i++) {
+            const char *file = str_or(json_object_get(json_array_get(s->python, i), "file"), "");
+            if (!strstr(file, "/site-packages/") && !strstr(file, "/dist-packages/") &&
+                !strstr(file, "/lib/python3") && file[0] != '<') {
+                pick = i;
+                break;
+            }
+        }
+        python_frame(json_array_get(s->python, pick), buf, size);
         return buf;
     }
     size_t n = json_array_size(s->frames);

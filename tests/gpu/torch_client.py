@@ -45,7 +45,7 @@ def make_model():
 
 
 model = make_model()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=(mode == "graph"))
 x = torch.randn(8, 64, 128, device=dev)
 y = torch.randint(0, 16, (8, 64), device=dev)
 loss_fn = torch.nn.CrossEntropyLoss()
