@@ -208,7 +208,7 @@ static const struct option options[] = {
      parse_uint, FIELD(stack_depth), 0, CUHEAP_MAX_STACK_DEPTH, NULL},
     {"CUHEAP_PYTHON", "1", "add Python frames when the allocating thread runs Python", parse_bool,
      FIELD(python), 0, 0, NULL},
-    {"CUHEAP_RING", "16384", "event ring slots (power of two)", parse_pow2_uint, FIELD(ring_slots),
+    {"CUHEAP_RING", "65536", "event ring slots (power of two)", parse_pow2_uint, FIELD(ring_slots),
      64, 1u << 22, NULL},
     {"CUHEAP_OUTPUT", "cuheap-%p.jsonl",
      "trace path; %p pid, %r rank (RANK/LOCAL_RANK), %h host; with a rank the default is "

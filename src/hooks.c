@@ -147,6 +147,8 @@ static void record_alloc(struct cuheap_device *d, int api, uint8_t flags, uint64
                          uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
 {
     atomic_fetch_add_explicit(&cuheap_nr_allocs, 1, memory_order_relaxed);
+    if (!cuheap_recording())
+        return;
     struct cuheap_rec r = {.type = CUHEAP_EV_ALLOC,
                            .api = (uint8_t)api,
                            .flags = (uint8_t)(flags | capture_flag()),
@@ -163,6 +165,8 @@ static void record_free(int device, int api, uint8_t flags, uint64_t ptr, uint64
                         uint64_t actual, uint64_t stream, uint64_t seq)
 {
     atomic_fetch_add_explicit(&cuheap_nr_frees, 1, memory_order_relaxed);
+    if (!cuheap_recording())
+        return;
     struct cuheap_rec r = {.type = CUHEAP_EV_FREE,
                            .api = (uint8_t)api,
                            .flags = (uint8_t)(flags | capture_flag()),

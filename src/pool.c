@@ -278,8 +278,10 @@ static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_
 
 /* ---- blocks ---- */
 
-#define CUHEAP_QUICK_MAX_SMALL 64 /* blocks per order up to 1 MiB */
-#define CUHEAP_QUICK_MAX_LARGE 8  /* blocks per order above */
+#define CUHEAP_QUICK_MAX 64 /* blocks per order */
+#define CUHEAP_QUICK_MAX_ORDER                                                                     \
+    20 /* largest order kept whole (1 MiB): splitting bigger                                       \
+          blocks is a few levels, not worth the hoarding */
 
 static unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
 {
@@ -289,7 +291,7 @@ static unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
 }
 
 static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr,
-                             uint64_t *ret_block)
+                             uint64_t *ret_block, struct cuheap_arena **ret_arena)
 {
     unsigned order = order_of_size(p, size);
     struct cuheap_quick *q = order < CUHEAP_NR_ORDERS ? &p->quick[order] : NULL;
@@ -301,6 +303,7 @@ static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret
         p->quick_bytes -= 1ull << order;
         *ret_ptr = ptr;
         *ret_block = 1ull << order;
+        *ret_arena = a;
         return 0;
     }
     for (unsigned n = 0; n < p->nr_arenas; n++) {
@@ -313,15 +316,16 @@ static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret
             a->nr_live++;
             *ret_ptr = addr;
             *ret_block = 1ull << got;
+            *ret_arena = a;
             return 0;
         }
     }
     return -ENOMEM;
 }
 
-static void mark_live_locked(struct cuheap_pool *p, uint64_t ptr, uint64_t size, uint64_t block)
+static void mark_live_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                             uint64_t size, uint64_t block)
 {
-    struct cuheap_arena *a = map_lookup(ptr);
     uint32_t u = unit_of(a, ptr);
     a->block_size[u] = size;
     a->buffer_id[u] = (1ull << 63) | ((uint64_t)(p->device & 0x7fff) << 48) | p->next_buffer_id++;
@@ -350,17 +354,18 @@ static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
 /* Give a not-live block back for reuse: onto its order's quick list while there is room,
  * else merged into its arena (an emptied arena is released per policy: its base goes to
  * *ret_release for the caller to free after unlocking). */
-static void return_block_locked(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_release,
-                                uint64_t *ret_release_size)
+static void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                                uint64_t *ret_release, uint64_t *ret_release_size)
 {
-    struct cuheap_arena *a = map_lookup(ptr);
     cuheap_assert(a && a->block_size[unit_of(a, ptr)] == 0);
     int order = cuheap_buddy_order_at(&a->buddy, ptr);
     if (order < 0)
         return;
     struct cuheap_quick *q = &p->quick[order];
-    unsigned max = order <= 20 ? CUHEAP_QUICK_MAX_SMALL : CUHEAP_QUICK_MAX_LARGE;
-    if (q->nr < max && p->cfg->release != CUHEAP_RELEASE_EMPTY) {
+    /* Bounded: quick lists must not hoard what other sizes or the driver could use. */
+    if (q->nr < CUHEAP_QUICK_MAX && p->cfg->release != CUHEAP_RELEASE_EMPTY &&
+        order <= CUHEAP_QUICK_MAX_ORDER &&
+        p->quick_bytes + (1ull << order) <= p->cfg->arena_size / 8) {
         a->link[unit_of(a, ptr)] = q->head;
         q->head = ptr;
         q->nr++;
@@ -402,9 +407,7 @@ static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
     for (uint64_t ptr = e->head; ptr;) {
         struct cuheap_arena *a = map_lookup(ptr);
         uint64_t next = a->link[unit_of(a, ptr)];
-        uint64_t rel = 0, rel_size = 0;
-        return_block_locked(p, ptr, NULL, &rel_size);
-        (void)rel;
+        return_block_locked(p, a, ptr, NULL, NULL);
         ptr = next;
     }
     p->st.pending -= bytes;
@@ -567,6 +570,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         return CUHEAP_POOL_PASS;
     }
     uint64_t ptr = 0, block = 0;
+    struct cuheap_arena *arena = NULL;
     int r = -ENOMEM;
     bool missed = false;
     /* Same-stream reuse needs no fence: later work on that stream is ordered after the free. */
@@ -575,8 +579,8 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         unsigned order = cuheap_buddy_order_for(&p->arenas[0]->buddy, size);
         if (order < CUHEAP_NR_ORDERS && sc->heads[order]) {
             ptr = sc->heads[order];
-            struct cuheap_arena *a = map_lookup(ptr);
-            sc->heads[order] = a->link[unit_of(a, ptr)];
+            arena = map_lookup(ptr);
+            sc->heads[order] = arena->link[unit_of(arena, ptr)];
             sc->bytes -= 1ull << order;
             block = 1ull << order;
             p->st.pending -= block;
@@ -589,7 +593,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     }
     bool flushed = false, trimmed = false;
     while (r) {
-        r = take_block_locked(p, size, &ptr, &block);
+        r = take_block_locked(p, size, &ptr, &block, &arena);
         if (r == 0)
             break;
         missed = true;
@@ -626,7 +630,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         p->st.nr_misses++;
     else
         p->st.nr_hits++;
-    mark_live_locked(p, ptr, size, block);
+    mark_live_locked(p, arena, ptr, size, block);
     *ret_seq = cuheap_seq_next();
     pthread_mutex_unlock(&p->lock);
     *ret_ptr = ptr;
@@ -639,14 +643,12 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
 {
     pthread_mutex_lock(&p->lock);
     struct cuheap_arena *a = map_lookup(ptr);
-    uintptr_t start;
-    unsigned order;
-    bool allocated;
-    if (!a || a->pool != p || cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) ||
-        start != ptr || !allocated || a->block_size[unit_of(a, ptr)] == 0) {
+    int found = a && a->pool == p ? cuheap_buddy_order_at(&a->buddy, ptr) : -EINVAL;
+    if (found < 0 || a->block_size[unit_of(a, ptr)] == 0) {
         pthread_mutex_unlock(&p->lock);
-        return -EINVAL;
+        return -EINVAL; /* not a block start, or not live: a double free */
     }
+    unsigned order = (unsigned)found;
     uint32_t u = unit_of(a, ptr);
     uint64_t size = a->block_size[u], block = 1ull << order;
     a->block_size[u] = 0;
@@ -671,12 +673,12 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
             close_epoch_locked(p);
         }
     } else if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE) {
-        return_block_locked(p, ptr, &release, &release_size);
+        return_block_locked(p, a, ptr, &release, &release_size);
     } else if (p->cfg->reuse == CUHEAP_REUSE_SYNC) {
         pthread_mutex_unlock(&p->lock);
         p->be.device_sync(p->be.ctx); /* what cuMemFree itself would have waited for */
         pthread_mutex_lock(&p->lock);
-        return_block_locked(p, ptr, &release, &release_size);
+        return_block_locked(p, a, ptr, &release, &release_size);
     } else {
         struct cuheap_epoch *e = open_epoch(p);
         a->link[u] = e->head;

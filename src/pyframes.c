@@ -258,18 +258,53 @@ static uint32_t intern_code(uintptr_t code)
 
 /* ---- the walk ---- */
 
+/* PyCode_Addr2Line walks a code object's line table from its start: microseconds for the
+ * long functions of frameworks. The same call sites allocate again and again, so lines are
+ * cached by (code object, instruction offset). Direct-mapped; entries are written whole
+ * under line_lock. */
+#define NR_LINE_SLOTS 8192
+
+struct line_slot {
+    uintptr_t code;
+    int offset;
+    int line;
+};
+
+static struct line_slot line_cache[NR_LINE_SLOTS];
+static atomic_flag line_lock = ATOMIC_FLAG_INIT;
+
+static int cached_line(uintptr_t code, int offset)
+{
+    uint64_t h = ((uint64_t)code ^ ((uint64_t)offset << 40)) * 0x9e3779b97f4a7c15ull;
+    struct line_slot *slot = &line_cache[h >> 51];
+    int line = -1;
+    while (atomic_flag_test_and_set_explicit(&line_lock, memory_order_acquire))
+        ;
+    if (slot->code == code && slot->offset == offset)
+        line = slot->line;
+    atomic_flag_clear_explicit(&line_lock, memory_order_release);
+    if (line >= 0)
+        return line;
+    line = py.PyCode_Addr2Line((void *)code, offset);
+    while (atomic_flag_test_and_set_explicit(&line_lock, memory_order_acquire))
+        ;
+    *slot = (struct line_slot){code, offset, line};
+    atomic_flag_clear_explicit(&line_lock, memory_order_release);
+    return line;
+}
+
 static int frame_line(uintptr_t frame, uintptr_t code)
 {
     if (layout->lasti_is_int) {
         int lasti;
         if (!peek(frame + layout->frame_instr, &lasti, sizeof(lasti)))
             return 0;
-        return py.PyCode_Addr2Line((void *)code, lasti * 2);
+        return cached_line(code, lasti * 2);
     }
     uintptr_t instr;
     if (!peek_ptr(frame + layout->frame_instr, &instr) || instr < code + code_header)
         return 0;
-    return py.PyCode_Addr2Line((void *)code, (int)(instr - (code + code_header)));
+    return cached_line(code, (int)(instr - (code + code_header)));
 }
 
 unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max)

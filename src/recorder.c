@@ -47,7 +47,7 @@ struct device_info {
 
 static const struct cuheap_config *cfg;
 static struct cuheap_ring ring;
-static atomic_bool enabled;
+atomic_bool cuheap_recorder_on;
 static atomic_bool stopping;
 static bool writer_running;
 static pthread_t writer;
@@ -83,7 +83,7 @@ static pid_t current_tid(void)
 
 void cuheap_record(const struct cuheap_rec *r)
 {
-    if (!atomic_load_explicit(&enabled, memory_order_relaxed))
+    if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed))
         return;
     struct cuheap_event *ev = cuheap_ring_claim(&ring);
     atomic_fetch_add_explicit(&nr_events, 1, memory_order_relaxed);
@@ -180,6 +180,44 @@ static json_t *frame_json(uint64_t ip)
     return f;
 }
 
+/* Frames repeat across stacks: each return address is looked up (dladdr) and turned into
+ * JSON once. Writer thread only. */
+struct sym_slot {
+    uint64_t ip;
+    json_t *frame;
+};
+
+static struct sym_slot *syms;
+static size_t nr_sym_slots, nr_syms;
+
+static json_t *frame_cached(uint64_t ip)
+{
+    if ((nr_syms + 1) * 2 > nr_sym_slots) {
+        size_t n = nr_sym_slots ? nr_sym_slots * 2 : 4096;
+        struct sym_slot *t = calloc(n, sizeof(*t));
+        if (!t)
+            return frame_json(ip);
+        for (size_t i = 0; i < nr_sym_slots; i++)
+            if (syms[i].frame) {
+                size_t j = (size_t)(syms[i].ip * 0x9e3779b97f4a7c15ull >> 20) & (n - 1);
+                while (t[j].frame)
+                    j = (j + 1) & (n - 1);
+                t[j] = syms[i];
+            }
+        free(syms);
+        syms = t;
+        nr_sym_slots = n;
+    }
+    size_t j = (size_t)(ip * 0x9e3779b97f4a7c15ull >> 20) & (nr_sym_slots - 1);
+    while (syms[j].frame && syms[j].ip != ip)
+        j = (j + 1) & (nr_sym_slots - 1);
+    if (!syms[j].frame) {
+        syms[j] = (struct sym_slot){ip, frame_json(ip)};
+        nr_syms++;
+    }
+    return json_incref(syms[j].frame);
+}
+
 static json_t *py_frame_json(const struct cuheap_py_frame *pf)
 {
     const char *file = "?", *fn = "?";
@@ -224,7 +262,7 @@ static void write_stack(const struct cuheap_stack *s)
         return;
     json_t *frames = json_array(), *py = json_array();
     for (unsigned i = 0; i < s->nr_frames; i++)
-        json_array_append_new(frames, frame_json(s->frames[i]));
+        json_array_append_new(frames, frame_cached(s->frames[i]));
     for (unsigned i = 0; i < s->nr_py; i++)
         json_array_append_new(py, py_frame_json(&s->py[i]));
     put_line(json_pack("{s:s, s:I, s:o, s:o}", "type", "stack", "id", (json_int_t)s->id, "frames",
@@ -370,7 +408,7 @@ static void *writer_main(void *arg)
         }
         pthread_mutex_unlock(&io_lock);
         if (n == 0) {
-            struct timespec ts = {0, 2 * 1000 * 1000};
+            struct timespec ts = {0, 1000 * 1000};
             nanosleep(&ts, NULL);
         }
     }
@@ -519,12 +557,12 @@ void cuheap_recorder_start(const struct cuheap_config *config)
         close_trace();
         return;
     }
-    atomic_store(&enabled, true);
+    atomic_store(&cuheap_recorder_on, true);
 }
 
 void cuheap_recorder_stop(void)
 {
-    if (!atomic_exchange(&enabled, false))
+    if (!atomic_exchange(&cuheap_recorder_on, false))
         return;
     if (writer_running) {
         atomic_store(&stopping, true);
@@ -539,7 +577,7 @@ void cuheap_recorder_stop(void)
 
 void cuheap_recorder_atfork_prepare(void)
 {
-    if (!atomic_load(&enabled))
+    if (!atomic_load(&cuheap_recorder_on))
         return;
     pthread_mutex_lock(&io_lock);
     if (out)
@@ -548,7 +586,7 @@ void cuheap_recorder_atfork_prepare(void)
 
 void cuheap_recorder_atfork_parent(void)
 {
-    if (!atomic_load(&enabled))
+    if (!atomic_load(&cuheap_recorder_on))
         return;
     pthread_mutex_unlock(&io_lock);
 }
@@ -556,7 +594,7 @@ void cuheap_recorder_atfork_parent(void)
 void cuheap_recorder_atfork_child(void)
 {
     tls_tid = 0;
-    if (!atomic_load(&enabled))
+    if (!atomic_load(&cuheap_recorder_on))
         return;
     pthread_mutex_init(&io_lock, NULL);
     /* The parent's writer thread does not exist here. Start over with our own file. */
@@ -575,7 +613,7 @@ void cuheap_recorder_atfork_child(void)
             atomic_store(&devices[i].state, 1);
     open_trace();
     if (!start_writer()) {
-        atomic_store(&enabled, false);
+        atomic_store(&cuheap_recorder_on, false);
         close_trace();
     }
 }

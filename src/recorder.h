@@ -8,6 +8,7 @@
 #ifndef CUHEAP_RECORDER_H
 #define CUHEAP_RECORDER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -29,6 +30,13 @@ struct cuheap_rec {
 /* Start recording per cfg (ring, unwinder, Python, writer thread, trace file). Failure to
  * open the trace is reported once; events are then counted but not written. */
 void cuheap_recorder_start(const struct cuheap_config *cfg);
+
+/* Whether events are being recorded now (cheap: hooks skip building events when not). */
+extern atomic_bool cuheap_recorder_on;
+static inline bool cuheap_recording(void)
+{
+    return atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed);
+}
 
 /* Record one event from a hook. Never blocks, never allocates. */
 void cuheap_record(const struct cuheap_rec *r);

@@ -111,7 +111,7 @@ static void test_bad_values_warn_and_keep_defaults(void **state)
     assert_int_equal(c.limit_permille, 0);
     assert_int_equal(c.stack_depth, 32);
     assert_true(c.pool);
-    assert_int_equal(c.ring_slots, 16384);
+    assert_int_equal(c.ring_slots, 65536);
     /* each warning names the variable and the value */
     assert_true(warned(&e, "CUHEAP_ARENA_SIZE=\"3M\""));
     assert_true(warned(&e, "CUHEAP_REUSE=\"sometimes\""));
