@@ -11,6 +11,8 @@ PRE=$B/libcuheap.so
 LOG=$OUT/bench.log
 SIZES="512 1048576 2097152 20971520 268435456"
 replay=$(ls "$T"/torch-nocache-pool1-*.jsonl 2>/dev/null | head -1)
+PARTS=${BENCH_PARTS:-micro gpt}
+REPEAT=${GPT_REPEAT:-1}
 echo "== $(date -u +%FT%TZ) bench-alloc (median ns per alloc+free pair)" >>"$LOG"
 micro() { # label, env..., -- args
     local label=$1
@@ -22,6 +24,7 @@ micro() { # label, env..., -- args
         timeout 240 "$B/bench-alloc" "$@" >>"$LOG" 2>&1
 }
 for mode in sync mix-sync; do
+    [[ " $PARTS " == *" micro "* ]] || break
     args=($mode)
     [ $mode = sync ] && args+=($SIZES)
     micro cudaMalloc -- "${args[@]}"
@@ -31,9 +34,11 @@ for mode in sync mix-sync; do
     micro cuheap-sync LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_REUSE=sync -- "${args[@]}"
     micro cuheap-immediate LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_REUSE=immediate -- "${args[@]}"
 done
+if [[ " $PARTS " == *" micro "* ]]; then
 micro cudaMallocAsync -- async $SIZES
 micro cudaMallocAsync -- mix-async
-if [ -n "$replay" ]; then
+fi
+if [ -n "$replay" ] && [[ " $PARTS " == *" micro "* ]]; then
     micro cudaMalloc -- replay-sync "$replay"
     micro cudaMallocAsync -- replay-async "$replay"
     micro cuheap-norecord LD_PRELOAD=$PRE CUHEAP_RECORD=0 -- replay-sync "$replay"
@@ -44,11 +49,16 @@ echo "== $(date -u +%FT%TZ) torch_gpt" >>"$LOG"
 gpt() { # label, env...
     local label=$1
     shift
-    echo "config=$label" >>"$LOG"
-    env "$@" CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/gpt-$label-%p.jsonl" timeout 300 python3 bench/torch_gpt.py 30 >>"$LOG" 2>&1
+    [[ " $PARTS " == *" gpt "* ]] || return 0
+    [ -n "${GPT_CONFIGS:-}" ] && [[ " $GPT_CONFIGS " != *" $label "* ]] && return 0
+    for ((i = 0; i < REPEAT; i++)); do
+        echo "config=$label" >>"$LOG"
+        env "$@" CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/gpt-$label-%p.jsonl" timeout 300 python3 bench/torch_gpt.py 30 >>"$LOG" 2>&1
+    done
 }
+for ((round = 0; round < ${GPT_ROUNDS:-1}; round++)); do
 gpt caching
-gpt caching+cuheap-record LD_PRELOAD=$PRE
+gpt caching+cuheap-record LD_PRELOAD=$PRE CUHEAP_POOL=0
 gpt nocache-raw PYTORCH_NO_CUDA_MEMORY_CACHING=1
 gpt nocache+cuheap-fence PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE
 gpt nocache+cuheap-fence-nostacks PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0
@@ -57,4 +67,6 @@ gpt nocache+cuheap-sync PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_
 gpt nocache+cuheap-immediate PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_REUSE=immediate
 gpt pluggable CUHEAP_PLUGGABLE=$PRE
 gpt cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+gpt nocache+cuheap-fence-arena64M PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_ARENA_SIZE=64M CUHEAP_RECORD=0
+done
 python3 bench/summarize.py "$LOG" | tee "$OUT/bench-summary.md" | tee -a "$OUT/summary.txt"

@@ -16,11 +16,14 @@ for line in open(sys.argv[1]):
     m = re.match(r"config=(\S+)$", line.strip())
     if m:
         cur = m.group(1)
-        order.append(cur)
-        gpt[cur] = {}
+        if cur not in gpt:
+            order.append(cur)
+            gpt[cur] = {"runs": []}
         continue
     if cur and line.startswith("step_ms="):
-        gpt[cur].update(dict(kv.split("=") for kv in line.split()))
+        kv = dict(kv.split("=") for kv in line.split())
+        gpt[cur]["runs"].append(float(kv["step_ms"]))
+        gpt[cur].update(kv)
     elif cur and line.startswith("losses"):
         gpt[cur]["losses"] = line.strip()
 
@@ -41,7 +44,7 @@ for case in micro:
     print("| %s | %s | %s | %s |" % (label, " | ".join(cells), r1, r2))
 
 print("\n### PyTorch GPT training loop (median step, peak memory, losses vs caching allocator)\n")
-print("| allocator | step ms | vs caching | peak live MiB | peak reserved MiB | reserved/live | losses |")
+print("| allocator | step ms (runs) | vs caching | peak live MiB | peak reserved MiB | reserved/live | losses |")
 print("|---|---|---|---|---|---|---|")
 ref = gpt.get("caching", {})
 for c in order:
@@ -49,8 +52,11 @@ for c in order:
     if "step_ms" not in g:
         print("| %s | failed | | | | | |" % c)
         continue
-    step = float(g["step_ms"])
+    runs = sorted(g["runs"])
+    step = runs[len(runs) // 2]
+    ref_runs = sorted(ref.get("runs", [])) or [0]
+    ref_step = ref_runs[len(ref_runs) // 2]
     same = "identical" if g.get("losses") == ref.get("losses") else "DIFFER"
-    print("| %s | %.2f | %.3f | %.0f | %.0f | %.2f | %s |" % (
-        c, step, step / float(ref["step_ms"]) if ref.get("step_ms") else 0,
+    print("| %s | %.2f (%s) | %.3f | %.0f | %.0f | %.2f | %s |" % (
+        c, step, ", ".join("%.2f" % r for r in g["runs"]), step / ref_step if ref_step else 0,
         int(g["peak_live"]) / 2**20, int(g["peak_reserved"]) / 2**20, float(g["frag"]), same))

@@ -90,8 +90,11 @@ for step in range(STEPS):
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
 
-peak_live = torch.cuda.max_memory_allocated()
-peak_reserved = torch.cuda.max_memory_reserved()
+try:
+    peak_live = torch.cuda.max_memory_allocated()
+    peak_reserved = torch.cuda.max_memory_reserved()
+except RuntimeError:  # a pluggable allocator keeps no PyTorch statistics
+    peak_live = peak_reserved = 0
 source = "torch"
 try:
     lib = ctypes.CDLL(os.environ["CUHEAP_PLUGGABLE"]) if os.environ.get("CUHEAP_PLUGGABLE") else ctypes.CDLL(None)
