@@ -237,6 +237,8 @@ static int run(int argc, char **argv)
         for (int i = 2; i < argc; i++) {
             size_t size = strtoull(argv[i], NULL, 0);
             int pairs = size >= (64u << 20) ? 200 : size >= (1u << 20) ? 2000 : 20000;
+            if (getenv("BENCH_PAIRS"))
+                pairs = atoi(getenv("BENCH_PAIRS"));
             if (!use_async && !getenv("LD_PRELOAD") && size >= (64u << 20))
                 pairs = 50; /* the driver's free of large blocks costs hundreds of us */
             printf("config=%s case=%zu ns_per_pair=%.1f pairs=%d\n", label, size,

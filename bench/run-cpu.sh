@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# CPU benchmarks (no GPU): the pool on the simulated device, wall clock and instruction counts
+# from valgrind's callgrind (stable on a noisy machine), and the ring and stack capture.
+#   bench/run-cpu.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+b=${1:-build}
+pre=$PWD/$b/src/libcuheap.so
+export LD_LIBRARY_PATH=$PWD/$b/tests/fakecuda CUHEAP_SUMMARY=0 CUHEAP_OUTPUT=/dev/null
+echo "## pool pairs on the simulated device (ns, this CPU)"
+for cfg in "raw" "norecord CUHEAP_RECORD=0" "immediate CUHEAP_RECORD=0 CUHEAP_REUSE=immediate" \
+           "events CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0" "stacks30 CUHEAP_STACK_DEPTH=30 BENCH_DEPTH=30"; do
+    set -- $cfg
+    label=$1
+    shift
+    if [ "$label" = raw ]; then
+        env BENCH_LABEL=raw "$b/bench/bench-alloc" sync 512 1048576 2097152
+    else
+        env "$@" LD_PRELOAD=$pre BENCH_LABEL=$label "$b/bench/bench-alloc" sync 512 1048576 2097152
+    fi
+done
+echo "## instructions per 512 B pair (callgrind, CUHEAP_REUSE=immediate, recording off)"
+for n in 20000 40000; do
+    env LD_PRELOAD=$pre CUHEAP_RECORD=0 CUHEAP_REUSE=immediate BENCH_PAIRS=$n \
+        valgrind --tool=callgrind --callgrind-out-file=/tmp/cuheap-cg.$n "$b/bench/bench-alloc" sync 512 >/dev/null 2>&1
+done
+a=$(grep -m1 '^summary:' /tmp/cuheap-cg.20000 | awk '{print $2}')
+c=$(grep -m1 '^summary:' /tmp/cuheap-cg.40000 | awk '{print $2}')
+# the difference of two runs leaves out start-up: 8 timed repetitions of n pairs each
+echo "instructions_per_pair=$(( (c - a) / (8 * 20000) ))"
+echo "## ring and stacks"
+"$b/bench/bench-ring"
