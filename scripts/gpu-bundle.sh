@@ -22,5 +22,5 @@ cp -L "$lib/libunwind.so.8" "$lib/libcmocka.so.0" "$b/"
 if [ -e "$lib/liblzma.so.5" ]; then cp -L "$lib/liblzma.so.5" "$b/"; fi
 nvcc -O2 -arch=sm_90 -cudart static -o "$b/cuda-static" tests/gpu/cuda_client.cu -ldl
 nvcc -O2 -arch=sm_90 -cudart shared -o "$b/cuda-shared" tests/gpu/cuda_client.cu -ldl
-git rev-parse --short HEAD >"$b/COMMIT" 2>/dev/null || true
+git describe --always --dirty >"$b/COMMIT" 2>/dev/null || true
 du -sh "$b"
