@@ -133,6 +133,30 @@ run_clients() {
             say "    $(grep '^cuheap:' <<<"$with")"
         done
     done
+    if wanted ddp; then
+        # torchrun with two ranks: each rank writes its own trace (named by rank); the tool
+        # merges them into one timeline
+        base=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 torchrun --nproc_per_node=2 \
+            tests/gpu/ddp_client.py 2>&1)
+        echo "### ddp plain"$'\n'"$base" >&3
+        with=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_SUMMARY=0 \
+            CUHEAP_OUTPUT="$T/ddp-r%r-%p.jsonl" timeout 300 torchrun --nproc_per_node=2 \
+            tests/gpu/ddp_client.py 2>&1)
+        echo "### ddp cuheap"$'\n'"$with" >&3
+        a=$(grep '^losses' <<<"$base")
+        b=$(grep '^losses' <<<"$with")
+        if [ -n "$a" ] && [ "$a" = "$b" ]; then
+            say "  ddp ($(grep '^backend' <<<"$with")), caching off + pool: losses identical"
+        else
+            say "  ddp: LOSSES DIFFER or run failed (see clients.log)"
+        fi
+        ls "$T"/ddp-r*.jsonl >&3 2>&1
+        "$B/cuheap" chrome -o "$T/ddp-merged.trace.json" "$T"/ddp-r*.jsonl >&3 2>&1 &&
+            say "  ddp: $(ls "$T"/ddp-r*.jsonl | wc -l) rank traces merged into ddp-merged.trace.json"
+        for f in "$T"/ddp-r*.jsonl; do
+            say "    $(basename "$f"): $("$B/cuheap" report "$f" 2>/dev/null | grep -E 'peak live' | head -1)"
+        done
+    fi
     exec 3>&-
 }
 

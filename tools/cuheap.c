@@ -184,17 +184,43 @@ static const char *jstr(json_t *obj, const char *key, const char *dflt)
     return v ? v : dflt;
 }
 
+/* Sites are grouped by stack; several stacks can end in the same line of the program (called
+ * from different places): those are shown as one row, largest first. */
 static void print_sites(const struct cuheap_trace *t, struct site *sites, size_t nr, size_t limit,
                         const char *what)
 {
-    char b1[32], site[700];
+    char b1[32];
     if (!nr) {
         printf("  (none)\n");
         return;
     }
-    for (size_t i = 0; i < nr && i < limit; i++)
-        printf("  %10s  %6" PRIu64 " %s  %s\n", human_bytes(sites[i].bytes, b1, sizeof(b1)),
-               sites[i].count, what, cuheap_trace_site(t, sites[i].stack, site, sizeof(site)));
+    struct row {
+        char name[700];
+        uint64_t bytes, count;
+    } *rows = calloc(nr, sizeof(*rows));
+    size_t nr_rows = 0;
+    for (size_t i = 0; i < nr; i++) {
+        char name[700];
+        cuheap_trace_site(t, sites[i].stack, name, sizeof(name));
+        size_t k = 0;
+        while (k < nr_rows && strcmp(rows[k].name, name))
+            k++;
+        if (k == nr_rows)
+            snprintf(rows[nr_rows++].name, sizeof(rows[k].name), "%s", name);
+        rows[k].bytes += sites[i].bytes;
+        rows[k].count += sites[i].count;
+    }
+    /* keep the order by bytes after merging */
+    for (size_t i = 1; i < nr_rows; i++)
+        for (size_t k = i; k > 0 && rows[k].bytes > rows[k - 1].bytes; k--) {
+            struct row tmp = rows[k];
+            rows[k] = rows[k - 1];
+            rows[k - 1] = tmp;
+        }
+    for (size_t i = 0; i < nr_rows && i < limit; i++)
+        printf("  %10s  %6" PRIu64 " %s  %s\n", human_bytes(rows[i].bytes, b1, sizeof(b1)),
+               rows[i].count, what, rows[i].name);
+    free(rows);
 }
 
 static void report_one(const struct cuheap_trace *t)

@@ -5,14 +5,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef CUHEAP_HAVE_CXXABI
+/* The C++ runtime's demangler: readable C++ names. */
+char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status);
+#endif
+
+/* Replace a mangled C++ "function" with its readable form. */
+static void demangle_frame(json_t *fr)
+{
+#ifndef CUHEAP_HAVE_CXXABI
+    (void)fr;
+#else
+    const char *name = json_string_value(json_object_get(fr, "function"));
+    if (!name || strncmp(name, "_Z", 2))
+        return;
+    int status = -1;
+    char *pretty = __cxa_demangle(name, NULL, NULL, &status);
+    if (status == 0 && pretty)
+        json_object_set_new(fr, "function", json_string(pretty));
+    free(pretty);
+#endif
+}
+
 #ifdef CUHEAP_HAVE_LIBDW
 #include <elfutils/libdwfl.h>
 #include <gelf.h>
 #include <inttypes.h>
-
-/* From the C++ runtime, when linked: readable C++ names. */
-char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status)
-    __attribute__((weak));
 
 struct module {
     char *path;
@@ -75,12 +93,8 @@ static void symbolize_frame(json_t *fr)
     Dwarf_Addr addr = strtoull(off, NULL, 16) + m->to_address - 1;
     if (!json_object_get(fr, "function")) {
         const char *name = dwfl_module_addrname(m->mod, addr);
-        if (name) {
-            int status = -1;
-            char *pretty = __cxa_demangle ? __cxa_demangle(name, NULL, NULL, &status) : NULL;
-            json_object_set_new(fr, "function", json_string(status == 0 ? pretty : name));
-            free(pretty);
-        }
+        if (name)
+            json_object_set_new(fr, "function", json_string(name));
     }
     Dwfl_Line *line = dwfl_module_getsrc(m->mod, addr);
     int lineno = 0;
@@ -91,20 +105,23 @@ static void symbolize_frame(json_t *fr)
     }
 }
 
+#else
+
+static void symbolize_frame(json_t *fr)
+{
+    (void)fr;
+}
+
+#endif
+
 void symbolize_trace(struct cuheap_trace *t)
 {
     for (size_t i = 0; i < t->nr_stacks; i++) {
         size_t n = json_array_size(t->stacks[i].frames);
-        for (size_t k = 0; k < n; k++)
-            symbolize_frame(json_array_get(t->stacks[i].frames, k));
+        for (size_t k = 0; k < n; k++) {
+            json_t *fr = json_array_get(t->stacks[i].frames, k);
+            symbolize_frame(fr);
+            demangle_frame(fr);
+        }
     }
 }
-
-#else
-
-void symbolize_trace(struct cuheap_trace *t)
-{
-    (void)t;
-}
-
-#endif
