@@ -4,6 +4,7 @@
 per pair by size and configuration with ratios to the alternatives, and the PyTorch GPT loop
 by allocator with step time, memory and whether the losses match."""
 import re
+import statistics
 import sys
 
 micro, gpt, order = {}, {}, []
@@ -44,7 +45,7 @@ for case in micro:
     print("| %s | %s | %s | %s |" % (label, " | ".join(cells), r1, r2))
 
 print("\n### PyTorch GPT training loop (median step, peak memory, losses vs caching allocator)\n")
-print("| allocator | step ms (runs) | vs caching | peak live MiB | peak reserved MiB | reserved/live | losses |")
+print("| allocator | median step ms (runs) | vs caching | peak live MiB | peak reserved MiB | reserved/live | losses |")
 print("|---|---|---|---|---|---|---|")
 ref = gpt.get("caching", {})
 for c in order:
@@ -52,10 +53,8 @@ for c in order:
     if "step_ms" not in g:
         print("| %s | failed | | | | | |" % c)
         continue
-    runs = sorted(g["runs"])
-    step = runs[len(runs) // 2]
-    ref_runs = sorted(ref.get("runs", [])) or [0]
-    ref_step = ref_runs[len(ref_runs) // 2]
+    step = statistics.median(g["runs"])
+    ref_step = statistics.median(ref.get("runs") or [0])
     same = "identical" if g.get("losses") == ref.get("losses") else "DIFFER"
     print("| %s | %.2f (%s) | %.3f | %.0f | %.0f | %.2f | %s |" % (
         c, step, ", ".join("%.2f" % r for r in g["runs"]), step / ref_step if ref_step else 0,
