@@ -204,7 +204,8 @@ static const struct option options[] = {
     {"CUHEAP_LIMIT", "none", "per-device limit: bytes (K/M/G) or a percentage of the device",
      parse_limit, 0, 0, 0, NULL},
     {"CUHEAP_RECORD", "1", "record events into the trace", parse_bool, FIELD(record), 0, 0, NULL},
-    {"CUHEAP_STACK_DEPTH", "32", "native frames recorded per event (0: no stacks, at most 64)",
+    {"CUHEAP_STACK_DEPTH", "32",
+     "native frames recorded per event (0: no stacks, at most 64; Python processes: 12 unless set)",
      parse_uint, FIELD(stack_depth), 0, CUHEAP_MAX_STACK_DEPTH, NULL},
     {"CUHEAP_PYTHON", "1", "add Python frames when the allocating thread runs Python", parse_bool,
      FIELD(python), 0, 0, NULL},
@@ -247,6 +248,8 @@ int cuheap_config_parse(struct cuheap_config *cfg, cuheap_getenv_fn get, cuheap_
         struct cuheap_config trial = *cfg;
         if (options[i].parse(&options[i], v, &trial) == 0) {
             *cfg = trial;
+            if (options[i].offset == FIELD(stack_depth) && options[i].parse == parse_uint)
+                cfg->stack_depth_set = true;
             continue;
         }
         char line[CUHEAP_PATH_MAX + 160];

@@ -29,7 +29,11 @@ enum cuheap_format {
 };
 
 #define CUHEAP_MAX_STACK_DEPTH 64
-#define CUHEAP_PATH_MAX        512
+/* Native frames per event in a Python process unless CUHEAP_STACK_DEPTH says otherwise: the
+ * Python frames carry the program's context, and deep native walks through an interpreter and
+ * a framework cost microseconds (measured: about 9 us an event at 32 frames in PyTorch). */
+#define CUHEAP_PYTHON_STACK_DEPTH 12
+#define CUHEAP_PATH_MAX           512
 
 struct cuheap_config {
     bool pool;           /* serve cuMemAlloc from the pool */
@@ -44,6 +48,8 @@ struct cuheap_config {
     unsigned limit_permille;      /* per-device limit as a share of the device, 0 = none */
     bool record;                  /* record events at all */
     unsigned stack_depth;         /* native frames per event, 0 = no stacks */
+    bool stack_depth_set;         /* CUHEAP_STACK_DEPTH was given (else Python processes get
+                                     CUHEAP_PYTHON_STACK_DEPTH) */
     bool python;                  /* add Python frames when the thread holds the GIL */
     unsigned ring_slots;          /* ring capacity, power of two */
     char output[CUHEAP_PATH_MAX]; /* trace path template (%p pid, %r rank, %h host) */

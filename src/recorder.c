@@ -59,6 +59,7 @@ static struct cuheap_stacktab stacks;
 static struct cuheap_chrome chrome;
 static uint64_t t0_ns;
 static enum cuheap_unwinder unwinder;
+static unsigned stack_depth; /* native frames per event in this process */
 static bool python;
 static struct device_info devices[NR_MAX_DEVICES];
 static _Atomic uint64_t nr_events;
@@ -111,8 +112,8 @@ void cuheap_record(const struct cuheap_rec *r)
     } else if (r->type == CUHEAP_EV_ALLOC || r->type == CUHEAP_EV_OOM ||
                r->type == CUHEAP_EV_LIMIT) {
         /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
-        if (cfg->stack_depth)
-            ev->nr_frames = (uint8_t)cuheap_unwind_capture(ev->frames, cfg->stack_depth);
+        if (stack_depth)
+            ev->nr_frames = (uint8_t)cuheap_unwind_capture(ev->frames, stack_depth);
         if (python)
             ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
     }
@@ -502,6 +503,7 @@ static void open_trace(void)
                   cuheap_unwinder_name(unwinder), "python", python, "config", conf);
     if (rank)
         json_object_set_new(h, "rank", json_integer(atoll(rank)));
+    json_object_set_new(h, "stack_depth", json_integer(stack_depth));
     put_line(h);
     fflush(out);
 }
@@ -549,8 +551,11 @@ void cuheap_recorder_start(const struct cuheap_config *config)
         cuheap_log("cannot map an event ring of %u slots; recording is off", cfg->ring_slots);
         return;
     }
-    unwinder = cfg->stack_depth ? cuheap_unwind_init() : CUHEAP_UNWIND_NONE;
     python = cfg->python && cuheap_py_init();
+    stack_depth = cfg->stack_depth;
+    if (python && !cfg->stack_depth_set && stack_depth > CUHEAP_PYTHON_STACK_DEPTH)
+        stack_depth = CUHEAP_PYTHON_STACK_DEPTH;
+    unwinder = stack_depth ? cuheap_unwind_init() : CUHEAP_UNWIND_NONE;
     cuheap_stacktab_init(&stacks);
     open_trace();
     if (!start_writer()) {
