@@ -135,26 +135,31 @@ run_clients() {
     done
     if wanted ddp; then
         # torchrun with two ranks: each rank writes its own trace (named by rank); the tool
-        # merges them into one timeline
-        base=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 torchrun --nproc_per_node=2 \
-            tests/gpu/ddp_client.py 2>&1)
-        echo "### ddp plain"$'\n'"$base" >&3
-        with=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_SUMMARY=0 \
-            CUHEAP_OUTPUT="$T/ddp-r%r-%p.jsonl" timeout 300 torchrun --nproc_per_node=2 \
-            tests/gpu/ddp_client.py 2>&1)
-        echo "### ddp cuheap"$'\n'"$with" >&3
-        a=$(grep '^losses' <<<"$base")
-        b=$(grep '^losses' <<<"$with")
-        if [ -n "$a" ] && [ "$a" = "$b" ]; then
-            say "  ddp ($(grep '^backend' <<<"$with")), caching off + pool: losses identical"
-        else
-            say "  ddp: LOSSES DIFFER or run failed (see clients.log)"
-        fi
-        ls "$T"/ddp-r*.jsonl >&3 2>&1
-        "$B/cuheap" chrome -o "$T/ddp-merged.trace.json" "$T"/ddp-r*.jsonl >&3 2>&1 &&
-            say "  ddp: $(ls "$T"/ddp-r*.jsonl | wc -l) rank traces merged into ddp-merged.trace.json"
-        for f in "$T"/ddp-r*.jsonl; do
-            say "    $(basename "$f"): $("$B/cuheap" report "$f" 2>/dev/null | grep -E 'peak live' | head -1)"
+        # merges them into one timeline. Modes: caching allocator (cuheap records), caching off
+        # (cuheap's pool), caching with NCCL buffer registration.
+        for mode in caching nocache register; do
+            envs=(TORCH_DDP_MODE=$mode)
+            [ $mode = nocache ] && envs+=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+            [ $mode = register ] && envs+=(TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1)
+            base=$(env "${envs[@]}" timeout 150 torchrun --nproc_per_node=2 \
+                tests/gpu/ddp_client.py 2>&1)
+            echo "### ddp $mode plain"$'\n'"$base" >&3
+            with=$(env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_SUMMARY=0 \
+                CUHEAP_OUTPUT="$T/ddp-$mode-r%r-%p.jsonl" timeout 150 torchrun --nproc_per_node=2 \
+                tests/gpu/ddp_client.py 2>&1)
+            echo "### ddp $mode cuheap"$'\n'"$with" >&3
+            a=$(grep '^losses' <<<"$base")
+            b=$(grep '^losses' <<<"$with")
+            if [ -n "$a" ] && [ "$a" = "$b" ]; then
+                say "  ddp $mode ($(grep '^backend' <<<"$with")): losses identical"
+            else
+                say "  ddp $mode: LOSSES DIFFER or run failed (see clients.log)"
+            fi
+            "$B/cuheap" chrome -o "$T/ddp-$mode-merged.trace.json" "$T"/ddp-$mode-r*.jsonl >&3 2>&1 &&
+                say "    $(ls "$T"/ddp-$mode-r*.jsonl | wc -l) rank traces merged into ddp-$mode-merged.trace.json"
+            for f in "$T"/ddp-$mode-r*.jsonl; do
+                say "    $(basename "$f"): $("$B/cuheap" report "$f" 2>/dev/null | grep -E '^GPU|peak live' | tr -s ' ' | paste -sd' ')"
+            done
         done
     fi
     exec 3>&-
