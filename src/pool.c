@@ -133,6 +133,11 @@ static int map_update(struct cuheap_arena *a, bool add)
     return 0;
 }
 
+void cuheap_pool_atfork_child(void)
+{
+    pthread_mutex_init(&g_map_lock, NULL);
+}
+
 struct cuheap_pool *cuheap_pool_of(uint64_t ptr)
 {
     struct cuheap_arena *a = map_lookup(ptr);

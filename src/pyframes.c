@@ -367,6 +367,12 @@ bad:
     return 0;
 }
 
+void cuheap_py_atfork_child(void)
+{
+    atomic_flag_clear(&table_lock);
+    atomic_flag_clear(&line_lock);
+}
+
 uint32_t cuheap_py_nr_codes(void)
 {
     return atomic_load_explicit(&nr_codes, memory_order_acquire);

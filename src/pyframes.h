@@ -27,6 +27,9 @@ bool cuheap_py_init(void);
  * thread does not hold the GIL or Python is absent. */
 unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max);
 
+/* In a child after fork: drop locks another thread of the parent may have held. */
+void cuheap_py_atfork_child(void);
+
 /* For the writer: number of interned code objects, and what one of them is. */
 uint32_t cuheap_py_nr_codes(void);
 bool cuheap_py_code(uint32_t id, const char **ret_file, const char **ret_function);

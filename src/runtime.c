@@ -17,6 +17,7 @@
 
 #include "event.h"
 #include "log.h"
+#include "pyframes.h"
 #include "recorder.h"
 
 struct cuheap_config cuheap_cfg;
@@ -69,6 +70,8 @@ static void fork_parent(void)
  * pools without touching the driver; the child's own CUDA use starts fresh. */
 static void fork_child(void)
 {
+    cuheap_pool_atfork_child();
+    cuheap_py_atfork_child();
     unsigned n = atomic_load(&nr_devices);
     for (unsigned i = 0; i < n; i++) {
         cuheap_pool_forget(&devices[i].pool);

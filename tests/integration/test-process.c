@@ -192,6 +192,22 @@ static void test_unwritable_trace_path(void **state)
     done(&r);
 }
 
+static void test_full_disk(void **state)
+{
+    (void)state;
+    struct result plain = run(FAKE " %s/tests/programs/cuheap-demo 30", build, build);
+    /* /dev/full: the trace opens, every write fails as on a full disk */
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=/dev/full CUHEAP_FLUSH_MS=1 "
+                               "%s/tests/programs/cuheap-demo 30",
+                          build, build, build);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, plain.out);
+    assert_int_equal(count_lines(r.err, "cannot write trace /dev/full"), 1);
+    assert_non_null(strstr(r.err, "allocations")); /* the summary still comes */
+    done(&plain);
+    done(&r);
+}
+
 static void test_bad_setting_warns_once_and_runs(void **state)
 {
     (void)state;
@@ -341,6 +357,15 @@ static void test_python_frames_name_the_script(void **state)
     assert_non_null(strstr(r.out, "py_alloc.py:22 in allocate_activations"));
     assert_non_null(strstr(r.out, "forward"));
     done(&r);
+    /* Python processes walk 12 native frames unless told otherwise */
+    r = run("head -1 py.jsonl");
+    assert_non_null(strstr(r.out, "\"stack_depth\":12"));
+    done(&r);
+    r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=py2.jsonl CUHEAP_SUMMARY=0 CUHEAP_STACK_DEPTH=20 "
+                 "%s %s/tests/programs/py_alloc.py && head -1 py2.jsonl",
+            build, build, python, source);
+    assert_non_null(strstr(r.out, "\"stack_depth\":20"));
+    done(&r);
 }
 
 static void test_several_devices(void **state)
@@ -379,6 +404,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fork_and_exec_children_write_their_own_traces,
                                         fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_unwritable_trace_path, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_full_disk, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_bad_setting_warns_once_and_runs, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_sigkill_leaves_a_readable_prefix, fresh_dir,
