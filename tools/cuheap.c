@@ -41,6 +41,7 @@ static void usage(FILE *f)
                "  chrome [-o OUT] TRACE...  one Chrome/Perfetto timeline (ranks merged)\n"
                "  folded [--by peak|total] TRACE   folded stacks for flamegraph.pl/speedscope\n"
                "  memviz [-o OUT] TRACE     PyTorch memory_viz snapshot (pickle)\n"
+               "  html [-o OUT] TRACE       self-contained HTML report with charts\n"
                "  check TRACE...            read and validate traces\n"
                "  help                      this text\n");
 }
@@ -462,6 +463,29 @@ static int cmd_memviz(int argc, char **argv)
     return close_out(f, out_path);
 }
 
+static int cmd_html(int argc, char **argv)
+{
+    const char *out_path = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt(argc, argv, "o:")) != -1) {
+        if (c != 'o')
+            return fail("html: see 'cuheap help'");
+        out_path = optarg;
+    }
+    if (optind != argc - 1)
+        return fail("html: expected one trace file");
+    struct cuheap_trace t;
+    if (load(argv[optind], &t))
+        return 2;
+    FILE *f = open_out(out_path);
+    if (!f)
+        return 2;
+    export_html(&t, f);
+    cuheap_trace_free(&t);
+    return close_out(f, out_path);
+}
+
 static int cmd_check(int argc, char **argv)
 {
     if (argc < 2)
@@ -505,11 +529,14 @@ int main(int argc, char **argv)
         return cmd_memviz(argc, argv);
     if (!strcmp(cmd, "check"))
         return cmd_check(argc, argv);
+    if (!strcmp(cmd, "html"))
+        return cmd_html(argc, argv);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;
     }
-    fail("unknown command '%s' (commands: run report top leaks chrome folded memviz check help)",
+    fail("unknown command '%s' (commands: run report top leaks chrome folded memviz html check "
+         "help)",
          cmd);
     return 2;
 }

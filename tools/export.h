@@ -19,4 +19,8 @@ int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out);
  * https://pytorch.org/memory_viz and torch.cuda._memory_viz. */
 int export_memviz(const struct cuheap_trace *t, FILE *out);
 
+/* A self-contained HTML report: charts of live and reserved bytes per GPU, top sites at the
+ * peak with stacks, leaks, out-of-memory events. */
+int export_html(const struct cuheap_trace *t, FILE *out);
+
 #endif

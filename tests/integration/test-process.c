@@ -298,6 +298,12 @@ static void test_tool_commands(void **state)
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "allocated over the run"));
     done(&r);
+    r = run("%s/tools/cuheap html -o report.html demo.jsonl && grep -c '<svg' report.html && "
+            "grep -c 'layer_forward' report.html",
+            build);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(strncmp(r.out, "1\n", 2), 0); /* one chart: one GPU */
+    done(&r);
     r = run("%s/tools/cuheap folded demo.jsonl", build);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "model_forward"));
