@@ -308,6 +308,19 @@ const char *cuheap_reuse_name(enum cuheap_reuse r)
     return reuse_names[r];
 }
 
+const char *cuheap_format_size(uint64_t v, char *buf, size_t size)
+{
+    if (v >= (1ull << 30))
+        snprintf(buf, size, "%.2f GiB", (double)v / (double)(1ull << 30));
+    else if (v >= (1ull << 20))
+        snprintf(buf, size, "%.2f MiB", (double)v / (double)(1ull << 20));
+    else if (v >= 1024)
+        snprintf(buf, size, "%.2f KiB", (double)v / 1024.0);
+    else
+        snprintf(buf, size, "%" PRIu64 " B", v);
+    return buf;
+}
+
 void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
                         const char *host)
 {

@@ -77,6 +77,9 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
 int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
                       unsigned *ret_permille);
 
+/* "12.34 MiB": bytes for people (powers of 1024). Returns buf. */
+const char *cuheap_format_size(uint64_t bytes, char *buf, size_t size);
+
 /* Expand %p (pid), %r (rank or 0), %h (host name) and %% in a path template. */
 void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
                         const char *host);

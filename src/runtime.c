@@ -303,18 +303,6 @@ CUHEAP_API void cuheap_mark(const char *label)
     cuheap_record(&r);
 }
 
-static void human(char *buf, size_t n, uint64_t v)
-{
-    if (v >= (1ull << 30))
-        snprintf(buf, n, "%.2f GiB", (double)v / (double)(1ull << 30));
-    else if (v >= (1ull << 20))
-        snprintf(buf, n, "%.2f MiB", (double)v / (double)(1ull << 20));
-    else if (v >= 1024)
-        snprintf(buf, n, "%.2f KiB", (double)v / 1024.0);
-    else
-        snprintf(buf, n, "%" PRIu64 " B", v);
-}
-
 static void summary(void)
 {
     struct cuheap_stats s;
@@ -328,8 +316,8 @@ static void summary(void)
         cuheap_pool_get_stats(&d->pool, &ps);
         char pl[32], pr[32];
         uint64_t peak_live = atomic_load(&d->peak_live), peak_res = atomic_load(&d->peak_reserved);
-        human(pl, sizeof(pl), peak_live);
-        human(pr, sizeof(pr), peak_res);
+        cuheap_format_size(peak_live, pl, sizeof(pl));
+        cuheap_format_size(peak_res, pr, sizeof(pr));
         uint64_t tries = ps.nr_hits + ps.nr_misses;
         cuheap_log_always(
             "GPU %d: peak live %s, peak reserved %s, fragmentation %.2f "

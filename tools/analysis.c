@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "event.h"
 
 static size_t hash_ptr(uint64_t p, size_t n)
@@ -232,13 +233,5 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
 
 const char *human_bytes(uint64_t v, char *buf, size_t size)
 {
-    if (v >= (1ull << 30))
-        snprintf(buf, size, "%.2f GiB", (double)v / (double)(1ull << 30));
-    else if (v >= (1ull << 20))
-        snprintf(buf, size, "%.2f MiB", (double)v / (double)(1ull << 20));
-    else if (v >= 1024)
-        snprintf(buf, size, "%.2f KiB", (double)v / 1024.0);
-    else
-        snprintf(buf, size, "%" PRIu64 " B", v);
-    return buf;
+    return cuheap_format_size(v, buf, size);
 }

@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <libgen.h>
@@ -438,50 +439,31 @@ static int cmd_folded(int argc, char **argv)
     return close_out(stdout, "-");
 }
 
-static int cmd_memviz(int argc, char **argv)
+/* `NAME [-o OUT] TRACE`: one trace in, one file out (stdout unless -o). */
+static int cmd_export_one(int argc, char **argv, bool binary,
+                          int (*export)(const struct cuheap_trace *t, FILE *f))
 {
-    const char *out_path = NULL;
+    const char *name = argv[0], *out_path = NULL;
     int c;
     optind = 1;
     while ((c = getopt(argc, argv, "o:")) != -1) {
         if (c != 'o')
-            return fail("memviz: see 'cuheap help'");
+            return fail("%s: see 'cuheap help'", name);
         out_path = optarg;
     }
     if (optind != argc - 1)
-        return fail("memviz: expected one trace file");
-    if (!out_path && isatty(STDOUT_FILENO))
-        return fail("memviz: the snapshot is binary (pickle); give -o FILE.pickle");
+        return fail("%s: expected one trace file", name);
+    if (binary && !out_path && isatty(STDOUT_FILENO))
+        return fail("%s: the output is binary; give -o FILE", name);
     struct cuheap_trace t;
     if (load(argv[optind], &t))
         return 2;
     FILE *f = open_out(out_path);
-    if (!f)
+    if (!f) {
+        cuheap_trace_free(&t);
         return 2;
-    export_memviz(&t, f);
-    cuheap_trace_free(&t);
-    return close_out(f, out_path);
-}
-
-static int cmd_html(int argc, char **argv)
-{
-    const char *out_path = NULL;
-    int c;
-    optind = 1;
-    while ((c = getopt(argc, argv, "o:")) != -1) {
-        if (c != 'o')
-            return fail("html: see 'cuheap help'");
-        out_path = optarg;
     }
-    if (optind != argc - 1)
-        return fail("html: expected one trace file");
-    struct cuheap_trace t;
-    if (load(argv[optind], &t))
-        return 2;
-    FILE *f = open_out(out_path);
-    if (!f)
-        return 2;
-    export_html(&t, f);
+    export(&t, f);
     cuheap_trace_free(&t);
     return close_out(f, out_path);
 }
@@ -526,11 +508,11 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "folded"))
         return cmd_folded(argc, argv);
     if (!strcmp(cmd, "memviz"))
-        return cmd_memviz(argc, argv);
+        return cmd_export_one(argc, argv, true, export_memviz);
     if (!strcmp(cmd, "check"))
         return cmd_check(argc, argv);
     if (!strcmp(cmd, "html"))
-        return cmd_html(argc, argv);
+        return cmd_export_one(argc, argv, false, export_html);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

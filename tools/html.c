@@ -11,19 +11,29 @@
 #include "event.h"
 #include "export.h"
 
-#define CHART_W 960
-#define CHART_H 260
+#define CHART_W   960
+#define CHART_H   260
 #define NR_POINTS 1500
 
 static void esc(FILE *f, const char *s)
 {
     for (; s && *s; s++) {
         switch (*s) {
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '&': fputs("&amp;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f); break;
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        default:
+            fputc(*s, f);
+            break;
         }
     }
 }
@@ -73,8 +83,9 @@ static size_t curve(const struct cuheap_trace *t, int device, struct point *out)
 
 static void chart(FILE *f, const struct point *p, size_t n, uint64_t top)
 {
-    fprintf(f, "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">"
-               "<rect width=\"100%%\" height=\"100%%\" fill=\"#fafafa\" stroke=\"#ccc\"/>",
+    fprintf(f,
+            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"#fafafa\" stroke=\"#ccc\"/>",
             CHART_W, CHART_H + 20, CHART_W, CHART_H + 20);
     const char *color[2] = {"#d62728", "#1f77b4"};
     for (int s = 0; s < 2; s++) {
@@ -89,9 +100,10 @@ static void chart(FILE *f, const struct point *p, size_t n, uint64_t top)
         fputs("\"/>", f);
     }
     char b[32];
-    fprintf(f, "<text x=\"8\" y=\"16\" font-size=\"12\">%s</text>"
-               "<text x=\"8\" y=\"%d\" font-size=\"12\" fill=\"#1f77b4\">live</text>"
-               "<text x=\"48\" y=\"%d\" font-size=\"12\" fill=\"#d62728\">reserved</text></svg>\n",
+    fprintf(f,
+            "<text x=\"8\" y=\"16\" font-size=\"12\">%s</text>"
+            "<text x=\"8\" y=\"%d\" font-size=\"12\" fill=\"#1f77b4\">live</text>"
+            "<text x=\"48\" y=\"%d\" font-size=\"12\" fill=\"#d62728\">reserved</text></svg>\n",
             human_bytes(top, b, sizeof(b)), CHART_H + 16, CHART_H + 16);
 }
 
@@ -150,11 +162,12 @@ int export_html(const struct cuheap_trace *t, FILE *f)
     for (unsigned i = 0; i < s.nr_dev; i++) {
         struct device_summary *d = &s.dev[i];
         char b1[32], b2[32], b3[32];
-        fprintf(f, "<h2>GPU %d</h2>\n<p>peak live <b>%s</b> at %.3f s, peak reserved <b>%s</b>, "
-                   "fragmentation %.2f, %" PRIu64 " allocations (%" PRIu64 " from the pool), %s "
-                   "allocated in all",
-                d->device, human_bytes(d->peak_live, b1, sizeof(b1)),
-                (double)d->peak_live_t / 1e9, human_bytes(d->peak_reserved, b2, sizeof(b2)),
+        fprintf(f,
+                "<h2>GPU %d</h2>\n<p>peak live <b>%s</b> at %.3f s, peak reserved <b>%s</b>, "
+                "fragmentation %.2f, %" PRIu64 " allocations (%" PRIu64 " from the pool), %s "
+                "allocated in all",
+                d->device, human_bytes(d->peak_live, b1, sizeof(b1)), (double)d->peak_live_t / 1e9,
+                human_bytes(d->peak_reserved, b2, sizeof(b2)),
                 d->peak_live ? (double)d->peak_reserved / (double)d->peak_live : 0.0, d->nr_allocs,
                 d->nr_pooled, human_bytes(d->bytes_allocated, b3, sizeof(b3)));
         if (d->nr_ooms || d->nr_limit)
