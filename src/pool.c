@@ -562,6 +562,18 @@ static unsigned release_empty_unlocked(struct cuheap_pool *p)
     return nr;
 }
 
+/* Debug builds (-Ddebug_checks=true) check every invariant after every operation. */
+static void debug_check(struct cuheap_pool *p)
+{
+#ifdef CUHEAP_DEBUG
+    char why[256];
+    if (cuheap_pool_check(p, why, sizeof(why)))
+        cuheap_assert_fail(why, __FILE__, __LINE__);
+#else
+    (void)p;
+#endif
+}
+
 /* ---- public ---- */
 
 int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
@@ -638,6 +650,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     mark_live_locked(p, arena, ptr, size, block);
     *ret_seq = cuheap_seq_next();
     pthread_mutex_unlock(&p->lock);
+    debug_check(p);
     *ret_ptr = ptr;
     *ret_block = block;
     return 0;
@@ -699,6 +712,7 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
     pthread_mutex_unlock(&p->lock);
     if (release)
         p->be.mem_free(p->be.ctx, release);
+    debug_check(p);
     return 0;
 }
 

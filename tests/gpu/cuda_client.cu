@@ -68,6 +68,17 @@ int main()
     }
     CHECK(cudaStreamSynchronize(s));
     CHECK(cudaFree(out));
+    // cudaGetDriverEntryPoint must lead to the same hooks as every other door
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    CHECK(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 12000, cudaEnableDefault, &q));
+    typedef int (*alloc_fn)(unsigned long long *, size_t);
+    typedef int (*free_fn)(unsigned long long);
+    void *ffn = nullptr;
+    CHECK(cudaGetDriverEntryPointByVersion("cuMemFree", &ffn, 12000, cudaEnableDefault, &q));
+    unsigned long long dp = 0;
+    if (fn && ffn && ((alloc_fn)fn)(&dp, 4096) == 0 && ((free_fn)ffn)(dp) == 0)
+        nr_sync++;
     printf("checksum=%llu\n", total);
     uint64_t (*count)(const char *) = (uint64_t (*)(const char *))dlsym(RTLD_DEFAULT, "cuheap_call_count");
     printf("program: cudaMalloc=%d cudaMallocAsync=%d cudaMallocManaged=%d cudaMallocHost=%d\n",
