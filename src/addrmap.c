@@ -103,3 +103,27 @@ int cuheap_addrmap_take(struct cuheap_addrmap *m, uint64_t key, struct cuheap_ad
     pthread_mutex_unlock(&m->lock);
     return 0;
 }
+
+void cuheap_addrmap_drop_device(struct cuheap_addrmap *m, int device, uint64_t *ret_size,
+                                uint64_t *ret_actual)
+{
+    /* A rare event (a device reset): scan, then take what was found, a batch at a time. */
+    for (;;) {
+        uint64_t keys[256];
+        size_t nr = 0;
+        pthread_mutex_lock(&m->lock);
+        for (size_t i = 0; i < m->nr_slots && nr < 256; i++)
+            if (m->slots[i].key && m->slots[i].device == device)
+                keys[nr++] = m->slots[i].key;
+        pthread_mutex_unlock(&m->lock);
+        if (!nr)
+            return;
+        for (size_t i = 0; i < nr; i++) {
+            struct cuheap_addr_entry e;
+            if (cuheap_addrmap_take(m, keys[i], &e) == 0) {
+                *ret_size += e.size;
+                *ret_actual += e.actual;
+            }
+        }
+    }
+}

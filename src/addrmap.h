@@ -43,4 +43,9 @@ int cuheap_addrmap_take(struct cuheap_addrmap *m, uint64_t key, struct cuheap_ad
 /* Look without removing. Returns 0 or -ENOENT. */
 int cuheap_addrmap_get(struct cuheap_addrmap *m, uint64_t key, struct cuheap_addr_entry *ret);
 
+/* Remove every entry of one device; adds their requested and actual bytes to *ret_size and
+ * *ret_actual. */
+void cuheap_addrmap_drop_device(struct cuheap_addrmap *m, int device, uint64_t *ret_size,
+                                uint64_t *ret_actual);
+
 #endif

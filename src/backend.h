@@ -29,6 +29,9 @@ struct cuheap_backend {
     int (*device_sync)(void *ctx);
     /* What the driver says is free and total on the device. */
     int (*mem_info)(void *ctx, uint64_t *ret_free, uint64_t *ret_total);
+    /* The device's context is gone: forget fence resources without calling the driver
+     * (optional). */
+    void (*forget)(void *ctx);
 };
 
 #endif

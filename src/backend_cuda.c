@@ -206,6 +206,20 @@ static int mem_info(void *ctx, uint64_t *ret_free, uint64_t *ret_total)
     return 0;
 }
 
+static void forget(void *ctx)
+{
+    struct cuheap_device *d = ctx;
+    memset(d->fences, 0, sizeof(d->fences)); /* the events were the dead context's */
+    CUcontext dead = atomic_load(&d->ctx);
+    pthread_mutex_lock(&streams_lock);
+    for (unsigned i = 0; i < nr_streams;)
+        if (streams[i].ctx == dead)
+            streams[i] = streams[--nr_streams];
+        else
+            i++;
+    pthread_mutex_unlock(&streams_lock);
+}
+
 void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *ret)
 {
     *ret = (struct cuheap_backend){
@@ -219,5 +233,6 @@ void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *re
         .stream_fence_record = stream_fence_record,
         .device_sync = device_sync,
         .mem_info = mem_info,
+        .forget = forget,
     };
 }

@@ -44,6 +44,8 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuStreamBeginCapture_v2_ptsz, (CUstream, CUstreamCaptureMode))                               \
     X(cuStreamEndCapture, (CUstream, CUgraph *))                                                   \
     X(cuStreamEndCapture_ptsz, (CUstream, CUgraph *))                                              \
+    X(cuDevicePrimaryCtxReset_v2, (CUdevice))                                                      \
+    X(cuCtxDestroy_v2, (CUcontext))                                                                \
     X(cuGetProcAddress, (const char *, void **, int, cuuint64_t))                                  \
     X(cuGetProcAddress_v2,                                                                         \
       (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))                  \
@@ -54,6 +56,8 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuCtxPushCurrent_v2, (CUcontext))                                                            \
     X(cuCtxPopCurrent_v2, (CUcontext *))                                                           \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                           \
+    X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                    \
+    X(cuDevicePrimaryCtxGetState, (CUdevice, unsigned int *, int *))                               \
     X(cuDeviceGet, (CUdevice *, int))                                                              \
     X(cuDeviceGetName, (char *, int, CUdevice))                                                    \
     X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                   \

@@ -58,6 +58,8 @@
     X(cuStreamBeginCapture_v2_ptsz)                                                                \
     X(cuStreamEndCapture)                                                                          \
     X(cuStreamEndCapture_ptsz)                                                                     \
+    X(cuDevicePrimaryCtxReset_v2)                                                                  \
+    X(cuCtxDestroy_v2)                                                                             \
     X(cuGetProcAddress)                                                                            \
     X(cuGetProcAddress_v2)
 
@@ -724,6 +726,37 @@ CUHEAP_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
     LEAVE(r);
 }
 
+/* ---- contexts going away: the driver frees their memory, the pool must forget it ---- */
+
+CUHEAP_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxReset_v2);
+    unsigned flags = 0;
+    int is_active = 0;
+    if (active && cuheap_drv.cuDevicePrimaryCtxGetState &&
+        cuheap_drv.cuDevicePrimaryCtxGetState(dev, &flags, &is_active) == CUDA_SUCCESS &&
+        is_active) {
+        /* the primary context's handle, without changing its reference count for good */
+        CUcontext primary = NULL;
+        if (cuheap_drv.cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS) {
+            cuheap_drv.cuDevicePrimaryCtxRelease_v2(dev);
+            struct cuheap_device *d = cuheap_device_by_ctx(primary);
+            if (d)
+                cuheap_device_gone(d, false);
+        }
+    }
+    LEAVE(cuheap_drv.cuDevicePrimaryCtxReset_v2(dev));
+}
+
+CUHEAP_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    ENTER(cuCtxDestroy_v2);
+    struct cuheap_device *d = active ? cuheap_device_by_ctx(ctx) : NULL;
+    if (d)
+        cuheap_device_gone(d, true);
+    LEAVE(cuheap_drv.cuCtxDestroy_v2(ctx));
+}
+
 /* ---- the lookup doors ---- */
 
 static void remap(void **pfn)
@@ -818,8 +851,8 @@ static struct cuheap_device *device_for(int ordinal, bool *ret_pushed)
         return d;
     CUcontext ctx;
     CUdevice dev;
-    if (cuheap_drv.cuDeviceGet(&dev, ordinal) || cuheap_drv.cuDevicePrimaryCtxRetain(&ctx, dev) ||
-        cuheap_drv.cuCtxPushCurrent_v2(ctx))
+    if (!cuheap_drv.cuCtxPushCurrent_v2 || cuheap_drv.cuDeviceGet(&dev, ordinal) ||
+        cuheap_drv.cuDevicePrimaryCtxRetain(&ctx, dev) || cuheap_drv.cuCtxPushCurrent_v2(ctx))
         return NULL;
     *ret_pushed = true;
     return cuheap_device_current();

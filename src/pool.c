@@ -896,6 +896,36 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
     return 0;
 }
 
+uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t live = p->st.live;
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        uint64_t base = a->buddy.base, size = a->buddy.size;
+        map_update(a, false);
+        arena_retire(a);
+        atomic_fetch_sub(p->device_reserved, size);
+        p->st.reserved -= size;
+        note(p, CUHEAP_EV_ARENA_RELEASE, base, size, p->st.reserved, 0);
+    }
+    p->nr_arenas = 0;
+    p->hint = 0;
+    uint64_t keep_hits = p->st.nr_hits, keep_misses = p->st.nr_misses;
+    memset(&p->st, 0, sizeof(p->st));
+    p->st.nr_hits = keep_hits;
+    p->st.nr_misses = keep_misses;
+    memset(p->epochs, 0, sizeof(p->epochs)); /* their events died with the context */
+    memset(p->caches, 0, sizeof(p->caches));
+    memset(p->quick, 0, sizeof(p->quick));
+    p->quick_bytes = 0;
+    p->ep_head = p->ep_tail = 0;
+    if (p->be.forget)
+        p->be.forget(p->be.ctx);
+    pthread_mutex_unlock(&p->lock);
+    return live;
+}
+
 void cuheap_pool_forget(struct cuheap_pool *p)
 {
     for (unsigned i = 0; i < p->nr_arenas; i++) {

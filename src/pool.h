@@ -156,6 +156,11 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
  * description in why. Expensive: tests and CUHEAP_DEBUG builds. */
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size);
 
+/* The device context is being destroyed or reset: the driver frees every arena itself. Drop
+ * them all without calling it (a trace note per arena), along with pending fences. Returns
+ * the bytes of live pooled allocations that went with them. */
+uint64_t cuheap_pool_abandon(struct cuheap_pool *p);
+
 /* Forget everything without calling the driver: a child after fork cannot use the parent's
  * device memory. */
 void cuheap_pool_forget(struct cuheap_pool *p);

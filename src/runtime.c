@@ -195,11 +195,35 @@ struct cuheap_device *cuheap_device_current(void)
     return d;
 }
 
+struct cuheap_device *cuheap_device_by_ctx(CUcontext ctx)
+{
+    unsigned n = atomic_load_explicit(&nr_devices, memory_order_acquire);
+    for (unsigned i = 0; ctx && i < n; i++)
+        if (atomic_load(&devices[i].ctx) == ctx)
+            return &devices[i];
+    return NULL;
+}
+
+void cuheap_device_gone(struct cuheap_device *d, bool dead)
+{
+    uint64_t pooled_live = cuheap_pool_abandon(&d->pool);
+    uint64_t size = 0, actual = 0;
+    cuheap_addrmap_drop_device(&cuheap_passthru, d->ordinal, &size, &actual);
+    cuheap_account(d, -(int64_t)(pooled_live + size), -(int64_t)actual);
+    char label[96];
+    snprintf(label, sizeof(label), "GPU %d context %s: %s of live allocations went with it",
+             d->ordinal, dead ? "destroyed" : "reset", "all");
+    struct cuheap_rec r = {.type = CUHEAP_EV_MARK, .device = (int16_t)d->ordinal, .label = label};
+    cuheap_record(&r);
+    if (dead)
+        atomic_store(&d->ctx, NULL); /* a new context at this address gets a new record */
+}
+
 struct cuheap_device *cuheap_device_by_ordinal(int ordinal)
 {
     unsigned n = atomic_load_explicit(&nr_devices, memory_order_acquire);
     for (unsigned i = 0; i < n; i++)
-        if (devices[i].ordinal == ordinal)
+        if (devices[i].ordinal == ordinal && atomic_load(&devices[i].ctx))
             return &devices[i];
     return NULL;
 }

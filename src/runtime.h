@@ -54,6 +54,13 @@ bool cuheap_boot(void);
  * context or when the table is full. */
 struct cuheap_device *cuheap_device_current(void);
 
+/* The record of a context, if one exists. */
+struct cuheap_device *cuheap_device_by_ctx(CUcontext ctx);
+
+/* The record's context is being destroyed or reset: drop its pool and its pass-through
+ * entries (the driver frees the memory itself). When `dead`, the record is retired. */
+void cuheap_device_gone(struct cuheap_device *d, bool dead);
+
 /* The record for a device ordinal, if one exists. */
 struct cuheap_device *cuheap_device_by_ordinal(int ordinal);
 

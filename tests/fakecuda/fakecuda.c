@@ -533,6 +533,56 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     return dev >= 0 && dev < g_nr_devices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
+FAKE_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CHECK_INIT();
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_nr_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *flags = 0;
+    *active = 1; /* the fake's primary contexts live as long as the driver */
+    return CUDA_SUCCESS;
+}
+
+/* Like the driver: every allocation of the device is freed at once. */
+static void reset_device_locked(int dev)
+{
+    device_sync_locked(dev);
+    for (size_t i = 0; i < g_nr_allocs;) {
+        if (device_of_ptr(g_allocs[i].ptr) == dev && g_allocs[i].kind != KIND_HOST) {
+            g_devices[dev].used -= g_allocs[i].size;
+            remove_alloc_locked(&g_allocs[i]);
+            continue;
+        }
+        i++;
+    }
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CHECK_INIT();
+    if (dev < 0 || dev >= g_nr_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    reset_device_locked(dev);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CHECK_INIT();
+    struct fake_ctx *c = (struct fake_ctx *)ctx;
+    if (!c || c->magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    /* the fake has primary contexts only: destroying one resets its device */
+    pthread_mutex_lock(&g_lock);
+    reset_device_locked(c->device);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
 FAKE_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     CHECK_INIT();
@@ -540,6 +590,33 @@ FAKE_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
     if (c && c->magic != CTX_MAGIC)
         return CUDA_ERROR_INVALID_CONTEXT;
     tls_ctx = c;
+    return CUDA_SUCCESS;
+}
+
+static _Thread_local struct fake_ctx *tls_stack[8];
+static _Thread_local int tls_depth;
+
+FAKE_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CHECK_INIT();
+    struct fake_ctx *c = (struct fake_ctx *)ctx;
+    if (!c || c->magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (tls_depth == 8)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    tls_stack[tls_depth++] = tls_ctx;
+    tls_ctx = c;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CHECK_INIT();
+    if (!tls_ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx)
+        *pctx = (CUcontext)tls_ctx;
+    tls_ctx = tls_depth ? tls_stack[--tls_depth] : NULL;
     return CUDA_SUCCESS;
 }
 
@@ -1499,8 +1576,13 @@ static const struct proc_entry g_procs[] = {
     P("cuDeviceTotalMem", cuDeviceTotalMem_v2),
     P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2),
+    P("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState),
+    P("cuCtxDestroy", cuCtxDestroy_v2),
     P("cuCtxSetCurrent", cuCtxSetCurrent),
     P("cuCtxGetCurrent", cuCtxGetCurrent),
+    P("cuCtxPushCurrent", cuCtxPushCurrent_v2),
+    P("cuCtxPopCurrent", cuCtxPopCurrent_v2),
     P("cuCtxGetDevice", cuCtxGetDevice),
     P("cuCtxSynchronize", cuCtxSynchronize),
     P("cuGetErrorName", cuGetErrorName),

@@ -506,6 +506,28 @@ static void test_pool_off_goes_to_driver(void **state)
     assert_int_equal(stats().nr_arenas, 0);
 }
 
+/* cudaDeviceReset and context destruction free everything on the device: the pool must
+ * forget its arenas (not hand out freed memory) and start over. Runs last. */
+static void test_device_reset_drops_the_pool(void **state)
+{
+    (void)state;
+    CUdeviceptr p, q;
+    assert_int_equal(cu.cuMemAlloc_v2(&p, 4096), CUDA_SUCCESS);
+    unsigned long before = fake_calls(FAKECUDA_CALL_MEM_ALLOC);
+    assert_int_equal(cuDevicePrimaryCtxReset_v2(0), CUDA_SUCCESS);
+    struct cuheap_stats s = stats();
+    assert_int_equal(s.nr_arenas, 0);
+    assert_int_equal(s.reserved_bytes, 0);
+    assert_int_equal(s.live_bytes, 0);
+    /* the old pointer died with the reset: freeing it is the driver's error */
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu.cuMemAlloc_v2(&q, 4096), CUDA_SUCCESS);
+    if (pool_on)
+        assert_int_equal(fake_calls(FAKECUDA_CALL_MEM_ALLOC), before + 1); /* a new arena */
+    memset((void *)(uintptr_t)q, 1, 4096); /* really device memory of the new epoch */
+    assert_int_equal(cu.cuMemFree_v2(q), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     /* Each configuration runs what applies to it (cmocka's TAP skips read as failures). */
@@ -527,6 +549,7 @@ int main(void)
         cmocka_unit_test(test_capture_passes_to_driver),
         cmocka_unit_test(test_pluggable_allocator),
         cmocka_unit_test(test_pool_off_goes_to_driver),
+        cmocka_unit_test(test_device_reset_drops_the_pool),
     };
     size_t n = 0;
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
