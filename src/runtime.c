@@ -8,6 +8,7 @@
 #include "runtime.h"
 
 #include <cuheap/cuheap.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -114,6 +115,17 @@ bool cuheap_boot(void)
         return true;
     pthread_once(&boot_once, boot);
     return atomic_load(&booted);
+}
+
+bool cuheap_boot_if_cuda(void)
+{
+    if (atomic_load_explicit(&booted, memory_order_acquire))
+        return true;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!h)
+        return false;
+    dlclose(h);
+    return cuheap_boot();
 }
 
 static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)

@@ -50,6 +50,10 @@ extern _Atomic uint64_t cuheap_nr_allocs, cuheap_nr_frees, cuheap_nr_passthrough
  * work; false means: call the driver and nothing else. */
 bool cuheap_boot(void);
 
+/* Start like cuheap_boot(), but only in a process that has already loaded the driver (for
+ * callers that are not CUDA calls, such as NVTX). */
+bool cuheap_boot_if_cuda(void);
+
 /* The record of the calling thread's current context, created on first use; NULL without a
  * context or when the table is full. */
 struct cuheap_device *cuheap_device_current(void);

@@ -174,6 +174,8 @@ static int cmd_run(int argc, char **argv)
         return fail("out of memory");
     setenv("LD_PRELOAD", preload, 1);
     free(preload);
+    /* NVTX ranges the program emits become trace markers (cuheap is an NVTX injection) */
+    setenv("NVTX_INJECTION64_PATH", lib, 0);
     execvp(argv[optind], argv + optind);
     return fail("run: cannot execute %s: %s", argv[optind], strerror(errno)) == 2 ? 127 : 127;
 }

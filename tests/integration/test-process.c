@@ -374,6 +374,20 @@ static void test_python_frames_name_the_script(void **state)
     done(&r);
 }
 
+static void test_nvtx_ranges_become_markers(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " %s/tools/cuheap run -o n.jsonl -- %s/tests/programs/nvtx-prog && "
+                               "grep -c '\"label\":\"nvtx push: forward\"' n.jsonl && "
+                               "grep -c '\"label\":\"nvtx: activations ready\"' n.jsonl && "
+                               "grep -c '\"label\":\"nvtx pop\"' n.jsonl",
+                          build, build, build);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    assert_non_null(strstr(r.out, "nvtx_prog: ok\n3\n3\n3\n"));
+    done(&r);
+}
+
 static void test_several_devices(void **state)
 {
     (void)state;
@@ -420,6 +434,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tool_commands, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_rejects_bad_input, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_name_the_script, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
