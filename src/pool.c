@@ -213,16 +213,27 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     return 0;
 }
 
-/* Take one arena from the device: the configured size, smaller when a limit or the device
- * leaves less, but never smaller than need. Drops p->lock around the driver call.
+static uint64_t pow2_ceil(uint64_t v)
+{
+    return v <= 1 ? 1 : 1ull << (64 - __builtin_clzll(v - 1));
+}
+
+/* Take one arena from the device. Its size doubles the pool each time, from an eighth of
+ * CUHEAP_ARENA_SIZE up to CUHEAP_ARENA_SIZE, so a small program does not hold a whole arena
+ * for a few buffers; smaller when a limit or the device leaves less; never smaller than
+ * need. Drops p->lock around the driver call.
  * Returns 0, CUHEAP_BE_OOM, or -EDQUOT when the limit is what refused. */
 static int grow_locked(struct cuheap_pool *p, uint64_t need)
 {
     if (p->nr_arenas == CUHEAP_NR_MAX_ARENAS)
         return CUHEAP_BE_OOM;
-    uint64_t size = p->cfg->arena_size;
     if (need < p->cfg->min_block)
         need = p->cfg->min_block;
+    need = pow2_ceil(need);
+    uint64_t size = p->cfg->arena_size;
+    uint64_t target = pow2_ceil(p->st.reserved > size / 8 ? p->st.reserved : size / 8);
+    if (target < size)
+        size = target > need ? target : need;
     bool limited = false;
     int r = CUHEAP_BE_OOM;
     uint64_t ptr = 0;

@@ -209,6 +209,22 @@ static void release(struct fixture *f, uint64_t ptr, uint64_t stream)
     assert_int_equal(cuheap_pool_free(&f->pool, ptr, stream, &size, &block, &seq), 0);
 }
 
+static void test_pool_grows_by_doubling(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 32, 256 * MIB, 0);
+    f->cfg.pool_max = 128 * MIB;
+    alloc(f, 4096, 0);
+    assert_int_equal(atomic_load(&f->reserved), 32 * MIB); /* an eighth of the arena size */
+    alloc(f, 30 * MIB, 0);
+    assert_int_equal(atomic_load(&f->reserved), 64 * MIB); /* doubled */
+    alloc(f, 100 * MIB, 0);
+    assert_int_equal(atomic_load(&f->reserved), 192 * MIB); /* a 128 MiB arena: the block's */
+    alloc(f, 100 * MIB, 0);
+    assert_int_equal(atomic_load(&f->reserved), 448 * MIB); /* capped at the arena size */
+    teardown(f);
+}
+
 static void test_immediate_reuses_at_once(void **state)
 {
     (void)state;
@@ -371,13 +387,15 @@ static void test_trim_gives_empty_arenas_back(void **state)
     uint64_t p[4];
     for (int i = 0; i < 4; i++)
         p[i] = alloc(f, 2 * MIB, 0);
-    assert_int_equal(f->dev.nr_allocs, 2);
+    /* the pool doubles: 2 MiB (the block is larger than an eighth of the arena size), 2 MiB,
+     * then a 4 MiB arena for the last two */
+    assert_int_equal(f->dev.nr_allocs, 3);
     release(f, p[0], 0);
     release(f, p[1], 0);
     uint64_t released = cuheap_pool_trim(&f->pool, false);
-    /* the two frees waited for their fence; one arena became empty and went back */
+    /* the two frees waited for their fence; the two small arenas became empty and went back */
     assert_int_equal(released, 4 * MIB);
-    assert_int_equal(f->dev.nr_frees, 1);
+    assert_int_equal(f->dev.nr_frees, 2);
     assert_int_equal(atomic_load(&f->reserved), 4 * MIB);
     teardown(f);
 }
@@ -473,6 +491,7 @@ static void test_threaded_storm(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool_grows_by_doubling),
         cmocka_unit_test(test_immediate_reuses_at_once),
         cmocka_unit_test(test_fence_holds_blocks_until_complete),
         cmocka_unit_test(test_fence_miss_waits_for_oldest_when_full),
