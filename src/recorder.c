@@ -82,10 +82,39 @@ static pid_t current_tid(void)
 
 /* ---- hook side ---- */
 
+/* A child after fork opens its trace with its first event, not at fork: DataLoader-style
+ * workers that never use CUDA leave no file. */
+static atomic_bool child_pending;
+static pthread_mutex_t child_start_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool start_writer(void);
+static void open_trace(void);
+static void close_trace(void);
+
+static void child_start(void)
+{
+    pthread_mutex_lock(&child_start_lock);
+    if (atomic_load(&child_pending)) {
+        open_trace();
+        if (!start_writer()) {
+            atomic_store(&cuheap_recorder_on, false);
+            close_trace();
+        }
+        atomic_store(&child_pending, false);
+    }
+    pthread_mutex_unlock(&child_start_lock);
+}
+
+bool cuheap_recorder_idle_child(void)
+{
+    return atomic_load(&child_pending);
+}
+
 void cuheap_record(const struct cuheap_rec *r)
 {
     if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed))
         return;
+    if (atomic_load_explicit(&child_pending, memory_order_relaxed))
+        child_start();
     struct cuheap_event *ev = cuheap_ring_claim(&ring);
     atomic_fetch_add_explicit(&nr_events, 1, memory_order_relaxed);
     if (!ev)
@@ -569,6 +598,8 @@ void cuheap_recorder_stop(void)
 {
     if (!atomic_exchange(&cuheap_recorder_on, false))
         return;
+    if (atomic_load(&child_pending))
+        return; /* a child that recorded nothing: no writer, no file */
     if (writer_running) {
         atomic_store(&stopping, true);
         pthread_join(writer, NULL);
@@ -616,11 +647,8 @@ void cuheap_recorder_atfork_child(void)
     for (int i = 0; i < NR_MAX_DEVICES; i++)
         if (atomic_load(&devices[i].state) == 2)
             atomic_store(&devices[i].state, 1);
-    open_trace();
-    if (!start_writer()) {
-        atomic_store(&cuheap_recorder_on, false);
-        close_trace();
-    }
+    pthread_mutex_init(&child_start_lock, NULL);
+    atomic_store(&child_pending, true); /* the trace opens with the child's first event */
 }
 
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)

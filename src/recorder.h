@@ -47,7 +47,10 @@ void cuheap_recorder_device(int ordinal, const char *name, uint64_t total);
 /* Stop the writer, drain what is left, close the trace. Idempotent. */
 void cuheap_recorder_stop(void);
 
-/* Fork handling: the child writes its own trace. */
+/* A child of fork that has recorded nothing yet (it prints no summary either). */
+bool cuheap_recorder_idle_child(void);
+
+/* Fork handling: the child writes its own trace, opened at its first event. */
 void cuheap_recorder_atfork_prepare(void);
 void cuheap_recorder_atfork_parent(void);
 void cuheap_recorder_atfork_child(void);

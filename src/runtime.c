@@ -52,8 +52,9 @@ static void at_exit(void)
 {
     if (!atomic_load(&booted))
         return;
+    bool idle_child = cuheap_recorder_idle_child();
     cuheap_recorder_stop();
-    if (cuheap_cfg.summary)
+    if (cuheap_cfg.summary && !idle_child)
         summary();
 }
 

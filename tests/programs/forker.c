@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * For the fork/exec tests: the parent allocates, a forked child allocates on its own, and a
- * second child execs another CUDA program. Each process must leave its own trace.
+ * second child execs another CUDA program, a third never uses CUDA. Each process that used
+ * CUDA must leave its own trace; the third none.
  *   forker PROGRAM_TO_EXEC
  */
 #include <stdlib.h>
@@ -34,12 +35,16 @@ int main(int argc, char **argv)
     pid_t child = fork();
     if (child == 0)
         exit(alloc_free(&d, 5, 1 << 16)); /* the simulated driver survives fork */
+    pid_t idle = fork();
+    if (idle == 0)
+        exit(0); /* a worker that never touches CUDA: no trace, no summary */
     pid_t execd = fork();
     if (execd == 0) {
         execl(argv[1], argv[1], (char *)NULL);
         _exit(127);
     }
-    int st1, st2;
+    int st1, st2, st3;
+    waitpid(idle, &st3, 0);
     waitpid(child, &st1, 0);
     waitpid(execd, &st2, 0);
     if (alloc_free(&d, 2, 1 << 20))
