@@ -605,8 +605,8 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     bool missed = false;
     /* Same-stream reuse needs no fence: later work on that stream is ordered after the free. */
     struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, false) : NULL;
-    if (sc && p->arenas[0]) {
-        unsigned order = cuheap_buddy_order_for(&p->arenas[0]->buddy, size);
+    if (sc) {
+        unsigned order = order_of_size(p, size);
         if (order < CUHEAP_NR_ORDERS && sc->heads[order]) {
             ptr = sc->heads[order];
             arena = map_lookup(ptr);
@@ -697,10 +697,7 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         p->st.pending += block;
         /* Keep per-stream hoards bounded: past an arena's worth, share them behind a fence. */
         if (sc->bytes > p->cfg->arena_size) {
-            struct cuheap_epoch *e = open_epoch(p);
-            uint64_t before = e->bytes;
             flush_stream_caches_locked(p);
-            (void)before;
             close_epoch_locked(p);
         }
     } else if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE) {
@@ -821,7 +818,7 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
 {
     pthread_mutex_lock(&p->lock);
-    uint64_t reserved = 0, live = 0, live_blocks = 0, nr_allocated = 0;
+    uint64_t reserved = 0, live = 0, live_blocks = 0;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
         if (cuheap_buddy_check(&a->buddy, why, why_size)) {
@@ -855,7 +852,6 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
         if (arena_allocated != a->nr_live)
             FAIL("arena %u: nr_live %lu, counted %lu", i, (unsigned long)a->nr_live,
                  (unsigned long)arena_allocated);
-        nr_allocated += arena_allocated;
     }
     if (reserved != p->st.reserved)
         FAIL("reserved %lu, arenas add up to %lu", (unsigned long)p->st.reserved,
@@ -902,7 +898,6 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
              (unsigned long)quick);
     if (pending != p->st.pending)
         FAIL("pending %lu, lists hold %lu", (unsigned long)p->st.pending, (unsigned long)pending);
-    (void)nr_allocated;
     pthread_mutex_unlock(&p->lock);
     return 0;
 }
