@@ -374,6 +374,28 @@ static void test_python_frames_name_the_script(void **state)
     done(&r);
 }
 
+/* Every CPython from 3.10 to 3.13 this machine has (pyenv keeps several): the frame layouts
+ * differ per version. */
+static void test_python_frames_each_version(void **state)
+{
+    (void)state;
+    struct result list = run("ls -d /root/.pyenv/versions/3.1[0-3]*/bin/python3 "
+                             "/usr/bin/python3.1[0-3] 2>/dev/null || true");
+    int tried = 0;
+    for (char *line = strtok(list.out, "\n"); line; line = strtok(NULL, "\n")) {
+        struct result r =
+            run(FAKE " " PRELOAD " CUHEAP_OUTPUT=v.jsonl CUHEAP_SUMMARY=0 "
+                     "%s %s/tests/programs/py_alloc.py && %s/tools/cuheap top v.jsonl",
+                build, build, line, source, build);
+        if (r.status || !strstr(r.out, "py_alloc.py:22 in allocate_activations"))
+            fail_msg("%s: %s%s", line, r.out, r.err);
+        done(&r);
+        tried++;
+    }
+    print_message("# python versions tried: %d\n", tried);
+    done(&list);
+}
+
 static void test_nvtx_ranges_become_markers(void **state)
 {
     (void)state;
@@ -434,6 +456,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tool_commands, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_rejects_bad_input, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_name_the_script, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_python_frames_each_version, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
     };
