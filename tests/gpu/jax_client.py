@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: MIT
 """JAX under cuheap: with XLA_PYTHON_CLIENT_ALLOCATOR=platform every buffer is a driver
 allocation. Prints a checksum of a jitted computation and the allocation counts cuheap saw."""
-import ctypes
-
+import cuheap_probe
 import jax
 import jax.numpy as jnp
 
@@ -22,10 +21,4 @@ for i in range(20):
     b = jax.random.normal(k2, (512, 512), dtype=jnp.float32) * 0.01
     total += float(f(a, b))
 print("checksum", float(total).hex())
-try:
-    count = ctypes.CDLL(None).cuheap_call_count
-    count.restype = ctypes.c_uint64
-    print("cuheap:", " ".join("%s=%d" % (n, count(n.encode())) for n in
-                              ["cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocAsync", "cuMemCreate"]))
-except AttributeError:
-    print("cuheap: not loaded")
+print("cuheap:", cuheap_probe.call_counts(["cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocAsync", "cuMemCreate"]))

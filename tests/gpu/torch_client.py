@@ -9,11 +9,12 @@ saw.
 The allocator settings themselves come from the environment the runner sets
 (PYTORCH_NO_CUDA_MEMORY_CACHING, PYTORCH_CUDA_ALLOC_CONF); `pluggable` installs cuheap's
 CUDAPluggableAllocator from CUHEAP_LIB."""
-import ctypes
 import os
 import sys
 
 import torch
+
+import cuheap_probe
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "default"
 if mode == "pluggable":
@@ -51,17 +52,11 @@ y = torch.randint(0, 16, (8, 64), device=dev)
 loss_fn = torch.nn.CrossEntropyLoss()
 losses = []
 
-try:  # a marker per step with PyTorch's own live figure, to check cuheap's curve against
-    _mark = ctypes.CDLL(None).cuheap_mark
-    _mark.argtypes = [ctypes.c_char_p]
-except AttributeError:
-    _mark = None
-
-
 def mark_step(i):
-    if _mark is not None:
+    """A marker per step with PyTorch's own live figure, to check cuheap's curve against."""
+    if cuheap_probe.loaded():
         torch.cuda.synchronize()
-        _mark(("step %d allocated=%d" % (i, torch.cuda.memory_allocated())).encode())
+        cuheap_probe.mark("step %d allocated=%d" % (i, torch.cuda.memory_allocated()))
 
 
 def step():
@@ -99,12 +94,6 @@ stats = torch.cuda.memory_stats()
 print("torch: num_device_alloc=%s num_device_free=%s max_allocated=%d max_reserved=%d" % (
     stats.get("num_device_alloc"), stats.get("num_device_free"), torch.cuda.max_memory_allocated(),
     torch.cuda.max_memory_reserved()))
-try:
-    lib = ctypes.CDLL(None)
-    count = lib.cuheap_call_count
-    count.restype = ctypes.c_uint64
-    names = ["cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
-             "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemCreate", "cuMemMap", "cuMemRelease"]
-    print("cuheap:", " ".join("%s=%d" % (n, count(n.encode())) for n in names))
-except AttributeError:
-    print("cuheap: not loaded")
+print("cuheap:", cuheap_probe.call_counts([
+    "cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz", "cuMemCreate", "cuMemMap", "cuMemRelease"]))
