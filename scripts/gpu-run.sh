@@ -103,6 +103,15 @@ run_clients() {
             say "    $(grep '^cuheap:' <<<"$with")"
         done
     done
+    if wanted torch:oom; then
+        # PyTorch's OutOfMemoryError and empty_cache() keep working under the pool
+        for envs in "PYTORCH_NO_CUDA_MEMORY_CACHING=1" "CUHEAP_POOL=0" "CUHEAP_POOL=1"; do
+            with=$(env $envs LD_PRELOAD=$PRE CUHEAP_SUMMARY=0 CUHEAP_OUTPUT=/dev/null \
+                timeout 300 python3 tests/gpu/torch_oom.py 2>&1)
+            echo "### torch oom $envs"$'\n'"$with" >&3
+            say "  torch oom ($envs): $(grep '^oom' <<<"$with" || echo FAILED)"
+        done
+    fi
     # the Python lines of the model, and the live curve against torch.cuda.memory_allocated()
     tr=$(ls "$T"/torch-nocache-pool1-*.jsonl 2>/dev/null | head -1)
     if [ -n "$tr" ]; then

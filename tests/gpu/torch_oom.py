@@ -1,0 +1,17 @@
+# SPDX-License-Identifier: MIT
+"""PyTorch's own out-of-memory handling under cuheap: fill the device with 8 GiB tensors until
+torch.OutOfMemoryError, let go of them, empty_cache(), and go on computing. Prints how many
+fitted and whether the job recovered."""
+import torch
+
+held = []
+try:
+    while True:
+        held.append(torch.empty(8 << 30, dtype=torch.uint8, device="cuda"))
+except torch.OutOfMemoryError:
+    n = len(held)
+del held
+torch.cuda.empty_cache()
+x = torch.ones(4096, 4096, device="cuda")
+y = (x @ x).sum().item()
+print("oom after %d x 8 GiB; recovered: %s" % (n, y == 4096.0 ** 3))
