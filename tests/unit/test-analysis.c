@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/* The tool's answers on a trace whose truth is known: peak live and when, reserved through
+ * arena events, what was live at the peak by site, what was never freed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "analysis.h"
+#include "event.h"
+
+#define MIB (1ull << 20)
+
+static char path[64];
+
+static void line(FILE *f, const char *ev, uint64_t seq, uint64_t ptr, uint64_t size, int pooled,
+                 int stack)
+{
+    fprintf(f,
+            "{\"type\":\"event\",\"seq\":%llu,\"t\":%llu,\"event\":\"%s\",\"api\":\"%s\","
+            "\"device\":0,\"tid\":1,\"ptr\":\"0x%llx\",\"size\":%llu,\"actual\":%llu,"
+            "\"pooled\":%s%s",
+            (unsigned long long)seq, (unsigned long long)seq * 1000, ev,
+            strcmp(ev, "arena_grow") ? "cuMemAlloc" : "none", (unsigned long long)ptr,
+            (unsigned long long)size, (unsigned long long)size, pooled ? "true" : "false",
+            stack ? "" : "}\n");
+    if (stack)
+        fprintf(f, ",\"stack\":%d}\n", stack);
+}
+
+/* Site 1 (train.py:10) allocates 10 MiB from the pool and frees it; site 2 (train.py:20)
+ * allocates 20 MiB from the pool, 100 MiB from the driver (the peak, 130 MiB live), and 4 MiB
+ * it never frees. The comments give the live bytes after each event. */
+static int write_trace(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof(path), "/tmp/cuheap-analysis-XXXXXX");
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"type\":\"header\",\"format\":\"cuheap-trace\",\"version\":1,\"pid\":9,"
+          "\"start_unix_ns\":0,\"config\":{}}\n",
+          f);
+    fputs("{\"type\":\"stack\",\"id\":1,\"frames\":[],\"python\":[{\"file\":\"train.py\","
+          "\"line\":10,\"function\":\"embed\"}]}\n",
+          f);
+    fputs("{\"type\":\"stack\",\"id\":2,\"frames\":[],\"python\":[{\"file\":\"train.py\","
+          "\"line\":20,\"function\":\"attention\"}]}\n",
+          f);
+    line(f, "arena_grow", 1, 0x100000000, 64 * MIB, 1, 0);
+    line(f, "alloc", 2, 0x100000000, 10 * MIB, 1, 1);  /* live 10 */
+    line(f, "alloc", 3, 0x101000000, 20 * MIB, 1, 2);  /* live 30 */
+    line(f, "alloc", 4, 0x200000000, 100 * MIB, 0, 2); /* live 130: the peak (driver) */
+    line(f, "free", 5, 0x200000000, 100 * MIB, 0, 0);  /* live 30 */
+    line(f, "free", 6, 0x100000000, 10 * MIB, 1, 0);   /* live 20 */
+    line(f, "alloc", 7, 0x102000000, 4 * MIB, 1, 2);   /* live 24 */
+    line(f, "free", 8, 0x101000000, 20 * MIB, 1, 0);   /* live 4: site 2 leaks 4 MiB */
+    fputs("{\"type\":\"footer\",\"events\":8,\"written\":8,\"dropped\":0,\"stacks\":2,\"t\":9}\n", f);
+    fclose(f);
+    return 0;
+}
+
+static int remove_trace(void **state)
+{
+    (void)state;
+    unlink(path);
+    return 0;
+}
+
+static void test_summary(void **state)
+{
+    (void)state;
+    struct cuheap_trace t;
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, &t, err, sizeof(err)), 0);
+    struct trace_summary s;
+    summarize(&t, &s);
+    assert_int_equal(s.nr_dev, 1);
+    struct device_summary *d = &s.dev[0];
+    assert_int_equal(d->peak_live, 130 * MIB);
+    assert_int_equal(d->peak_live_t, 4000);
+    assert_int_equal(d->peak_reserved, 164 * MIB); /* the arena and the driver's 100 MiB */
+    assert_int_equal(d->live, 4 * MIB);
+    assert_int_equal(d->nr_allocs, 4);
+    assert_int_equal(d->nr_pooled, 3);
+    assert_int_equal(d->nr_frees, 3);
+
+    struct site *sites;
+    size_t nr = collect_sites(&t, &s, SITES_AT_PEAK, -1, &sites);
+    assert_int_equal(nr, 2);
+    assert_int_equal(sites[0].stack, 2); /* 20 + 100 MiB live at the peak */
+    assert_int_equal(sites[0].bytes, 120 * MIB);
+    assert_int_equal(sites[1].stack, 1);
+    assert_int_equal(sites[1].bytes, 10 * MIB);
+    free(sites);
+
+    nr = collect_sites(&t, &s, SITES_LEAKED, -1, &sites);
+    assert_int_equal(nr, 1);
+    assert_int_equal(sites[0].stack, 2);
+    assert_int_equal(sites[0].bytes, 4 * MIB);
+    free(sites);
+
+    nr = collect_sites(&t, &s, SITES_TOTAL, -1, &sites);
+    assert_int_equal(sites[0].bytes, 124 * MIB);
+    assert_int_equal(sites[0].count, 3);
+    free(sites);
+
+    char name[128];
+    assert_string_equal(cuheap_trace_site(&t, 2, name, sizeof(name)), "train.py:20 in attention");
+    cuheap_trace_free(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_summary, write_trace, remove_trace),
+    };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
