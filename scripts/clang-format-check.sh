@@ -4,7 +4,7 @@
 set -eu
 cf="$1"
 cd "${MESON_SOURCE_ROOT:-$(dirname "$0")/..}"
-files=$(git ls-files '*.c' '*.h' 2>/dev/null || find src include tools tests bench -name '*.[ch]')
+files=$(git ls-files --cached --others --exclude-standard '*.c' '*.h' 2>/dev/null || find src include tools tests bench -name '*.[ch]')
 if [ "${2:-}" = "--fix" ]; then
     "$cf" -i $files
 else

@@ -59,7 +59,8 @@ static int write_trace(void **state)
     line(f, "free", 6, 0x100000000, 10 * MIB, 1, 0);   /* live 20 */
     line(f, "alloc", 7, 0x102000000, 4 * MIB, 1, 2);   /* live 24 */
     line(f, "free", 8, 0x101000000, 20 * MIB, 1, 0);   /* live 4: site 2 leaks 4 MiB */
-    fputs("{\"type\":\"footer\",\"events\":8,\"written\":8,\"dropped\":0,\"stacks\":2,\"t\":9}\n", f);
+    fputs("{\"type\":\"footer\",\"events\":8,\"written\":8,\"dropped\":0,\"stacks\":2,\"t\":9}\n",
+          f);
     fclose(f);
     return 0;
 }
