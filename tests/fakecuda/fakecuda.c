@@ -342,15 +342,33 @@ static struct fake_ctx *current_ctx(void)
     return tls_ctx;
 }
 
-/* Resolve a CUstream handle; NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD all mean the
- * legacy stream of the current device here (the fake has no per-thread default streams). */
+/* Each thread's per-thread default stream, per device, created on first use. Like the
+ * driver's, it is a blocking stream: ordered with the legacy stream both ways, not with
+ * non-blocking streams. Never destroyed (the driver keeps it for the thread's lifetime). */
+static _Thread_local struct fake_stream *tls_per_thread[NR_MAX_DEVICES];
+
+/* Resolve a CUstream handle: NULL and CU_STREAM_LEGACY mean the legacy stream of the current
+ * device, CU_STREAM_PER_THREAD the calling thread's per-thread default stream (the _ptsz
+ * entry points turn NULL into CU_STREAM_PER_THREAD before they get here). */
 static CUresult resolve_stream_locked(CUstream h, struct fake_stream **ret)
 {
     if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
         struct fake_ctx *c = current_ctx();
         if (!c)
             return CUDA_ERROR_INVALID_CONTEXT;
-        *ret = g_devices[c->device].legacy;
+        if (h != CU_STREAM_PER_THREAD) {
+            *ret = g_devices[c->device].legacy;
+            return CUDA_SUCCESS;
+        }
+        struct fake_stream **pt = &tls_per_thread[c->device];
+        bool alive = false;
+        for (int i = 0; *pt && i < NR_MAX_STREAMS && !alive; i++)
+            alive = g_streams[i] == *pt; /* a device reset may have taken it */
+        if (!alive)
+            *pt = stream_new_locked(c->device, 0, false);
+        if (!*pt)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *ret = *pt;
         return CUDA_SUCCESS;
     }
     struct fake_stream *s = (struct fake_stream *)h;
@@ -360,6 +378,12 @@ static CUresult resolve_stream_locked(CUstream h, struct fake_stream **ret)
             return CUDA_SUCCESS;
         }
     return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* What a _ptsz entry point means by the default stream: the per-thread one. */
+static CUstream per_thread(CUstream h)
+{
+    return h ? h : CU_STREAM_PER_THREAD;
 }
 
 static bool any_capture_locked(void)
@@ -780,7 +804,17 @@ FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream h)
 
 FAKE_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream h)
 {
-    return cuMemAllocAsync(dptr, n, h);
+    return cuMemAllocAsync(dptr, n, per_thread(h));
+}
+
+/* The fake has one stream-ordered pool per device: its handle only has to be non-NULL. */
+FAKE_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pool || dev < 0 || dev >= g_nr_devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = (CUmemoryPool)&g_devices[dev];
+    return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool,
@@ -794,7 +828,7 @@ FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemo
 FAKE_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool,
                                                   CUstream h)
 {
-    return cuMemAllocFromPoolAsync(dptr, n, pool, h);
+    return cuMemAllocFromPoolAsync(dptr, n, pool, per_thread(h));
 }
 
 FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
@@ -827,7 +861,7 @@ FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
 
 FAKE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream h)
 {
-    return cuMemFreeAsync(dptr, h);
+    return cuMemFreeAsync(dptr, per_thread(h));
 }
 
 FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
@@ -1265,7 +1299,7 @@ FAKE_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *arg)
 
 FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *arg)
 {
-    return cuLaunchHostFunc(h, fn, arg);
+    return cuLaunchHostFunc(per_thread(h), fn, arg);
 }
 
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
@@ -1359,7 +1393,7 @@ FAKE_EXPORT CUresult cuEventRecord(CUevent h, CUstream st)
 
 FAKE_EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream st)
 {
-    return cuEventRecord(h, st);
+    return cuEventRecord(h, per_thread(st));
 }
 
 FAKE_EXPORT CUresult cuEventQuery(CUevent h)
@@ -1421,7 +1455,7 @@ FAKE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mod
 
 FAKE_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
 {
-    return cuStreamBeginCapture_v2(h, mode);
+    return cuStreamBeginCapture_v2(per_thread(h), mode);
 }
 
 static char g_fake_graph;
@@ -1446,7 +1480,7 @@ FAKE_EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g)
 
 FAKE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
 {
-    return cuStreamEndCapture(h, g);
+    return cuStreamEndCapture(per_thread(h), g);
 }
 
 FAKE_EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
@@ -1592,6 +1626,7 @@ static const struct proc_entry g_procs[] = {
     P("cuMemAllocManaged", cuMemAllocManaged),
     P("cuMemFree", cuMemFree_v2),
     PZ("cuMemAllocAsync", cuMemAllocAsync, cuMemAllocAsync_ptsz),
+    P("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool),
     PZ("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
     PZ("cuMemFreeAsync", cuMemFreeAsync, cuMemFreeAsync_ptsz),
     P("cuMemGetInfo", cuMemGetInfo_v2),

@@ -21,6 +21,7 @@
 
 #define DOOR_LINKED 1
 #include "../programs/driver_api.h"
+#include "../programs/race.h"
 #include "fakecuda.h"
 
 #undef cuGetProcAddress
@@ -298,50 +299,104 @@ static void test_mem_info(void **state)
 
 /* ---- stream safety ---- */
 
-struct slow_reader {
-    unsigned char *buf;
-    size_t n;
-    int delay_ms;
-    size_t bad;
-};
+/* ---- stream safety: a freed block is not reused while earlier work may still read it ---- */
 
-static void slow_read(void *arg)
+/* Under `immediate` the pool reuses at once: the race the other policies prevent, shown to
+ * be visible to these tests. */
+static void expect_race_outcome(const char *kind, struct race_result r)
 {
-    struct slow_reader *r = arg;
-    struct timespec ts = {0, r->delay_ms * 1000000L};
-    nanosleep(&ts, NULL);
-    for (size_t i = 0; i < r->n; i++)
-        r->bad += r->buf[i] != 0xAA;
+    if (r.error)
+        fail_msg("%s: a driver call failed with %d", kind, r.error);
+    if (pool_on && !strcmp(reuse, "immediate")) {
+        if (!r.changed)
+            fail_msg("%s: immediate reuse should have overwritten the reader's bytes", kind);
+    } else if (r.changed || r.reused_early) {
+        fail_msg("%s: %zu bytes changed under the reader (block reused early: %d)", kind, r.changed,
+                 r.reused_early);
+    }
 }
 
-/* A slow kernel on a non-blocking stream still reads its buffer after the program freed it
- * and allocated the same size again, and wrote the new buffer. */
-static void test_stream_race(void **state)
+static void test_race_non_blocking_stream(void **state)
 {
     (void)state;
-    const size_t n = 1 << 20;
     CUstream s;
     assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    CUdeviceptr a, b;
-    assert_int_equal(cu.cuMemAlloc_v2(&a, n), CUDA_SUCCESS);
-    assert_int_equal(cu.cuMemsetD8_v2(a, 0xAA, n), CUDA_SUCCESS);
-    struct slow_reader r = {(unsigned char *)(uintptr_t)a, n, 300, 0};
-    assert_int_equal(cu.cuLaunchHostFunc(s, slow_read, &r), CUDA_SUCCESS);
-    assert_int_equal(cu.cuMemFree_v2(a), CUDA_SUCCESS);
-    assert_int_equal(cu.cuMemAlloc_v2(&b, n), CUDA_SUCCESS);
-    /* cuMemsetD8 runs on the legacy stream, which does not wait for a non-blocking one */
-    assert_int_equal(cu.cuMemsetD8_v2(b, 0x55, n), CUDA_SUCCESS);
-    assert_int_equal(cu.cuStreamSynchronize(s), CUDA_SUCCESS);
-    if (pool_on && !strcmp(reuse, "immediate")) {
-        /* documented: immediate reuse is for single-stream programs; this is the bug it lets
-         * through, and the test shows it can see it */
-        assert_int_equal(b, a);
-        assert_int_equal(r.bad, n);
-    } else {
-        assert_int_equal(r.bad, 0);
-    }
-    assert_int_equal(cu.cuMemFree_v2(b), CUDA_SUCCESS);
+    expect_race_outcome("non-blocking stream", race_on_stream(&cu, s));
     assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+static void test_race_priority_stream(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, -1), CUDA_SUCCESS);
+    expect_race_outcome("stream with a priority", race_on_stream(&cu, s));
+    assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+static void test_race_per_thread_default_stream(void **state)
+{
+    (void)state;
+    expect_race_outcome("per-thread default stream", race_on_stream(&cu, CU_STREAM_PER_THREAD));
+}
+
+static void test_race_blocking_stream(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    expect_race_outcome("blocking stream", race_on_stream(&cu, s));
+    assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+/* A destroyed stream's work still completes; a stream created afterwards at the same address
+ * must be fenced as well. */
+static void test_race_after_stream_churn(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 8; i++) {
+        CUstream s;
+        assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+    }
+    test_race_non_blocking_stream(state);
+}
+
+/* The pluggable allocator reuses a block at once on the stream that freed it, never on
+ * another stream before a fence. */
+static void test_race_pluggable_other_stream(void **state)
+{
+    (void)state;
+    CUstream s1, s2;
+    assert_int_equal(cu.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    unsigned char *a = cuheap_torch_alloc(RACE_BLOCK, 0, s1);
+    assert_non_null(a);
+    memset(a, RACE_OLD_PATTERN, RACE_BLOCK);
+    struct race_reader reader = {a, RACE_BLOCK, RACE_READER_MS, 0, false};
+    assert_int_equal(cu.cuLaunchHostFunc(s1, race_read, &reader), CUDA_SUCCESS);
+    cuheap_torch_free(a, RACE_BLOCK, 0, s1);
+    void *got[RACE_NR_REUSE];
+    int n = 0;
+    bool early = false;
+    for (; n < RACE_NR_REUSE; n++) {
+        got[n] = cuheap_torch_alloc(RACE_BLOCK, 0, s2);
+        assert_non_null(got[n]);
+        memset(got[n], RACE_NEW_PATTERN, RACE_BLOCK);
+        if (got[n] == a && !atomic_load(&reader.done)) {
+            early = true;
+            n++;
+            break;
+        }
+    }
+    assert_int_equal(cu.cuStreamSynchronize(s1), CUDA_SUCCESS);
+    /* the stream cache keeps other streams off the block, under every policy */
+    assert_false(early);
+    assert_int_equal(reader.changed, 0);
+    while (n > 0)
+        cuheap_torch_free(got[--n], RACE_BLOCK, 0, s2);
+    assert_int_equal(cu.cuStreamDestroy_v2(s1), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamDestroy_v2(s2), CUDA_SUCCESS);
 }
 
 /* ---- out of memory and limits ---- */
@@ -542,7 +597,12 @@ int main(void)
         cmocka_unit_test(test_pointer_queries_agree),
         cmocka_unit_test(test_ipc_never_shares_wrong_bytes),
         cmocka_unit_test(test_mem_info),
-        cmocka_unit_test(test_stream_race),
+        cmocka_unit_test(test_race_non_blocking_stream),
+        cmocka_unit_test(test_race_priority_stream),
+        cmocka_unit_test(test_race_per_thread_default_stream),
+        cmocka_unit_test(test_race_blocking_stream),
+        cmocka_unit_test(test_race_after_stream_churn),
+        cmocka_unit_test(test_race_pluggable_other_stream),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_limit),
         cmocka_unit_test(test_threaded_alloc_free_storm),

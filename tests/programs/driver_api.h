@@ -4,7 +4,8 @@
  *   DOOR_LINKED    calls the symbols directly (linked with -lcuda);
  *   DOOR_DLSYM     dlopen("libcuda.so.1") and dlsym() for every function;
  *   DOOR_PROCADDR  dlopen, dlsym() for cuGetProcAddress_v2 only, then asks it for every
- *                  function, as every CUDA runtime (static or shared) does.
+ *                  function, as every CUDA runtime (static or shared) does;
+ *   DOOR_PROCADDR_V1  the same through the original cuGetProcAddress (CUDA 11 runtimes).
  * The programs are written once against this table.
  */
 #ifndef CUHEAP_TEST_DRIVER_API_H
@@ -51,21 +52,55 @@
     X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long),   \
       "cuMemMap")                                                                                  \
     X(cuMemUnmap, (CUdeviceptr, size_t), "cuMemUnmap")                                             \
-    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t), "cuMemSetAccess")
+    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t), "cuMemSetAccess")    \
+    X(cuCtxGetCurrent, (CUcontext *), "cuCtxGetCurrent")                                           \
+    X(cuCtxDestroy_v2, (CUcontext), "cuCtxDestroy")                                                \
+    X(cuDevicePrimaryCtxReset_v2, (CUdevice), "cuDevicePrimaryCtxReset")                           \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice), "cuDeviceGetDefaultMemPool")          \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream),                    \
+      "cuMemAllocFromPoolAsync")                                                                   \
+    X(cuPointerGetAttributes, (unsigned, CUpointer_attribute *, void **, CUdeviceptr),             \
+      "cuPointerGetAttributes")                                                                    \
+    X(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr), "cuIpcGetMemHandle")                     \
+    X(cuStreamCreateWithPriority, (CUstream *, unsigned, int), "cuStreamCreateWithPriority")       \
+    X(cuStreamBeginCapture_v2, (CUstream, CUstreamCaptureMode), "cuStreamBeginCapture")            \
+    X(cuStreamEndCapture, (CUstream, CUgraph *), "cuStreamEndCapture")
+
+/* The per-thread-default-stream twins (cuda.h's _ptsz names), as a program built with
+ * --default-stream per-thread reaches them: by name when linked or through dlsym, with
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM through cuGetProcAddress. */
+#define DRIVER_API_PTSZ(X)                                                                         \
+    X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync")                       \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream),                    \
+      "cuMemAllocFromPoolAsync")                                                                   \
+    X(cuMemFreeAsync, (CUdeviceptr, CUstream), "cuMemFreeAsync")                                   \
+    X(cuLaunchHostFunc, (CUstream, CUhostFn, void *), "cuLaunchHostFunc")                          \
+    X(cuStreamBeginCapture_v2, (CUstream, CUstreamCaptureMode), "cuStreamBeginCapture")            \
+    X(cuStreamEndCapture, (CUstream, CUgraph *), "cuStreamEndCapture")
 
 struct driver_api {
 #define DRIVER_API_FIELD(sym, params, base) CUresult(*sym) params;
     DRIVER_API(DRIVER_API_FIELD)
+    struct {
+        DRIVER_API_PTSZ(DRIVER_API_FIELD)
+    } ptsz;
 #undef DRIVER_API_FIELD
 };
 
 #if defined(DOOR_LINKED)
+/* cuda.h declares the _ptsz names only for programs built for per-thread default streams. */
+#define DRIVER_API_DECLARE_PTSZ(sym, params, base) CUresult sym##_ptsz params;
+DRIVER_API_PTSZ(DRIVER_API_DECLARE_PTSZ)
+#undef DRIVER_API_DECLARE_PTSZ
 static const char *const door_name = "linked";
 static inline int driver_api_open(struct driver_api *d)
 {
 #define DRIVER_API_LINK(sym, params, base) d->sym = sym;
     DRIVER_API(DRIVER_API_LINK)
 #undef DRIVER_API_LINK
+#define DRIVER_API_LINK_PTSZ(sym, params, base) d->ptsz.sym = sym##_ptsz;
+    DRIVER_API_PTSZ(DRIVER_API_LINK_PTSZ)
+#undef DRIVER_API_LINK_PTSZ
     return 0;
 }
 #elif defined(DOOR_DLSYM)
@@ -80,25 +115,62 @@ static inline int driver_api_open(struct driver_api *d)
         return -1;
     DRIVER_API(DRIVER_API_DLSYM)
 #undef DRIVER_API_DLSYM
+#define DRIVER_API_DLSYM_PTSZ(sym, params, base)                                                   \
+    if (!(*(void **)&d->ptsz.sym = dlsym(h, #sym "_ptsz")))                                        \
+        return -1;
+    DRIVER_API_PTSZ(DRIVER_API_DLSYM_PTSZ)
+#undef DRIVER_API_DLSYM_PTSZ
     return 0;
 }
 #else
+/* DOOR_PROCADDR: cuGetProcAddress_v2, as CUDA 12 and later runtimes use it; DOOR_PROCADDR_V1:
+ * the original cuGetProcAddress (CUDA 11 runtimes). Either is first asked for itself, as the
+ * runtimes do, so the answer for "cuGetProcAddress" must be cuheap's too. */
+#ifdef DOOR_PROCADDR_V1
+static const char *const door_name = "procaddr-v1";
+static CUresult (*door_gpa)(const char *, void **, int, cuuint64_t);
+static inline CUresult door_lookup(const char *name, void **pfn, cuuint64_t flags)
+{
+    return door_gpa(name, pfn, 11030, flags);
+}
+static inline int door_lookup_open(void *h)
+{
+    *(void **)&door_gpa = dlsym(h, "cuGetProcAddress");
+    return door_gpa && door_lookup("cuGetProcAddress", (void **)&door_gpa, 0) == CUDA_SUCCESS ? 0
+                                                                                              : -1;
+}
+#else
 static const char *const door_name = "procaddr";
+static CUresult (*door_gpa)(const char *, void **, int, cuuint64_t,
+                            CUdriverProcAddressQueryResult *);
+static inline CUresult door_lookup(const char *name, void **pfn, cuuint64_t flags)
+{
+    CUdriverProcAddressQueryResult st;
+    return door_gpa(name, pfn, 12000, flags, &st);
+}
+static inline int door_lookup_open(void *h)
+{
+    *(void **)&door_gpa = dlsym(h, "cuGetProcAddress_v2");
+    return door_gpa && door_lookup("cuGetProcAddress", (void **)&door_gpa, 0) == CUDA_SUCCESS ? 0
+                                                                                              : -1;
+}
+#endif
 static inline int driver_api_open(struct driver_api *d)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
+    if (!h || door_lookup_open(h))
         return -1;
-    CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
-    *(void **)&gpa = dlsym(h, "cuGetProcAddress_v2");
-    if (!gpa)
-        return -1;
-    CUdriverProcAddressQueryResult st;
 #define DRIVER_API_PROC(sym, params, base)                                                         \
-    if (gpa(base, (void **)&d->sym, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS)      \
+    if (door_lookup(base, (void **)&d->sym, CU_GET_PROC_ADDRESS_DEFAULT) != CUDA_SUCCESS)          \
         return -1;
     DRIVER_API(DRIVER_API_PROC)
 #undef DRIVER_API_PROC
+#define DRIVER_API_PROC_PTSZ(sym, params, base)                                                    \
+    if (door_lookup(base, (void **)&d->ptsz.sym, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != \
+        CUDA_SUCCESS)                                                                              \
+        return -1;
+    DRIVER_API_PTSZ(DRIVER_API_PROC_PTSZ)
+#undef DRIVER_API_PROC_PTSZ
     return 0;
 }
 #endif
