@@ -690,12 +690,24 @@ CUHEAP_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
     LEAVE(cuheap_drv.cuStreamDestroy_v2(s));
 }
 
+/* Which stream a capture is on. The per-thread default stream (CU_STREAM_PER_THREAD, or the
+ * default stream as a _ptsz entry point sees it) is one stream per thread: it is keyed by a
+ * per-thread address so two threads capturing their own are two captures. */
+static __thread char per_thread_stream_key __attribute__((tls_model("initial-exec")));
+
+static CUstream capture_key(CUstream s, bool ptsz)
+{
+    if (s == CU_STREAM_PER_THREAD || (ptsz && s == NULL))
+        return (CUstream)(void *)&per_thread_stream_key;
+    return s;
+}
+
 CUHEAP_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
 {
     ENTER(cuStreamBeginCapture_v2);
     CUresult r = cuheap_drv.cuStreamBeginCapture_v2(s, mode);
     if (active && r == CUDA_SUCCESS)
-        cuheap_capture_changed(s, true);
+        cuheap_capture_changed(capture_key(s, false), true);
     LEAVE(r);
 }
 
@@ -704,7 +716,7 @@ CUHEAP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureM
     ENTER(cuStreamBeginCapture_v2_ptsz);
     CUresult r = cuheap_drv.cuStreamBeginCapture_v2_ptsz(s, mode);
     if (active && r == CUDA_SUCCESS)
-        cuheap_capture_changed(s, true);
+        cuheap_capture_changed(capture_key(s, true), true);
     LEAVE(r);
 }
 
@@ -712,8 +724,8 @@ CUHEAP_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
 {
     ENTER(cuStreamEndCapture);
     CUresult r = cuheap_drv.cuStreamEndCapture(s, g);
-    if (active)
-        cuheap_capture_changed(s, false); /* a failed end still ends the capture */
+    if (active) /* a failed end still ends the capture */
+        cuheap_capture_changed(capture_key(s, false), false);
     LEAVE(r);
 }
 
@@ -722,7 +734,7 @@ CUHEAP_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
     ENTER(cuStreamEndCapture_ptsz);
     CUresult r = cuheap_drv.cuStreamEndCapture_ptsz(s, g);
     if (active)
-        cuheap_capture_changed(s, false);
+        cuheap_capture_changed(capture_key(s, true), false);
     LEAVE(r);
 }
 

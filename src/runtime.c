@@ -264,6 +264,8 @@ void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved)
 
 void cuheap_capture_changed(CUstream s, bool begin)
 {
+    if (!s)
+        return; /* the legacy stream cannot capture; NULL marks an empty slot below */
     pthread_mutex_lock(&capture_lock);
     int slot = -1;
     for (int i = 0; i < 64; i++)
