@@ -138,10 +138,14 @@ static uint8_t capture_flag(void)
     return cuheap_capturing() ? CUHEAP_EVF_CAPTURE : 0;
 }
 
-/* What the driver reserves for a request: 2 MiB pages for large ones, 512 B otherwise. */
+/* What the driver reserves for a request: 2 MiB pages for large ones, 512 B otherwise. A size
+ * the rounding would wrap (near SIZE_MAX) stays as it is: the driver refuses it anyway, and
+ * the limit must never see 0 bytes for it. */
 static uint64_t driver_rounded(uint64_t n)
 {
     const uint64_t page = 2ull << 20;
+    if (n > UINT64_MAX - page)
+        return n;
     return n >= page ? (n + page - 1) & ~(page - 1) : (n + 511) & ~511ull;
 }
 
@@ -222,6 +226,16 @@ static bool reclaim_for_driver(struct cuheap_device *d)
 {
     return d && cuheap_cfg.release != CUHEAP_RELEASE_NEVER && cuheap_pool_trim(&d->pool, false);
 }
+
+/* Call the driver for a pass-through allocation; when it is out of memory, the pool gives
+ * back what it can spare and the call is made once more. The program then gets what the
+ * driver alone would have given it. */
+#define DRIVER_ALLOC(r, d, call)                                                                   \
+    do {                                                                                           \
+        (r) = (call);                                                                              \
+        if ((r) == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))                              \
+            (r) = (call);                                                                          \
+    } while (0)
 
 /* Book-keep a pass-through allocation once the driver answered. */
 static CUresult passthru_done(struct cuheap_device *d, CUresult r, int api, uint64_t key,
@@ -337,9 +351,8 @@ CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
         record_oom(d, CUHEAP_API_MEM_ALLOC, size, true);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    CUresult r = cuheap_drv.cuMemAlloc_v2(dptr, size);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))
-        r = cuheap_drv.cuMemAlloc_v2(dptr, size);
+    CUresult r;
+    DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(dptr, size));
     LEAVE(passthru_done(d, r, CUHEAP_API_MEM_ALLOC, r ? 0 : *dptr, size, actual, 0, true));
 }
 
@@ -351,8 +364,11 @@ CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size
     if (!active || !valid)
         LEAVE(cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
     struct cuheap_device *d = cuheap_device_current();
-    /* 512-byte rows satisfy every pitch alignment the driver asks of 2D accesses. */
-    size_t row = (width + 511) & ~(size_t)511;
+    /* 512-byte rows satisfy every pitch alignment the driver asks of 2D accesses. A width the
+     * rounding would wrap is the driver's to refuse. */
+    size_t row = width <= SIZE_MAX - 511 ? (width + 511) & ~(size_t)511 : 0;
+    if (!row)
+        LEAVE(cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
     if (height <= SIZE_MAX / row) {
         int served = pool_alloc(d, CUHEAP_API_PITCH, (uint64_t)row * height, 0, dptr);
         if (served > 0)
@@ -360,12 +376,14 @@ CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size
         if (served)
             LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
     }
-    uint64_t actual = driver_rounded((uint64_t)row * height);
+    uint64_t actual =
+        height <= SIZE_MAX / row ? driver_rounded((uint64_t)row * height) : UINT64_MAX;
     if (!admit(d, actual)) {
         record_oom(d, CUHEAP_API_PITCH, actual, true);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    CUresult r = cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+    CUresult r;
+    DRIVER_ALLOC(r, d, cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
     LEAVE(passthru_done(d, r, CUHEAP_API_PITCH, r ? 0 : *dptr, r ? actual : *pitch * height, actual,
                         0, true));
 }
@@ -392,7 +410,8 @@ CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         record_oom(d, api, size, true);                                                            \
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);                                                           \
     }                                                                                              \
-    CUresult r = call;                                                                             \
+    CUresult r;                                                                                    \
+    DRIVER_ALLOC(r, d, call);                                                                      \
     LEAVE(passthru_done(d, r, api, r ? 0 : *dptr, size, actual, (uint64_t)(uintptr_t)s, true))
 
 CUHEAP_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
@@ -451,7 +470,8 @@ CUHEAP_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigne
         record_oom(d, CUHEAP_API_MANAGED, size, true);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    CUresult r = cuheap_drv.cuMemAllocManaged(dptr, size, flags);
+    CUresult r;
+    DRIVER_ALLOC(r, d, cuheap_drv.cuMemAllocManaged(dptr, size, flags));
     LEAVE(passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, true));
 }
 
@@ -504,9 +524,8 @@ CUHEAP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
         record_oom(d, CUHEAP_API_VMM_CREATE, size, true);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    CUresult r = cuheap_drv.cuMemCreate(h, size, prop, flags);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))
-        r = cuheap_drv.cuMemCreate(h, size, prop, flags);
+    CUresult r;
+    DRIVER_ALLOC(r, d, cuheap_drv.cuMemCreate(h, size, prop, flags));
     LEAVE(
         passthru_done(d, r, CUHEAP_API_VMM_CREATE, r ? 0 : VMM_KEY(*h), size, size, 0, d != NULL));
 }
@@ -885,9 +904,7 @@ CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream)
         uint64_t actual = driver_rounded((uint64_t)size);
         CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
         if (admit(d, actual)) {
-            r = cuheap_drv.cuMemAlloc_v2(&p, (size_t)size);
-            if (r == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))
-                r = cuheap_drv.cuMemAlloc_v2(&p, (size_t)size);
+            DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(&p, (size_t)size));
             passthru_done(d, r, CUHEAP_API_TORCH, r ? 0 : p, (uint64_t)size, actual,
                           stream_tag(stream), true);
         } else {

@@ -207,7 +207,10 @@ static void remove_alloc_locked(struct fake_alloc *a)
 
 static size_t round_alloc(size_t n)
 {
-    /* The driver hands out 512-byte aligned blocks and reserves 2 MiB pages for large ones. */
+    /* The driver hands out 512-byte aligned blocks and reserves 2 MiB pages for large ones.
+     * Sizes the rounding would wrap cannot be had: SIZE_MAX, which no device holds. */
+    if (n > SIZE_MAX - FAKE_VMM_GRANULE)
+        return SIZE_MAX;
     if (n >= FAKE_VMM_GRANULE)
         return (n + FAKE_VMM_GRANULE - 1) & ~(size_t)(FAKE_VMM_GRANULE - 1);
     return (n + 511) & ~(size_t)511;
@@ -219,7 +222,7 @@ static CUresult device_alloc_locked(int dev, size_t n, enum alloc_kind kind, uin
     struct fake_device *d = &g_devices[dev];
     size_t size = round_alloc(n ? n : 1);
     size_t align = size >= FAKE_VMM_GRANULE ? FAKE_VMM_GRANULE : 512;
-    if (d->used + size > d->size)
+    if (size > d->size - d->used)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t cur = d->base, end = d->base + d->size;
     for (size_t i = 0; i <= g_nr_allocs; i++) {
@@ -740,6 +743,8 @@ FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 {
     if (!pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
+    if (width > SIZE_MAX - 511 || height > SIZE_MAX / ((width + 511) & ~(size_t)511))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     size_t p = (width + 511) & ~(size_t)511;
     CUresult r = alloc_current(dptr, p * height, KIND_DEVICE);
     if (r == CUDA_SUCCESS)

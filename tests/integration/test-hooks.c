@@ -189,6 +189,13 @@ static void test_errors_pass_through(void **state)
     assert_int_equal(cu.cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE); /* double free */
     size_t pitch;
     assert_int_equal(cu.cuMemAllocPitch_v2(&p, &pitch, 100, 10, 3), CUDA_ERROR_INVALID_VALUE);
+    /* sizes whose rounding would wrap: the driver's refusal, never a crash or a success */
+    assert_int_equal(cu.cuMemAllocPitch_v2(&p, &pitch, SIZE_MAX - 10, 2, 4),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cu.cuMemAllocPitch_v2(&p, &pitch, 1 << 20, SIZE_MAX / 4096, 4),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cu.cuMemAlloc_v2(&p, SIZE_MAX), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(cu.cuMemAlloc_v2(&p, SIZE_MAX - (1u << 20)), CUDA_ERROR_OUT_OF_MEMORY);
     /* without a current context the driver says so, hooks or not */
     CUcontext none = NULL;
     CUcontext ctx;
@@ -423,6 +430,65 @@ static void test_out_of_memory(void **state)
     assert_int_equal(cu.cuMemFree_v2(p[0]), CUDA_SUCCESS);
 }
 
+/* Fill the pool until the driver says no, then free everything: the pool now holds the
+ * device in empty arenas (or blocks waiting for a fence). */
+static void fill_pool_and_free(void)
+{
+    CUdeviceptr p[64];
+    int n = 0;
+    while (n < 64 && cu.cuMemAlloc_v2(&p[n], 8 * MIB) == CUDA_SUCCESS)
+        n++;
+    assert_true(n >= 24);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(cu.cuMemFree_v2(p[i]), CUDA_SUCCESS);
+}
+
+/* Whatever door a large request takes to the driver, the pool gives its empty arenas back and
+ * the request is retried before the program sees CUDA_ERROR_OUT_OF_MEMORY: what the driver
+ * alone would give. */
+static void test_out_of_memory_every_pass_through_door(void **state)
+{
+    (void)state;
+    const size_t big = 200 * MIB;
+    CUdeviceptr p;
+    size_t pitch;
+    CUstream s;
+    CUmemoryPool mp;
+    assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cu.cuDeviceGetDefaultMemPool(&mp, 0), CUDA_SUCCESS);
+
+    fill_pool_and_free();
+    assert_int_equal(cu.cuMemAlloc_v2(&p, big), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
+
+    fill_pool_and_free();
+    assert_int_equal(cu.cuMemAllocManaged(&p, big, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
+
+    fill_pool_and_free();
+    assert_int_equal(cu.cuMemAllocPitch_v2(&p, &pitch, 1 << 20, 200, 4), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
+
+    fill_pool_and_free();
+    assert_int_equal(cu.cuMemAllocAsync(&p, big, s), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFreeAsync(p, s), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamSynchronize(s), CUDA_SUCCESS);
+
+    fill_pool_and_free();
+    assert_int_equal(cu.cuMemAllocFromPoolAsync(&p, big, mp, s), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFreeAsync(p, s), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamSynchronize(s), CUDA_SUCCESS);
+
+    fill_pool_and_free();
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle h;
+    assert_int_equal(cu.cuMemCreate(&h, big, &prop, 0), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemRelease(h), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
 static void test_limit(void **state)
 {
     (void)state;
@@ -604,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_race_after_stream_churn),
         cmocka_unit_test(test_race_pluggable_other_stream),
         cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_out_of_memory_every_pass_through_door),
         cmocka_unit_test(test_limit),
         cmocka_unit_test(test_threaded_alloc_free_storm),
         cmocka_unit_test(test_capture_passes_to_driver),
@@ -613,7 +680,9 @@ int main(void)
     };
     size_t n = 0;
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        if ((tests[i].test_func == test_out_of_memory && !small) ||
+        if (((tests[i].test_func == test_out_of_memory ||
+              tests[i].test_func == test_out_of_memory_every_pass_through_door) &&
+             !small) ||
             (tests[i].test_func == test_limit && !limited) ||
             (tests[i].test_func == test_pool_off_goes_to_driver && pool))
             continue;
