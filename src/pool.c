@@ -221,9 +221,10 @@ static uint64_t pow2_ceil(uint64_t v)
 /* Take one arena from the device. Its size doubles the pool each time, from an eighth of
  * CUHEAP_ARENA_SIZE up to CUHEAP_ARENA_SIZE, so a small program does not hold a whole arena
  * for a few buffers; smaller when a limit or the device leaves less; never smaller than
- * need. Drops p->lock around the driver call.
+ * need. With exact, the arena is need bytes (a power of two), no more: CUHEAP_POOL_INIT.
+ * Drops p->lock around the driver call.
  * Returns 0, CUHEAP_BE_OOM, or -EDQUOT when the limit is what refused. */
-static int grow_locked(struct cuheap_pool *p, uint64_t need)
+static int grow_locked(struct cuheap_pool *p, uint64_t need, bool exact)
 {
     if (p->nr_arenas == CUHEAP_NR_MAX_ARENAS)
         return CUHEAP_BE_OOM;
@@ -232,8 +233,8 @@ static int grow_locked(struct cuheap_pool *p, uint64_t need)
     need = pow2_ceil(need);
     uint64_t size = p->cfg->arena_size;
     uint64_t target = pow2_ceil(p->st.reserved > size / 8 ? p->st.reserved : size / 8);
-    if (target < size)
-        size = target > need ? target : need;
+    if (target < size || exact)
+        size = target > need && !exact ? target : need;
     bool limited = false;
     int r = CUHEAP_BE_OOM;
     uint64_t ptr = 0;
@@ -271,6 +272,7 @@ static int grow_locked(struct cuheap_pool *p, uint64_t need)
     p->arenas[p->nr_arenas++] = a;
     p->st.reserved += size;
     p->st.nr_arenas++;
+    p->nr_empty++;
     note(p, CUHEAP_EV_ARENA_GROW, ptr, size, p->st.reserved, 0);
     return 0;
 }
@@ -280,6 +282,8 @@ static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_
 {
     struct cuheap_arena *a = p->arenas[idx];
     uint64_t base = a->buddy.base, size = a->buddy.size;
+    cuheap_assert(a->nr_live == 0);
+    p->nr_empty--;
     map_update(a, false);
     arena_retire(a);
     p->arenas[idx] = p->arenas[--p->nr_arenas];
@@ -294,7 +298,8 @@ static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_
 
 /* ---- blocks ---- */
 
-#define CUHEAP_QUICK_MAX 64 /* blocks per order */
+#define CUHEAP_QUICK_MAX    64 /* blocks per order */
+#define CUHEAP_NR_SPARE_MAX 16 /* arenas given back by one free under CUHEAP_RELEASE=empty */
 #define CUHEAP_QUICK_MAX_ORDER                                                                     \
     20 /* largest order kept whole (1 MiB): splitting bigger                                       \
           blocks is a few levels, not worth the hoarding */
@@ -329,7 +334,8 @@ static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret
         unsigned got;
         if (cuheap_buddy_alloc(&a->buddy, size, &addr, &got) == 0) {
             p->hint = i;
-            a->nr_live++;
+            if (a->nr_live++ == 0)
+                p->nr_empty--;
             *ret_ptr = addr;
             *ret_block = 1ull << got;
             *ret_arena = a;
@@ -349,29 +355,18 @@ static void mark_live_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint
     p->st.live_blocks += block;
 }
 
-/* Give a not-live block back to its buddy allocator; an emptied arena is released per policy
- * (its base goes to *ret_release for the caller to free after unlocking). */
-static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
-                               uint64_t *ret_release, uint64_t *ret_release_size)
+/* Give a not-live block back to its buddy allocator. */
+static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr)
 {
     if (cuheap_buddy_free(&a->buddy, ptr) < 0)
         return;
-    a->nr_live--;
-    if (a->nr_live == 0 && p->cfg->release == CUHEAP_RELEASE_EMPTY && ret_release &&
-        !*ret_release && p->st.reserved - a->buddy.size >= p->cfg->pool_init) {
-        for (unsigned i = 0; i < p->nr_arenas; i++)
-            if (p->arenas[i] == a) {
-                *ret_release = unlink_arena_locked(p, i, ret_release_size);
-                break;
-            }
-    }
+    if (--a->nr_live == 0)
+        p->nr_empty++;
 }
 
 /* Give a not-live block back for reuse: onto its order's quick list while there is room,
- * else merged into its arena (an emptied arena is released per policy: its base goes to
- * *ret_release for the caller to free after unlocking). */
-static void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
-                                uint64_t *ret_release, uint64_t *ret_release_size)
+ * else merged into its arena. */
+static void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr)
 {
     cuheap_assert(a && a->block_size[unit_of(a, ptr)] == 0);
     int order = cuheap_buddy_order_at(&a->buddy, ptr);
@@ -388,7 +383,7 @@ static void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, u
         p->quick_bytes += 1ull << order;
         return;
     }
-    merge_block_locked(p, a, ptr, ret_release, ret_release_size);
+    merge_block_locked(p, a, ptr);
 }
 
 /* Merge every quick-list block back into its arena. Returns how many. */
@@ -401,7 +396,7 @@ static unsigned flush_quick_locked(struct cuheap_pool *p)
             uint64_t ptr = q->head;
             struct cuheap_arena *a = map_lookup(ptr);
             q->head = a->link[unit_of(a, ptr)];
-            merge_block_locked(p, a, ptr, NULL, NULL);
+            merge_block_locked(p, a, ptr);
             n++;
         }
         q->nr = 0;
@@ -423,7 +418,7 @@ static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
     for (uint64_t ptr = e->head; ptr;) {
         struct cuheap_arena *a = map_lookup(ptr);
         uint64_t next = a->link[unit_of(a, ptr)];
-        return_block_locked(p, a, ptr, NULL, NULL);
+        return_block_locked(p, a, ptr);
         ptr = next;
     }
     p->st.pending -= bytes;
@@ -573,6 +568,30 @@ static unsigned release_empty_unlocked(struct cuheap_pool *p)
     return nr;
 }
 
+/* CUHEAP_RELEASE=empty: unlink the empty arenas the pool can spare, at most
+ * CUHEAP_NR_SPARE_MAX at a time, into bases[] for the caller to give back after unlocking.
+ * One empty arena stays as a cushion, so a loop that allocates and frees a small block does
+ * not take an arena from the driver and give it back every time, and so does what keeps
+ * CUHEAP_POOL_INIT reserved. Returns how many were unlinked. */
+static unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases)
+{
+    if (p->cfg->release != CUHEAP_RELEASE_EMPTY || p->nr_empty <= 1)
+        return 0;
+    unsigned nr = 0;
+    bool cushion = false;
+    for (unsigned i = 0; i < p->nr_arenas && nr < CUHEAP_NR_SPARE_MAX;) {
+        struct cuheap_arena *a = p->arenas[i];
+        if (a->nr_live == 0 && cushion && p->st.reserved - a->buddy.size >= p->cfg->pool_init) {
+            uint64_t size;
+            bases[nr++] = unlink_arena_locked(p, i, &size);
+            continue; /* slot i now holds another arena */
+        }
+        cushion |= a->nr_live == 0;
+        i++;
+    }
+    return nr;
+}
+
 /* Debug builds (-Ddebug_checks=true) check every invariant every 64th operation (a check
  * walks every unit of every arena). */
 static void debug_check(struct cuheap_pool *p)
@@ -638,7 +657,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         }
         if (poll_oldest_locked(p))
             continue;
-        int g = grow_locked(p, size);
+        int g = grow_locked(p, size, false);
         if (g == 0)
             continue;
         if (p->ep_head != p->ep_tail) {
@@ -688,7 +707,6 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
     *ret_seq = cuheap_seq_next();
     *ret_size = size;
     *ret_block = block;
-    uint64_t release = 0, release_size = 0;
     struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, true) : NULL;
     if (sc) {
         a->link[u] = sc->heads[order];
@@ -701,12 +719,12 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
             close_epoch_locked(p);
         }
     } else if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE) {
-        return_block_locked(p, a, ptr, &release, &release_size);
+        return_block_locked(p, a, ptr);
     } else if (p->cfg->reuse == CUHEAP_REUSE_SYNC) {
         pthread_mutex_unlock(&p->lock);
         p->be.device_sync(p->be.ctx); /* what cuMemFree itself would have waited for */
         pthread_mutex_lock(&p->lock);
-        return_block_locked(p, a, ptr, &release, &release_size);
+        return_block_locked(p, a, ptr);
     } else {
         struct cuheap_epoch *e = open_epoch(p);
         a->link[u] = e->head;
@@ -718,10 +736,15 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
          * the pool: large blocks should not wait behind many small ones. */
         if (e->nr_blocks >= p->cfg->fence_batch || e->bytes >= p->st.reserved / 8)
             close_epoch_locked(p);
+        /* blocks whose fence has passed may empty an arena that can go back now */
+        if (p->cfg->release == CUHEAP_RELEASE_EMPTY)
+            reclaim_locked(p);
     }
+    uint64_t bases[CUHEAP_NR_SPARE_MAX];
+    unsigned nr = spare_empty_locked(p, bases);
     pthread_mutex_unlock(&p->lock);
-    if (release)
-        p->be.mem_free(p->be.ctx, release);
+    for (unsigned i = 0; i < nr; i++)
+        p->be.mem_free(p->be.ctx, bases[i]);
     debug_check(p);
     return 0;
 }
@@ -782,8 +805,13 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
 {
     int r = 0;
     pthread_mutex_lock(&p->lock);
-    while (p->st.reserved < bytes && r == 0)
-        r = grow_locked(p, p->cfg->arena_size);
+    while (p->st.reserved < bytes && r == 0) {
+        /* in power-of-two arenas that add up to what was asked, rounded up to 2 MiB */
+        uint64_t want = bytes - p->st.reserved, size = p->cfg->arena_size;
+        if (want < size)
+            size = want <= (2u << 20) ? pow2_ceil(want) : 1ull << (63 - __builtin_clzll(want));
+        r = grow_locked(p, size, true);
+    }
     pthread_mutex_unlock(&p->lock);
     return r ? -ENOMEM : 0;
 }
@@ -853,6 +881,11 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
             FAIL("arena %u: nr_live %lu, counted %lu", i, (unsigned long)a->nr_live,
                  (unsigned long)arena_allocated);
     }
+    unsigned empty = 0;
+    for (unsigned i = 0; i < p->nr_arenas; i++)
+        empty += p->arenas[i]->nr_live == 0;
+    if (empty != p->nr_empty)
+        FAIL("nr_empty %u, counted %u", p->nr_empty, empty);
     if (reserved != p->st.reserved)
         FAIL("reserved %lu, arenas add up to %lu", (unsigned long)p->st.reserved,
              (unsigned long)reserved);
@@ -916,6 +949,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
         note(p, CUHEAP_EV_ARENA_RELEASE, base, size, p->st.reserved, 0);
     }
     p->nr_arenas = 0;
+    p->nr_empty = 0;
     p->hint = 0;
     uint64_t keep_hits = p->st.nr_hits, keep_misses = p->st.nr_misses;
     memset(&p->st, 0, sizeof(p->st));
@@ -939,6 +973,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
         arena_retire(p->arenas[i]);
     }
     p->nr_arenas = 0;
+    p->nr_empty = 0;
     memset(&p->st, 0, sizeof(p->st));
     memset(p->epochs, 0, sizeof(p->epochs));
     memset(p->caches, 0, sizeof(p->caches));

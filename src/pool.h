@@ -94,7 +94,8 @@ struct cuheap_pool {
     cuheap_pool_note_fn note;
     struct cuheap_arena *arenas[CUHEAP_NR_MAX_ARENAS];
     unsigned nr_arenas;
-    unsigned hint; /* arena that served the last allocation */
+    unsigned nr_empty; /* arenas with no allocated block (quick-list blocks count as allocated) */
+    unsigned hint;     /* arena that served the last allocation */
     struct cuheap_epoch
         epochs[CUHEAP_NR_EPOCHS]; /* ring: [ep_head, ep_tail) closed, ep_tail open */
     unsigned ep_head, ep_tail;

@@ -400,6 +400,75 @@ static void test_trim_gives_empty_arenas_back(void **state)
     teardown(f);
 }
 
+/* CUHEAP_RELEASE=empty under each policy: arenas emptied by frees go back to the driver (once
+ * their fence has passed), one empty arena stays against churn, and a loop that allocates and
+ * frees a small block makes no driver call after the first. */
+static void release_empty_under(enum cuheap_reuse reuse)
+{
+    struct fixture *f = setup(reuse, 1ull << 30, 4 * MIB, 0);
+    f->cfg.release = CUHEAP_RELEASE_EMPTY;
+    uint64_t p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = alloc(f, 2 * MIB, 0);
+    uint64_t peak = atomic_load(&f->reserved);
+    assert_true(peak >= 16 * MIB);
+    for (int i = 0; i < 8; i++)
+        release(f, p[i], 0);
+    complete_fences(&f->dev);
+    /* a later free sees the completed fences and gives the emptied arenas back */
+    release(f, alloc(f, 512, 0), 0);
+    complete_fences(&f->dev);
+    release(f, alloc(f, 512, 0), 0);
+    assert_true(atomic_load(&f->reserved) <= 2 * f->cfg.arena_size &&
+                atomic_load(&f->reserved) < peak / 2);
+    assert_true(f->dev.nr_frees >= 2);
+    int allocs = f->dev.nr_allocs, frees = f->dev.nr_frees;
+    for (int i = 0; i < 1000; i++) {
+        release(f, alloc(f, 512, 0), 0);
+        if (i % 16 == 0)
+            complete_fences(&f->dev);
+    }
+    assert_int_equal(f->dev.nr_allocs, allocs); /* no thrashing */
+    assert_int_equal(f->dev.nr_frees, frees);
+    teardown(f);
+}
+
+static void test_release_empty_fence(void **state)
+{
+    (void)state;
+    release_empty_under(CUHEAP_REUSE_FENCE);
+}
+
+static void test_release_empty_sync(void **state)
+{
+    (void)state;
+    release_empty_under(CUHEAP_REUSE_SYNC);
+}
+
+static void test_release_empty_immediate(void **state)
+{
+    (void)state;
+    release_empty_under(CUHEAP_REUSE_IMMEDIATE);
+}
+
+/* CUHEAP_POOL_INIT reserves what it says, not the next arena size up. */
+static void test_reserve_what_is_asked(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 34, 256 * MIB, 0);
+    assert_int_equal(cuheap_pool_reserve(&f->pool, 128 * MIB), 0);
+    assert_int_equal(atomic_load(&f->reserved), 128 * MIB);
+    teardown(f);
+    f = setup(CUHEAP_REUSE_FENCE, 1ull << 34, 256 * MIB, 0);
+    assert_int_equal(cuheap_pool_reserve(&f->pool, 100 * MIB), 0);
+    assert_int_equal(atomic_load(&f->reserved), 100 * MIB);
+    teardown(f);
+    f = setup(CUHEAP_REUSE_FENCE, 1ull << 34, 256 * MIB, 0);
+    assert_int_equal(cuheap_pool_reserve(&f->pool, 600 * MIB), 0);
+    assert_int_equal(atomic_load(&f->reserved), 600 * MIB);
+    teardown(f);
+}
+
 static void test_random_with_invariants(void **state)
 {
     (void)state;
@@ -502,6 +571,10 @@ int main(void)
         cmocka_unit_test(test_double_free_and_ranges),
         cmocka_unit_test(test_same_stream_reuse_without_fence),
         cmocka_unit_test(test_trim_gives_empty_arenas_back),
+        cmocka_unit_test(test_release_empty_fence),
+        cmocka_unit_test(test_release_empty_sync),
+        cmocka_unit_test(test_release_empty_immediate),
+        cmocka_unit_test(test_reserve_what_is_asked),
         cmocka_unit_test(test_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
     };
