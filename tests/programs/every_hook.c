@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/types.h>
 
 #include "driver_api.h"
 #include "race.h"
@@ -187,6 +188,30 @@ static void allocations(void)
     CHECK(d.cuMemAddressFree(va, vsize));
 }
 
+/* PyTorch's pluggable allocator entry points (cuheap's own, not the driver's): a block freed
+ * on a stream is recorded like any other free. */
+static void pluggable(void)
+{
+    void *(*torch_alloc)(ssize_t, int, void *);
+    void (*torch_free)(void *, ssize_t, int, void *);
+    *(void **)&torch_alloc = dlsym(RTLD_DEFAULT, "cuheap_torch_alloc");
+    *(void **)&torch_free = dlsym(RTLD_DEFAULT, "cuheap_torch_free");
+    if (!torch_alloc || !torch_free)
+        return;
+    CUstream s;
+    CHECK(d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    void *p = torch_alloc(20000, 0, s);
+    if (!p) {
+        check("cuheap_torch_alloc", false, "no memory from the pluggable allocator");
+        return;
+    }
+    expect("alloc", "torch_pluggable", (uint64_t)(uintptr_t)p, 20000, NULL);
+    torch_free(p, 20000, 0, s);
+    expect("free", "-", (uint64_t)(uintptr_t)p, 20000, NULL);
+    CHECK(d.cuStreamSynchronize(s));
+    CHECK(d.cuStreamDestroy_v2(s));
+}
+
 /* Allocations while a stream captures a graph go to the driver, and the trace says so. */
 static void capture(void)
 {
@@ -253,6 +278,7 @@ int main(int argc, char **argv)
     pool_on = under_cuheap && !(pool && !strcmp(pool, "0"));
     printf("door %s\n", door_name);
     allocations();
+    pluggable();
     capture();
     size_t f, t;
     CHECK(d.cuMemGetInfo_v2(&f, &t));

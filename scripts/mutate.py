@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Mutation testing: break cuheap on purpose, one promise at a time, and check that the tests
+notice.
+
+Each mutation below is a documented breakage of a rule a user relies on (a freed block is not
+reused before the GPU is done with it, every door reaches the hooks, every call leaves its
+event, ...), written as an exact text replacement in one source file. For each one the script
+applies it to a private copy of the tree, rebuilds, runs the unit and integration suites, and
+records which tests failed. A mutation no test catches is a hole in the tests; a mutation whose
+text is no longer in the source is stale and must be updated with the code it breaks.
+
+usage: scripts/mutate.py [--only ID[,ID...]] [--report tests/MUTATIONS.md] [--keep]
+Exit status: 0 when every mutation was caught, 1 otherwise.
+"""
+import argparse
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (id, what breaks, the rule it breaks, file, text, replacement)
+MUTATIONS = [
+    ("fence-skips-non-blocking",
+     "fence events recorded only on the legacy stream, not on non-blocking streams",
+     "reuse waits for every stream", "src/backend_cuda.c",
+     "            r = record_on(f, streams[i].stream);", "            (void)0;"),
+    ("fence-skips-legacy",
+     "fence events recorded only on non-blocking streams, not on the legacy stream (which orders "
+     "blocking and per-thread default streams)",
+     "reuse waits for every stream", "src/backend_cuda.c",
+     "    int r = record_on(f, CU_STREAM_LEGACY);", "    int r = 0;"),
+    ("fence-query-first-event",
+     "fence completion checked only on the legacy stream's event",
+     "reuse waits for every stream", "src/backend_cuda.c",
+     "    for (unsigned i = 0; i < f->nr; i++)\n        if (cuheap_drv.cuEventQuery",
+     "    for (unsigned i = 0; i < f->nr && i < 1; i++)\n        if (cuheap_drv.cuEventQuery"),
+    ("priority-stream-unregistered",
+     "streams created with a priority not registered for fences",
+     "reuse waits for every stream", "src/hooks.c",
+     "    CUresult r = cuheap_drv.cuStreamCreateWithPriority(ph, flags, prio);\n    if (active)",
+     "    CUresult r = cuheap_drv.cuStreamCreateWithPriority(ph, flags, prio);\n    if (0)"),
+    ("reuse-before-fence",
+     "freed blocks given back without asking whether their fence completed",
+     "reuse waits for the fence", "src/pool.c",
+     "        if (p->be.fence_query(p->be.ctx, e->fence) == 0)\n            break;",
+     "        if (0)\n            break;"),
+    ("fence-frees-at-once",
+     "a free under the fence policy returns its block at once",
+     "reuse waits for the fence", "src/pool.c",
+     "    } else {\n        struct cuheap_epoch *e = open_epoch(p);",
+     "    } else if ((return_block_locked(p, a, ptr), 1)) {\n    } else {\n"
+     "        struct cuheap_epoch *e = open_epoch(p);"),
+    ("sync-does-not-wait",
+     "CUHEAP_REUSE=sync frees without waiting for the device",
+     "reuse waits for the device (sync)", "src/pool.c",
+     "        p->be.device_sync(p->be.ctx); /* what cuMemFree itself would have waited for */",
+     "        (void)0;"),
+    ("stream-cache-any-stream",
+     "the pluggable allocator reuses a block freed on one stream on another stream at once",
+     "same-stream reuse only", "src/pool.c",
+     "stream ? stream_cache_locked(p, stream, false) : NULL;",
+     "stream && p->caches[0].stream ? &p->caches[0] : NULL;"),
+    ("range-answers-arena",
+     "range queries on a pooled pointer answer the arena instead of the block",
+     "queries answer the block", "src/pool.c",
+     "            *ret_base = start;\n            *ret_size = size;",
+     "            *ret_base = a->buddy.base;\n            *ret_size = a->buddy.size;"),
+    ("procaddr-v1-not-remapped",
+     "cuGetProcAddress (v1) answers not remapped to the hooks",
+     "every door reaches the hooks", "src/hooks.c",
+     "    CUresult r = cuheap_drv.cuGetProcAddress(symbol, pfn, version, flags);\n"
+     "    if (r == CUDA_SUCCESS && pfn)",
+     "    CUresult r = cuheap_drv.cuGetProcAddress(symbol, pfn, version, flags);\n"
+     "    if (0)"),
+    ("procaddr-v2-not-remapped",
+     "cuGetProcAddress_v2 answers not remapped to the hooks",
+     "every door reaches the hooks", "src/hooks.c",
+     "    CUresult r = cuheap_drv.cuGetProcAddress_v2(symbol, pfn, version, flags, st);\n"
+     "    if (r == CUDA_SUCCESS && pfn)",
+     "    CUresult r = cuheap_drv.cuGetProcAddress_v2(symbol, pfn, version, flags, st);\n"
+     "    if (0)"),
+    ("dlsym-not-remapped",
+     "dlsym of a driver name answers the real function, not the hook",
+     "every door reaches the hooks", "src/hooks.c",
+     "    if (p && cuheap_driver_load() == 0)\n        remap(&p);",
+     "    if (0)\n        remap(&p);"),
+    ("ptsz-capture-unseen",
+     "a capture begun through a _ptsz twin on the per-thread default stream is not seen",
+     "every door reaches the hooks", "src/hooks.c",
+     "        cuheap_capture_changed(capture_key(s, true), true);",
+     "        cuheap_capture_changed(s, true);"),
+    ("async-free-unrecorded",
+     "stream-ordered frees of pooled blocks (cuMemFreeAsync) not recorded",
+     "every call leaves its event", "src/hooks.c",
+     "    record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);",
+     "    if (api != CUHEAP_API_ASYNC)\n"
+     "        record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);"),
+    ("torch-free-unrecorded",
+     "frees through the pluggable allocator (cuheap_torch_free) not recorded",
+     "every call leaves its event", "src/hooks.c",
+     "    record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);",
+     "    if (api != CUHEAP_API_TORCH)\n"
+     "        record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);"),
+    ("managed-unrecorded",
+     "cuMemAllocManaged goes to the driver without an event",
+     "every call leaves its event", "src/hooks.c",
+     "    LEAVE(passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, true));",
+     "    LEAVE(r);"),
+    ("vmm-map-unrecorded",
+     "cuMemMap leaves no event",
+     "every call leaves its event", "src/hooks.c",
+     "    record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0,",
+     "    if (0)\n"
+     "        record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0,"),
+    ("oom-code-replaced",
+     "the pool's out-of-memory answers CUDA_ERROR_INVALID_VALUE instead of the driver's code",
+     "errors are the driver's", "src/hooks.c",
+     "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);\n"
+     "    uint64_t actual = driver_rounded(size);",
+     "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);\n"
+     "    uint64_t actual = driver_rounded(size);"),
+    ("pass-through-no-retry",
+     "a pass-through allocation the driver refuses is not retried after the pool gave back its "
+     "empty arenas",
+     "out of memory only when the driver alone would say so", "src/hooks.c",
+     "        if ((r) == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))",
+     "        if (0 && reclaim_for_driver(d))"),
+    ("release-empty-keeps-all",
+     "CUHEAP_RELEASE=empty never gives an emptied arena back",
+     "the pool gives back what it does not need", "src/pool.c",
+     "    if (p->cfg->release != CUHEAP_RELEASE_EMPTY || p->nr_empty <= 1)\n        return 0;",
+     "    if (1)\n        return 0;"),
+    ("python-outer-lines-zero",
+     "outer Python frames recorded with line 0",
+     "stacks name the program's lines", "src/pyframes.c",
+     "                    out[n].line = line > 0 ? (uint32_t)line : 0;",
+     "                    out[n].line = n == 0 && line > 0 ? (uint32_t)line : 0;"),
+]
+
+
+def run(cmd, cwd, log):
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        return subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+def copy_tree(dst):
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    for rel in filter(None, files):
+        src = os.path.join(ROOT, rel)
+        if not os.path.isfile(src):
+            continue
+        os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+        shutil.copy2(src, os.path.join(dst, rel))
+
+
+def failed_tests(output):
+    """Names of the meson tests that did not pass."""
+    names = []
+    for line in output.splitlines():
+        m = re.match(r"\s*\d+/\d+\s+\S+\s+/\s+(\S+)\s+(FAIL|ERROR|TIMEOUT|UNEXPECTEDPASS)", line)
+        if m:
+            names.append(m.group(1))
+    return names
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", help="comma-separated mutation ids")
+    ap.add_argument("--report", default=os.path.join(ROOT, "tests", "MUTATIONS.md"))
+    ap.add_argument("--keep", action="store_true", help="keep the scratch tree")
+    args = ap.parse_args()
+    chosen = MUTATIONS
+    if args.only:
+        ids = args.only.split(",")
+        unknown = [i for i in ids if i not in {m[0] for m in MUTATIONS}]
+        if unknown:
+            print(f"mutate: unknown mutation id {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        chosen = [m for m in MUTATIONS if m[0] in ids]
+
+    scratch = tempfile.mkdtemp(prefix="cuheap-mutate-")
+    log = os.path.join(scratch, "mutate.log")
+    copy_tree(os.path.join(scratch, "src-tree"))
+    tree = os.path.join(scratch, "src-tree")
+    build = os.path.join(tree, "build-mutate")
+    if run(["meson", "setup", build, "-Dwerror=true"], tree, log) or run(["ninja", "-C", build],
+                                                                          tree, log):
+        print(f"mutate: the unmutated tree does not build; see {log}", file=sys.stderr)
+        return 2
+    test_cmd = ["meson", "test", "-C", build, "--suite", "unit", "--suite", "integration",
+                "--no-rebuild"]
+    baseline = subprocess.run(test_cmd, cwd=tree, capture_output=True, text=True)
+    if baseline.returncode != 0:
+        print("mutate: the suites fail without any mutation:\n" + baseline.stdout[-3000:],
+              file=sys.stderr)
+        return 2
+
+    results = []
+    for mid, what, rule, path, text, replacement in chosen:
+        target = os.path.join(tree, path)
+        with open(target) as f:
+            original = f.read()
+        start = time.time()
+        if original.count(text) != 1:
+            verdict, caught_by = "STALE (text not found exactly once)", []
+        else:
+            with open(target, "w") as f:
+                f.write(original.replace(text, replacement))
+            if run(["ninja", "-C", build], tree, log):
+                verdict, caught_by = "DID NOT BUILD", []
+            else:
+                out = subprocess.run(test_cmd, cwd=tree, capture_output=True, text=True)
+                caught_by = failed_tests(out.stdout)
+                verdict = "caught" if out.returncode != 0 else "NOT CAUGHT"
+                if out.returncode != 0 and not caught_by:
+                    caught_by = ["(suite failed)"]
+            with open(target, "w") as f:
+                f.write(original)
+        secs = time.time() - start
+        results.append((mid, what, rule, path, verdict, caught_by))
+        print(f"mutate: {mid}: {verdict}" + (f" by {', '.join(caught_by)}" if caught_by else "") +
+              f" ({secs:.0f} s)", flush=True)
+    run(["ninja", "-C", build], tree, log)  # leave the scratch build matching the source
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+    with open(args.report, "w") as f:
+        f.write("# Mutation testing\n\n")
+        f.write("Each row is a deliberate breakage of a promise cuheap makes, applied by "
+                "`scripts/mutate.py` to a copy of the tree, which is rebuilt and run through the "
+                "unit and integration suites. Every breakage must make at least one test fail.\n\n")
+        f.write(f"Last run: {datetime.date.today().isoformat()}, commit {head}, "
+                f"`python3 scripts/mutate.py`"
+                + (f" `--only {args.only}`" if args.only else "") + ".\n\n")
+        f.write("| id | breakage | rule | file | result | failing tests |\n")
+        f.write("|---|---|---|---|---|---|\n")
+        for mid, what, rule, path, verdict, caught_by in results:
+            f.write(f"| `{mid}` | {what} | {rule} | `{path}` | {verdict} | "
+                    f"{', '.join(caught_by) if caught_by else '-'} |\n")
+    caught = sum(1 for r in results if r[4] == "caught")
+    print(f"mutate: {caught} of {len(results)} mutations caught; report: {args.report}")
+    if not args.keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        print(f"mutate: scratch tree kept in {scratch}")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
