@@ -6,6 +6,7 @@
 #   scripts/gpu-run.sh tests     the gpu suite (real-stream race per reuse policy, OOM, queries)
 #   scripts/gpu-run.sh clients   real clients with and without cuheap, pool off and on
 #   scripts/gpu-run.sh bench     benchmarks (bench/run-gpu.sh)
+#   scripts/gpu-run.sh record    the GPT job's allocation sequences, for the replay benchmark
 #   scripts/gpu-run.sh all       all three
 set -u
 cd "$(dirname "$0")/.."
@@ -56,15 +57,17 @@ run_clients() {
     say "clients (result without cuheap vs with, pool off / on):"
     for prog in cuda-static cuda-shared; do
         wanted cuda || continue
-        base=$(timeout 120 "$B/$prog" 2>&1)
-        echo "### $prog plain"$'\n'"$base" >&3
+        # stdout alone is compared: cuheap's summary goes to stderr, which is kept apart
+        base=$(timeout 120 "$B/$prog" 2>"$T/$prog.err")
+        echo "### $prog plain"$'\n'"$base"$'\n'"$(cat "$T/$prog.err")" >&3
         for pool in 0 1; do
             with=$(CUHEAP_POOL=$pool LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/$prog-pool$pool-%p.jsonl" \
-                timeout 120 "$B/$prog" 2>&1)
-            echo "### $prog pool=$pool"$'\n'"$with" >&3
+                timeout 120 "$B/$prog" 2>"$T/$prog-pool$pool.err")
+            echo "### $prog pool=$pool"$'\n'"$with"$'\n'"$(cat "$T/$prog-pool$pool.err")" >&3
             compare "$prog pool=$pool" "$base" "$with"
             say "    $(grep '^program:' <<<"$with")"
             say "    $(grep '^cuheap:' <<<"$with" | head -1)"
+            say "    $(grep '^cuheap: GPU' "$T/$prog-pool$pool.err" | head -1)"
         done
     done
     for mode in default nocache expandable async graph pluggable; do
@@ -174,8 +177,24 @@ run_clients() {
     exec 3>&-
 }
 
+# The GPT job's allocation sequences, recorded pass-through (CUHEAP_POOL=0) without stacks, with
+# PyTorch's caching allocator off (every tensor) and on (PyTorch's segments): the replay
+# benchmark (bench/replay) plays them through the simulated driver.
+run_record() {
+    for mode in nocache caching; do
+        envs=()
+        [ $mode = nocache ] && envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+        env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_POOL=0 CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 \
+            CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/gpt-seq-$mode.jsonl" \
+            timeout 300 python3 bench/torch_gpt.py 30 >"$T/gpt-seq-$mode.log" 2>&1
+        gzip -9 -c "$T/gpt-seq-$mode.jsonl" >"$OUT/gpt-seq-$mode.jsonl.gz"
+        say "recorded gpt-seq-$mode: $(grep -c '"event":"alloc"' "$T/gpt-seq-$mode.jsonl") allocations; $(grep -E '^step_ms' "$T/gpt-seq-$mode.log" | paste -sd' ')"
+    done
+}
+
 case $what in
 tests) run_tests ;;
+record) run_record ;;
 clients) run_clients ;;
 bench) bash bench/run-gpu.sh "$B" "$OUT" "$T" ;;
 all)
@@ -184,7 +203,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|all" >&2
     exit 2
     ;;
 esac

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The gpu suite: cuheap on a real device, preloaded the way users preload it. The stream
- * race runs a real kernel (PTX, loaded at run time, so nothing here needs nvcc) that spins
- * for half a second and then reads a buffer the host has already freed and reallocated.
+ * races run a real kernel (PTX, loaded at run time, so nothing here needs nvcc) that spins
+ * for half a second and then reads a buffer the host has already freed, on each kind of
+ * stream (non-blocking, with a priority, per-thread default, blocking), while the host closes
+ * fence batches and takes blocks until the freed one could come back.
  * Run with LD_PRELOAD=libcuheap.so and CUHEAP_REUSE set; scripts/gpu-run.sh does.
  */
 #include <cuheap/cuheap.h>
@@ -97,40 +99,116 @@ static void test_cuheap_is_loaded_and_sees_calls(void **state)
     assert_int_equal(count("cuMemAlloc_v2"), before + 1);
 }
 
-static void test_real_stream_race(void **state)
+/* The race of tests/programs/race.h with a real kernel: spin_check waits about half a second on
+ * `reader`, then counts bytes of the freed buffer that are no longer 0xAA. Meanwhile the host
+ * frees it, closes fence batches with small frees, and takes same-size blocks until the freed
+ * one could come back, filling each with 0x55 on another non-blocking stream at once (ordered
+ * after nothing, as another kernel would be). */
+struct gpu_race {
+    bool reused_early;      /* the freed block came back while the kernel still ran */
+    unsigned long long bad; /* bytes the kernel saw changed (every 64th byte is read) */
+};
+
+static CUfunction spin_fn(void)
 {
-    (void)state;
-    CUmodule mod;
-    CUfunction fn;
-    assert_int_equal(module_load_data(&mod, spin_ptx), CUDA_SUCCESS);
-    assert_int_equal(module_get_function(&fn, mod, "spin_check"), CUDA_SUCCESS);
+    static CUfunction fn;
+    if (!fn) {
+        CUmodule mod;
+        assert_int_equal(module_load_data(&mod, spin_ptx), CUDA_SUCCESS);
+        assert_int_equal(module_get_function(&fn, mod, "spin_check"), CUDA_SUCCESS);
+    }
+    return fn;
+}
+
+static struct gpu_race race_with_kernel(CUstream reader)
+{
     const size_t n = 8 * MIB;
-    CUstream s;
-    assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    CUdeviceptr a, b, out;
+    enum { NR_SMALL = 130, NR_REUSE = 48 };
+    struct gpu_race res = {false, 0};
+    CUstream writer;
+    assert_int_equal(cu.cuStreamCreate(&writer, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr a, out, small[NR_SMALL], got[NR_REUSE];
     assert_int_equal(cu.cuMemAlloc_v2(&out, 8), CUDA_SUCCESS);
     assert_int_equal(cu.cuMemsetD8_v2(out, 0xFF, 8), CUDA_SUCCESS);
+    for (int i = 0; i < NR_SMALL; i++)
+        assert_int_equal(cu.cuMemAlloc_v2(&small[i], 512), CUDA_SUCCESS);
     assert_int_equal(cu.cuMemAlloc_v2(&a, n), CUDA_SUCCESS);
     assert_int_equal(cu.cuMemsetD8_v2(a, 0xAA, n), CUDA_SUCCESS);
+    assert_int_equal(cu.cuCtxSynchronize(), CUDA_SUCCESS);
     unsigned long long cycles = 1000000000ull; /* about half a second at H200 clocks */
     size_t nn = n;
     void *args[] = {&a, &nn, &cycles, &out};
-    assert_int_equal(launch_kernel(fn, 1, 1, 1, 1, 1, 1, 0, s, args, NULL), CUDA_SUCCESS);
+    assert_int_equal(launch_kernel(spin_fn(), 1, 1, 1, 1, 1, 1, 0, reader, args, NULL),
+                     CUDA_SUCCESS);
     assert_int_equal(cu.cuMemFree_v2(a), CUDA_SUCCESS);
-    assert_int_equal(cu.cuMemAlloc_v2(&b, n), CUDA_SUCCESS);
-    /* the legacy stream does not wait for a non-blocking stream */
-    assert_int_equal(cu.cuMemsetD8_v2(b, 0x55, n), CUDA_SUCCESS);
-    assert_int_equal(cu.cuStreamSynchronize(s), CUDA_SUCCESS);
-    unsigned long long bad = 1234;
-    assert_int_equal(cu.cuMemcpyDtoH_v2(&bad, out, 8), CUDA_SUCCESS);
-    printf("# race: reuse=%s pool=%d same_address=%d bytes_changed_under_kernel=%llu\n", reuse,
-           pool_on, a == b, bad);
-    if (pool_on && !strcmp(reuse, "immediate"))
-        assert_true(a == b && bad > 0); /* the documented hazard, seen */
-    else
-        assert_int_equal(bad, 0);
-    assert_int_equal(cu.cuMemFree_v2(b), CUDA_SUCCESS);
+    for (int i = 0; i < NR_SMALL; i++)
+        assert_int_equal(cu.cuMemFree_v2(small[i]), CUDA_SUCCESS);
+    int nr = 0;
+    while (nr < NR_REUSE) {
+        assert_int_equal(cu.cuMemAlloc_v2(&got[nr], n), CUDA_SUCCESS);
+        assert_int_equal(cu.cuMemsetD8Async(got[nr], 0x55, n, writer), CUDA_SUCCESS);
+        if (got[nr++] == a && cu.cuStreamQuery(reader) == CUDA_ERROR_NOT_READY) {
+            res.reused_early = true;
+            break;
+        }
+    }
+    assert_int_equal(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemcpyDtoH_v2(&res.bad, out, 8), CUDA_SUCCESS);
+    while (nr > 0)
+        assert_int_equal(cu.cuMemFree_v2(got[--nr]), CUDA_SUCCESS);
     assert_int_equal(cu.cuMemFree_v2(out), CUDA_SUCCESS);
+    assert_int_equal(cu.cuStreamDestroy_v2(writer), CUDA_SUCCESS);
+    return res;
+}
+
+static void expect_race_outcome(const char *kind, struct gpu_race r)
+{
+    printf("# race: reuse=%s pool=%d stream=%s reused_early=%d bytes_changed_under_kernel=%llu\n",
+           reuse, pool_on, kind, r.reused_early, r.bad * 64);
+    if (pool_on && !strcmp(reuse, "immediate"))
+        assert_true(r.bad > 0); /* the documented hazard, seen */
+    else if (r.bad || r.reused_early)
+        fail_msg("%s: %llu bytes changed under a kernel (freed block reused early: %d)", kind,
+                 r.bad * 64, r.reused_early);
+}
+
+static void test_race_non_blocking_stream(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    expect_race_outcome("non-blocking", race_with_kernel(s));
+    assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+static void test_race_priority_stream(void **state)
+{
+    (void)state;
+    int least, greatest;
+    CUresult (*range)(int *, int *);
+    *(void **)&range =
+        dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "cuCtxGetStreamPriorityRange");
+    assert_non_null(range);
+    assert_int_equal(range(&least, &greatest), CUDA_SUCCESS);
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, greatest),
+                     CUDA_SUCCESS);
+    expect_race_outcome("priority", race_with_kernel(s));
+    assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+static void test_race_per_thread_default_stream(void **state)
+{
+    (void)state;
+    expect_race_outcome("per-thread-default", race_with_kernel(CU_STREAM_PER_THREAD));
+}
+
+static void test_race_blocking_stream(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    expect_race_outcome("blocking", race_with_kernel(s));
     assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
 }
 
@@ -194,7 +272,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuheap_is_loaded_and_sees_calls),
-        cmocka_unit_test(test_real_stream_race),
+        cmocka_unit_test(test_race_non_blocking_stream),
+        cmocka_unit_test(test_race_priority_stream),
+        cmocka_unit_test(test_race_per_thread_default_stream),
+        cmocka_unit_test(test_race_blocking_stream),
         cmocka_unit_test(test_pointer_queries_agree),
         cmocka_unit_test(test_out_of_memory_and_recovery),
         cmocka_unit_test(test_mem_info_is_truthful),

@@ -38,6 +38,8 @@
     X(cuMemcpyHtoD_v2, (CUdeviceptr, const void *, size_t), "cuMemcpyHtoD")                        \
     X(cuMemcpyDtoH_v2, (void *, CUdeviceptr, size_t), "cuMemcpyDtoH")                              \
     X(cuMemsetD8_v2, (CUdeviceptr, unsigned char, size_t), "cuMemsetD8")                           \
+    X(cuMemsetD8Async, (CUdeviceptr, unsigned char, size_t, CUstream), "cuMemsetD8Async")          \
+    X(cuStreamQuery, (CUstream), "cuStreamQuery")                                                  \
     X(cuStreamCreate, (CUstream *, unsigned), "cuStreamCreate")                                    \
     X(cuStreamDestroy_v2, (CUstream), "cuStreamDestroy")                                           \
     X(cuStreamSynchronize, (CUstream), "cuStreamSynchronize")                                      \
