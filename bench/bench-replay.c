@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Memory held against memory used: replays the allocations and frees of a recorded job (a cuheap
+ * trace, e.g. bench/sequences/gpt-seq-nocache.jsonl.gz decompressed) through cuMemAlloc/cuMemFree
+ * and prints peak live bytes, peak bytes held from the device, and their ratio.
+ *
+ *   bench-replay [--work-us N] [--steps N] TRACE
+ *
+ * Run it on the simulated driver alone (what the driver itself holds: the device's used bytes),
+ * or with libcuheap.so preloaded (what cuheap holds: its peak reserved bytes). Like a training
+ * job, the host runs ahead of the device: after every allocation a "kernel" of --work-us
+ * microseconds (default 20) is queued on a non-blocking stream, and the host waits for the
+ * stream only at step ends (--steps, default 30, evenly over the trace), as a loss.item() does.
+ * Fence timing therefore varies from run to run: run it several times and keep the worst.
+ *
+ * Output: one line, "replay=NAME allocs=N peak_live=B peak_held=B held_over_live=R".
+ */
+#include <cuheap/cuheap.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DOOR_PROCADDR 1
+#include "../tests/programs/driver_api.h"
+#include "event.h"
+#include "tracereader.h"
+
+static struct driver_api cu;
+static int (*get_stats)(struct cuheap_stats *, size_t);
+
+static void check(CUresult r, const char *what)
+{
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "bench-replay: %s failed (%d)\n", what, (int)r);
+        exit(1);
+    }
+}
+
+static void kernel(void *arg)
+{
+    unsigned us = (unsigned)(uintptr_t)arg;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do /* busy, as a kernel keeps its SM busy: a sleep would let the stream run ahead */
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < (long)us * 1000);
+}
+
+/* Bytes held from the device now: cuheap's reserved bytes when it is loaded, else what the
+ * driver says is in use. */
+static uint64_t held_now(uint64_t used_at_start)
+{
+    if (get_stats) {
+        struct cuheap_stats s;
+        get_stats(&s, sizeof(s));
+        return s.reserved_bytes;
+    }
+    size_t f, t;
+    check(cu.cuMemGetInfo_v2(&f, &t), "cuMemGetInfo");
+    return (uint64_t)(t - f) - used_at_start;
+}
+
+int main(int argc, char **argv)
+{
+    unsigned work_us = 20, steps = 30;
+    int a = 1;
+    for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
+        if (!strcmp(argv[a], "--work-us"))
+            work_us = (unsigned)atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--steps"))
+            steps = (unsigned)atoi(argv[a + 1]);
+        else
+            break;
+    }
+    if (a != argc - 1 || !steps) {
+        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] TRACE\n");
+        return 2;
+    }
+    struct cuheap_trace tr;
+    char err[512];
+    if (cuheap_trace_read(argv[a], &tr, err, sizeof(err))) {
+        fprintf(stderr, "bench-replay: %s\n", err);
+        return 2;
+    }
+    if (driver_api_start(&cu, 0))
+        return 1;
+    *(void **)&get_stats = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
+    CUstream s;
+    check(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    size_t f0, t0;
+    check(cu.cuMemGetInfo_v2(&f0, &t0), "cuMemGetInfo");
+    uint64_t used0 = get_stats ? 0 : (uint64_t)(t0 - f0);
+
+    size_t n = 0;
+    for (size_t i = 0; i < tr.nr_events; i++)
+        n += tr.events[i].type == CUHEAP_EV_ALLOC;
+    size_t cap = 1;
+    while (cap < 4 * n + 16)
+        cap <<= 1;
+    uint64_t *keys = calloc(cap, sizeof(*keys));
+    CUdeviceptr *vals = calloc(cap, sizeof(*vals));
+    uint64_t *sizes = calloc(cap, sizeof(*sizes));
+    uint64_t live = 0, peak_live = 0, peak_held = 0, nr = 0, per_step = n / steps + 1;
+    for (size_t i = 0; i < tr.nr_events; i++) {
+        const struct cuheap_trace_event *e = &tr.events[i];
+        bool device = e->api == CUHEAP_API_MEM_ALLOC || e->api == CUHEAP_API_PITCH ||
+                      e->api == CUHEAP_API_TORCH;
+        if (!device || !e->ptr || (e->type != CUHEAP_EV_ALLOC && e->type != CUHEAP_EV_FREE))
+            continue;
+        size_t h = (size_t)((e->ptr * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
+        while (keys[h] && keys[h] != e->ptr)
+            h = (h + 1) & (cap - 1);
+        if (e->type == CUHEAP_EV_ALLOC) {
+            keys[h] = e->ptr;
+            check(cu.cuMemAlloc_v2(&vals[h], e->size ? e->size : 1), "cuMemAlloc");
+            sizes[h] = e->size;
+            live += e->size;
+            if (live > peak_live)
+                peak_live = live;
+            if (work_us)
+                check(cu.cuLaunchHostFunc(s, kernel, (void *)(uintptr_t)work_us), "launch");
+            if (++nr % per_step == 0)
+                check(cu.cuStreamSynchronize(s), "step end");
+        } else if (keys[h] == e->ptr && vals[h]) {
+            check(cu.cuMemFree_v2(vals[h]), "cuMemFree");
+            vals[h] = 0;
+            live -= sizes[h];
+        }
+        uint64_t held = held_now(used0);
+        if (held > peak_held)
+            peak_held = held;
+    }
+    check(cu.cuStreamSynchronize(s), "sync");
+    if (get_stats) { /* cuheap keeps its own peak, which sees between our samples too */
+        struct cuheap_stats st;
+        get_stats(&st, sizeof(st));
+        peak_held = st.peak_reserved_bytes;
+    }
+    const char *name = getenv("REPLAY_LABEL");
+    printf("replay=%s allocs=%zu peak_live=%llu peak_held=%llu held_over_live=%.3f\n",
+           name ? name : (get_stats ? "cuheap" : "driver"), (size_t)nr,
+           (unsigned long long)peak_live, (unsigned long long)peak_held,
+           peak_live ? (double)peak_held / (double)peak_live : 0.0);
+    for (size_t k = 0; k < cap; k++)
+        if (vals[k])
+            cu.cuMemFree_v2(vals[k]);
+    free(keys);
+    free(vals);
+    free(sizes);
+    cuheap_trace_free(&tr);
+    return 0;
+}

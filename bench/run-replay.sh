@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Held / live bytes for the recorded GPT job's allocation sequences (bench/sequences), replayed
+# through the simulated driver: the driver alone, then cuheap under each reuse policy and each
+# backing. Fence timing varies, so each cuheap configuration runs RUNS times (default 3) and
+# the worst ratio is kept. Run from the repository root after a build:
+#   bash bench/run-replay.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build}
+RUNS=${RUNS:-3}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export LD_LIBRARY_PATH=$B/tests/fakecuda FAKECUDA_DEVICE_MEM=${FAKECUDA_DEVICE_MEM:-16G}
+printf '%-10s %-28s %8s %8s %8s\n' sequence configuration worst best runs
+for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
+    name=$(basename "$seq" .jsonl.gz)
+    gunzip -c "$seq" >"$T/$name.jsonl"
+    r=$("$B/bench/bench-replay" "$T/$name.jsonl" | sed -n 's/.*held_over_live=//p')
+    printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "driver alone" "$r" "$r" 1
+    for cfg in ${CONFIGS:-"fence" "sync" "immediate"}; do
+        ratios=()
+        for ((i = 0; i < RUNS; i++)); do
+            ratios+=("$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=0 CUHEAP_RECORD=0 \
+                CUHEAP_REUSE=$cfg "$B/bench/bench-replay" "$T/$name.jsonl" |
+                sed -n 's/.*held_over_live=//p')")
+        done
+        sorted=$(printf '%s\n' "${ratios[@]}" | sort -g)
+        printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "cuheap $cfg" \
+            "$(tail -1 <<<"$sorted")" "$(head -1 <<<"$sorted")" "$RUNS"
+    done
+done
