@@ -220,8 +220,102 @@ static void forget(void *ctx)
     pthread_mutex_unlock(&streams_lock);
 }
 
+/* ---- virtual memory: address space, 2 MiB physical granules ---- */
+
+static CUmemAllocationProp granule_prop(const struct cuheap_device *d)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = d->ordinal;
+    return prop;
+}
+
+static int va_reserve(void *ctx, uint64_t size, uint64_t *ret_va)
+{
+    struct cuheap_device *d = ctx;
+    bool pushed = enter_ctx(d);
+    CUdeviceptr va = 0;
+    CUresult r = cuheap_drv.cuMemAddressReserve(&va, size, d->granule, 0, 0);
+    leave_ctx(pushed);
+    if (r != CUDA_SUCCESS)
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? CUHEAP_BE_OOM : -5;
+    *ret_va = va;
+    return 0;
+}
+
+static void va_free(void *ctx, uint64_t va, uint64_t size)
+{
+    (void)ctx;
+    cuheap_drv.cuMemAddressFree(va, size);
+}
+
+static int phys_create(void *ctx, uint64_t *ret_handle)
+{
+    struct cuheap_device *d = ctx;
+    CUmemAllocationProp prop = granule_prop(d);
+    CUmemGenericAllocationHandle h;
+    CUresult r = cuheap_drv.cuMemCreate(&h, d->granule, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        return CUHEAP_BE_OOM;
+    if (r != CUDA_SUCCESS)
+        return -5;
+    *ret_handle = (uint64_t)h;
+    return 0;
+}
+
+static void phys_release(void *ctx, uint64_t handle)
+{
+    (void)ctx;
+    cuheap_drv.cuMemRelease((CUmemGenericAllocationHandle)handle);
+}
+
+/* Map one granule and make it readable and writable by the device. */
+static int phys_map(void *ctx, uint64_t va, uint64_t handle)
+{
+    struct cuheap_device *d = ctx;
+    if (cuheap_drv.cuMemMap(va, d->granule, 0, (CUmemGenericAllocationHandle)handle, 0) !=
+        CUDA_SUCCESS)
+        return -5;
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof(access));
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = d->ordinal;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (cuheap_drv.cuMemSetAccess(va, d->granule, &access, 1) != CUDA_SUCCESS) {
+        cuheap_drv.cuMemUnmap(va, d->granule);
+        return -5;
+    }
+    return 0;
+}
+
+static void phys_unmap(void *ctx, uint64_t va)
+{
+    struct cuheap_device *d = ctx;
+    cuheap_drv.cuMemUnmap(va, d->granule);
+}
+
+/* The device's granularity when it and the driver support virtual memory management, else 0
+ * (the pool then uses cuMemAlloc arenas). */
+static uint64_t vmm_granule(struct cuheap_device *d)
+{
+    if (!cuheap_drv.cuMemGetAllocationGranularity || !cuheap_drv.cuMemAddressReserve ||
+        !cuheap_drv.cuMemAddressFree || !cuheap_drv.cuMemSetAccess || !cuheap_drv.cuMemCreate ||
+        !cuheap_drv.cuMemMap || !cuheap_drv.cuMemUnmap || !cuheap_drv.cuMemRelease)
+        return 0;
+    CUmemAllocationProp prop = granule_prop(d);
+    size_t g = 0;
+    if (cuheap_drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+            CUDA_SUCCESS ||
+        !g || (g & (g - 1)))
+        return 0;
+    return g;
+}
+
 void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *ret)
 {
+    d->granule = vmm_granule(d);
     *ret = (struct cuheap_backend){
         .ctx = d,
         .mem_alloc = mem_alloc,
@@ -234,5 +328,12 @@ void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *re
         .device_sync = device_sync,
         .mem_info = mem_info,
         .forget = forget,
+        .granule = d->granule,
+        .va_reserve = va_reserve,
+        .va_free = va_free,
+        .phys_create = phys_create,
+        .phys_release = phys_release,
+        .phys_map = phys_map,
+        .phys_unmap = phys_unmap,
     };
 }

@@ -177,6 +177,7 @@ static int parse_path(const struct option *opt, const char *v, struct cuheap_con
 static const char *const reuse_names[] = {"fence", "sync", "immediate", NULL};
 static const char *const release_names[] = {"oom", "empty", "never", NULL};
 static const char *const format_names[] = {"jsonl", "chrome", NULL};
+static const char *const backing_names[] = {"legacy", "vmm", NULL};
 
 #define FIELD(f) offsetof(struct cuheap_config, f)
 #define KIB      1024ull
@@ -200,6 +201,9 @@ static const struct option options[] = {
      parse_enum, FIELD(release), 0, 0, release_names},
     {"CUHEAP_REUSE", "fence", "when a freed block may be reused: fence, sync, immediate",
      parse_enum, FIELD(reuse), 0, 0, reuse_names},
+    {"CUHEAP_BACKING", "legacy",
+     "pool memory: legacy (cuMemAlloc arenas) or vmm (2 MiB granules mapped under blocks in use)",
+     parse_enum, FIELD(backing), 0, 0, backing_names},
     {"CUHEAP_FENCE_BATCH", "64", "frees collected before a fence is recorded", parse_uint,
      FIELD(fence_batch), 1, 1u << 20, NULL},
     {"CUHEAP_LIMIT", "none", "per-device limit: bytes (K/M/G) or a percentage of the device",
@@ -288,6 +292,7 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_POOL_MAX=%" PRIu64, cfg->pool_max);
     EMIT("CUHEAP_RELEASE=%s", release_names[cfg->release]);
     EMIT("CUHEAP_REUSE=%s", reuse_names[cfg->reuse]);
+    EMIT("CUHEAP_BACKING=%s", backing_names[cfg->backing]);
     EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
     if (cfg->limit_permille)
         EMIT("CUHEAP_LIMIT=%u.%u%%", cfg->limit_permille / 10, cfg->limit_permille % 10);
@@ -302,6 +307,11 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_SUMMARY=%d", cfg->summary);
     EMIT("CUHEAP_FLUSH_MS=%u", cfg->flush_ms);
 #undef EMIT
+}
+
+const char *cuheap_backing_name(enum cuheap_backing b)
+{
+    return backing_names[b];
 }
 
 const char *cuheap_reuse_name(enum cuheap_reuse r)

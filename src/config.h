@@ -23,6 +23,12 @@ enum cuheap_release {
     CUHEAP_RELEASE_NEVER, /* keep every arena until exit */
 };
 
+enum cuheap_backing {
+    CUHEAP_BACKING_LEGACY, /* arenas from cuMemAlloc: a block's rounding costs device memory */
+    CUHEAP_BACKING_VMM,    /* address space from cuMemAddressReserve, 2 MiB physical granules
+                              mapped only under blocks in use (cuMemCreate/cuMemMap) */
+};
+
 enum cuheap_format {
     CUHEAP_FORMAT_JSONL,  /* JSON Lines, the cuheap trace format (default) */
     CUHEAP_FORMAT_CHROME, /* Chrome Trace Event JSON for Perfetto */
@@ -43,6 +49,7 @@ struct cuheap_config {
     uint64_t pool_max;   /* largest request served from the pool */
     enum cuheap_release release;
     enum cuheap_reuse reuse;
+    enum cuheap_backing backing;
     unsigned fence_batch;         /* frees per fence epoch */
     uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */
     unsigned limit_permille;      /* per-device limit as a share of the device, 0 = none */
@@ -83,6 +90,9 @@ const char *cuheap_format_size(uint64_t bytes, char *buf, size_t size);
 /* Expand %p (pid), %r (rank or 0), %h (host name) and %% in a path template. */
 void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
                         const char *host);
+
+/* "legacy" or "vmm". */
+const char *cuheap_backing_name(enum cuheap_backing b);
 
 /* "fence", "sync" or "immediate". */
 const char *cuheap_reuse_name(enum cuheap_reuse r);

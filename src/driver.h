@@ -66,7 +66,12 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuEventQuery, (CUevent))                                                                     \
     X(cuEventSynchronize, (CUevent))                                                               \
     X(cuEventDestroy_v2, (CUevent))                                                                \
-    X(cuDriverGetVersion, (int *))
+    X(cuDriverGetVersion, (int *))                                                                 \
+    X(cuMemGetAllocationGranularity,                                                               \
+      (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                   \
+    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))       \
+    X(cuMemAddressFree, (CUdeviceptr, size_t))                                                     \
+    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))
 
 struct cuheap_driver {
     void *handle;               /* libcuda.so.1, from dlopen */

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -165,7 +166,8 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
         return NULL;
     }
     size_t n = a->buddy.nr_units;
-    a->meta_bytes = 3 * n * sizeof(uint64_t);
+    uint32_t nr_granules = p->vmm ? (uint32_t)(size >> p->granule_shift) : 0;
+    a->meta_bytes = 4 * n * sizeof(uint64_t) + nr_granules * sizeof(struct cuheap_granule);
     void *m = mmap(NULL, a->meta_bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
@@ -176,6 +178,13 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
     a->block_size = m;
     a->buffer_id = a->block_size + n;
     a->link = a->buffer_id + n;
+    a->extent = a->link + n;
+    a->granules = nr_granules ? (struct cuheap_granule *)(a->extent + n) : NULL;
+    a->nr_granules = nr_granules;
+    for (uint32_t g = 0; g < nr_granules; g++) {
+        a->granules[g].index = g;
+        a->granules[g].arena = a;
+    }
     a->pool = p;
     return a;
 }
@@ -183,7 +192,8 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
 static void arena_retire(struct cuheap_arena *a)
 {
     munmap(a->block_size, a->meta_bytes);
-    a->block_size = a->buffer_id = a->link = NULL;
+    a->block_size = a->buffer_id = a->link = a->extent = NULL;
+    a->granules = NULL;
     cuheap_buddy_destroy(&a->buddy); /* size becomes 0 */
 }
 
@@ -210,6 +220,10 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->note = note_fn;
     p->next_buffer_id = 1;
     p->min_order = 63u - (unsigned)__builtin_clzll(cfg->min_block);
+    p->vmm = cfg->backing == CUHEAP_BACKING_VMM && be->granule && be->va_reserve && be->va_free &&
+             be->phys_create && be->phys_release && be->phys_map && be->phys_unmap;
+    p->granule_shift = p->vmm ? 63u - (unsigned)__builtin_clzll(be->granule) : 0;
+    p->idle.idle_next = p->idle.idle_prev = &p->idle;
     return 0;
 }
 
@@ -224,10 +238,14 @@ static uint64_t pow2_ceil(uint64_t v)
  * need. With exact, the arena is need bytes (a power of two), no more: CUHEAP_POOL_INIT.
  * Drops p->lock around the driver call.
  * Returns 0, CUHEAP_BE_OOM, or -EDQUOT when the limit is what refused. */
+static int grow_va_locked(struct cuheap_pool *p, uint64_t need);
+
 static int grow_locked(struct cuheap_pool *p, uint64_t need, bool exact)
 {
     if (p->nr_arenas == CUHEAP_NR_MAX_ARENAS)
         return CUHEAP_BE_OOM;
+    if (p->vmm)
+        return grow_va_locked(p, need);
     if (need < p->cfg->min_block)
         need = p->cfg->min_block;
     need = pow2_ceil(need);
@@ -277,7 +295,8 @@ static int grow_locked(struct cuheap_pool *p, uint64_t need, bool exact)
     return 0;
 }
 
-/* Remove an empty arena from the pool; the caller gives its memory back after unlocking. */
+/* Remove an empty legacy arena from the pool; the caller gives its memory back after
+ * unlocking. (vmm arenas are address space: they stay.) */
 static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_t *ret_size)
 {
     struct cuheap_arena *a = p->arenas[idx];
@@ -288,12 +307,141 @@ static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_
     arena_retire(a);
     p->arenas[idx] = p->arenas[--p->nr_arenas];
     p->hint = 0;
-    p->st.reserved -= size;
     p->st.nr_arenas--;
+    *ret_size = size;
+    p->st.reserved -= size;
     atomic_fetch_sub(p->device_reserved, size);
     note(p, CUHEAP_EV_ARENA_RELEASE, base, size, p->st.reserved, 0);
-    *ret_size = size;
     return base;
+}
+
+/* ---- physical granules (CUHEAP_BACKING=vmm) ---- */
+
+static uint64_t granule_bytes(const struct cuheap_pool *p)
+{
+    return 1ull << p->granule_shift;
+}
+
+static uint64_t granule_va(const struct cuheap_granule *gr)
+{
+    return gr->arena->buddy.base + ((uint64_t)gr->index << gr->arena->pool->granule_shift);
+}
+
+static void idle_push_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
+{
+    gr->idle_prev = p->idle.idle_prev;
+    gr->idle_next = &p->idle;
+    p->idle.idle_prev->idle_next = gr;
+    p->idle.idle_prev = gr;
+    p->nr_idle++;
+}
+
+static void idle_remove_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
+{
+    gr->idle_prev->idle_next = gr->idle_next;
+    gr->idle_next->idle_prev = gr->idle_prev;
+    gr->idle_prev = gr->idle_next = NULL;
+    p->nr_idle--;
+}
+
+/* The granules [*ret_first, *ret_last] that the first bytes of the block at ptr reach into. */
+static void granule_span(const struct cuheap_pool *p, const struct cuheap_arena *a, uint64_t ptr,
+                         uint64_t bytes, uint32_t *ret_first, uint32_t *ret_last)
+{
+    uint64_t off = ptr - a->buddy.base;
+    *ret_first = (uint32_t)(off >> p->granule_shift);
+    *ret_last = (uint32_t)((off + bytes - 1) >> p->granule_shift);
+}
+
+/* A granule no block uses stays mapped, at the back of the idle list: the block that is
+ * handed out at its address next needs no driver call. */
+static void drop_granule_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
+{
+    cuheap_assert(gr->nr_users > 0 && gr->handle);
+    if (--gr->nr_users == 0)
+        idle_push_locked(p, gr);
+}
+
+/* The block at ptr is free again (its fence has passed): it lets go of its granules. */
+static void unuse_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr)
+{
+    uint32_t u = unit_of(a, ptr), first, last;
+    if (!a->extent[u])
+        return;
+    granule_span(p, a, ptr, a->extent[u], &first, &last);
+    for (uint32_t g = first; g <= last; g++)
+        drop_granule_locked(p, &a->granules[g]);
+    a->extent[u] = 0;
+}
+
+/* Unmap an idle granule; returns its physical memory, for the caller to map elsewhere or
+ * release. */
+static uint64_t unmap_idle_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
+{
+    idle_remove_locked(p, gr);
+    uint64_t h = gr->handle;
+    p->be.phys_unmap(p->be.ctx, granule_va(gr));
+    gr->handle = 0;
+    gr->arena->nr_mapped--;
+    return h;
+}
+
+/* Give idle granules back to the driver, oldest first, while the pool holds more than keep
+ * bytes. Returns the bytes released. */
+static uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
+{
+    uint64_t g = granule_bytes(p), released = 0;
+    while (p->nr_idle && p->st.reserved >= keep + g) {
+        struct cuheap_granule *gr = p->idle.idle_next;
+        uint64_t va = granule_va(gr);
+        p->be.phys_release(p->be.ctx, unmap_idle_locked(p, gr));
+        p->st.reserved -= g;
+        atomic_fetch_sub(p->device_reserved, g);
+        released += g;
+        note(p, CUHEAP_EV_ARENA_RELEASE, va, g, p->st.reserved, 0);
+    }
+    return released;
+}
+
+/* A new granule from the driver, within the limit. Returns 0, CUHEAP_BE_OOM or -EDQUOT. */
+static int create_granule_locked(struct cuheap_pool *p, uint64_t *ret_handle)
+{
+    uint64_t g = granule_bytes(p);
+    if (p->limit && atomic_load(p->device_reserved) + g > p->limit)
+        return -EDQUOT;
+    int r = p->be.phys_create(p->be.ctx, ret_handle);
+    if (r)
+        return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
+    p->st.reserved += g;
+    p->st.nr_creates++;
+    atomic_fetch_add(p->device_reserved, g);
+    return 0;
+}
+
+/* Take address space for the pool: a vmm arena of CUHEAP_VMM_ARENA bytes, more for a larger
+ * request. Costs no device memory. Drops p->lock around the driver call. */
+static int grow_va_locked(struct cuheap_pool *p, uint64_t need)
+{
+    uint64_t size = need > CUHEAP_VMM_ARENA ? pow2_ceil(need) : CUHEAP_VMM_ARENA, va = 0;
+    pthread_mutex_unlock(&p->lock);
+    int r = p->be.va_reserve(p->be.ctx, size, &va);
+    struct cuheap_arena *a = NULL;
+    if (r == 0) {
+        a = arena_new(p, va, size);
+        if (!a || map_update(a, true)) {
+            if (a)
+                arena_retire(a);
+            p->be.va_free(p->be.ctx, va, size);
+            r = -ENOMEM;
+        }
+    }
+    pthread_mutex_lock(&p->lock);
+    if (r)
+        return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -ENOMEM;
+    p->arenas[p->nr_arenas++] = a;
+    p->st.nr_arenas++;
+    p->nr_empty++;
+    return 0;
 }
 
 /* ---- blocks ---- */
@@ -369,6 +517,8 @@ static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
 static void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr)
 {
     cuheap_assert(a && a->block_size[unit_of(a, ptr)] == 0);
+    if (p->vmm)
+        unuse_granules_locked(p, a, ptr);
     int order = cuheap_buddy_order_at(&a->buddy, ptr);
     if (order < 0)
         return;
@@ -544,6 +694,126 @@ static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, ui
     return create ? empty : NULL;
 }
 
+/* ---- physical granules: where a block gets them (vmm) ---- */
+
+struct acquire {
+    bool fenced; /* the open epoch was closed for this allocation already */
+};
+
+/* Physical memory for one granule: an idle granule moved here; else memory that blocks
+ * waiting for a fence will free (waiting beats growing: the driver's own free waits for the
+ * whole device every time); else a new granule from the driver. Returns 0 with the handle
+ * (*ret_from: the address it was moved from, 0 for a new one), CUHEAP_BE_OOM or -EDQUOT. */
+static int get_physical_locked(struct cuheap_pool *p, struct acquire *acq, uint64_t *ret_handle,
+                               uint64_t *ret_from)
+{
+    for (;;) {
+        if (p->nr_idle) {
+            struct cuheap_granule *gr = p->idle.idle_next;
+            *ret_from = granule_va(gr);
+            *ret_handle = unmap_idle_locked(p, gr);
+            return 0;
+        }
+        if (reclaim_locked(p))
+            continue;
+        if (!acq->fenced) {
+            acq->fenced = true;
+            flush_stream_caches_locked(p);
+            close_epoch_locked(p);
+            if (poll_oldest_locked(p))
+                continue;
+        }
+        bool waiting = p->ep_head != p->ep_tail;
+        if (waiting && p->st.pending >= granule_bytes(p)) {
+            wait_oldest_locked(p);
+            continue;
+        }
+        *ret_from = 0;
+        int r = create_granule_locked(p, ret_handle);
+        if (r == 0 || !waiting)
+            return r;
+        wait_oldest_locked(p); /* the driver is full: what is pending is all that is left */
+    }
+}
+
+/* Make the granule a block reaches into usable: already in use, idle at this address, moved
+ * here, or new. */
+static int hold_granule_locked(struct cuheap_pool *p, struct cuheap_granule *gr,
+                               struct acquire *acq)
+{
+    if (gr->nr_users++)
+        return 0;
+    if (gr->handle) {
+        idle_remove_locked(p, gr);
+        return 0;
+    }
+    uint64_t h, from, va = granule_va(gr), g = granule_bytes(p);
+    int r = get_physical_locked(p, acq, &h, &from);
+    if (r == 0 && p->be.phys_map(p->be.ctx, va, h)) {
+        /* cannot map it here: give it back to the driver rather than keep it unmapped */
+        p->be.phys_release(p->be.ctx, h);
+        p->st.reserved -= g;
+        atomic_fetch_sub(p->device_reserved, g);
+        if (from)
+            note(p, CUHEAP_EV_ARENA_RELEASE, from, g, p->st.reserved, 0);
+        r = -EIO;
+    }
+    if (r) {
+        gr->nr_users--;
+        return r;
+    }
+    gr->handle = h;
+    gr->arena->nr_mapped++;
+    if (from) {
+        p->st.nr_moves++;
+        note(p, CUHEAP_EV_ARENA_RELEASE, from, g, p->st.reserved, 0);
+    }
+    note(p, CUHEAP_EV_ARENA_GROW, va, g, p->st.reserved, 0);
+    return 0;
+}
+
+/* The block at ptr is about to hold size bytes: hold the granules they reach into, beyond
+ * those it holds already (a block reused on the same stream keeps its granules). On failure
+ * nothing new is held. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+static int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                               uint64_t size, struct acquire *acq)
+{
+    uint32_t u = unit_of(a, ptr), first, last, held_first, held_last;
+    uint64_t old = a->extent[u];
+    if (size <= old)
+        return 0;
+    granule_span(p, a, ptr, size, &first, &last);
+    if (old) {
+        granule_span(p, a, ptr, old, &held_first, &held_last);
+        first = held_last + 1;
+    }
+    for (uint32_t g = first; g <= last; g++) {
+        int r = hold_granule_locked(p, &a->granules[g], acq);
+        if (r) {
+            while (g-- > first)
+                drop_granule_locked(p, &a->granules[g]);
+            return r;
+        }
+    }
+    a->extent[u] = size;
+    return 0;
+}
+
+/* Put a not-live block behind the open epoch's fence. The batch closes after
+ * CUHEAP_FENCE_BATCH frees, or sooner when it holds an eighth of the pool: large blocks
+ * should not wait behind many small ones. */
+static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t block)
+{
+    struct cuheap_epoch *e = open_epoch(p);
+    a->link[unit_of(a, ptr)] = e->head;
+    e->head = ptr;
+    e->nr_blocks++;
+    e->bytes += block;
+    p->st.pending += block;
+    if (e->nr_blocks >= p->cfg->fence_batch || e->bytes >= p->st.reserved / 8)
+        close_epoch_locked(p);
+}
+
 /* Give every empty arena back (p->lock held on entry and exit, dropped around the driver
  * calls). Returns how many were released. */
 static unsigned release_empty_unlocked(struct cuheap_pool *p)
@@ -575,6 +845,11 @@ static unsigned release_empty_unlocked(struct cuheap_pool *p)
  * CUHEAP_POOL_INIT reserved. Returns how many were unlinked. */
 static unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases)
 {
+    if (p->vmm && p->cfg->release == CUHEAP_RELEASE_EMPTY) {
+        /* idle granules go back at once, but for a cushion of 8 against churn */
+        release_idle_locked(p, p->cfg->pool_init + 8 * granule_bytes(p));
+        return 0;
+    }
     if (p->cfg->release != CUHEAP_RELEASE_EMPTY || p->nr_empty <= 1)
         return 0;
     unsigned nr = 0;
@@ -640,7 +915,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         p->nr_since_poll = 0;
         reclaim_locked(p);
     }
-    bool flushed = false, trimmed = false;
+    bool flushed = false, trimmed = false, from_cache = r == 0;
     while (r) {
         r = take_block_locked(p, size, &ptr, &block, &arena);
         if (r == 0)
@@ -648,6 +923,15 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         missed = true;
         if (reclaim_locked(p) || flush_quick_locked(p))
             continue;
+        if (p->vmm) {
+            /* out of address space only: more costs no device memory */
+            int g = grow_locked(p, size, false);
+            if (g == 0)
+                continue;
+            note(p, CUHEAP_EV_OOM, 0, size, p->st.reserved, p->limit);
+            pthread_mutex_unlock(&p->lock);
+            return -ENOMEM;
+        }
         if (!flushed) {
             /* Blocks waiting in the open epoch or in stream caches become reusable sooner
              * behind a fence recorded now. */
@@ -664,7 +948,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
             wait_oldest_locked(p);
             continue;
         }
-        if (!trimmed && p->cfg->release != CUHEAP_RELEASE_NEVER) {
+        if (!trimmed && p->cfg->release != CUHEAP_RELEASE_NEVER) { /* legacy only, as above */
             /* Empty arenas too small for this request (made under a limit) can make room
              * for one that fits. */
             trimmed = true;
@@ -674,6 +958,22 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved, p->limit);
         pthread_mutex_unlock(&p->lock);
         return -ENOMEM;
+    }
+    if (p->vmm) {
+        uint64_t before = p->st.nr_creates + p->st.nr_moves;
+        struct acquire acq = {false};
+        int g = use_granules_locked(p, arena, ptr, size, &acq);
+        if (g) {
+            if (from_cache)
+                pend_locked(p, arena, ptr, block); /* reusable on its stream only: fence it */
+            else
+                return_block_locked(p, arena, ptr);
+            note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved,
+                 p->limit);
+            pthread_mutex_unlock(&p->lock);
+            return -ENOMEM;
+        }
+        missed = p->st.nr_creates + p->st.nr_moves != before; /* the driver was needed */
     }
     if (missed)
         p->st.nr_misses++;
@@ -726,16 +1026,7 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         pthread_mutex_lock(&p->lock);
         return_block_locked(p, a, ptr);
     } else {
-        struct cuheap_epoch *e = open_epoch(p);
-        a->link[u] = e->head;
-        e->head = ptr;
-        e->nr_blocks++;
-        e->bytes += block;
-        p->st.pending += block;
-        /* Close the batch after CUHEAP_FENCE_BATCH frees, or sooner when it holds an eighth of
-         * the pool: large blocks should not wait behind many small ones. */
-        if (e->nr_blocks >= p->cfg->fence_batch || e->bytes >= p->st.reserved / 8)
-            close_epoch_locked(p);
+        pend_locked(p, a, ptr, block);
         /* blocks whose fence has passed may empty an arena that can go back now */
         if (p->cfg->release == CUHEAP_RELEASE_EMPTY)
             reclaim_locked(p);
@@ -781,6 +1072,12 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     while (p->ep_head != p->ep_tail)
         wait_oldest_locked(p);
     flush_quick_locked(p);
+    if (p->vmm) {
+        /* the address space stays: it costs no device memory */
+        uint64_t released = release_idle_locked(p, keep_init ? p->cfg->pool_init : 0);
+        pthread_mutex_unlock(&p->lock);
+        return released;
+    }
     uint64_t bases[CUHEAP_NR_MAX_ARENAS];
     unsigned nr = 0;
     uint64_t released = 0;
@@ -801,10 +1098,42 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     return released;
 }
 
+/* CUHEAP_POOL_INIT under vmm: granules mapped idle at the start of the first arena. */
+static int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
+{
+    if (!p->nr_arenas && grow_va_locked(p, granule_bytes(p)))
+        return -ENOMEM;
+    struct cuheap_arena *a = p->arenas[0];
+    for (uint32_t g = 0; g < a->nr_granules && p->st.reserved < bytes; g++) {
+        struct cuheap_granule *gr = &a->granules[g];
+        uint64_t h;
+        if (gr->handle)
+            continue;
+        if (create_granule_locked(p, &h))
+            return -ENOMEM;
+        if (p->be.phys_map(p->be.ctx, granule_va(gr), h)) {
+            p->be.phys_release(p->be.ctx, h);
+            p->st.reserved -= granule_bytes(p);
+            atomic_fetch_sub(p->device_reserved, granule_bytes(p));
+            return -ENOMEM;
+        }
+        gr->handle = h;
+        a->nr_mapped++;
+        idle_push_locked(p, gr);
+        note(p, CUHEAP_EV_ARENA_GROW, granule_va(gr), granule_bytes(p), p->st.reserved, 0);
+    }
+    return p->st.reserved >= bytes ? 0 : -ENOMEM;
+}
+
 int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
 {
     int r = 0;
     pthread_mutex_lock(&p->lock);
+    if (p->vmm) {
+        r = reserve_granules_locked(p, bytes);
+        pthread_mutex_unlock(&p->lock);
+        return r;
+    }
     while (p->st.reserved < bytes && r == 0) {
         /* in power-of-two arenas that add up to what was asked, rounded up to 2 MiB */
         uint64_t want = bytes - p->st.reserved, size = p->cfg->arena_size;
@@ -843,6 +1172,58 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
         return -EFAULT;                                                                            \
     } while (0)
 
+/* vmm: every granule's users are the live and pending blocks whose used bytes reach into it;
+ * a used granule is mapped; a mapped granule nobody uses is on the idle list. */
+static int check_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, char *why,
+                                 size_t why_size)
+{
+    uint32_t *users = calloc(a->nr_granules ? a->nr_granules : 1, sizeof(*users));
+    uint32_t mapped = 0;
+    if (!users) {
+        snprintf(why, why_size, "no memory for the check");
+        return -EFAULT;
+    }
+    for (uint32_t u = 0; u < a->buddy.nr_units;) {
+        uintptr_t start;
+        unsigned order;
+        bool allocated;
+        uintptr_t addr = a->buddy.base + ((uintptr_t)u << a->buddy.min_order);
+        cuheap_buddy_block_of(&a->buddy, addr, &start, &order, &allocated);
+        if (a->extent[u]) {
+            uint32_t first, last;
+            granule_span(p, a, addr, a->extent[u], &first, &last);
+            if (!allocated || a->extent[u] > (1ull << order)) {
+                snprintf(why, why_size, "block %#lx holds granules but is free or too small",
+                         (unsigned long)addr);
+                free(users);
+                return -EFAULT;
+            }
+            for (uint32_t g = first; g <= last; g++)
+                users[g]++;
+        }
+        u += 1u << (order - a->buddy.min_order);
+    }
+    int r = 0;
+    for (uint32_t g = 0; g < a->nr_granules && !r; g++) {
+        const struct cuheap_granule *gr = &a->granules[g];
+        mapped += gr->handle != 0;
+        bool idle = gr->idle_next != NULL;
+        if (gr->nr_users != users[g] || (gr->nr_users && !gr->handle) ||
+            idle != (gr->handle && !gr->nr_users)) {
+            snprintf(why, why_size, "granule %u at %#lx: %u users (counted %u), mapped %d, idle %d",
+                     g, (unsigned long)granule_va(gr), gr->nr_users, users[g], gr->handle != 0,
+                     idle);
+            r = -EFAULT;
+        }
+    }
+    if (!r && mapped != a->nr_mapped) {
+        snprintf(why, why_size, "arena maps %u granules, counted %u", a->nr_mapped, mapped);
+        r = -EFAULT;
+    }
+    free(users);
+    return r;
+}
+
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
 {
     pthread_mutex_lock(&p->lock);
@@ -855,7 +1236,9 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
         }
         if (map_lookup(a->buddy.base) != a)
             FAIL("arena %u missing from the address map", i);
-        reserved += a->buddy.size;
+        if (p->vmm && check_granules_locked(p, a, why, why_size))
+            goto failed;
+        reserved += p->vmm ? (uint64_t)a->nr_mapped << p->granule_shift : a->buddy.size;
         uint64_t arena_allocated = 0;
         for (uint32_t u = 0; u < a->buddy.nr_units;) {
             uintptr_t start;
@@ -931,8 +1314,18 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
              (unsigned long)quick);
     if (pending != p->st.pending)
         FAIL("pending %lu, lists hold %lu", (unsigned long)p->st.pending, (unsigned long)pending);
+    uint64_t nr_idle = 0;
+    for (struct cuheap_granule *gr = p->idle.idle_next; p->vmm && gr != &p->idle;
+         gr = gr->idle_next)
+        nr_idle++;
+    if (p->vmm && nr_idle != p->nr_idle)
+        FAIL("idle list holds %lu granules, nr_idle %lu", (unsigned long)nr_idle,
+             (unsigned long)p->nr_idle);
     pthread_mutex_unlock(&p->lock);
     return 0;
+failed:
+    pthread_mutex_unlock(&p->lock);
+    return -EFAULT;
 }
 
 uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
@@ -942,15 +1335,28 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
         uint64_t base = a->buddy.base, size = a->buddy.size;
+        if (p->vmm) {
+            /* the granules died with the context: one release per mapped granule */
+            for (uint32_t g = 0; g < a->nr_granules; g++)
+                if (a->granules[g].handle) {
+                    atomic_fetch_sub(p->device_reserved, granule_bytes(p));
+                    p->st.reserved -= granule_bytes(p);
+                    note(p, CUHEAP_EV_ARENA_RELEASE, granule_va(&a->granules[g]), granule_bytes(p),
+                         p->st.reserved, 0);
+                }
+        } else {
+            atomic_fetch_sub(p->device_reserved, size);
+            p->st.reserved -= size;
+            note(p, CUHEAP_EV_ARENA_RELEASE, base, size, p->st.reserved, 0);
+        }
         map_update(a, false);
         arena_retire(a);
-        atomic_fetch_sub(p->device_reserved, size);
-        p->st.reserved -= size;
-        note(p, CUHEAP_EV_ARENA_RELEASE, base, size, p->st.reserved, 0);
     }
     p->nr_arenas = 0;
     p->nr_empty = 0;
     p->hint = 0;
+    p->idle.idle_next = p->idle.idle_prev = &p->idle;
+    p->nr_idle = 0;
     uint64_t keep_hits = p->st.nr_hits, keep_misses = p->st.nr_misses;
     memset(&p->st, 0, sizeof(p->st));
     p->st.nr_hits = keep_hits;
@@ -974,6 +1380,8 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     }
     p->nr_arenas = 0;
     p->nr_empty = 0;
+    p->idle.idle_next = p->idle.idle_prev = &p->idle;
+    p->nr_idle = 0;
     memset(&p->st, 0, sizeof(p->st));
     memset(p->epochs, 0, sizeof(p->epochs));
     memset(p->caches, 0, sizeof(p->caches));

@@ -7,9 +7,20 @@
  * The pool knows nothing of CUDA: the hook layer gives it a backend over the real driver,
  * unit tests give it one over host memory.
  *
+ * Two backings (CUHEAP_BACKING). legacy: each arena is device memory from cuMemAlloc, so a
+ * block's rounding up to a power of two costs device memory. vmm: each arena is address space
+ * only (cuMemAddressReserve, 4 GiB and up), and physical memory comes in granules (2 MiB on
+ * current GPUs) mapped under the bytes that live and pending blocks use: a 20 MiB request in
+ * a 32 MiB block holds 10 granules. A granule no block uses stays mapped (idle), so a block
+ * reused at the same address needs no driver call; when a block needs a granule, an idle one
+ * is moved to it (unmapped, mapped again) before waiting for a fence, and new ones are taken
+ * from the driver only when neither gives one. A granule under a pending block (freed, fence
+ * not passed) is in use: it never moves while work queued before the free may touch it.
+ *
  * Locking: one mutex per pool (p->lock) guards everything in struct cuheap_pool and its
- * arenas. Driver calls that may block (arena allocation and release, device syncs, fence
- * waits) are made with the lock dropped. The address map (arena lookup by pointer) is global
+ * arenas. Driver calls that may block for long (arena allocation and release, device syncs)
+ * are made with the lock dropped; fence waits and the VMM calls of the slow paths (map, unmap,
+ * create, release) are made with it held. The address map (arena lookup by pointer) is global
  * and read without locks.
  */
 #ifndef CUHEAP_POOL_H
@@ -29,6 +40,19 @@
 #define CUHEAP_NR_STREAM_CACHES 16
 
 struct cuheap_pool;
+struct cuheap_arena;
+
+/* One granule of a vmm arena's address range. */
+struct cuheap_granule {
+    uint64_t handle;   /* physical memory mapped here, 0 = nothing mapped */
+    uint32_t nr_users; /* live or pending blocks whose used bytes reach into this granule */
+    uint32_t index;    /* in its arena */
+    struct cuheap_arena *arena;
+    struct cuheap_granule *idle_prev, *idle_next; /* on pool->idle while mapped and unused */
+};
+
+/* A vmm arena's address range: 4 GiB, or the next power of two above a larger request. */
+#define CUHEAP_VMM_ARENA (1ull << 32)
 
 struct cuheap_arena {
     struct cuheap_buddy buddy;
@@ -37,7 +61,11 @@ struct cuheap_arena {
     uint64_t *block_size; /* per unit: bytes the program asked for at a block start; 0 = not live */
     uint64_t *buffer_id;  /* per unit: id answered for CU_POINTER_ATTRIBUTE_BUFFER_ID */
     uint64_t *link;       /* per unit: next block on a pending or stream-cache list */
+    uint64_t *extent;     /* per unit (vmm): bytes from a block start whose granules it holds */
     size_t meta_bytes;
+    struct cuheap_granule *granules; /* vmm: one per granule of the range */
+    uint32_t nr_granules;
+    uint32_t nr_mapped; /* granules with physical memory mapped */
 };
 
 /* A batch of freed blocks waiting behind one fence. */
@@ -71,8 +99,10 @@ struct cuheap_pool_stats {
     uint64_t nr_hits;
     uint64_t nr_misses;
     uint64_t nr_arenas;
-    uint64_t nr_fences; /* fences recorded */
-    uint64_t nr_waits;  /* times an allocation waited for a fence */
+    uint64_t nr_fences;  /* fences recorded */
+    uint64_t nr_waits;   /* times an allocation waited for a fence */
+    uint64_t nr_moves;   /* vmm: idle granules moved to where a block needed them */
+    uint64_t nr_creates; /* vmm: granules taken from the driver */
 };
 
 /* Something the pool did that a trace should show; seq is taken under the pool lock. */
@@ -105,6 +135,10 @@ struct cuheap_pool {
     struct cuheap_quick quick[CUHEAP_NR_ORDERS];
     uint64_t quick_bytes; /* bytes held on the quick lists */
     unsigned min_order;   /* log2 of CUHEAP_MIN_BLOCK */
+    bool vmm;             /* CUHEAP_BACKING=vmm and the device has it */
+    unsigned granule_shift;
+    struct cuheap_granule idle; /* list head: mapped granules no block uses, oldest first */
+    uint64_t nr_idle;
     uint64_t next_buffer_id;
     struct cuheap_pool_stats st;
 };

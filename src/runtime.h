@@ -32,6 +32,7 @@ struct cuheap_device {
     int ordinal;
     uint64_t total;            /* bytes on the device */
     uint64_t limit;            /* CUHEAP_LIMIT in bytes, 0 = none */
+    uint64_t granule;          /* VMM granularity, 0 = the device has no VMM */
     _Atomic uint64_t reserved; /* bytes held from the driver through cuheap */
     _Atomic uint64_t live;     /* bytes the program holds (requested sizes) */
     _Atomic uint64_t peak_live;
