@@ -429,6 +429,38 @@ static void test_several_devices(void **state)
     done(&r);
 }
 
+/* ==== The recorder's promises (ring, trace file, flush, summary, labels, sizes) ====
+ * Cases of the recorder's work; each runs tests/programs/recprog (one subcommand per
+ * behaviour) under the preloaded library. */
+
+#define RECPROG "%s/tests/programs/recprog"
+
+/* The number after `key` in s, or -1. */
+static long number_after(const char *s, const char *key)
+{
+    const char *p = s ? strstr(s, key) : NULL;
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+static void test_rec_ring_resident_as_it_fills(void **state)
+{
+    (void)state;
+    /* a process that made three events holds about as much memory with the default ring
+     * (65536 slots, 53 MB if touched) as with a 64-slot one */
+    struct result big =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=a.jsonl CUHEAP_SUMMARY=0 " RECPROG " rss", build,
+            build, build);
+    struct result small = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=b.jsonl CUHEAP_SUMMARY=0 "
+                                   "CUHEAP_RING=64 " RECPROG " rss",
+                              build, build, build);
+    long rss_big = number_after(big.out, "rss: "), rss_small = number_after(small.out, "rss: ");
+    assert_true(rss_big > 0 && rss_small > 0);
+    if (rss_big - rss_small > 8 * 1024)
+        fail_msg("default ring: %ld KiB resident, 64 slots: %ld KiB", rss_big, rss_small);
+    done(&big);
+    done(&small);
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -462,6 +494,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_python_frames_each_version, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
+        /* the recorder's cases */
+        cmocka_unit_test_setup_teardown(test_rec_ring_resident_as_it_fills, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
