@@ -54,6 +54,7 @@ static pthread_t writer;
 static pthread_mutex_t io_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *out;
 static char out_path[CUHEAP_PATH_MAX];
+static char out_buf[1 << 20]; /* the trace's stdio buffer: written out every CUHEAP_FLUSH_MS */
 static bool write_failed;
 static struct cuheap_stacktab stacks;
 static struct cuheap_chrome chrome;
@@ -491,10 +492,14 @@ static void open_trace(void)
     gethostname(host, sizeof(host) - 1);
     const char *rank = rank_env();
     const char *tmpl = cfg->output;
-    if (rank && !strcmp(tmpl, "cuheap-%p.jsonl"))
-        tmpl = "cuheap-r%r-%p.jsonl";
-    if (cfg->format == CUHEAP_FORMAT_CHROME && !strcmp(tmpl, "cuheap-%p.jsonl"))
-        tmpl = "cuheap-%p.trace.json";
+    if (!strcmp(tmpl, "cuheap-%p.jsonl")) {
+        /* the default name: the rank's when there is one, the extension of the format */
+        bool as_chrome = cfg->format == CUHEAP_FORMAT_CHROME;
+        if (rank)
+            tmpl = as_chrome ? "cuheap-r%r-%p.trace.json" : "cuheap-r%r-%p.jsonl";
+        else
+            tmpl = as_chrome ? "cuheap-%p.trace.json" : "cuheap-%p.jsonl";
+    }
     cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(), rank, host);
     write_failed = false;
     nr_written = 0;
@@ -505,7 +510,10 @@ static void open_trace(void)
                    out_path, strerror(errno));
         return;
     }
-    setvbuf(out, NULL, _IOFBF, 1 << 20);
+    /* A buffer of our own: given NULL, glibc ignores the size and uses 4 KiB, which turns
+     * the writer's batches into a write(2) every few events. Static, so the hook path that
+     * opens a child's trace does not allocate it. */
+    setvbuf(out, out_buf, _IOFBF, sizeof(out_buf));
     t0_ns = now_ns();
     struct timespec real;
     clock_gettime(CLOCK_REALTIME, &real);

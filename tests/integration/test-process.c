@@ -461,6 +461,44 @@ static void test_rec_ring_resident_as_it_fills(void **state)
     done(&small);
 }
 
+/* Run recprog allocs N in the background, wait until it has made its events, wait `after_ms`,
+ * SIGKILL it; then count the alloc events in t.jsonl. */
+static long allocs_left_by_killed_run(const char *settings, int n, int after_ms)
+{
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl %s " RECPROG " allocs %d 20000 >o & pid=$!; "
+                 "for i in $(seq 200); do grep -q ready o && break; sleep 0.05; done; "
+                 "sleep %d.%03d; kill -9 $pid; wait $pid; "
+                 "grep -c '\"event\":\"alloc\"' t.jsonl; wc -l <t.jsonl",
+            build, build, settings, build, n, after_ms / 1000, after_ms % 1000);
+    long nr = strtol(r.out, NULL, 10);
+    done(&r);
+    return nr;
+}
+
+static void test_rec_killed_run_keeps_flushed_events(void **state)
+{
+    (void)state;
+    /* events older than CUHEAP_FLUSH_MS are on disk when the program is killed */
+    assert_int_equal(allocs_left_by_killed_run("CUHEAP_FLUSH_MS=100", 10, 500), 10);
+    /* and not before: between flushes they wait in the trace's buffer (1 MiB, not stdio's
+     * default 4 KiB), so a killed program with a long interval leaves only the header */
+    assert_int_equal(allocs_left_by_killed_run("CUHEAP_FLUSH_MS=60000", 300, 300), 0);
+}
+
+static void test_rec_chrome_name_with_a_rank(void **state)
+{
+    (void)state;
+    struct result r =
+        run(FAKE " " PRELOAD " RANK=3 CUHEAP_FORMAT=chrome CUHEAP_SUMMARY=0 " RECPROG " rss && ls",
+            build, build, build);
+    assert_int_equal(r.status, 0);
+    /* the rank's name, with the extension of the format written */
+    if (count_files("cuheap-r3-") != 1 || !strstr(r.out, ".trace.json\n"))
+        fail_msg("files: %s", r.out);
+    done(&r);
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -496,6 +534,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
         /* the recorder's cases */
         cmocka_unit_test_setup_teardown(test_rec_ring_resident_as_it_fills, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_killed_run_keeps_flushed_events, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_chrome_name_with_a_rank, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
