@@ -352,7 +352,9 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
         break;
     }
     if (ev->type == CUHEAP_EV_MARK) {
-        char *label = json_dumps(json_string(ev->label), JSON_ENCODE_ANY);
+        json_t *l = json_string(ev->label);
+        char *label = l ? json_dumps(l, JSON_ENCODE_ANY) : NULL;
+        json_decref(l);
         fprintf(out, "%.*s,\"label\":%s}\n", n, line, label ? label : "\"\"");
         free(label);
         return;
