@@ -22,7 +22,8 @@ static void mark(const char *prefix, const char *text)
 {
     if (!cuheap_recording() && !(cuheap_boot_if_cuda() && cuheap_recording()))
         return;
-    char label[CUHEAP_LABEL_MAX];
+    /* longer than a label: the recorder cuts it between characters */
+    char label[2 * CUHEAP_LABEL_MAX];
     snprintf(label, sizeof(label), "%s%s", prefix, text ? text : "");
     struct cuheap_rec r = {.type = CUHEAP_EV_MARK, .device = -1, .label = label};
     cuheap_record(&r);

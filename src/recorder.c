@@ -138,7 +138,13 @@ void cuheap_record(const struct cuheap_rec *r)
     ev->nr_frames = 0;
     ev->nr_py = 0;
     if (r->type == CUHEAP_EV_MARK) {
-        snprintf(ev->label, sizeof(ev->label), "%s", r->label ? r->label : "");
+        /* cut at the limit between characters, so a long label keeps its text */
+        const char *l = r->label ? r->label : "";
+        size_t n = strnlen(l, sizeof(ev->label));
+        if (n == sizeof(ev->label))
+            n = cuheap_utf8_cut(l, sizeof(ev->label) - 1);
+        memcpy(ev->label, l, n);
+        ev->label[n] = 0;
     } else if (r->type == CUHEAP_EV_ALLOC || r->type == CUHEAP_EV_OOM ||
                r->type == CUHEAP_EV_LIMIT) {
         /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
@@ -174,6 +180,22 @@ static void put_line(json_t *obj)
     json_decref(obj);
 }
 
+/* A JSON string of text from outside (a path, the command line, a label, a host name):
+ * jansson refuses bytes that are not UTF-8, and a refused string used to empty a label or
+ * lose the whole header, so those bytes become U+FFFD. Never NULL but on exhaustion. */
+static json_t *json_text(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    if (j)
+        return j;
+    char *clean = malloc(3 * strlen(s) + 1);
+    if (!clean)
+        return json_string("?");
+    j = json_string(cuheap_utf8_clean(s, clean));
+    free(clean);
+    return j;
+}
+
 /* The main program's path: dladdr reports it as it was started ("./a.out"), and the tool
  * needs a path that still works after the program changed directory. */
 static char exe_path[1024];
@@ -202,11 +224,11 @@ static json_t *frame_json(uint64_t ip)
     json_t *f = json_pack("{s:s}", "ip", buf);
     /* ip is a return address: look up ip - 1 so a call at a function's end stays in it. */
     if (dladdr((void *)(uintptr_t)(ip - 1), &info) && info.dli_fname) {
-        json_object_set_new(f, "module", json_string(module_path(&info)));
+        json_object_set_new(f, "module", json_text(module_path(&info)));
         snprintf(buf, sizeof(buf), "0x%" PRIx64, ip - (uint64_t)(uintptr_t)info.dli_fbase);
         json_object_set_new(f, "offset", json_string(buf));
         if (info.dli_sname)
-            json_object_set_new(f, "function", json_string(info.dli_sname));
+            json_object_set_new(f, "function", json_text(info.dli_sname));
     }
     return f;
 }
@@ -253,7 +275,8 @@ static json_t *py_frame_json(const struct cuheap_py_frame *pf)
 {
     const char *file = "?", *fn = "?";
     cuheap_py_code(pf->code, &file, &fn);
-    return json_pack("{s:s, s:i, s:s}", "file", file, "line", (int)pf->line, "function", fn);
+    return json_pack("{s:o, s:i, s:o}", "file", json_text(file), "line", (int)pf->line, "function",
+                     json_text(fn));
 }
 
 /* A short, readable form of a stack for Chrome args: Python frames, then native. */
@@ -265,7 +288,7 @@ static json_t *stack_strings(const struct cuheap_stack *s)
         cuheap_py_code(s->py[i].code, &file, &fn);
         char buf[600];
         snprintf(buf, sizeof(buf), "%s:%u in %s", file, s->py[i].line, fn);
-        json_array_append_new(a, json_string(buf));
+        json_array_append_new(a, json_text(buf));
     }
     for (unsigned i = 0; i < s->nr_frames && json_array_size(a) < CHROME_STACK_FRAMES; i++) {
         Dl_info info;
@@ -282,7 +305,7 @@ static json_t *stack_strings(const struct cuheap_stack *s)
         } else {
             snprintf(buf, sizeof(buf), "0x%" PRIx64, ip);
         }
-        json_array_append_new(a, json_string(buf));
+        json_array_append_new(a, json_text(buf));
     }
     return a;
 }
@@ -307,8 +330,8 @@ static void announce_devices(void)
         if (atomic_load(&d->state) != 1)
             continue;
         if (cfg->format == CUHEAP_FORMAT_JSONL)
-            put_line(json_pack("{s:s, s:i, s:s, s:I}", "type", "device", "device", i, "name",
-                               d->name, "total", (json_int_t)d->total));
+            put_line(json_pack("{s:s, s:i, s:o, s:I}", "type", "device", "device", i, "name",
+                               json_text(d->name), "total", (json_int_t)d->total));
         atomic_store(&d->state, 2);
     }
 }
@@ -352,7 +375,7 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
         break;
     }
     if (ev->type == CUHEAP_EV_MARK) {
-        json_t *l = json_string(ev->label);
+        json_t *l = json_text(ev->label);
         char *label = l ? json_dumps(l, JSON_ENCODE_ANY) : NULL;
         json_decref(l);
         fprintf(out, "%.*s,\"label\":%s}\n", n, line, label ? label : "\"\"");
@@ -381,6 +404,7 @@ static void write_event(const struct cuheap_event *ev)
         return;
     }
     const struct cuheap_stack *s = cuheap_stacktab_get(&stacks, stack_id);
+    char label[3 * CUHEAP_LABEL_MAX + 1];
     json_t *strs = s && ev->type == CUHEAP_EV_ALLOC ? stack_strings(s) : NULL;
     struct cuheap_chrome_ev ce = {
         .type = ev->type,
@@ -396,7 +420,7 @@ static void write_event(const struct cuheap_event *ev)
         .tid = ev->tid,
         .stack_id = stack_id,
         .stack = strs,
-        .label = ev->type == CUHEAP_EV_MARK ? ev->label : NULL,
+        .label = ev->type == CUHEAP_EV_MARK ? cuheap_utf8_clean(ev->label, label) : NULL,
     };
     cuheap_chrome_event(&chrome, &ce);
     json_decref(strs);
@@ -459,7 +483,7 @@ static json_t *cmdline_json(void)
     fclose(f);
     buf[n] = 0;
     for (size_t i = 0; i < n;) {
-        json_array_append_new(a, json_string(buf + i));
+        json_array_append_new(a, json_text(buf + i));
         i += strlen(buf + i) + 1;
     }
     return a;
@@ -471,7 +495,7 @@ static void config_item(const char *line, void *arg)
     if (eq) {
         char key[64];
         snprintf(key, sizeof(key), "%.*s", (int)(eq - line), line);
-        json_object_set_new(arg, key, json_string(eq + 1));
+        json_object_set_new(arg, key, json_text(eq + 1));
     }
 }
 
@@ -533,10 +557,10 @@ static void open_trace(void)
     json_t *conf = json_object();
     cuheap_config_dump(cfg, config_item, conf);
     json_t *h =
-        json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:o, s:I, s:s, s:s, s:b, s:o}", "type",
+        json_pack("{s:s, s:s, s:i, s:I, s:I, s:o, s:o, s:o, s:I, s:s, s:s, s:b, s:o}", "type",
                   "header", "format", "cuheap-trace", "version", TRACE_FORMAT_VERSION, "pid",
-                  (json_int_t)getpid(), "ppid", (json_int_t)getppid(), "host", host, "exe", exe,
-                  "cmdline", cmdline_json(), "start_unix_ns",
+                  (json_int_t)getpid(), "ppid", (json_int_t)getppid(), "host", json_text(host),
+                  "exe", json_text(exe), "cmdline", cmdline_json(), "start_unix_ns",
                   (json_int_t)((uint64_t)real.tv_sec * 1000000000ull + (uint64_t)real.tv_nsec),
                   "clock", "CLOCK_MONOTONIC, t in ns since start", "unwinder",
                   cuheap_unwinder_name(unwinder), "python", python, "config", conf);

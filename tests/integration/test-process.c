@@ -513,6 +513,30 @@ static void test_rec_marks_do_not_grow_memory(void **state)
     done(&r);
 }
 
+static void test_rec_text_that_is_not_utf8(void **state)
+{
+    (void)state;
+    /* a program whose path, arguments and labels hold bytes that are not UTF-8 (and a label
+     * cut at the length limit inside a character): the header and every line stay readable,
+     * the labels keep their text */
+    struct result r =
+        run("cp " RECPROG " \"rec$(printf '\\377')prog\" && " FAKE " " PRELOAD
+            " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 ./rec*prog marks \"bad $(printf '\\377\\376') "
+            "label\" \"$(for i in $(seq 70); do printf '\\303\\251'; done)\" && "
+            "%s/tools/cuheap check t.jsonl && %s -c \""
+            "import json; lines = [json.loads(l) for l in open('t.jsonl', encoding='utf-8')]; "
+            "h = lines[0]; assert len(h['cmdline']) == 4 and 'prog' in h['exe'], h; "
+            "marks = [l['label'] for l in lines if l.get('event') == 'mark']; "
+            "assert marks[0].startswith('bad ') and marks[0].endswith(' label'), marks; "
+            "assert marks[1] and set(marks[1]) == {'\\u00e9'}, marks; "
+            "assert all(f.get('module') for l in lines if l['type'] == 'stack' "
+            "for f in l['frames'][:1]), lines; print('utf8 ok')\"",
+            build, build, build, build, python);
+    if (r.status || !strstr(r.out, "utf8 ok"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -552,6 +576,7 @@ int main(void)
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_chrome_name_with_a_rank, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_marks_do_not_grow_memory, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_text_that_is_not_utf8, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
