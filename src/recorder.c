@@ -336,17 +336,29 @@ static void announce_devices(void)
     }
 }
 
+/* ",\"key\":v" for a byte count. Below 2^63 a JSON number; from 2^63 on a hex string
+ * ("0x8000000000000000"), because jansson and most JSON readers hold integers in int64 and
+ * would refuse the whole line (an out-of-memory for SIZE_MAX vanished from the report). */
+static int put_bytes(char *line, size_t size, const char *key, uint64_t v)
+{
+    if (v <= (uint64_t)INT64_MAX)
+        return snprintf(line, size, ",\"%s\":%" PRIu64, key, v);
+    return snprintf(line, size, ",\"%s\":\"0x%" PRIx64 "\"", key, v);
+}
+
 static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
 {
     char line[512];
-    int n =
-        snprintf(line, sizeof(line),
-                 "{\"type\":\"event\",\"seq\":%" PRIu64 ",\"t\":%" PRIu64
-                 ",\"event\":\"%s\",\"api\":\"%s\",\"device\":%d,\"tid\":%u,\"ptr\":\"0x%" PRIx64
-                 "\",\"size\":%" PRIu64 ",\"actual\":%" PRIu64 ",\"pooled\":%s",
-                 ev->seq, ev->time_ns - t0_ns, cuheap_event_type_name(ev->type),
-                 cuheap_api_name(ev->api), ev->device, ev->tid, ev->ptr, ev->size, ev->actual,
-                 (ev->flags & CUHEAP_EVF_POOLED) ? "true" : "false");
+    int n = snprintf(
+        line, sizeof(line),
+        "{\"type\":\"event\",\"seq\":%" PRIu64 ",\"t\":%" PRIu64
+        ",\"event\":\"%s\",\"api\":\"%s\",\"device\":%d,\"tid\":%u,\"ptr\":\"0x%" PRIx64 "\"",
+        ev->seq, ev->time_ns - t0_ns, cuheap_event_type_name(ev->type), cuheap_api_name(ev->api),
+        ev->device, ev->tid, ev->ptr);
+    n += put_bytes(line + n, sizeof(line) - (size_t)n, "size", ev->size);
+    n += put_bytes(line + n, sizeof(line) - (size_t)n, "actual", ev->actual);
+    n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"pooled\":%s",
+                  (ev->flags & CUHEAP_EVF_POOLED) ? "true" : "false");
     if (ev->stream)
         n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"stream\":\"0x%" PRIx64 "\"",
                       ev->stream);
@@ -357,19 +369,19 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
     switch (ev->type) {
     case CUHEAP_EV_OOM:
     case CUHEAP_EV_LIMIT:
-        n += snprintf(line + n, sizeof(line) - (size_t)n,
-                      ",\"result\":%d,\"driver_free\":%" PRIu64 ",\"driver_total\":%" PRIu64
-                      ",\"limit\":%" PRIu64,
-                      ev->result, ev->aux, ev->aux2,
-                      ev->type == CUHEAP_EV_LIMIT ? ev->aux2 : (uint64_t)0);
+        n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"result\":%d", ev->result);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "driver_free", ev->aux);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "driver_total", ev->aux2);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "limit",
+                       ev->type == CUHEAP_EV_LIMIT ? ev->aux2 : (uint64_t)0);
         break;
     case CUHEAP_EV_FENCE:
-        n += snprintf(line + n, sizeof(line) - (size_t)n,
-                      ",\"blocks\":%" PRIu64 ",\"bytes\":%" PRIu64, ev->aux, ev->aux2);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "blocks", ev->aux);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "bytes", ev->aux2);
         break;
     case CUHEAP_EV_ARENA_GROW:
     case CUHEAP_EV_ARENA_RELEASE:
-        n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"reserved\":%" PRIu64, ev->aux);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "reserved", ev->aux);
         break;
     default:
         break;

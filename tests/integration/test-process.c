@@ -537,6 +537,25 @@ static void test_rec_text_that_is_not_utf8(void **state)
     done(&r);
 }
 
+static void test_rec_sizes_beyond_int64(void **state)
+{
+    (void)state;
+    /* an out-of-memory for 2^63 bytes: the event survives, with its size, in the tool's
+     * report, in any JSON reader, and against the schema */
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 " RECPROG " huge && "
+                 "%s/tools/cuheap report t.jsonl && %s %s/scripts/validate-trace.py t.jsonl && "
+                 "%s -c \"import json; ev = [json.loads(l) for l in open('t.jsonl')]; "
+                 "o = [e for e in ev if e.get('event') == 'oom']; "
+                 "s = o[0]['size']; s = int(s, 16) if isinstance(s, str) else s; "
+                 "assert len(o) == 1 and s == 2**63, o; print('size ok')\"",
+            build, build, build, build, python, source, python);
+    if (r.status || !strstr(r.out, "OUT OF MEMORY  1 times") || !strstr(r.out, "size ok") ||
+        strstr(r.err, "malformed"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -577,6 +596,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rec_chrome_name_with_a_rank, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_marks_do_not_grow_memory, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_text_that_is_not_utf8, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_sizes_beyond_int64, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
