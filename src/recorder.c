@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -511,24 +513,90 @@ static void config_item(const char *line, void *arg)
     }
 }
 
+/* secure_getenv: in a setuid program the environment belongs to whoever started it. */
 static const char *rank_env(void)
 {
-    const char *r = getenv("RANK");
+    const char *r = secure_getenv("RANK");
     if (!r || !*r)
-        r = getenv("LOCAL_RANK");
+        r = secure_getenv("LOCAL_RANK");
     if (!r || !*r)
-        r = getenv("OMPI_COMM_WORLD_RANK");
+        r = secure_getenv("OMPI_COMM_WORLD_RANK");
     if (!r || !*r)
-        r = getenv("SLURM_PROCID");
+        r = secure_getenv("SLURM_PROCID");
     return r && *r ? r : NULL;
+}
+
+/* A value from the environment (rank, host name) as a piece of a file name: anything but
+ * [A-Za-z0-9._-] becomes '_', and "." or ".." becomes "_", so RANK=../../x cannot move the
+ * trace to another folder. */
+static void name_part(const char *v, char *ret, size_t size)
+{
+    size_t n = 0;
+    bool dots = true;
+    for (; v[n] && n + 1 < size; n++) {
+        char c = v[n];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-';
+        ret[n] = ok ? c : '_';
+        dots = dots && c == '.';
+    }
+    ret[n] = 0;
+    if (dots && n > 0 && n <= 2)
+        snprintf(ret, size, "_");
+}
+
+/* An existing character device or FIFO the user named (/dev/full, a pipe a reader holds
+ * open): nothing to clobber there, so it is written to. O_NONBLOCK: a FIFO without a reader
+ * fails at once (ENXIO) instead of hanging the program. Regular files, symlinks and the
+ * rest: -1. */
+static int open_existing_device(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+/* Create the trace at out_path, never through a symlink and never over an existing file:
+ * when the name is taken, ".1", ".2", ... are tried and out_path says which name was used.
+ * Returns the descriptor, or -1 with errno set. */
+static int create_trace_file(void)
+{
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    char base[sizeof(out_path)];
+    snprintf(base, sizeof(base), "%s", out_path);
+    int fd = open(base, flags, (mode_t)cfg->output_mode);
+    if (fd >= 0 || (errno != EEXIST && errno != ELOOP))
+        return fd;
+    if ((fd = open_existing_device(base)) >= 0)
+        return fd;
+    for (int i = 1; i < 1000; i++) {
+        if ((size_t)snprintf(out_path, sizeof(out_path), "%s.%d", base, i) >= sizeof(out_path))
+            break;
+        fd = open(out_path, flags, (mode_t)cfg->output_mode);
+        if (fd >= 0 || (errno != EEXIST && errno != ELOOP))
+            return fd;
+    }
+    snprintf(out_path, sizeof(out_path), "%s", base);
+    errno = EEXIST;
+    return -1;
 }
 
 /* Open the trace for this process and write its header (io_lock held or single-threaded). */
 static void open_trace(void)
 {
-    char host[128] = "";
+    char host[128] = "", host_part[128], rank_part[64];
     gethostname(host, sizeof(host) - 1);
     const char *rank = rank_env();
+    name_part(host, host_part, sizeof(host_part));
+    if (rank)
+        name_part(rank, rank_part, sizeof(rank_part));
     const char *tmpl = cfg->output;
     if (!strcmp(tmpl, "cuheap-%p.jsonl")) {
         /* the default name: the rank's when there is one, the extension of the format */
@@ -538,10 +606,14 @@ static void open_trace(void)
         else
             tmpl = as_chrome ? "cuheap-%p.trace.json" : "cuheap-%p.jsonl";
     }
-    cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(), rank, host);
+    cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(), rank ? rank_part : NULL,
+                       host_part);
     write_failed = false;
     nr_written = 0;
-    out = fopen(out_path, "we");
+    int fd = create_trace_file();
+    out = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (fd >= 0 && !out)
+        close(fd);
     if (!out) {
         cuheap_log("cannot open trace %s: %s; the program goes on without a trace file "
                    "(set CUHEAP_OUTPUT to a writable path)",
@@ -558,7 +630,7 @@ static void open_trace(void)
     if (cfg->format == CUHEAP_FORMAT_CHROME) {
         char name[160];
         snprintf(name, sizeof(name), "cuheap pid %ld%s%s", (long)getpid(), rank ? " rank " : "",
-                 rank ? rank : "");
+                 rank ? rank_part : "");
         cuheap_chrome_begin(&chrome, out, (long)getpid(), name);
         return;
     }

@@ -465,12 +465,12 @@ static void test_rec_ring_resident_as_it_fills(void **state)
  * SIGKILL it; then count the alloc events in t.jsonl. */
 static long allocs_left_by_killed_run(const char *settings, int n, int after_ms)
 {
-    struct result r =
-        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl %s " RECPROG " allocs %d 20000 >o & pid=$!; "
-                 "for i in $(seq 200); do grep -q ready o && break; sleep 0.05; done; "
-                 "sleep %d.%03d; kill -9 $pid; wait $pid; "
-                 "grep -c '\"event\":\"alloc\"' t.jsonl; wc -l <t.jsonl",
-            build, build, settings, build, n, after_ms / 1000, after_ms % 1000);
+    struct result r = run("rm -f t.jsonl o; " FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl %s " RECPROG
+                          " allocs %d 20000 >o & pid=$!; "
+                          "for i in $(seq 200); do grep -q ready o && break; sleep 0.05; done; "
+                          "sleep %d.%03d; kill -9 $pid; wait $pid; "
+                          "grep -c '\"event\":\"alloc\"' t.jsonl; wc -l <t.jsonl",
+                          build, build, settings, build, n, after_ms / 1000, after_ms % 1000);
     long nr = strtol(r.out, NULL, 10);
     done(&r);
     return nr;
@@ -556,6 +556,51 @@ static void test_rec_sizes_beyond_int64(void **state)
     done(&r);
 }
 
+static void test_rec_trace_file_is_created_safely(void **state)
+{
+    (void)state;
+    /* the trace holds the command line: only its owner reads it unless told otherwise */
+    struct result r =
+        run("umask 022; " FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl " RECPROG
+            " rss && stat -c %%a t.jsonl && " FAKE " " PRELOAD
+            " CUHEAP_OUTPUT=w.jsonl CUHEAP_OUTPUT_MODE=0644 " RECPROG " rss && stat -c %%a w.jsonl",
+            build, build, build, build, build, build);
+    if (r.status || !strstr(r.out, "\n600\n") || !strstr(r.out, "\n644\n"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+    /* an existing file is never truncated, a planted symlink never followed (nor a dangling
+     * one created through): the trace gets a new name, which the summary gives */
+    r = run("echo precious >t.jsonl && echo victim >victim && ln -s victim s.jsonl && "
+            "ln -s made-through d.jsonl && "
+            "for f in t s d; do " FAKE " " PRELOAD " CUHEAP_OUTPUT=$f.jsonl " RECPROG
+            " rss; done; cat t.jsonl victim; ls made-through 2>&1; "
+            "%s/tools/cuheap check t.jsonl.1 s.jsonl.1 d.jsonl.1",
+            build, build, build, build);
+    if (!strstr(r.out, "precious\nvictim\n") || strstr(r.out, "\nmade-through\n") ||
+        !strstr(r.err, "trace: t.jsonl.1 ") || !strstr(r.err, "trace: s.jsonl.1 ") ||
+        !strstr(r.err, "trace: d.jsonl.1 ") || count_lines(r.out, ": ok, ") != 3)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+    /* a second run to the same name gets the next suffix */
+    r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl " RECPROG " rss", build, build, build);
+    assert_non_null(strstr(r.err, "trace: t.jsonl.2 "));
+    done(&r);
+}
+
+static void test_rec_rank_cannot_leave_the_folder(void **state)
+{
+    (void)state;
+    /* the rank comes from the environment: it names a file, never a path */
+    struct result r =
+        run("mkdir w && cd w && " FAKE " " PRELOAD " RANK=../escaped CUHEAP_OUTPUT=%%r.jsonl "
+            "CUHEAP_SUMMARY=0 " RECPROG " rss && ls -A",
+            build, build, build);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(count_files("escaped"), 0);
+    assert_non_null(strstr(r.out, "escaped.jsonl\n"));
+    done(&r);
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -597,6 +642,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rec_marks_do_not_grow_memory, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_text_that_is_not_utf8, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_sizes_beyond_int64, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_trace_file_is_created_safely, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_rank_cannot_leave_the_folder, fresh_dir,
+                                        remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
