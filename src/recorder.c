@@ -57,7 +57,10 @@ static pthread_mutex_t io_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *out;
 static char out_path[CUHEAP_PATH_MAX];
 static char out_buf[1 << 20]; /* the trace's stdio buffer: written out every CUHEAP_FLUSH_MS */
-static bool write_failed;
+static bool write_failed;     /* writing stopped on an error (trace_errno) */
+static bool open_failed;      /* the trace could not be created (trace_errno) */
+static bool header_written;   /* the header reached the file: there is a trace to read */
+static int trace_errno;
 static struct cuheap_stacktab stacks;
 static struct cuheap_chrome chrome;
 static uint64_t t0_ns;
@@ -459,10 +462,13 @@ static void check_write_error(void)
         return;
     if (fflush(out) != 0 || ferror(out)) {
         write_failed = true;
+        trace_errno = errno;
         cuheap_log("cannot write trace %s (%s); the program goes on, events are counted but "
                    "no longer written",
                    out_path, strerror(errno));
+        return;
     }
+    header_written = true;
 }
 
 static void *writer_main(void *arg)
@@ -608,13 +614,16 @@ static void open_trace(void)
     }
     cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(), rank ? rank_part : NULL,
                        host_part);
-    write_failed = false;
+    write_failed = open_failed = header_written = false;
+    trace_errno = 0;
     nr_written = 0;
     int fd = create_trace_file();
     out = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (fd >= 0 && !out)
         close(fd);
     if (!out) {
+        open_failed = true;
+        trace_errno = errno;
         cuheap_log("cannot open trace %s: %s; the program goes on without a trace file "
                    "(set CUHEAP_OUTPUT to a writable path)",
                    out_path, strerror(errno));
@@ -632,6 +641,7 @@ static void open_trace(void)
         snprintf(name, sizeof(name), "cuheap pid %ld%s%s", (long)getpid(), rank ? " rank " : "",
                  rank ? rank_part : "");
         cuheap_chrome_begin(&chrome, out, (long)getpid(), name);
+        check_write_error();
         return;
     }
     ssize_t n = readlink("/proc/self/exe", exe_path, sizeof(exe_path) - 1);
@@ -652,7 +662,7 @@ static void open_trace(void)
         json_object_set_new(h, "rank", json_integer(atoll(rank)));
     json_object_set_new(h, "stack_depth", json_integer(stack_depth));
     put_line(h);
-    fflush(out);
+    check_write_error(); /* the header on disk: a trace exists from here on */
 }
 
 static void close_trace(void)
@@ -773,8 +783,13 @@ void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
 {
     ret->nr_events = atomic_load(&nr_events);
     ret->nr_dropped = ring.slots ? atomic_load(&ring.nr_dropped) : 0;
-    ret->writing = out != NULL && !write_failed;
-    ret->write_failed = write_failed;
+    if (open_failed)
+        ret->state = CUHEAP_TRACE_NOT_CREATED;
+    else if (write_failed)
+        ret->state = header_written ? CUHEAP_TRACE_PARTIAL : CUHEAP_TRACE_LOST;
+    else
+        ret->state = out_path[0] ? CUHEAP_TRACE_WRITTEN : CUHEAP_TRACE_NONE;
+    ret->error = trace_errno;
     ret->path = out_path[0] ? out_path : NULL;
     ret->unwinder = cuheap_unwinder_name(unwinder);
 }

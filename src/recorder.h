@@ -55,12 +55,20 @@ void cuheap_recorder_atfork_prepare(void);
 void cuheap_recorder_atfork_parent(void);
 void cuheap_recorder_atfork_child(void);
 
+enum cuheap_trace_state {
+    CUHEAP_TRACE_NONE,        /* no trace attempted (recording off, or did not start) */
+    CUHEAP_TRACE_WRITTEN,     /* being written, no error so far */
+    CUHEAP_TRACE_NOT_CREATED, /* the file could not be created */
+    CUHEAP_TRACE_LOST,        /* created, but writing failed before the header got there */
+    CUHEAP_TRACE_PARTIAL,     /* writing failed later: a readable prefix is there */
+};
+
 struct cuheap_recorder_stats {
-    uint64_t nr_events;  /* events recorded */
-    uint64_t nr_dropped; /* lost to a full ring */
-    bool writing;        /* a trace file is being written */
-    bool write_failed;   /* writing stopped on an error */
-    const char *path;    /* the trace file */
+    uint64_t nr_events;  /* events recorded, including those dropped */
+    uint64_t nr_dropped; /* lost to a full ring, or made after recording stopped */
+    enum cuheap_trace_state state;
+    int error;        /* errno of what failed (NOT_CREATED, LOST, PARTIAL) */
+    const char *path; /* the trace file (the name used, suffix included) */
     const char *unwinder;
 };
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);

@@ -370,8 +370,28 @@ static void summary(void)
         cuheap_log_always("events were dropped: raise CUHEAP_RING (now %u) or lower "
                           "CUHEAP_STACK_DEPTH",
                           cuheap_cfg.ring_slots);
-    if (rs.path && !rs.write_failed && cuheap_cfg.record)
+    if (!cuheap_cfg.record)
+        return;
+    /* Name a file only when there is one to read. */
+    switch (rs.state) {
+    case CUHEAP_TRACE_WRITTEN:
         cuheap_log_always("trace: %s (stacks: %s)", rs.path, rs.unwinder);
-    else if (cuheap_cfg.record)
-        cuheap_log_always("no trace written%s%s", rs.path ? " to " : "", rs.path ? rs.path : "");
+        break;
+    case CUHEAP_TRACE_PARTIAL:
+        cuheap_log_always("trace: %s is partial: writing stopped (%s); the events before that "
+                          "point are readable",
+                          rs.path, strerror(rs.error));
+        break;
+    case CUHEAP_TRACE_NOT_CREATED:
+        cuheap_log_always("no trace written: %s could not be created (%s)", rs.path,
+                          strerror(rs.error));
+        break;
+    case CUHEAP_TRACE_LOST:
+        cuheap_log_always("no trace written: %s could not be written (%s)", rs.path,
+                          strerror(rs.error));
+        break;
+    case CUHEAP_TRACE_NONE:
+        cuheap_log_always("no trace written");
+        break;
+    }
 }

@@ -601,6 +601,29 @@ static void test_rec_rank_cannot_leave_the_folder(void **state)
     done(&r);
 }
 
+static void test_rec_summary_says_what_was_written(void **state)
+{
+    (void)state;
+    /* a trace that could not be created is not named as the trace */
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=/nonexistent/dir/t.jsonl " RECPROG " rss", build,
+            build, build);
+    assert_int_equal(r.status, 0);
+    if (strstr(r.err, "trace: /nonexistent") || !strstr(r.err, "no trace written"))
+        fail_msg("%s", r.err);
+    done(&r);
+    /* the disk fills up after a while (a file size limit, its signal ignored, stands in):
+     * the summary names the partial trace, which the tool reads */
+    r = run("trap '' XFSZ; ulimit -f 16; " FAKE " " PRELOAD
+            " CUHEAP_OUTPUT=t.jsonl CUHEAP_FLUSH_MS=1 %s/tests/programs/cuheap-demo 30; "
+            "ulimit -f unlimited; %s/tools/cuheap check t.jsonl",
+            build, build, build, build);
+    if (r.status || !strstr(r.err, "trace: t.jsonl is partial") || strstr(r.err, "no trace") ||
+        !strstr(r.out, "t.jsonl: ok") || !strstr(r.out, "incomplete"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -645,6 +668,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rec_trace_file_is_created_safely, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_rank_cannot_leave_the_folder, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_summary_says_what_was_written, fresh_dir,
                                         remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
