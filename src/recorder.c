@@ -50,6 +50,11 @@ struct device_info {
 static const struct cuheap_config *cfg;
 static struct cuheap_ring ring;
 atomic_bool cuheap_recorder_on;
+/* Events go into the ring. Cleared at stop while cuheap_recorder_on stays set, so what threads
+ * still running at exit record is counted (nr_late) instead of vanishing unseen. */
+static atomic_bool accepting;
+static _Atomic uint64_t nr_late;     /* events made after recording stopped */
+static _Atomic uint64_t nr_consumed; /* events the writer took from the ring */
 static atomic_bool stopping;
 static bool writer_running;
 static pthread_t writer;
@@ -119,6 +124,11 @@ void cuheap_record(const struct cuheap_rec *r)
 {
     if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed))
         return;
+    if (!atomic_load_explicit(&accepting, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&nr_events, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&nr_late, 1, memory_order_relaxed);
+        return;
+    }
     if (atomic_load_explicit(&child_pending, memory_order_relaxed))
         child_start();
     struct cuheap_event *ev = cuheap_ring_claim(&ring);
@@ -451,6 +461,7 @@ static unsigned drain(void)
     while ((ev = cuheap_ring_peek(&ring))) {
         write_event(ev);
         cuheap_ring_consume(&ring);
+        atomic_fetch_add_explicit(&nr_consumed, 1, memory_order_relaxed);
         n++;
     }
     return n;
@@ -665,6 +676,16 @@ static void open_trace(void)
     check_write_error(); /* the header on disk: a trace exists from here on */
 }
 
+/* Events that will never be written: a full ring, made after recording stopped, or left in
+ * the ring by a producer that raced with the last drain. */
+static uint64_t nr_dropped_now(void)
+{
+    uint64_t n = atomic_load(&ring.nr_dropped) + atomic_load(&nr_late);
+    if (!atomic_load(&accepting))
+        n += atomic_load(&ring.nr_pushed) - atomic_load(&nr_consumed);
+    return n;
+}
+
 static void close_trace(void)
 {
     if (!out)
@@ -674,7 +695,7 @@ static void close_trace(void)
     } else {
         put_line(json_pack("{s:s, s:I, s:I, s:I, s:I, s:I}", "type", "footer", "events",
                            (json_int_t)atomic_load(&nr_events), "written", (json_int_t)nr_written,
-                           "dropped", (json_int_t)atomic_load(&ring.nr_dropped), "stacks",
+                           "dropped", (json_int_t)nr_dropped_now(), "stacks",
                            (json_int_t)stacks.nr_stacks, "t", (json_int_t)(now_ns() - t0_ns)));
     }
     check_write_error();
@@ -719,15 +740,19 @@ void cuheap_recorder_start(const struct cuheap_config *config)
         close_trace();
         return;
     }
+    atomic_store(&accepting, true);
     atomic_store(&cuheap_recorder_on, true);
 }
 
 void cuheap_recorder_stop(void)
 {
-    if (!atomic_exchange(&cuheap_recorder_on, false))
+    if (!atomic_load(&cuheap_recorder_on) || !atomic_exchange(&accepting, false))
         return;
-    if (atomic_load(&child_pending))
-        return; /* a child that recorded nothing: no writer, no file */
+    if (atomic_load(&child_pending)) {
+        /* a child that recorded nothing: no writer, no file, and none opened later */
+        atomic_store(&cuheap_recorder_on, false);
+        return;
+    }
     if (writer_running) {
         atomic_store(&stopping, true);
         pthread_join(writer, NULL);
@@ -769,7 +794,10 @@ void cuheap_recorder_atfork_child(void)
     }
     cuheap_ring_reset(&ring);
     atomic_store(&nr_events, 0);
+    atomic_store(&nr_late, 0);
+    atomic_store(&nr_consumed, 0);
     atomic_store(&ring.nr_dropped, 0);
+    atomic_store(&ring.nr_pushed, 0);
     cuheap_stacktab_destroy(&stacks);
     cuheap_stacktab_init(&stacks);
     for (int i = 0; i < NR_MAX_DEVICES; i++)
@@ -782,7 +810,8 @@ void cuheap_recorder_atfork_child(void)
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
 {
     ret->nr_events = atomic_load(&nr_events);
-    ret->nr_dropped = ring.slots ? atomic_load(&ring.nr_dropped) : 0;
+    ret->nr_dropped = ring.slots ? nr_dropped_now() : 0;
+    ret->nr_full = ring.slots ? atomic_load(&ring.nr_dropped) : 0;
     if (open_failed)
         ret->state = CUHEAP_TRACE_NOT_CREATED;
     else if (write_failed)

@@ -366,10 +366,14 @@ static void summary(void)
         "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64
         " out-of-memory; %" PRIu64 " events, %" PRIu64 " dropped",
         s.nr_allocs, s.nr_frees, s.nr_passthrough, s.nr_ooms, rs.nr_events, rs.nr_dropped);
-    if (rs.nr_dropped)
+    if (rs.nr_full)
         cuheap_log_always("events were dropped: raise CUHEAP_RING (now %u) or lower "
                           "CUHEAP_STACK_DEPTH",
                           cuheap_cfg.ring_slots);
+    if (rs.nr_dropped > rs.nr_full)
+        cuheap_log_always("%" PRIu64 " events came after recording stopped at exit (threads "
+                          "still running) and are not in the trace",
+                          rs.nr_dropped - rs.nr_full);
     if (!cuheap_cfg.record)
         return;
     /* Name a file only when there is one to read. */

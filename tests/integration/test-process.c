@@ -624,6 +624,20 @@ static void test_rec_summary_says_what_was_written(void **state)
     done(&r);
 }
 
+static void test_rec_events_after_stop_are_counted(void **state)
+{
+    (void)state;
+    /* allocations made after recording stopped at exit (recprog's exit handler runs after
+     * cuheap's, as a thread still running would) are counted as dropped, not lost unseen */
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 " RECPROG " late 10", build,
+            build, build);
+    long events = number_after(r.out, "events+"), dropped = number_after(r.out, "dropped+");
+    if (r.status || !strstr(r.out, "failed=0") || events < 20 || dropped != events)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -670,6 +684,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rec_rank_cannot_leave_the_folder, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_summary_says_what_was_written, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_events_after_stop_are_counted, fresh_dir,
                                         remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
