@@ -103,6 +103,11 @@ static void close_trace(void);
 
 static void child_start(void)
 {
+    /* Signals blocked while child_start_lock is held: a handler that allocates would record
+     * too, find the child still pending and wait for the lock forever. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_mutex_lock(&child_start_lock);
     if (atomic_load(&child_pending)) {
         open_trace();
@@ -113,6 +118,7 @@ static void child_start(void)
         atomic_store(&child_pending, false);
     }
     pthread_mutex_unlock(&child_start_lock);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 bool cuheap_recorder_idle_child(void)

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +26,11 @@ struct cuheap_config cuheap_cfg;
 struct cuheap_addrmap cuheap_passthru;
 _Atomic uint64_t cuheap_nr_allocs, cuheap_nr_frees, cuheap_nr_passthrough, cuheap_nr_ooms;
 
+__thread int cuheap_busy __attribute__((tls_model("initial-exec")));
+
 static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
 static atomic_bool booted;
+static atomic_bool boot_tried; /* boot() ran, whatever its outcome */
 static struct cuheap_device devices[CUHEAP_NR_MAX_DEVICES];
 static _Atomic unsigned nr_devices;
 static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -110,12 +114,33 @@ static void boot(void)
     atomic_store(&booted, true);
 }
 
+/* fn() with every signal blocked: a handler that calls into cuheap cannot run on this thread
+ * while fn holds a lock (pthread_once included) that the handler's call would wait for. */
+static void *unsignalled(void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    void *r = fn(arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
+static void *boot_once_now(void *arg)
+{
+    (void)arg;
+    pthread_once(&boot_once, boot);
+    atomic_store(&boot_tried, true);
+    return NULL;
+}
+
 bool cuheap_boot(void)
 {
     if (__builtin_expect(atomic_load_explicit(&booted, memory_order_acquire), 1))
-        return true;
-    pthread_once(&boot_once, boot);
-    return atomic_load(&booted);
+        return !cuheap_busy;
+    if (!atomic_load(&boot_tried))
+        unsignalled(boot_once_now, NULL);
+    return atomic_load(&booted) && !cuheap_busy;
 }
 
 bool cuheap_boot_if_cuda(void)
@@ -329,15 +354,36 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
     return 0;
 }
 
+static void *device_current(void *arg)
+{
+    (void)arg;
+    return cuheap_device_current();
+}
+
+/* The current context's device record for a mark. A known context is looked up without a
+ * lock; a new one is created with signals blocked (devices_lock). */
+static struct cuheap_device *device_for_mark(void)
+{
+    CUcontext ctx = NULL;
+    if (!cuheap_drv.cuCtxGetCurrent || cuheap_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return NULL;
+    struct cuheap_device *d = cuheap_device_by_ctx(ctx);
+    if (d)
+        return d;
+    return unsignalled(device_current, NULL);
+}
+
 CUHEAP_API void cuheap_mark(const char *label)
 {
-    if (!cuheap_boot())
+    if (cuheap_busy || !cuheap_boot())
         return;
-    struct cuheap_device *d = cuheap_device_current();
+    cuheap_busy = 1; /* the re-entry guard (runtime.h) */
+    struct cuheap_device *d = device_for_mark();
     struct cuheap_rec r = {.type = CUHEAP_EV_MARK,
                            .device = (int16_t)(d ? d->ordinal : -1),
                            .label = label ? label : ""};
     cuheap_record(&r);
+    cuheap_busy = 0;
 }
 
 static void summary(void)

@@ -638,6 +638,24 @@ static void test_rec_events_after_stop_are_counted(void **state)
     done(&r);
 }
 
+static void test_rec_signal_handler_allocating_during_a_mark(void **state)
+{
+    (void)state;
+    /* a signal handler that allocates, run while a mark (cuheap_mark, an NVTX mark) starts
+     * cuheap on the same thread: the program finishes (it used to wait on itself forever) */
+    static const char *const how[] = {"signal-mark", "signal-nvtx"};
+    for (int k = 0; k < 2; k++) {
+        struct result r = run("hung=0; for i in $(seq 10); do " FAKE " " PRELOAD
+                              " NVTX_INJECTION64_PATH=%s/src/libcuheap.so CUHEAP_OUTPUT=/dev/null "
+                              "CUHEAP_SUMMARY=0 timeout 5 " RECPROG " %s >/dev/null || "
+                              "hung=$((hung + 1)); done; echo \"hung $hung\"",
+                              build, build, build, build, how[k]);
+        if (number_after(r.out, "hung ") != 0)
+            fail_msg("%s: %s%s", how[k], r.out, r.err);
+        done(&r);
+    }
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -686,6 +704,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rec_summary_says_what_was_written, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_events_after_stop_are_counted, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_signal_handler_allocating_during_a_mark, fresh_dir,
                                         remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);

@@ -9,12 +9,14 @@
  *   late N             after cuheap's exit handler ran: N alloc/free pairs, and the stats
  *   rss                one alloc/free; prints resident memory (KiB)
  *   signal-mark        a timer whose handler allocates fires while cuheap_mark starts cuheap
+ *   signal-nvtx        the same with an NVTX mark (cuheap as the NVTX injection library)
  * Linked with the driver (the first door), so nothing before the first hooked call starts
  * cuheap. cuheap's entry points are found with dlsym: the program runs without it too.
  */
 #include <cuda.h>
 #include <cuheap/cuheap.h>
 #include <dlfcn.h>
+#include <nvtx3/nvToolsExt.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -168,14 +170,17 @@ int main(int argc, char **argv)
         printf("rss: %ld KiB\n", rss_kib());
         return 0;
     }
-    if (!strcmp(cmd, "signal-mark")) {
+    if (!strcmp(cmd, "signal-mark") || !strcmp(cmd, "signal-nvtx")) {
+        /* the timer fires while the mark starts cuheap (about a millisecond of work) */
         signal(SIGALRM, on_alarm);
         struct itimerval t = {{0, 0}, {0, 50}};
         setitimer(ITIMER_REAL, &t, NULL);
-        if (mark)
+        if (!strcmp(cmd, "signal-nvtx"))
+            nvtxMarkA("started by NVTX");
+        else if (mark)
             mark("started by a mark");
         sleep_ms(5);
-        printf("signal-mark: ok\n");
+        printf("%s: ok\n", cmd);
         return 0;
     }
     return 2;
