@@ -103,11 +103,8 @@ static void close_trace(void);
 
 static void child_start(void)
 {
-    /* Signals blocked while child_start_lock is held: a handler that allocates would record
-     * too, find the child still pending and wait for the lock forever. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
+    /* Reached from a hook (its in_hook set) or a mark (cuheap_busy set): a signal handler's
+     * hook on this thread goes to the driver and never waits for child_start_lock. */
     pthread_mutex_lock(&child_start_lock);
     if (atomic_load(&child_pending)) {
         open_trace();
@@ -118,7 +115,6 @@ static void child_start(void)
         atomic_store(&child_pending, false);
     }
     pthread_mutex_unlock(&child_start_lock);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 bool cuheap_recorder_idle_child(void)

@@ -354,31 +354,15 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
     return 0;
 }
 
-static void *device_current(void *arg)
-{
-    (void)arg;
-    return cuheap_device_current();
-}
-
-/* The current context's device record for a mark. A known context is looked up without a
- * lock; a new one is created with signals blocked (devices_lock). */
-static struct cuheap_device *device_for_mark(void)
-{
-    CUcontext ctx = NULL;
-    if (!cuheap_drv.cuCtxGetCurrent || cuheap_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
-        return NULL;
-    struct cuheap_device *d = cuheap_device_by_ctx(ctx);
-    if (d)
-        return d;
-    return unsignalled(device_current, NULL);
-}
-
 CUHEAP_API void cuheap_mark(const char *label)
 {
     if (cuheap_busy || !cuheap_boot())
         return;
-    cuheap_busy = 1; /* the re-entry guard (runtime.h) */
-    struct cuheap_device *d = device_for_mark();
+    /* The re-entry guard (runtime.h): while this thread may hold devices_lock (a new
+     * context's record) or a child's child_start_lock, a hook that a signal handler reaches
+     * goes to the driver instead of waiting for them. */
+    cuheap_busy = 1;
+    struct cuheap_device *d = cuheap_device_current();
     struct cuheap_rec r = {.type = CUHEAP_EV_MARK,
                            .device = (int16_t)(d ? d->ordinal : -1),
                            .label = label ? label : ""};
