@@ -3,7 +3,7 @@
  * A CUDA program for the recorder's process tests (tests/integration/test-process.c): each
  * subcommand makes the program behave the way one promise of the recorder is tested.
  *   allocs N MS        N alloc/free pairs, "ready" on stdout, then sleeps MS (to be killed)
- *   marks ARG...       one allocation, then cuheap_mark(ARG) for each argument
+ *   marks ARG...       one allocation, then cuheap_mark(ARG) and nvtxMarkA(ARG) for each
  *   mark-rss N         N marks after a warm-up; prints the growth of resident memory
  *   huge               asks for 2^63 bytes (the driver refuses)
  *   late N             after cuheap's exit handler ran: N alloc/free pairs, and the stats
@@ -129,8 +129,10 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "marks")) {
         if (pairs(1, 4096) || !mark)
             return 1;
-        for (int i = 2; i < argc; i++)
+        for (int i = 2; i < argc; i++) {
             mark(argv[i]);
+            nvtxMarkA(argv[i]); /* recorded when cuheap is the NVTX injection library */
+        }
         return 0;
     }
     if (!strcmp(cmd, "mark-rss") && argc > 2) {
