@@ -599,6 +599,10 @@ static int create_trace_file(void)
         if ((size_t)snprintf(out_path, sizeof(out_path), "%s.%d", base, i) >= sizeof(out_path))
             break;
         fd = open(out_path, flags, (mode_t)cfg->output_mode);
+        if (fd >= 0)
+            cuheap_log("%s exists (a file, or a symlink cuheap does not follow); the trace goes "
+                       "to %s",
+                       base, out_path);
         if (fd >= 0 || (errno != EEXIST && errno != ELOOP))
             return fd;
     }
