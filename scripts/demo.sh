@@ -10,6 +10,8 @@ b="${CUHEAP_BUILD_DIR:-build}"
 out=out
 mkdir -p "$out"
 echo "== running the demo job under cuheap (simulated device)"
+# cuheap never writes over an existing trace (it would take demo.jsonl.1): start clean
+rm -f "$out"/demo.jsonl "$out"/demo.jsonl.[0-9]*
 LD_LIBRARY_PATH="$b/tests/fakecuda" "$b/tools/cuheap" run -o "$out/demo.jsonl" -- \
     "$b/tests/programs/cuheap-demo" 20 12
 echo

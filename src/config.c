@@ -174,6 +174,19 @@ static int parse_path(const struct option *opt, const char *v, struct cuheap_con
     return 0;
 }
 
+/* File permission bits in octal ("0600", "644"); read and write bits only: a trace is never
+ * executable. */
+static int parse_mode(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    char *end;
+    errno = 0;
+    unsigned long n = strtoul(v, &end, 8);
+    if (errno || end == v || *end || v[0] == '-' || n > 0666 || (n & 0111))
+        return -EINVAL;
+    *(unsigned *)((char *)cfg + opt->offset) = (unsigned)n;
+    return 0;
+}
+
 static const char *const reuse_names[] = {"fence", "sync", "immediate", NULL};
 static const char *const release_names[] = {"oom", "empty", "never", NULL};
 static const char *const format_names[] = {"jsonl", "chrome", NULL};
@@ -218,8 +231,11 @@ static const struct option options[] = {
      64, 1u << 22, NULL},
     {"CUHEAP_OUTPUT", "cuheap-%p.jsonl",
      "trace path; %p pid, %r rank (RANK/LOCAL_RANK), %h host; with a rank the default is "
-     "cuheap-r%r-%p.jsonl",
+     "cuheap-r%r-%p.jsonl; an existing file is never replaced (.1, .2, ... added)",
      parse_path, FIELD(output), 0, 0, NULL},
+    {"CUHEAP_OUTPUT_MODE", "0600",
+     "permissions a new trace is created with (octal, read/write bits; the umask applies)",
+     parse_mode, FIELD(output_mode), 0, 0, NULL},
     {"CUHEAP_FORMAT", "jsonl", "trace format: jsonl (cuheap) or chrome (Perfetto)", parse_enum,
      FIELD(format), 0, 0, format_names},
     {"CUHEAP_SUMMARY", "1", "print a summary on stderr at exit", parse_bool, FIELD(summary), 0, 0,
@@ -303,6 +319,7 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_PYTHON=%d", cfg->python);
     EMIT("CUHEAP_RING=%u", cfg->ring_slots);
     EMIT("CUHEAP_OUTPUT=%s", cfg->output);
+    EMIT("CUHEAP_OUTPUT_MODE=%04o", cfg->output_mode);
     EMIT("CUHEAP_FORMAT=%s", format_names[cfg->format]);
     EMIT("CUHEAP_SUMMARY=%d", cfg->summary);
     EMIT("CUHEAP_FLUSH_MS=%u", cfg->flush_ms);

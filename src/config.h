@@ -60,6 +60,7 @@ struct cuheap_config {
     bool python;                  /* add Python frames when the thread holds the GIL */
     unsigned ring_slots;          /* ring capacity, power of two */
     char output[CUHEAP_PATH_MAX]; /* trace path template (%p pid, %r rank, %h host) */
+    unsigned output_mode;         /* permission bits the trace is created with (umask applies) */
     enum cuheap_format format;
     bool summary;      /* print the exit summary on stderr */
     bool verbose;      /* print the effective settings at start */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Names of event types and APIs, shared by the writer and the trace reader. */
+/* Names of event types and APIs, shared by the writer and the trace reader; UTF-8 repair of
+ * text that goes into a trace. */
 #include "event.h"
 
 #include <string.h>
@@ -48,4 +49,66 @@ int cuheap_api_from_name(const char *name)
         if (!strcmp(api_names[i], name))
             return i;
     return -1;
+}
+
+/* Length of the well-formed UTF-8 sequence at p, 0 when p does not begin one (Unicode's
+ * table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF). */
+static size_t sequence_length(const unsigned char *p)
+{
+    unsigned char c = p[0];
+    unsigned char lo = 0x80, hi = 0xbf;
+    size_t n;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2;
+    else if (c >= 0xe0 && c <= 0xef)
+        n = 3;
+    else if (c >= 0xf0 && c <= 0xf4)
+        n = 4;
+    else
+        return 0;
+    if (c == 0xe0)
+        lo = 0xa0;
+    else if (c == 0xed)
+        hi = 0x9f;
+    else if (c == 0xf0)
+        lo = 0x90;
+    else if (c == 0xf4)
+        hi = 0x8f;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0;
+    return n;
+}
+
+char *cuheap_utf8_clean(const char *s, char *out)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char *o = out;
+    while (*p) {
+        size_t n = sequence_length(p);
+        if (n) {
+            memcpy(o, p, n);
+            o += n;
+            p += n;
+        } else {
+            memcpy(o, "\xef\xbf\xbd", 3); /* U+FFFD */
+            o += 3;
+            p++;
+        }
+    }
+    *o = 0;
+    return out;
+}
+
+size_t cuheap_utf8_cut(const char *s, size_t max)
+{
+    size_t n = max;
+    /* s[n] is the first byte left out: when it continues a character, leave that one out */
+    while (n > 0 && max - n < 3 && ((unsigned char)s[n] & 0xc0) == 0x80)
+        n--;
+    return ((unsigned char)s[n] & 0xc0) == 0x80 ? max : n;
 }

@@ -6,6 +6,7 @@
 #ifndef CUHEAP_EVENT_H
 #define CUHEAP_EVENT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -86,5 +87,15 @@ const char *cuheap_api_name(unsigned api);
 /* Reverse lookups for the trace reader; -1 when unknown. */
 int cuheap_event_type_from_name(const char *name);
 int cuheap_api_from_name(const char *name);
+
+/* Text from outside (paths, the command line, labels) made valid UTF-8 for the trace, whose
+ * JSON library refuses anything else: s is copied to out, which has room for
+ * 3 * strlen(s) + 1 bytes, and every byte that does not begin a well-formed sequence becomes
+ * U+FFFD. Returns out. */
+char *cuheap_utf8_clean(const char *s, char *out);
+
+/* How many of the first `max` bytes of s (at least max long) to keep so the cut does not
+ * split a character. */
+size_t cuheap_utf8_cut(const char *s, size_t max);
 
 #endif

@@ -20,12 +20,17 @@ static __thread int depth __attribute__((tls_model("initial-exec")));
 
 static void mark(const char *prefix, const char *text)
 {
+    if (cuheap_busy)
+        return; /* a signal handler's range inside cuheap's own work on this thread */
     if (!cuheap_recording() && !(cuheap_boot_if_cuda() && cuheap_recording()))
         return;
-    char label[CUHEAP_LABEL_MAX];
+    cuheap_busy = 1; /* the re-entry guard (runtime.h): a hook reached now goes to the driver */
+    /* longer than a label: the recorder cuts it between characters */
+    char label[2 * CUHEAP_LABEL_MAX];
     snprintf(label, sizeof(label), "%s%s", prefix, text ? text : "");
     struct cuheap_rec r = {.type = CUHEAP_EV_MARK, .device = -1, .label = label};
     cuheap_record(&r);
+    cuheap_busy = 0;
 }
 
 static const char *ascii_message(const nvtxEventAttributes_t *a)

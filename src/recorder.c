@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,13 +50,22 @@ struct device_info {
 static const struct cuheap_config *cfg;
 static struct cuheap_ring ring;
 atomic_bool cuheap_recorder_on;
+/* Events go into the ring. Cleared at stop while cuheap_recorder_on stays set, so what threads
+ * still running at exit record is counted (nr_late) instead of vanishing unseen. */
+static atomic_bool accepting;
+static _Atomic uint64_t nr_late;     /* events made after recording stopped */
+static _Atomic uint64_t nr_consumed; /* events the writer took from the ring */
 static atomic_bool stopping;
 static bool writer_running;
 static pthread_t writer;
 static pthread_mutex_t io_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *out;
 static char out_path[CUHEAP_PATH_MAX];
-static bool write_failed;
+static char out_buf[1 << 20]; /* the trace's stdio buffer: written out every CUHEAP_FLUSH_MS */
+static bool write_failed;     /* writing stopped on an error (trace_errno) */
+static bool open_failed;      /* the trace could not be created (trace_errno) */
+static bool header_written;   /* the header reached the file: there is a trace to read */
+static int trace_errno;
 static struct cuheap_stacktab stacks;
 static struct cuheap_chrome chrome;
 static uint64_t t0_ns;
@@ -92,6 +103,8 @@ static void close_trace(void);
 
 static void child_start(void)
 {
+    /* Reached from a hook (its in_hook set) or a mark (cuheap_busy set): a signal handler's
+     * hook on this thread goes to the driver and never waits for child_start_lock. */
     pthread_mutex_lock(&child_start_lock);
     if (atomic_load(&child_pending)) {
         open_trace();
@@ -113,6 +126,11 @@ void cuheap_record(const struct cuheap_rec *r)
 {
     if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed))
         return;
+    if (!atomic_load_explicit(&accepting, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&nr_events, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&nr_late, 1, memory_order_relaxed);
+        return;
+    }
     if (atomic_load_explicit(&child_pending, memory_order_relaxed))
         child_start();
     struct cuheap_event *ev = cuheap_ring_claim(&ring);
@@ -137,7 +155,13 @@ void cuheap_record(const struct cuheap_rec *r)
     ev->nr_frames = 0;
     ev->nr_py = 0;
     if (r->type == CUHEAP_EV_MARK) {
-        snprintf(ev->label, sizeof(ev->label), "%s", r->label ? r->label : "");
+        /* cut at the limit between characters, so a long label keeps its text */
+        const char *l = r->label ? r->label : "";
+        size_t n = strnlen(l, sizeof(ev->label));
+        if (n == sizeof(ev->label))
+            n = cuheap_utf8_cut(l, sizeof(ev->label) - 1);
+        memcpy(ev->label, l, n);
+        ev->label[n] = 0;
     } else if (r->type == CUHEAP_EV_ALLOC || r->type == CUHEAP_EV_OOM ||
                r->type == CUHEAP_EV_LIMIT) {
         /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
@@ -173,6 +197,22 @@ static void put_line(json_t *obj)
     json_decref(obj);
 }
 
+/* A JSON string of text from outside (a path, the command line, a label, a host name):
+ * jansson refuses bytes that are not UTF-8, and a refused string used to empty a label or
+ * lose the whole header, so those bytes become U+FFFD. Never NULL but on exhaustion. */
+static json_t *json_text(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    if (j)
+        return j;
+    char *clean = malloc(3 * strlen(s) + 1);
+    if (!clean)
+        return json_string("?");
+    j = json_string(cuheap_utf8_clean(s, clean));
+    free(clean);
+    return j;
+}
+
 /* The main program's path: dladdr reports it as it was started ("./a.out"), and the tool
  * needs a path that still works after the program changed directory. */
 static char exe_path[1024];
@@ -201,11 +241,11 @@ static json_t *frame_json(uint64_t ip)
     json_t *f = json_pack("{s:s}", "ip", buf);
     /* ip is a return address: look up ip - 1 so a call at a function's end stays in it. */
     if (dladdr((void *)(uintptr_t)(ip - 1), &info) && info.dli_fname) {
-        json_object_set_new(f, "module", json_string(module_path(&info)));
+        json_object_set_new(f, "module", json_text(module_path(&info)));
         snprintf(buf, sizeof(buf), "0x%" PRIx64, ip - (uint64_t)(uintptr_t)info.dli_fbase);
         json_object_set_new(f, "offset", json_string(buf));
         if (info.dli_sname)
-            json_object_set_new(f, "function", json_string(info.dli_sname));
+            json_object_set_new(f, "function", json_text(info.dli_sname));
     }
     return f;
 }
@@ -252,7 +292,8 @@ static json_t *py_frame_json(const struct cuheap_py_frame *pf)
 {
     const char *file = "?", *fn = "?";
     cuheap_py_code(pf->code, &file, &fn);
-    return json_pack("{s:s, s:i, s:s}", "file", file, "line", (int)pf->line, "function", fn);
+    return json_pack("{s:o, s:i, s:o}", "file", json_text(file), "line", (int)pf->line, "function",
+                     json_text(fn));
 }
 
 /* A short, readable form of a stack for Chrome args: Python frames, then native. */
@@ -264,7 +305,7 @@ static json_t *stack_strings(const struct cuheap_stack *s)
         cuheap_py_code(s->py[i].code, &file, &fn);
         char buf[600];
         snprintf(buf, sizeof(buf), "%s:%u in %s", file, s->py[i].line, fn);
-        json_array_append_new(a, json_string(buf));
+        json_array_append_new(a, json_text(buf));
     }
     for (unsigned i = 0; i < s->nr_frames && json_array_size(a) < CHROME_STACK_FRAMES; i++) {
         Dl_info info;
@@ -281,7 +322,7 @@ static json_t *stack_strings(const struct cuheap_stack *s)
         } else {
             snprintf(buf, sizeof(buf), "0x%" PRIx64, ip);
         }
-        json_array_append_new(a, json_string(buf));
+        json_array_append_new(a, json_text(buf));
     }
     return a;
 }
@@ -306,23 +347,35 @@ static void announce_devices(void)
         if (atomic_load(&d->state) != 1)
             continue;
         if (cfg->format == CUHEAP_FORMAT_JSONL)
-            put_line(json_pack("{s:s, s:i, s:s, s:I}", "type", "device", "device", i, "name",
-                               d->name, "total", (json_int_t)d->total));
+            put_line(json_pack("{s:s, s:i, s:o, s:I}", "type", "device", "device", i, "name",
+                               json_text(d->name), "total", (json_int_t)d->total));
         atomic_store(&d->state, 2);
     }
+}
+
+/* ",\"key\":v" for a byte count. Below 2^63 a JSON number; from 2^63 on a hex string
+ * ("0x8000000000000000"), because jansson and most JSON readers hold integers in int64 and
+ * would refuse the whole line (an out-of-memory for SIZE_MAX vanished from the report). */
+static int put_bytes(char *line, size_t size, const char *key, uint64_t v)
+{
+    if (v <= (uint64_t)INT64_MAX)
+        return snprintf(line, size, ",\"%s\":%" PRIu64, key, v);
+    return snprintf(line, size, ",\"%s\":\"0x%" PRIx64 "\"", key, v);
 }
 
 static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
 {
     char line[512];
-    int n =
-        snprintf(line, sizeof(line),
-                 "{\"type\":\"event\",\"seq\":%" PRIu64 ",\"t\":%" PRIu64
-                 ",\"event\":\"%s\",\"api\":\"%s\",\"device\":%d,\"tid\":%u,\"ptr\":\"0x%" PRIx64
-                 "\",\"size\":%" PRIu64 ",\"actual\":%" PRIu64 ",\"pooled\":%s",
-                 ev->seq, ev->time_ns - t0_ns, cuheap_event_type_name(ev->type),
-                 cuheap_api_name(ev->api), ev->device, ev->tid, ev->ptr, ev->size, ev->actual,
-                 (ev->flags & CUHEAP_EVF_POOLED) ? "true" : "false");
+    int n = snprintf(
+        line, sizeof(line),
+        "{\"type\":\"event\",\"seq\":%" PRIu64 ",\"t\":%" PRIu64
+        ",\"event\":\"%s\",\"api\":\"%s\",\"device\":%d,\"tid\":%u,\"ptr\":\"0x%" PRIx64 "\"",
+        ev->seq, ev->time_ns - t0_ns, cuheap_event_type_name(ev->type), cuheap_api_name(ev->api),
+        ev->device, ev->tid, ev->ptr);
+    n += put_bytes(line + n, sizeof(line) - (size_t)n, "size", ev->size);
+    n += put_bytes(line + n, sizeof(line) - (size_t)n, "actual", ev->actual);
+    n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"pooled\":%s",
+                  (ev->flags & CUHEAP_EVF_POOLED) ? "true" : "false");
     if (ev->stream)
         n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"stream\":\"0x%" PRIx64 "\"",
                       ev->stream);
@@ -333,25 +386,27 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
     switch (ev->type) {
     case CUHEAP_EV_OOM:
     case CUHEAP_EV_LIMIT:
-        n += snprintf(line + n, sizeof(line) - (size_t)n,
-                      ",\"result\":%d,\"driver_free\":%" PRIu64 ",\"driver_total\":%" PRIu64
-                      ",\"limit\":%" PRIu64,
-                      ev->result, ev->aux, ev->aux2,
-                      ev->type == CUHEAP_EV_LIMIT ? ev->aux2 : (uint64_t)0);
+        n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"result\":%d", ev->result);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "driver_free", ev->aux);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "driver_total", ev->aux2);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "limit",
+                       ev->type == CUHEAP_EV_LIMIT ? ev->aux2 : (uint64_t)0);
         break;
     case CUHEAP_EV_FENCE:
-        n += snprintf(line + n, sizeof(line) - (size_t)n,
-                      ",\"blocks\":%" PRIu64 ",\"bytes\":%" PRIu64, ev->aux, ev->aux2);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "blocks", ev->aux);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "bytes", ev->aux2);
         break;
     case CUHEAP_EV_ARENA_GROW:
     case CUHEAP_EV_ARENA_RELEASE:
-        n += snprintf(line + n, sizeof(line) - (size_t)n, ",\"reserved\":%" PRIu64, ev->aux);
+        n += put_bytes(line + n, sizeof(line) - (size_t)n, "reserved", ev->aux);
         break;
     default:
         break;
     }
     if (ev->type == CUHEAP_EV_MARK) {
-        char *label = json_dumps(json_string(ev->label), JSON_ENCODE_ANY);
+        json_t *l = json_text(ev->label);
+        char *label = l ? json_dumps(l, JSON_ENCODE_ANY) : NULL;
+        json_decref(l);
         fprintf(out, "%.*s,\"label\":%s}\n", n, line, label ? label : "\"\"");
         free(label);
         return;
@@ -378,6 +433,7 @@ static void write_event(const struct cuheap_event *ev)
         return;
     }
     const struct cuheap_stack *s = cuheap_stacktab_get(&stacks, stack_id);
+    char label[3 * CUHEAP_LABEL_MAX + 1];
     json_t *strs = s && ev->type == CUHEAP_EV_ALLOC ? stack_strings(s) : NULL;
     struct cuheap_chrome_ev ce = {
         .type = ev->type,
@@ -393,7 +449,7 @@ static void write_event(const struct cuheap_event *ev)
         .tid = ev->tid,
         .stack_id = stack_id,
         .stack = strs,
-        .label = ev->type == CUHEAP_EV_MARK ? ev->label : NULL,
+        .label = ev->type == CUHEAP_EV_MARK ? cuheap_utf8_clean(ev->label, label) : NULL,
     };
     cuheap_chrome_event(&chrome, &ce);
     json_decref(strs);
@@ -407,6 +463,7 @@ static unsigned drain(void)
     while ((ev = cuheap_ring_peek(&ring))) {
         write_event(ev);
         cuheap_ring_consume(&ring);
+        atomic_fetch_add_explicit(&nr_consumed, 1, memory_order_relaxed);
         n++;
     }
     return n;
@@ -418,10 +475,13 @@ static void check_write_error(void)
         return;
     if (fflush(out) != 0 || ferror(out)) {
         write_failed = true;
+        trace_errno = errno;
         cuheap_log("cannot write trace %s (%s); the program goes on, events are counted but "
                    "no longer written",
                    out_path, strerror(errno));
+        return;
     }
+    header_written = true;
 }
 
 static void *writer_main(void *arg)
@@ -456,7 +516,7 @@ static json_t *cmdline_json(void)
     fclose(f);
     buf[n] = 0;
     for (size_t i = 0; i < n;) {
-        json_array_append_new(a, json_string(buf + i));
+        json_array_append_new(a, json_text(buf + i));
         i += strlen(buf + i) + 1;
     }
     return a;
@@ -468,52 +528,137 @@ static void config_item(const char *line, void *arg)
     if (eq) {
         char key[64];
         snprintf(key, sizeof(key), "%.*s", (int)(eq - line), line);
-        json_object_set_new(arg, key, json_string(eq + 1));
+        json_object_set_new(arg, key, json_text(eq + 1));
     }
 }
 
+/* secure_getenv: in a setuid program the environment belongs to whoever started it. */
 static const char *rank_env(void)
 {
-    const char *r = getenv("RANK");
+    const char *r = secure_getenv("RANK");
     if (!r || !*r)
-        r = getenv("LOCAL_RANK");
+        r = secure_getenv("LOCAL_RANK");
     if (!r || !*r)
-        r = getenv("OMPI_COMM_WORLD_RANK");
+        r = secure_getenv("OMPI_COMM_WORLD_RANK");
     if (!r || !*r)
-        r = getenv("SLURM_PROCID");
+        r = secure_getenv("SLURM_PROCID");
     return r && *r ? r : NULL;
+}
+
+/* A value from the environment (rank, host name) as a piece of a file name: anything but
+ * [A-Za-z0-9._-] becomes '_', and "." or ".." becomes "_", so RANK=../../x cannot move the
+ * trace to another folder. */
+static void name_part(const char *v, char *ret, size_t size)
+{
+    size_t n = 0;
+    bool dots = true;
+    for (; v[n] && n + 1 < size; n++) {
+        char c = v[n];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-';
+        ret[n] = ok ? c : '_';
+        dots = dots && c == '.';
+    }
+    ret[n] = 0;
+    if (dots && n > 0 && n <= 2)
+        snprintf(ret, size, "_");
+}
+
+/* An existing character device or FIFO the user named (/dev/full, a pipe a reader holds
+ * open): nothing to clobber there, so it is written to. O_NONBLOCK: a FIFO without a reader
+ * fails at once (ENXIO) instead of hanging the program. Regular files, symlinks and the
+ * rest: -1. */
+static int open_existing_device(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+/* Create the trace at out_path, never through a symlink and never over an existing file:
+ * when the name is taken, ".1", ".2", ... are tried and out_path says which name was used.
+ * Returns the descriptor, or -1 with errno set. */
+static int create_trace_file(void)
+{
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    char base[sizeof(out_path)];
+    snprintf(base, sizeof(base), "%s", out_path);
+    int fd = open(base, flags, (mode_t)cfg->output_mode);
+    if (fd >= 0 || (errno != EEXIST && errno != ELOOP))
+        return fd;
+    if ((fd = open_existing_device(base)) >= 0)
+        return fd;
+    for (int i = 1; i < 1000; i++) {
+        if ((size_t)snprintf(out_path, sizeof(out_path), "%s.%d", base, i) >= sizeof(out_path))
+            break;
+        fd = open(out_path, flags, (mode_t)cfg->output_mode);
+        if (fd >= 0)
+            cuheap_log("%s exists (a file, or a symlink cuheap does not follow); the trace goes "
+                       "to %s",
+                       base, out_path);
+        if (fd >= 0 || (errno != EEXIST && errno != ELOOP))
+            return fd;
+    }
+    snprintf(out_path, sizeof(out_path), "%s", base);
+    errno = EEXIST;
+    return -1;
 }
 
 /* Open the trace for this process and write its header (io_lock held or single-threaded). */
 static void open_trace(void)
 {
-    char host[128] = "";
+    char host[128] = "", host_part[128], rank_part[64];
     gethostname(host, sizeof(host) - 1);
     const char *rank = rank_env();
+    name_part(host, host_part, sizeof(host_part));
+    if (rank)
+        name_part(rank, rank_part, sizeof(rank_part));
     const char *tmpl = cfg->output;
-    if (rank && !strcmp(tmpl, "cuheap-%p.jsonl"))
-        tmpl = "cuheap-r%r-%p.jsonl";
-    if (cfg->format == CUHEAP_FORMAT_CHROME && !strcmp(tmpl, "cuheap-%p.jsonl"))
-        tmpl = "cuheap-%p.trace.json";
-    cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(), rank, host);
-    write_failed = false;
+    if (!strcmp(tmpl, "cuheap-%p.jsonl")) {
+        /* the default name: the rank's when there is one, the extension of the format */
+        bool as_chrome = cfg->format == CUHEAP_FORMAT_CHROME;
+        if (rank)
+            tmpl = as_chrome ? "cuheap-r%r-%p.trace.json" : "cuheap-r%r-%p.jsonl";
+        else
+            tmpl = as_chrome ? "cuheap-%p.trace.json" : "cuheap-%p.jsonl";
+    }
+    cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(), rank ? rank_part : NULL,
+                       host_part);
+    write_failed = open_failed = header_written = false;
+    trace_errno = 0;
     nr_written = 0;
-    out = fopen(out_path, "we");
+    int fd = create_trace_file();
+    out = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (fd >= 0 && !out)
+        close(fd);
     if (!out) {
+        open_failed = true;
+        trace_errno = errno;
         cuheap_log("cannot open trace %s: %s; the program goes on without a trace file "
                    "(set CUHEAP_OUTPUT to a writable path)",
                    out_path, strerror(errno));
         return;
     }
-    setvbuf(out, NULL, _IOFBF, 1 << 20);
+    /* A buffer of our own: given NULL, glibc ignores the size and uses 4 KiB, which turns
+     * the writer's batches into a write(2) every few events. Static, so the hook path that
+     * opens a child's trace does not allocate it. */
+    setvbuf(out, out_buf, _IOFBF, sizeof(out_buf));
     t0_ns = now_ns();
     struct timespec real;
     clock_gettime(CLOCK_REALTIME, &real);
     if (cfg->format == CUHEAP_FORMAT_CHROME) {
         char name[160];
         snprintf(name, sizeof(name), "cuheap pid %ld%s%s", (long)getpid(), rank ? " rank " : "",
-                 rank ? rank : "");
+                 rank ? rank_part : "");
         cuheap_chrome_begin(&chrome, out, (long)getpid(), name);
+        check_write_error();
         return;
     }
     ssize_t n = readlink("/proc/self/exe", exe_path, sizeof(exe_path) - 1);
@@ -523,10 +668,10 @@ static void open_trace(void)
     json_t *conf = json_object();
     cuheap_config_dump(cfg, config_item, conf);
     json_t *h =
-        json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:o, s:I, s:s, s:s, s:b, s:o}", "type",
+        json_pack("{s:s, s:s, s:i, s:I, s:I, s:o, s:o, s:o, s:I, s:s, s:s, s:b, s:o}", "type",
                   "header", "format", "cuheap-trace", "version", TRACE_FORMAT_VERSION, "pid",
-                  (json_int_t)getpid(), "ppid", (json_int_t)getppid(), "host", host, "exe", exe,
-                  "cmdline", cmdline_json(), "start_unix_ns",
+                  (json_int_t)getpid(), "ppid", (json_int_t)getppid(), "host", json_text(host),
+                  "exe", json_text(exe), "cmdline", cmdline_json(), "start_unix_ns",
                   (json_int_t)((uint64_t)real.tv_sec * 1000000000ull + (uint64_t)real.tv_nsec),
                   "clock", "CLOCK_MONOTONIC, t in ns since start", "unwinder",
                   cuheap_unwinder_name(unwinder), "python", python, "config", conf);
@@ -534,7 +679,17 @@ static void open_trace(void)
         json_object_set_new(h, "rank", json_integer(atoll(rank)));
     json_object_set_new(h, "stack_depth", json_integer(stack_depth));
     put_line(h);
-    fflush(out);
+    check_write_error(); /* the header on disk: a trace exists from here on */
+}
+
+/* Events that will never be written: a full ring, made after recording stopped, or left in
+ * the ring by a producer that raced with the last drain. */
+static uint64_t nr_dropped_now(void)
+{
+    uint64_t n = atomic_load(&ring.nr_dropped) + atomic_load(&nr_late);
+    if (!atomic_load(&accepting))
+        n += atomic_load(&ring.nr_pushed) - atomic_load(&nr_consumed);
+    return n;
 }
 
 static void close_trace(void)
@@ -546,7 +701,7 @@ static void close_trace(void)
     } else {
         put_line(json_pack("{s:s, s:I, s:I, s:I, s:I, s:I}", "type", "footer", "events",
                            (json_int_t)atomic_load(&nr_events), "written", (json_int_t)nr_written,
-                           "dropped", (json_int_t)atomic_load(&ring.nr_dropped), "stacks",
+                           "dropped", (json_int_t)nr_dropped_now(), "stacks",
                            (json_int_t)stacks.nr_stacks, "t", (json_int_t)(now_ns() - t0_ns)));
     }
     check_write_error();
@@ -591,15 +746,19 @@ void cuheap_recorder_start(const struct cuheap_config *config)
         close_trace();
         return;
     }
+    atomic_store(&accepting, true);
     atomic_store(&cuheap_recorder_on, true);
 }
 
 void cuheap_recorder_stop(void)
 {
-    if (!atomic_exchange(&cuheap_recorder_on, false))
+    if (!atomic_load(&cuheap_recorder_on) || !atomic_exchange(&accepting, false))
         return;
-    if (atomic_load(&child_pending))
-        return; /* a child that recorded nothing: no writer, no file */
+    if (atomic_load(&child_pending)) {
+        /* a child that recorded nothing: no writer, no file, and none opened later */
+        atomic_store(&cuheap_recorder_on, false);
+        return;
+    }
     if (writer_running) {
         atomic_store(&stopping, true);
         pthread_join(writer, NULL);
@@ -641,7 +800,10 @@ void cuheap_recorder_atfork_child(void)
     }
     cuheap_ring_reset(&ring);
     atomic_store(&nr_events, 0);
+    atomic_store(&nr_late, 0);
+    atomic_store(&nr_consumed, 0);
     atomic_store(&ring.nr_dropped, 0);
+    atomic_store(&ring.nr_pushed, 0);
     cuheap_stacktab_destroy(&stacks);
     cuheap_stacktab_init(&stacks);
     for (int i = 0; i < NR_MAX_DEVICES; i++)
@@ -654,9 +816,15 @@ void cuheap_recorder_atfork_child(void)
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
 {
     ret->nr_events = atomic_load(&nr_events);
-    ret->nr_dropped = ring.slots ? atomic_load(&ring.nr_dropped) : 0;
-    ret->writing = out != NULL && !write_failed;
-    ret->write_failed = write_failed;
+    ret->nr_dropped = ring.slots ? nr_dropped_now() : 0;
+    ret->nr_full = ring.slots ? atomic_load(&ring.nr_dropped) : 0;
+    if (open_failed)
+        ret->state = CUHEAP_TRACE_NOT_CREATED;
+    else if (write_failed)
+        ret->state = header_written ? CUHEAP_TRACE_PARTIAL : CUHEAP_TRACE_LOST;
+    else
+        ret->state = out_path[0] ? CUHEAP_TRACE_WRITTEN : CUHEAP_TRACE_NONE;
+    ret->error = trace_errno;
     ret->path = out_path[0] ? out_path : NULL;
     ret->unwinder = cuheap_unwinder_name(unwinder);
 }

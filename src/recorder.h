@@ -31,7 +31,8 @@ struct cuheap_rec {
  * open the trace is reported once; events are then counted but not written. */
 void cuheap_recorder_start(const struct cuheap_config *cfg);
 
-/* Whether events are being recorded now (cheap: hooks skip building events when not). */
+/* Whether hooks hand events to the recorder (cheap: hooks skip building events when not).
+ * Stays true after cuheap_recorder_stop(): what is recorded then is counted as dropped. */
 extern atomic_bool cuheap_recorder_on;
 static inline bool cuheap_recording(void)
 {
@@ -44,7 +45,8 @@ void cuheap_record(const struct cuheap_rec *r);
 /* Tell the trace about a device (written once per device). */
 void cuheap_recorder_device(int ordinal, const char *name, uint64_t total);
 
-/* Stop the writer, drain what is left, close the trace. Idempotent. */
+/* Stop the writer, drain what is left, close the trace. Idempotent. Events recorded later
+ * are counted as dropped. */
 void cuheap_recorder_stop(void);
 
 /* A child of fork that has recorded nothing yet (it prints no summary either). */
@@ -55,12 +57,21 @@ void cuheap_recorder_atfork_prepare(void);
 void cuheap_recorder_atfork_parent(void);
 void cuheap_recorder_atfork_child(void);
 
+enum cuheap_trace_state {
+    CUHEAP_TRACE_NONE,        /* no trace attempted (recording off, or did not start) */
+    CUHEAP_TRACE_WRITTEN,     /* being written, no error so far */
+    CUHEAP_TRACE_NOT_CREATED, /* the file could not be created */
+    CUHEAP_TRACE_LOST,        /* created, but writing failed before the header got there */
+    CUHEAP_TRACE_PARTIAL,     /* writing failed later: a readable prefix is there */
+};
+
 struct cuheap_recorder_stats {
-    uint64_t nr_events;  /* events recorded */
-    uint64_t nr_dropped; /* lost to a full ring */
-    bool writing;        /* a trace file is being written */
-    bool write_failed;   /* writing stopped on an error */
-    const char *path;    /* the trace file */
+    uint64_t nr_events;  /* events recorded, including those dropped */
+    uint64_t nr_dropped; /* never written: a full ring, or made after recording stopped */
+    uint64_t nr_full;    /* of those, lost to a full ring */
+    enum cuheap_trace_state state;
+    int error;        /* errno of what failed (NOT_CREATED, LOST, PARTIAL) */
+    const char *path; /* the trace file (the name used, suffix included) */
     const char *unwinder;
 };
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);

@@ -16,8 +16,9 @@
 #include "event.h"
 
 struct cuheap_ring_slot {
-    _Atomic uint64_t turn; /* == position: free for the producer of that position;
-                              == position + 1: holds that position's event */
+    _Atomic uint64_t turn; /* minus the slot's index: == position: free for the producer of
+                              that position; == position + 1: holds that position's event.
+                              Relative, so an untouched zero page means "free" */
     struct cuheap_event event;
 };
 
@@ -31,7 +32,8 @@ struct cuheap_ring {
     size_t map_bytes;
 };
 
-/* Capacity is a power of two >= 2. Slots come from mmap. Returns 0, -EINVAL or -ENOMEM. */
+/* Capacity is a power of two >= 2. Slots come from mmap and are not touched here: memory
+ * becomes resident as the ring fills. Returns 0, -EINVAL or -ENOMEM. */
 int cuheap_ring_init(struct cuheap_ring *r, unsigned capacity);
 void cuheap_ring_destroy(struct cuheap_ring *r);
 

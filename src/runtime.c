@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +26,11 @@ struct cuheap_config cuheap_cfg;
 struct cuheap_addrmap cuheap_passthru;
 _Atomic uint64_t cuheap_nr_allocs, cuheap_nr_frees, cuheap_nr_passthrough, cuheap_nr_ooms;
 
+__thread int cuheap_busy __attribute__((tls_model("initial-exec")));
+
 static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
 static atomic_bool booted;
+static atomic_bool boot_tried; /* boot() ran, whatever its outcome */
 static struct cuheap_device devices[CUHEAP_NR_MAX_DEVICES];
 static _Atomic unsigned nr_devices;
 static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -110,12 +114,33 @@ static void boot(void)
     atomic_store(&booted, true);
 }
 
+/* fn() with every signal blocked: a handler that calls into cuheap cannot run on this thread
+ * while fn holds a lock (pthread_once included) that the handler's call would wait for. */
+static void *unsignalled(void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    void *r = fn(arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
+static void *boot_once_now(void *arg)
+{
+    (void)arg;
+    pthread_once(&boot_once, boot);
+    atomic_store(&boot_tried, true);
+    return NULL;
+}
+
 bool cuheap_boot(void)
 {
     if (__builtin_expect(atomic_load_explicit(&booted, memory_order_acquire), 1))
-        return true;
-    pthread_once(&boot_once, boot);
-    return atomic_load(&booted);
+        return !cuheap_busy;
+    if (!atomic_load(&boot_tried))
+        unsignalled(boot_once_now, NULL);
+    return atomic_load(&booted) && !cuheap_busy;
 }
 
 bool cuheap_boot_if_cuda(void)
@@ -333,13 +358,18 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
 
 CUHEAP_API void cuheap_mark(const char *label)
 {
-    if (!cuheap_boot())
+    if (cuheap_busy || !cuheap_boot())
         return;
+    /* The re-entry guard (runtime.h): while this thread may hold devices_lock (a new
+     * context's record) or a child's child_start_lock, a hook that a signal handler reaches
+     * goes to the driver instead of waiting for them. */
+    cuheap_busy = 1;
     struct cuheap_device *d = cuheap_device_current();
     struct cuheap_rec r = {.type = CUHEAP_EV_MARK,
                            .device = (int16_t)(d ? d->ordinal : -1),
                            .label = label ? label : ""};
     cuheap_record(&r);
+    cuheap_busy = 0;
 }
 
 static void summary(void)
@@ -368,12 +398,36 @@ static void summary(void)
         "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64
         " out-of-memory; %" PRIu64 " events, %" PRIu64 " dropped",
         s.nr_allocs, s.nr_frees, s.nr_passthrough, s.nr_ooms, rs.nr_events, rs.nr_dropped);
-    if (rs.nr_dropped)
+    if (rs.nr_full)
         cuheap_log_always("events were dropped: raise CUHEAP_RING (now %u) or lower "
                           "CUHEAP_STACK_DEPTH",
                           cuheap_cfg.ring_slots);
-    if (rs.path && !rs.write_failed && cuheap_cfg.record)
+    if (rs.nr_dropped > rs.nr_full)
+        cuheap_log_always("%" PRIu64 " events came after recording stopped at exit (threads "
+                          "still running) and are not in the trace",
+                          rs.nr_dropped - rs.nr_full);
+    if (!cuheap_cfg.record)
+        return;
+    /* Name a file only when there is one to read. */
+    switch (rs.state) {
+    case CUHEAP_TRACE_WRITTEN:
         cuheap_log_always("trace: %s (stacks: %s)", rs.path, rs.unwinder);
-    else if (cuheap_cfg.record)
-        cuheap_log_always("no trace written%s%s", rs.path ? " to " : "", rs.path ? rs.path : "");
+        break;
+    case CUHEAP_TRACE_PARTIAL:
+        cuheap_log_always("trace: %s is partial: writing stopped (%s); the events before that "
+                          "point are readable",
+                          rs.path, strerror(rs.error));
+        break;
+    case CUHEAP_TRACE_NOT_CREATED:
+        cuheap_log_always("no trace written: %s could not be created (%s)", rs.path,
+                          strerror(rs.error));
+        break;
+    case CUHEAP_TRACE_LOST:
+        cuheap_log_always("no trace written: %s could not be written (%s)", rs.path,
+                          strerror(rs.error));
+        break;
+    case CUHEAP_TRACE_NONE:
+        cuheap_log_always("no trace written");
+        break;
+    }
 }

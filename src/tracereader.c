@@ -15,12 +15,20 @@ static const char *str_or(json_t *v, const char *dflt)
     return s ? s : dflt;
 }
 
+/* A number field: a JSON integer, or a string ("0x..." or decimal) for what an int64 cannot
+ * hold (the writer gives byte counts of 2^63 and above as "0x..." strings; trace-format.md).
+ * Anything else reads as 0. */
 static uint64_t hex_or_int(json_t *v)
 {
     if (json_is_integer(v))
         return (uint64_t)json_integer_value(v);
-    if (json_is_string(v))
-        return strtoull(json_string_value(v), NULL, 0);
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        char *end;
+        errno = 0;
+        uint64_t n = strtoull(s, &end, 0);
+        return errno || end == s || *end || *s == '-' ? 0 : n;
+    }
     return 0;
 }
 

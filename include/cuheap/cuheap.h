@@ -32,7 +32,8 @@ struct cuheap_stats {
     uint64_t nr_passthrough;      /* allocations that went to the driver by design */
     uint64_t nr_ooms;             /* CUDA_ERROR_OUT_OF_MEMORY returned to the program */
     uint64_t nr_events;           /* events recorded */
-    uint64_t nr_dropped;          /* events dropped because the ring was full */
+    uint64_t nr_dropped;          /* events not written: the ring was full, or they came
+                                     after recording stopped at exit */
     uint64_t nr_arenas;           /* pool arenas held now */
 };
 

@@ -436,6 +436,237 @@ static void test_several_devices(void **state)
     done(&r);
 }
 
+/* ==== The recorder's promises (ring, trace file, flush, summary, labels, sizes) ====
+ * Cases of the recorder's work; each runs tests/programs/recprog (one subcommand per
+ * behaviour) under the preloaded library. */
+
+#define RECPROG "%s/tests/programs/recprog"
+
+/* The number after `key` in s, or -1. */
+static long number_after(const char *s, const char *key)
+{
+    const char *p = s ? strstr(s, key) : NULL;
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+static void test_rec_ring_resident_as_it_fills(void **state)
+{
+    (void)state;
+    /* a process that made three events holds about as much memory with the default ring
+     * (65536 slots, 53 MB if touched) as with a 64-slot one */
+    struct result big =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=a.jsonl CUHEAP_SUMMARY=0 " RECPROG " rss", build,
+            build, build);
+    struct result small = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=b.jsonl CUHEAP_SUMMARY=0 "
+                                   "CUHEAP_RING=64 " RECPROG " rss",
+                              build, build, build);
+    long rss_big = number_after(big.out, "rss: "), rss_small = number_after(small.out, "rss: ");
+    assert_true(rss_big > 0 && rss_small > 0);
+    if (rss_big - rss_small > 8 * 1024)
+        fail_msg("default ring: %ld KiB resident, 64 slots: %ld KiB", rss_big, rss_small);
+    done(&big);
+    done(&small);
+}
+
+/* Run recprog allocs N in the background, wait until it has made its events, wait `after_ms`,
+ * SIGKILL it; then count the alloc events in t.jsonl. */
+static long allocs_left_by_killed_run(const char *settings, int n, int after_ms)
+{
+    struct result r = run("rm -f t.jsonl o; " FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl %s " RECPROG
+                          " allocs %d 20000 >o & pid=$!; "
+                          "for i in $(seq 200); do grep -q ready o && break; sleep 0.05; done; "
+                          "sleep %d.%03d; kill -9 $pid; wait $pid; "
+                          "grep -c '\"event\":\"alloc\"' t.jsonl; wc -l <t.jsonl",
+                          build, build, settings, build, n, after_ms / 1000, after_ms % 1000);
+    long nr = strtol(r.out, NULL, 10);
+    done(&r);
+    return nr;
+}
+
+static void test_rec_killed_run_keeps_flushed_events(void **state)
+{
+    (void)state;
+    /* events older than CUHEAP_FLUSH_MS are on disk when the program is killed */
+    assert_int_equal(allocs_left_by_killed_run("CUHEAP_FLUSH_MS=100", 10, 500), 10);
+    /* and not before: between flushes they wait in the trace's buffer (1 MiB, not stdio's
+     * default 4 KiB), so a killed program with a long interval leaves only the header */
+    assert_int_equal(allocs_left_by_killed_run("CUHEAP_FLUSH_MS=60000", 300, 300), 0);
+}
+
+static void test_rec_chrome_name_with_a_rank(void **state)
+{
+    (void)state;
+    struct result r =
+        run(FAKE " " PRELOAD " RANK=3 CUHEAP_FORMAT=chrome CUHEAP_SUMMARY=0 " RECPROG " rss && ls",
+            build, build, build);
+    assert_int_equal(r.status, 0);
+    /* the rank's name, with the extension of the format written */
+    if (count_files("cuheap-r3-") != 1 || !strstr(r.out, ".trace.json\n"))
+        fail_msg("files: %s", r.out);
+    done(&r);
+}
+
+static void test_rec_marks_do_not_grow_memory(void **state)
+{
+    (void)state;
+    /* 200,000 marks after a warm-up: cuheap's memory stays flat (a leaked string per mark
+     * was 24 MB here) */
+    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_RING=4096 " RECPROG
+                               " mark-rss 200000 && grep -c '\"event\":\"mark\"' t.jsonl",
+                          build, build, build);
+    long growth = number_after(r.out, "growth "), written = number_after(r.out, "KiB\n");
+    if (r.status || growth < 0 || growth > 4096 || written < 100000)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
+static void test_rec_text_that_is_not_utf8(void **state)
+{
+    (void)state;
+    /* a program whose path, arguments and labels hold bytes that are not UTF-8 (and a label
+     * cut at the length limit inside a character): the header and every line stay readable,
+     * the labels keep their text */
+    struct result r =
+        run("cp " RECPROG " \"rec$(printf '\\377')prog\" && " FAKE " " PRELOAD
+            " NVTX_INJECTION64_PATH=%s/src/libcuheap.so CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 "
+            "./rec*prog marks \"bad $(printf '\\377\\376') "
+            "label\" \"$(for i in $(seq 70); do printf '\\303\\251'; done)\" && "
+            "%s/tools/cuheap check t.jsonl && %s -c \""
+            "import json; lines = [json.loads(l) for l in open('t.jsonl', encoding='utf-8')]; "
+            "h = lines[0]; assert len(h['cmdline']) == 4 and 'prog' in h['exe'], h; "
+            "marks = [l['label'] for l in lines if l.get('event') == 'mark']; "
+            "marks = [m[6:] if m.startswith('nvtx: ') else m for m in marks]; "
+            "assert len(marks) == 4, marks; "
+            "assert all(m.startswith('bad ') and m.endswith(' label') for m in marks[:2]), marks; "
+            "assert all(m and set(m) == {'\\u00e9'} for m in marks[2:]), marks; "
+            "assert all(f.get('module') for l in lines if l['type'] == 'stack' "
+            "for f in l['frames'][:1]), lines; print('utf8 ok')\"",
+            build, build, build, build, build, python);
+    if (r.status || !strstr(r.out, "utf8 ok"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
+static void test_rec_sizes_beyond_int64(void **state)
+{
+    (void)state;
+    /* an out-of-memory for 2^63 bytes: the event survives, with its size, in the tool's
+     * report, in any JSON reader, and against the schema */
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 " RECPROG " huge && "
+                 "%s/tools/cuheap report t.jsonl && %s %s/scripts/validate-trace.py t.jsonl && "
+                 "%s -c \"import json; ev = [json.loads(l) for l in open('t.jsonl')]; "
+                 "o = [e for e in ev if e.get('event') == 'oom']; "
+                 "s = o[0]['size']; s = int(s, 16) if isinstance(s, str) else s; "
+                 "assert len(o) == 1 and s == 2**63, o; print('size ok')\"",
+            build, build, build, build, python, source, python);
+    if (r.status || !strstr(r.out, "OUT OF MEMORY  1 times") || !strstr(r.out, "size ok") ||
+        strstr(r.err, "malformed"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
+static void test_rec_trace_file_is_created_safely(void **state)
+{
+    (void)state;
+    /* the trace holds the command line: only its owner reads it unless told otherwise */
+    struct result r =
+        run("umask 022; " FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl " RECPROG
+            " rss && stat -c %%a t.jsonl && " FAKE " " PRELOAD
+            " CUHEAP_OUTPUT=w.jsonl CUHEAP_OUTPUT_MODE=0644 " RECPROG " rss && stat -c %%a w.jsonl",
+            build, build, build, build, build, build);
+    if (r.status || !strstr(r.out, "\n600\n") || !strstr(r.out, "\n644\n"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+    /* an existing file is never truncated, a planted symlink never followed (nor a dangling
+     * one created through): the trace gets a new name, which the summary gives */
+    r = run("echo precious >t.jsonl && echo victim >victim && ln -s victim s.jsonl && "
+            "ln -s made-through d.jsonl && "
+            "for f in t s d; do " FAKE " " PRELOAD " CUHEAP_OUTPUT=$f.jsonl " RECPROG
+            " rss; done; cat t.jsonl victim; ls made-through 2>&1; "
+            "%s/tools/cuheap check t.jsonl.1 s.jsonl.1 d.jsonl.1",
+            build, build, build, build);
+    if (!strstr(r.out, "precious\nvictim\n") || strstr(r.out, "\nmade-through\n") ||
+        !strstr(r.err, "trace: t.jsonl.1 ") || !strstr(r.err, "trace: s.jsonl.1 ") ||
+        !strstr(r.err, "trace: d.jsonl.1 ") || count_lines(r.out, ": ok, ") != 3)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+    /* a second run to the same name gets the next suffix, and says so without a summary */
+    r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 " RECPROG " rss", build,
+            build, build);
+    assert_int_equal(count_lines(r.err, "the trace goes to t.jsonl.2\n"), 1);
+    done(&r);
+}
+
+static void test_rec_rank_cannot_leave_the_folder(void **state)
+{
+    (void)state;
+    /* the rank comes from the environment: it names a file, never a path */
+    struct result r =
+        run("mkdir w && cd w && " FAKE " " PRELOAD " RANK=../escaped CUHEAP_OUTPUT=%%r.jsonl "
+            "CUHEAP_SUMMARY=0 " RECPROG " rss && ls -A",
+            build, build, build);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(count_files("escaped"), 0);
+    assert_non_null(strstr(r.out, "escaped.jsonl\n"));
+    done(&r);
+}
+
+static void test_rec_summary_says_what_was_written(void **state)
+{
+    (void)state;
+    /* a trace that could not be created is not named as the trace */
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=/nonexistent/dir/t.jsonl " RECPROG " rss", build,
+            build, build);
+    assert_int_equal(r.status, 0);
+    if (strstr(r.err, "trace: /nonexistent") || !strstr(r.err, "no trace written"))
+        fail_msg("%s", r.err);
+    done(&r);
+    /* the disk fills up after a while (a file size limit, its signal ignored, stands in):
+     * the summary names the partial trace, which the tool reads */
+    r = run("trap '' XFSZ; ulimit -f 16; " FAKE " " PRELOAD
+            " CUHEAP_OUTPUT=t.jsonl CUHEAP_FLUSH_MS=1 %s/tests/programs/cuheap-demo 30; "
+            "ulimit -f unlimited; %s/tools/cuheap check t.jsonl",
+            build, build, build, build);
+    if (r.status || !strstr(r.err, "trace: t.jsonl is partial") || strstr(r.err, "no trace") ||
+        !strstr(r.out, "t.jsonl: ok") || !strstr(r.out, "incomplete"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
+static void test_rec_events_after_stop_are_counted(void **state)
+{
+    (void)state;
+    /* allocations made after recording stopped at exit (recprog's exit handler runs after
+     * cuheap's, as a thread still running would) are counted as dropped, not lost unseen */
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 " RECPROG " late 10", build,
+            build, build);
+    long events = number_after(r.out, "events+"), dropped = number_after(r.out, "dropped+");
+    if (r.status || !strstr(r.out, "failed=0") || events < 20 || dropped != events)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
+static void test_rec_signal_handler_allocating_during_a_mark(void **state)
+{
+    (void)state;
+    /* a signal handler that allocates, run while a mark (cuheap_mark, an NVTX mark) starts
+     * cuheap on the same thread: the program finishes (it used to wait on itself forever) */
+    static const char *const how[] = {"signal-mark", "signal-nvtx"};
+    for (int k = 0; k < 2; k++) {
+        struct result r = run("hung=0; for i in $(seq 10); do " FAKE " " PRELOAD
+                              " NVTX_INJECTION64_PATH=%s/src/libcuheap.so CUHEAP_OUTPUT=/dev/null "
+                              "CUHEAP_SUMMARY=0 timeout 5 " RECPROG " %s >/dev/null || "
+                              "hung=$((hung + 1)); done; echo \"hung $hung\"",
+                              build, build, build, build, how[k]);
+        if (number_after(r.out, "hung ") != 0)
+            fail_msg("%s: %s%s", how[k], r.out, r.err);
+        done(&r);
+    }
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -469,6 +700,24 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_python_frames_each_version, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
+        /* the recorder's cases */
+        cmocka_unit_test_setup_teardown(test_rec_ring_resident_as_it_fills, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_killed_run_keeps_flushed_events, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_chrome_name_with_a_rank, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_marks_do_not_grow_memory, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_text_that_is_not_utf8, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_sizes_beyond_int64, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_trace_file_is_created_safely, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_rank_cannot_leave_the_folder, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_summary_says_what_was_written, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_events_after_stop_are_counted, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_signal_handler_allocating_during_a_mark, fresh_dir,
+                                        remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

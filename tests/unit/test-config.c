@@ -153,6 +153,26 @@ static void test_sizes_and_paths(void **state)
     assert_string_equal(out, "t-0");
 }
 
+static void test_output_mode(void **state)
+{
+    (void)state;
+    struct fake_env e = {0};
+    struct cuheap_config c;
+    cuheap_config_parse(&c, get, warn, &e);
+    assert_int_equal(c.output_mode, 0600); /* the trace holds the command line */
+    struct fake_env wide = {.vars = {{"CUHEAP_OUTPUT_MODE", "644"}}};
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &wide), 0);
+    assert_int_equal(c.output_mode, 0644);
+    /* not octal, executable, beyond the permission bits: warned, default kept */
+    static const char *const bad[] = {"0689", "0755", "01600", "-600", "rw", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct fake_env b = {.vars = {{"CUHEAP_OUTPUT_MODE", bad[i]}}};
+        assert_int_equal(cuheap_config_parse(&c, get, warn, &b), 1);
+        assert_int_equal(c.output_mode, 0600);
+        assert_true(warned(&b, "CUHEAP_OUTPUT_MODE"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -162,6 +182,7 @@ int main(void)
         cmocka_unit_test(test_bad_values_warn_and_keep_defaults),
         cmocka_unit_test(test_pool_max_capped_by_arena),
         cmocka_unit_test(test_sizes_and_paths),
+        cmocka_unit_test(test_output_mode),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* The event ring: order, exact drop counts when full, no loss with many producers. */
+/* The event ring: order, exact drop counts when full, no loss with many producers, memory
+ * touched only as the ring fills. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "ring.h"
@@ -127,12 +130,72 @@ static void test_drop_count_is_exact_under_contention(void **state)
     cuheap_ring_destroy(&r);
 }
 
+/* Pages of the ring's mapping resident now. */
+static size_t resident_pages(const struct cuheap_ring *r)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (r->map_bytes + page - 1) / page, nr = 0;
+    unsigned char *vec = malloc(n);
+    assert_int_equal(mincore(r->slots, r->map_bytes, vec), 0);
+    for (size_t i = 0; i < n; i++)
+        nr += vec[i] & 1;
+    free(vec);
+    return nr;
+}
+
+static void test_slots_touched_as_the_ring_fills(void **state)
+{
+    (void)state;
+    struct cuheap_ring r;
+    assert_int_equal(cuheap_ring_init(&r, 1 << 16), 0);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages_for_10 = 10 * sizeof(struct cuheap_ring_slot) / page + 2;
+    /* a fresh ring holds no memory; a few events hold the pages they sit in */
+    assert_int_equal(resident_pages(&r), 0);
+    for (uint64_t i = 0; i < 10; i++)
+        push(&r, i, 0, true);
+    assert_true(resident_pages(&r) <= pages_for_10);
+    for (uint64_t i = 0; i < 10; i++) {
+        assert_int_equal(cuheap_ring_peek(&r)->seq, i);
+        cuheap_ring_consume(&r);
+    }
+    /* a forked child's reset gives the pages back and starts empty */
+    push(&r, 99, 0, true);
+    cuheap_ring_reset(&r);
+    assert_int_equal(resident_pages(&r), 0);
+    assert_null(cuheap_ring_peek(&r));
+    push(&r, 5, 0, true);
+    assert_int_equal(cuheap_ring_peek(&r)->seq, 5);
+    cuheap_ring_destroy(&r);
+}
+
+/* Around the ring several times: the turns of reused slots stay right. */
+static void test_wraps_around(void **state)
+{
+    (void)state;
+    struct cuheap_ring r;
+    assert_int_equal(cuheap_ring_init(&r, 8), 0);
+    for (uint64_t i = 0; i < 100; i++) {
+        for (uint64_t k = 0; k < 5; k++)
+            push(&r, i * 5 + k, 0, true);
+        for (uint64_t k = 0; k < 5; k++) {
+            assert_int_equal(cuheap_ring_peek(&r)->seq, i * 5 + k);
+            cuheap_ring_consume(&r);
+        }
+    }
+    for (uint64_t k = 0; k < 8; k++)
+        push(&r, k, 0, true);
+    push(&r, 8, 0, false);
+    cuheap_ring_destroy(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fifo_and_exact_drops),
         cmocka_unit_test(test_many_producers_lose_nothing),
         cmocka_unit_test(test_drop_count_is_exact_under_contention),
+        cmocka_unit_test(test_slots_touched_as_the_ring_fills),
+        cmocka_unit_test(test_wraps_around),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
