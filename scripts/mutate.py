@@ -137,6 +137,12 @@ MUTATIONS = [
      "the pool gives back what it does not need", "src/pool.c",
      "    if (p->cfg->release != CUHEAP_RELEASE_EMPTY || p->nr_empty <= 1)\n        return 0;",
      "    if (1)\n        return 0;"),
+    ("periodic-flush-removed",
+     "the writer never flushes the trace between exits (a killed program loses what it "
+     "recorded)",
+     "a killed run leaves a readable trace", "src/recorder.c",
+     "        if (now - last_flush >= (uint64_t)cfg->flush_ms * 1000000ull) {",
+     "        if (0 && now - last_flush >= (uint64_t)cfg->flush_ms * 1000000ull) {"),
     ("python-outer-lines-zero",
      "outer Python frames recorded with line 0",
      "stacks name the program's lines", "src/pyframes.c",

@@ -122,7 +122,8 @@ static int run_door(const char *door, const char *settings, const char *args, ch
 {
     char cmd[8 * PATH_MAX];
     snprintf(cmd, sizeof(cmd),
-             "cd '%s' && LD_LIBRARY_PATH='%s/tests/fakecuda' LD_PRELOAD='%s/src/libcuheap.so' "
+             "cd '%s' && rm -f trace.jsonl* && LD_LIBRARY_PATH='%s/tests/fakecuda' "
+             "LD_PRELOAD='%s/src/libcuheap.so' "
              "CUHEAP_SUMMARY=0 CUHEAP_LIMIT=1024M CUHEAP_OUTPUT=trace.jsonl %s "
              "'%s/tests/programs/every-hook-%s' %s >out 2>err",
              tmp, build, build, settings, build, door, args);

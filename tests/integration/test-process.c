@@ -359,9 +359,11 @@ static void test_tool_rejects_bad_input(void **state)
  * function), not only the innermost one: outer frames' lines are where users look. */
 static void check_python_stacks(const char *interpreter)
 {
-    struct result r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=py.jsonl CUHEAP_SUMMARY=0 "
-                               "PY_ALLOC_STACKS=expected.jsonl %s %s/tests/programs/py_alloc.py && "
-                               "%s %s/tests/programs/check_py_stacks.py py.jsonl expected.jsonl",
+    /* cuheap never overwrites a trace: each interpreter's run starts from no file */
+    struct result r = run("rm -f py.jsonl* && " FAKE " " PRELOAD
+                          " CUHEAP_OUTPUT=py.jsonl CUHEAP_SUMMARY=0 PY_ALLOC_STACKS=expected.jsonl "
+                          "%s %s/tests/programs/py_alloc.py && "
+                          "%s %s/tests/programs/check_py_stacks.py py.jsonl expected.jsonl",
                           build, build, interpreter, source, python, source);
     if (r.status || !strstr(r.out, "check_py_stacks: ok"))
         fail_msg("%s: %s%s", interpreter, r.out, r.err);
