@@ -33,6 +33,7 @@ for mode in sync mix-sync; do
     micro cuheap-stacks30 LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=30 BENCH_DEPTH=30 CUHEAP_RING=65536 -- "${args[@]}"
     micro cuheap-sync LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_REUSE=sync -- "${args[@]}"
     micro cuheap-immediate LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_REUSE=immediate -- "${args[@]}"
+    micro cuheap-vmm LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_BACKING=vmm -- "${args[@]}"
 done
 if [[ " $PARTS " == *" micro "* ]]; then
 micro cudaMallocAsync -- async $SIZES
@@ -53,7 +54,7 @@ gpt() { # label, env...
     [ -n "${GPT_CONFIGS:-}" ] && [[ " $GPT_CONFIGS " != *" $label "* ]] && return 0
     for ((i = 0; i < REPEAT; i++)); do
         echo "config=$label" >>"$LOG"
-        env "$@" CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/gpt-$label-%p.jsonl" timeout 300 python3 bench/torch_gpt.py 30 >>"$LOG" 2>&1
+        env CUHEAP_SUMMARY=0 "$@" CUHEAP_OUTPUT="$T/gpt-$label-%p.jsonl" timeout 300 python3 bench/torch_gpt.py 30 >>"$LOG" 2>&1
     done
 }
 for ((round = 0; round < ${GPT_ROUNDS:-1}; round++)); do
@@ -69,5 +70,12 @@ gpt nocache+cuheap-immediate PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CU
 gpt pluggable CUHEAP_PLUGGABLE=$PRE
 gpt cudaMallocAsync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
 gpt nocache+cuheap-fence-arena64M PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_ARENA_SIZE=64M CUHEAP_RECORD=0
+# pool v2 (CUHEAP_BACKING=vmm): the summary's vmm line (granules taken, moved, fence waits) goes
+# to the log
+gpt caching+cuheap-pool LD_PRELOAD=$PRE CUHEAP_RECORD=0
+gpt caching+cuheap-vmm LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_BACKING=vmm CUHEAP_SUMMARY=1
+gpt nocache+cuheap-vmm-norecord PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_BACKING=vmm CUHEAP_SUMMARY=1
+gpt nocache+cuheap-vmm PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_BACKING=vmm CUHEAP_SUMMARY=1
+gpt pluggable-vmm CUHEAP_PLUGGABLE=$PRE CUHEAP_BACKING=vmm CUHEAP_SUMMARY=1
 done
 python3 bench/summarize.py "$LOG" | tee "$OUT/bench-summary.md" | tee -a "$OUT/summary.txt"

@@ -17,15 +17,18 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     gunzip -c "$seq" >"$T/$name.jsonl"
     r=$("$B/bench/bench-replay" "$T/$name.jsonl" | sed -n 's/.*held_over_live=//p')
     printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "driver alone" "$r" "$r" 1
-    for cfg in ${CONFIGS:-"fence" "sync" "immediate"}; do
+    for cfg in ${CONFIGS:-fence sync immediate vmm-fence vmm-sync}; do
+        backing=legacy
+        reuse=$cfg
+        case $cfg in vmm-*) backing=vmm reuse=${cfg#vmm-} ;; esac
         ratios=()
         for ((i = 0; i < RUNS; i++)); do
             ratios+=("$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=0 CUHEAP_RECORD=0 \
-                CUHEAP_REUSE=$cfg "$B/bench/bench-replay" "$T/$name.jsonl" |
+                CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing "$B/bench/bench-replay" "$T/$name.jsonl" |
                 sed -n 's/.*held_over_live=//p')")
         done
         sorted=$(printf '%s\n' "${ratios[@]}" | sort -g)
-        printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "cuheap $cfg" \
+        printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "cuheap $backing $reuse" \
             "$(tail -1 <<<"$sorted")" "$(head -1 <<<"$sorted")" "$RUNS"
     done
 done

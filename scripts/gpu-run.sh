@@ -27,10 +27,13 @@ say "== $(date -u +%FT%TZ) commit $(cat "$B/COMMIT" 2>/dev/null) on $(nvidia-smi
 say "   driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null), $(python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)' 2>/dev/null)"
 
 run_tests() {
-    for r in fence sync immediate; do
-        echo "## CUHEAP_REUSE=$r"
-        LD_PRELOAD=$PRE CUHEAP_REUSE=$r CUHEAP_OUTPUT="$T/gpu-$r-%p.jsonl" timeout 240 "$B/test-gpu"
-        echo "## exit $?"
+    for backing in ${BACKINGS:-legacy vmm}; do
+        for r in fence sync immediate; do
+            echo "## CUHEAP_BACKING=$backing CUHEAP_REUSE=$r"
+            LD_PRELOAD=$PRE CUHEAP_BACKING=$backing CUHEAP_REUSE=$r \
+                CUHEAP_OUTPUT="$T/gpu-$backing-$r-%p.jsonl" timeout 240 "$B/test-gpu"
+            echo "## exit $?"
+        done
     done >"$OUT/gpu-suite.log" 2>&1
     say "gpu suite: $(grep -c '^ok' "$OUT/gpu-suite.log") ok, $(grep -c '^not ok' "$OUT/gpu-suite.log") not ok"
     grep -E '^# (race|oom):' "$OUT/gpu-suite.log" | tee -a "$OUT/summary.txt"

@@ -130,6 +130,55 @@ int cuheap_buddy_alloc(struct cuheap_buddy *b, uint64_t size, uintptr_t *ret_add
     return 0;
 }
 
+static uintptr_t addr_of(const struct cuheap_buddy *b, uint32_t unit)
+{
+    return b->base + ((uintptr_t)unit << b->min_order);
+}
+
+int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_buddy_score_fn score,
+                              void *arg, unsigned max_candidates, uintptr_t *ret_addr,
+                              unsigned *ret_order)
+{
+    unsigned order = cuheap_buddy_order_for(b, size ? size : 1);
+    if (order > b->max_order)
+        return -ENOMEM;
+    uint64_t candidates = b->free_bitmap & ~((1ull << order) - 1);
+    if (!candidates)
+        return -ENOMEM;
+    unsigned found = (unsigned)__builtin_ctzll(candidates);
+    /* judge a block that needs no split by the bytes asked for, a larger one as a whole */
+    uint64_t len = found == order ? (size ? size : 1) : 1ull << found;
+    uint32_t best = b->free_area[found].head;
+    uint64_t best_score = 0;
+    unsigned n = 0;
+    for (uint32_t u = best; u != CUHEAP_BUDDY_NIL && n < max_candidates; u = b->next[u], n++) {
+        uint64_t s = score(arg, addr_of(b, u), len);
+        if (n == 0 || s > best_score) {
+            best = u;
+            best_score = s;
+        }
+        if (s >= len)
+            break;
+    }
+    list_del(b, best, found);
+    uint32_t unit = best;
+    for (unsigned high = found; high > order;) {
+        high--;
+        uint32_t upper = unit + units_of(b, high);
+        uint64_t half = high == order ? (size ? size : 1) : 1ull << high;
+        if (score(arg, addr_of(b, upper), half) > score(arg, addr_of(b, unit), half)) {
+            list_add(b, unit, high);
+            unit = upper;
+        } else {
+            list_add(b, upper, high);
+        }
+    }
+    b->unit_state[unit] = (uint8_t)(UNIT_HEAD | order);
+    *ret_addr = addr_of(b, unit);
+    *ret_order = order;
+    return 0;
+}
+
 int cuheap_buddy_free(struct cuheap_buddy *b, uintptr_t addr)
 {
     if (addr < b->base || addr >= b->base + b->size ||

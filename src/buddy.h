@@ -58,6 +58,18 @@ unsigned cuheap_buddy_order_for(const struct cuheap_buddy *b, uint64_t size);
 int cuheap_buddy_alloc(struct cuheap_buddy *b, uint64_t size, uintptr_t *ret_addr,
                        unsigned *ret_order);
 
+/* How much the caller likes the len bytes at addr (for vmm pools: how many of them have memory
+ * mapped already). Higher is better; len means all of it. */
+typedef uint64_t (*cuheap_buddy_score_fn)(void *arg, uintptr_t addr, uint64_t len);
+
+/* Like cuheap_buddy_alloc, but where the block comes from is chosen by score: among the first
+ * max_candidates free blocks of the smallest order that fits, the best scored one (the first
+ * that scores full ends the search), and when it is split, at each level the better scored
+ * half. Same results and errors as cuheap_buddy_alloc. */
+int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_buddy_score_fn score,
+                              void *arg, unsigned max_candidates, uintptr_t *ret_addr,
+                              unsigned *ret_order);
+
 /* Give back the block that starts at addr, merging with free buddies. Returns the freed
  * block's order, or -EINVAL when addr is not the start of an allocated block. */
 int cuheap_buddy_free(struct cuheap_buddy *b, uintptr_t addr);

@@ -459,6 +459,22 @@ static unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
     return 64u - (unsigned)__builtin_clzll(size - 1);
 }
 
+/* vmm: bytes of [addr, addr + len) that have memory mapped (len when all of it has): the
+ * buddy prefers such places, so blocks come back where their granules are, not where granules
+ * would have to be moved (66 us each on an H200). */
+static uint64_t mapped_bytes(void *arg, uintptr_t addr, uint64_t len)
+{
+    const struct cuheap_arena *a = arg;
+    unsigned shift = a->pool->granule_shift;
+    uint64_t off = addr - a->buddy.base, first = off >> shift, last = (off + len - 1) >> shift;
+    uint64_t n = 0;
+    for (uint64_t g = first; g <= last; g++)
+        n += a->granules[g].handle != 0;
+    return n == last - first + 1 ? len : n << shift;
+}
+
+#define CUHEAP_VMM_CANDIDATES 8 /* free blocks of one order looked at for a mapped one */
+
 static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr,
                              uint64_t *ret_block, struct cuheap_arena **ret_arena)
 {
@@ -480,7 +496,10 @@ static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret
         struct cuheap_arena *a = p->arenas[i];
         uintptr_t addr;
         unsigned got;
-        if (cuheap_buddy_alloc(&a->buddy, size, &addr, &got) == 0) {
+        int r = p->vmm ? cuheap_buddy_alloc_scored(&a->buddy, size, mapped_bytes, a,
+                                                   CUHEAP_VMM_CANDIDATES, &addr, &got)
+                       : cuheap_buddy_alloc(&a->buddy, size, &addr, &got);
+        if (r == 0) {
             p->hint = i;
             if (a->nr_live++ == 0)
                 p->nr_empty--;
@@ -708,6 +727,14 @@ static int get_physical_locked(struct cuheap_pool *p, struct acquire *acq, uint6
                                uint64_t *ret_from)
 {
     for (;;) {
+        /* Slack: while idle granules are few against those in use, a new one costs less time
+         * than a move and little memory (CUHEAP_VMM_SLACK, per mille of the granules in use). */
+        uint64_t in_use = (p->st.reserved >> p->granule_shift) - p->nr_idle;
+        if (p->nr_idle && (p->nr_idle + 1) * 1000 <= in_use * p->cfg->vmm_slack_permille &&
+            create_granule_locked(p, ret_handle) == 0) {
+            *ret_from = 0;
+            return 0;
+        }
         if (p->nr_idle) {
             struct cuheap_granule *gr = p->idle.idle_next;
             *ret_from = granule_va(gr);
@@ -797,6 +824,46 @@ static int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     }
     a->extent[u] = size;
     return 0;
+}
+
+/* Whether every granule the first size bytes of the block at ptr reach into is mapped. */
+static bool block_mapped_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                                uint64_t size)
+{
+    uint32_t first, last;
+    granule_span(p, a, ptr, size, &first, &last);
+    for (uint32_t g = first; g <= last; g++)
+        if (!a->granules[g].handle)
+            return false;
+    return true;
+}
+
+/* vmm: the block the buddy gave needs granules mapped, but blocks freed before wait for a
+ * fence. Once it passes they are free with their granules mapped, and the last one freed is
+ * the first the buddy gives again: very likely one of this size, at an address that needs no
+ * driver call. So wait for the oldest fence and ask again, rather than move memory (66 us a
+ * granule on an H200) or take more. Bounded by the number of epochs. */
+static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr,
+                                 uint64_t *block, struct cuheap_arena **arena)
+{
+    for (unsigned tries = 0; tries <= CUHEAP_NR_EPOCHS; tries++) {
+        if (block_mapped_locked(p, *arena, *ptr, size))
+            return;
+        if (p->ep_head == p->ep_tail && !open_epoch(p)->nr_blocks)
+            return; /* nothing waits: moving or taking granules is all there is */
+        if (!reclaim_locked(p)) {
+            if (p->ep_head == p->ep_tail) {
+                close_epoch_locked(p);
+                if (p->ep_head == p->ep_tail)
+                    return; /* could not close it (a stream captures) */
+            }
+            if (!poll_oldest_locked(p))
+                wait_oldest_locked(p);
+        }
+        return_block_locked(p, *arena, *ptr);
+        if (take_block_locked(p, size, ptr, block, arena))
+            cuheap_assert(!"a block just given back could not be taken again");
+    }
 }
 
 /* Put a not-live block behind the open epoch's fence. The batch closes after
@@ -959,6 +1026,8 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
         pthread_mutex_unlock(&p->lock);
         return -ENOMEM;
     }
+    if (p->vmm && !from_cache)
+        prefer_mapped_locked(p, size, &ptr, &block, &arena);
     if (p->vmm) {
         uint64_t before = p->st.nr_creates + p->st.nr_moves;
         struct acquire acq = {false};

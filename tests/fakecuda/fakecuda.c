@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -454,6 +455,12 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     if (!g_initialized) {
+        /* every physical VMM allocation is a memfd: allow as many as the system lets us */
+        struct rlimit nofile;
+        if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+            nofile.rlim_cur = nofile.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &nofile);
+        }
         const char *n = getenv("FAKECUDA_DEVICE_COUNT");
         g_nr_devices = n ? atoi(n) : 1;
         if (g_nr_devices < 0 || g_nr_devices > NR_MAX_DEVICES)
@@ -948,11 +955,14 @@ FAKE_EXPORT CUresult cuMemFreeHost(void *p)
 
 /* ---- pointer attributes and IPC ---- */
 
+struct fake_map;
+static CUresult vmm_pointer_attr_locked(void *data, CUpointer_attribute attr, uintptr_t p);
+
 static CUresult pointer_attr_locked(void *data, CUpointer_attribute attr, uintptr_t p)
 {
     struct fake_alloc *a = find_alloc_locked(p);
     if (!a)
-        return CUDA_ERROR_INVALID_VALUE;
+        return vmm_pointer_attr_locked(data, attr, p);
     int dev = device_of_ptr(a->ptr);
     switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
@@ -1087,6 +1097,47 @@ struct fake_map {
     struct fake_phys *ph;
 };
 static struct fake_map g_maps[4096];
+
+/* A pointer into mapped VMM memory: like the driver, the range is the one mapping. */
+static CUresult vmm_pointer_attr_locked(void *data, CUpointer_attribute attr, uintptr_t p)
+{
+    const struct fake_map *m = NULL;
+    for (int i = 0; i < 4096 && !m; i++)
+        if (g_maps[i].va && p >= g_maps[i].va && p < g_maps[i].va + g_maps[i].size)
+            m = &g_maps[i];
+    if (!m)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = m->ph->device;
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = (CUcontext)&g_devices[dev].ctx;
+        break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned *)data = CU_MEMORYTYPE_DEVICE;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *(CUdeviceptr *)data = (CUdeviceptr)p;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = (CUdeviceptr)m->va;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = m->size;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = dev;
+        break;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(int *)data = 1;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(int *)data = 0;
+        break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
 
 FAKE_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
                                                    CUmemAllocationGranularity_flags opt)

@@ -202,6 +202,7 @@ static void test_every_hook_other_policies(void **state)
 {
     (void)state;
     check_door("procaddr", "CUHEAP_REUSE=sync", "");
+    check_door("dlsym", "CUHEAP_BACKING=vmm", "");
     /* immediate reuse fails the stream checks by design (tests/integration/test-hooks.c shows
      * it): here only the events count */
     check_door("procaddr-v1", "CUHEAP_REUSE=immediate", "--no-streams");

@@ -80,7 +80,10 @@ static struct race_result race_on_stream(const struct driver_api *cu, CUstream r
         RACE_TRY(cu->cuMemFree_v2(small[--nr_small]));
     for (; nr_reuse < RACE_NR_REUSE; nr_reuse++) {
         CUdeviceptr b;
-        RACE_TRY(cu->cuMemAlloc_v2(&b, RACE_BLOCK));
+        r = cu->cuMemAlloc_v2(&b, RACE_BLOCK);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            break; /* under a limit: the device is full, and that is all the reuse there is */
+        RACE_TRY(r);
         reuse[nr_reuse] = b;
         /* written at once, ordered after nothing: a kernel on another stream */
         memset((void *)(uintptr_t)b, RACE_NEW_PATTERN, RACE_BLOCK);

@@ -4,6 +4,7 @@
  * when a freed block may be reused under each policy, growth, out of memory, limits,
  * same-stream reuse, range answers, trimming, and invariants under random and threaded use.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,7 +29,86 @@ struct host_device {
     int nr_fences;
     bool fences_done[4096];
     uint64_t sizes[4096]; /* by (addr - base) / 2 MiB: for frees */
+    /* vmm: physical granules of 2 MiB, and a log of what happened in order */
+    uint64_t next_va, next_handle;
+    int nr_creates, nr_maps, nr_unmaps, nr_releases;
+    char log_op[65536];
+    uint64_t log_va[65536];
+    unsigned nr_log;
 };
+
+static void hd_log(struct host_device *d, char op, uint64_t va)
+{
+    if (d->nr_log < 65536) {
+        d->log_op[d->nr_log] = op;
+        d->log_va[d->nr_log++] = va;
+    }
+}
+
+#define GRANULE (2 * MIB)
+
+static int hd_va_reserve(void *ctx, uint64_t size, uint64_t *ret)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    d->next_va = (d->next_va + size - 1) & ~(size - 1); /* aligned, as a buddy likes it */
+    *ret = d->next_va;
+    d->next_va += size;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+static void hd_va_free(void *ctx, uint64_t va, uint64_t size)
+{
+    (void)ctx;
+    (void)va;
+    (void)size;
+}
+
+static int hd_phys_create(void *ctx, uint64_t *ret)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    if (d->used + GRANULE > d->capacity) {
+        pthread_mutex_unlock(&d->lock);
+        return CUHEAP_BE_OOM;
+    }
+    d->used += GRANULE;
+    d->nr_creates++;
+    *ret = ++d->next_handle;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+static void hd_phys_release(void *ctx, uint64_t h)
+{
+    struct host_device *d = ctx;
+    (void)h;
+    pthread_mutex_lock(&d->lock);
+    d->used -= GRANULE;
+    d->nr_releases++;
+    pthread_mutex_unlock(&d->lock);
+}
+
+static int hd_phys_map(void *ctx, uint64_t va, uint64_t h)
+{
+    struct host_device *d = ctx;
+    (void)h;
+    pthread_mutex_lock(&d->lock);
+    d->nr_maps++;
+    hd_log(d, 'M', va);
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+static void hd_phys_unmap(void *ctx, uint64_t va)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    d->nr_unmaps++;
+    hd_log(d, 'U', va);
+    pthread_mutex_unlock(&d->lock);
+}
 
 static int hd_alloc(void *ctx, uint64_t size, uint64_t *ret)
 {
@@ -83,6 +163,7 @@ static int hd_fence_wait(void *ctx, void *f)
     pthread_mutex_lock(&d->lock);
     d->fences_done[(uintptr_t)f - 1] = true;
     d->nr_waits++;
+    hd_log(d, 'W', 0);
     pthread_mutex_unlock(&d->lock);
     return 0;
 }
@@ -121,6 +202,7 @@ static void complete_fences(struct host_device *d)
     pthread_mutex_lock(&d->lock);
     for (int i = 0; i < 4096; i++)
         d->fences_done[i] = true;
+    hd_log(d, 'C', 0);
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -153,8 +235,8 @@ static void no_warn(const char *line, void *arg)
     (void)arg;
 }
 
-static struct fixture *setup(enum cuheap_reuse reuse, uint64_t capacity, uint64_t arena,
-                             uint64_t limit)
+static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity, uint64_t arena,
+                                     uint64_t limit, enum cuheap_backing backing)
 {
     struct fixture *f = calloc(1, sizeof(*f));
     current = f;
@@ -166,6 +248,8 @@ static struct fixture *setup(enum cuheap_reuse reuse, uint64_t capacity, uint64_
     f->cfg.arena_size = arena;
     f->cfg.pool_max = arena / 2;
     f->cfg.fence_batch = 4;
+    f->cfg.backing = backing;
+    f->dev.next_va = 1ull << 46;
     struct cuheap_backend be = {
         .ctx = &f->dev,
         .mem_alloc = hd_alloc,
@@ -177,9 +261,22 @@ static struct fixture *setup(enum cuheap_reuse reuse, uint64_t capacity, uint64_
         .stream_fence_record = hd_stream_fence,
         .device_sync = hd_sync,
         .mem_info = hd_info,
+        .granule = GRANULE,
+        .va_reserve = hd_va_reserve,
+        .va_free = hd_va_free,
+        .phys_create = hd_phys_create,
+        .phys_release = hd_phys_release,
+        .phys_map = hd_phys_map,
+        .phys_unmap = hd_phys_unmap,
     };
     assert_int_equal(cuheap_pool_init(&f->pool, &f->cfg, &be, 0, limit, &f->reserved, note), 0);
     return f;
+}
+
+static struct fixture *setup(enum cuheap_reuse reuse, uint64_t capacity, uint64_t arena,
+                             uint64_t limit)
+{
+    return setup_backing(reuse, capacity, arena, limit, CUHEAP_BACKING_LEGACY);
 }
 
 static void teardown(struct fixture *f)
@@ -469,6 +566,193 @@ static void test_reserve_what_is_asked(void **state)
     teardown(f);
 }
 
+/* ---- CUHEAP_BACKING=vmm: address space, physical granules under the bytes in use ---- */
+
+static struct fixture *setup_vmm(enum cuheap_reuse reuse, uint64_t capacity, uint64_t limit)
+{
+    struct fixture *f = setup_backing(reuse, capacity, 256 * MIB, limit, CUHEAP_BACKING_VMM);
+    f->cfg.pool_max = 1ull << 30;
+    assert_true(f->pool.vmm);
+    return f;
+}
+
+static void check_invariants(struct fixture *f)
+{
+    char why[256];
+    if (cuheap_pool_check(&f->pool, why, sizeof(why)))
+        fail_msg("pool invariant: %s", why);
+}
+
+/* A 20 MiB request takes a 32 MiB block of address space and 20 MiB of device memory. */
+static void test_vmm_rounding_costs_no_memory(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t p = alloc(f, 20 * MIB, 0);
+    assert_int_equal(atomic_load(&f->reserved), 20 * MIB);
+    assert_int_equal(f->dev.used, 20 * MIB);
+    uint64_t q = alloc(f, 3000, 0); /* a small block takes one granule */
+    assert_int_equal(atomic_load(&f->reserved), 22 * MIB);
+    uint64_t r = alloc(f, 5000, 0); /* and the next one shares it */
+    assert_int_equal(atomic_load(&f->reserved), 22 * MIB);
+    check_invariants(f);
+    release(f, p, 0);
+    release(f, q, 0);
+    release(f, r, 0);
+    teardown(f);
+}
+
+/* A block handed out again at the address it had keeps its granules: no driver call. */
+static void test_vmm_reuse_needs_no_driver_call(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t p = alloc(f, 20 * MIB, 0);
+    int creates = f->dev.nr_creates, maps = f->dev.nr_maps;
+    for (int i = 0; i < 50; i++) {
+        release(f, p, 0);
+        complete_fences(&f->dev);
+        uint64_t q = alloc(f, 20 * MIB, 0);
+        assert_int_equal(q, p);
+    }
+    assert_int_equal(f->dev.nr_creates, creates);
+    assert_int_equal(f->dev.nr_maps, maps);
+    assert_int_equal(f->dev.nr_unmaps, 0);
+    check_invariants(f);
+    release(f, p, 0);
+    teardown(f);
+}
+
+/* Idle granules move to where a block needs them before the driver is asked for more. */
+static void test_vmm_moves_idle_granules(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t a = alloc(f, 16 * MIB, 0);
+    uint64_t c = alloc(f, 16 * MIB, 0);
+    release(f, a, 0);
+    complete_fences(&f->dev);
+    release(f, alloc(f, 512, 0), 0); /* a later call gives a's block back: 8 idle granules */
+    complete_fences(&f->dev);
+    uint64_t b = alloc(f, 32 * MIB, 0); /* no 32 MiB block where a was: c sits beside it */
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_true(st.nr_moves >= 8);
+    /* c's 16 MiB and b's 32 MiB, with the small block's granule: no more than that */
+    assert_true(atomic_load(&f->reserved) <= 50 * MIB);
+    check_invariants(f);
+    release(f, b, 0);
+    release(f, c, 0);
+    teardown(f);
+}
+
+/* A granule under a block that waits for its fence never moves before the fence has passed:
+ * work queued before the free may still use it. */
+static void test_vmm_pending_granules_stay(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t a = alloc(f, 16 * MIB, 0);
+    uint64_t c = alloc(f, 16 * MIB, 0);
+    unsigned mark = f->dev.nr_log;
+    release(f, a, 0); /* pending: its fence has not passed */
+    uint64_t b = alloc(f, 32 * MIB, 0);
+    bool fence_passed = false;
+    for (unsigned i = mark; i < f->dev.nr_log; i++) {
+        if (f->dev.log_op[i] == 'W' || f->dev.log_op[i] == 'C')
+            fence_passed = true;
+        if (f->dev.log_op[i] == 'U' && f->dev.log_va[i] >= a && f->dev.log_va[i] < a + 16 * MIB &&
+            !fence_passed)
+            fail_msg("a granule of a pending block was unmapped before its fence passed");
+    }
+    check_invariants(f);
+    release(f, b, 0);
+    release(f, c, 0);
+    teardown(f);
+}
+
+/* Out of device memory: what waits for a fence is waited for, then the driver's answer. */
+static void test_vmm_out_of_memory_and_limit(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 64 * MIB, 0);
+    uint64_t p[40], ptr, block, seq;
+    int n = 0;
+    while (n < 40 && cuheap_pool_alloc(&f->pool, 6 * MIB, 0, &ptr, &block, &seq) == 0)
+        p[n++] = ptr;
+    assert_int_equal(n, 10); /* 3 granules each: 30 of the 32 */
+    assert_int_equal(current->notes[CUHEAP_EV_OOM], 1);
+    for (int i = 0; i < n; i++)
+        release(f, p[i], 0);
+    /* nothing completed the fences: the allocation waits for them rather than failing */
+    uint64_t big = alloc(f, 60 * MIB, 0);
+    assert_true(f->dev.nr_waits > 0);
+    release(f, big, 0);
+    check_invariants(f);
+    teardown(f);
+
+    f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 16 * MIB);
+    uint64_t q = alloc(f, 10 * MIB, 0);
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 10 * MIB, 0, &ptr, &block, &seq), -ENOMEM);
+    assert_int_equal(current->notes[CUHEAP_EV_LIMIT], 1);
+    assert_true(atomic_load(&f->reserved) <= 16 * MIB);
+    check_invariants(f);
+    release(f, q, 0);
+    teardown(f);
+}
+
+/* Trim gives idle granules back; CUHEAP_POOL_INIT reserves granules. */
+static void test_vmm_trim_and_reserve(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t p = alloc(f, 30 * MIB, 0);
+    release(f, p, 0);
+    assert_int_equal(cuheap_pool_trim(&f->pool, false), 30 * MIB);
+    assert_int_equal(atomic_load(&f->reserved), 0);
+    assert_int_equal(f->dev.used, 0);
+    assert_int_equal(cuheap_pool_reserve(&f->pool, 100 * MIB), 0);
+    assert_int_equal(atomic_load(&f->reserved), 100 * MIB);
+    p = alloc(f, 64 * MIB, 0); /* served from the reserved granules: nothing new */
+    assert_int_equal(atomic_load(&f->reserved), 100 * MIB);
+    check_invariants(f);
+    release(f, p, 0);
+    teardown(f);
+}
+
+/* Random sizes and lifetimes, stream-ordered frees among them, fences passing at random: every
+ * invariant holds, and the pool never holds more than what is live (in granules) plus what is
+ * pending or idle. */
+static void test_vmm_random_with_invariants(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 8ull << 30, 0);
+    uint64_t live[256];
+    int n = 0;
+    srand(7);
+    for (int step = 0; step < 6000; step++) {
+        if (n < 256 && (n == 0 || rand() % 100 < 52)) {
+            uint64_t size = 1 + (uint64_t)rand() % (1u << (rand() % 27));
+            live[n++] = alloc(f, size, rand() % 4 == 0 ? 0x77 : 0);
+        } else {
+            int i = rand() % n;
+            release(f, live[i], rand() % 4 == 0 ? 0x77 : 0);
+            live[i] = live[--n];
+        }
+        if (step % 200 == 0) {
+            check_invariants(f);
+            if (rand() % 2)
+                complete_fences(&f->dev);
+        }
+    }
+    while (n)
+        release(f, live[--n], 0);
+    assert_int_equal(cuheap_pool_trim(&f->pool, false) > 0, true);
+    assert_int_equal(atomic_load(&f->reserved), 0);
+    assert_int_equal(f->dev.used, 0);
+    teardown(f);
+}
+
 static void test_random_with_invariants(void **state)
 {
     (void)state;
@@ -576,6 +860,13 @@ int main(void)
         cmocka_unit_test(test_release_empty_immediate),
         cmocka_unit_test(test_reserve_what_is_asked),
         cmocka_unit_test(test_random_with_invariants),
+        cmocka_unit_test(test_vmm_rounding_costs_no_memory),
+        cmocka_unit_test(test_vmm_reuse_needs_no_driver_call),
+        cmocka_unit_test(test_vmm_moves_idle_granules),
+        cmocka_unit_test(test_vmm_pending_granules_stay),
+        cmocka_unit_test(test_vmm_out_of_memory_and_limit),
+        cmocka_unit_test(test_vmm_trim_and_reserve),
+        cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
