@@ -867,8 +867,10 @@ static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t 
 }
 
 /* Put a not-live block behind the open epoch's fence. The batch closes after
- * CUHEAP_FENCE_BATCH frees, or sooner when it holds an eighth of the pool: large blocks
- * should not wait behind many small ones. */
+ * CUHEAP_FENCE_BATCH frees, or sooner when it holds an eighth of the pool (of
+ * CUHEAP_ARENA_SIZE while the pool is smaller): large blocks should not wait behind many
+ * small ones, and a small pool (vmm holds only what is used) should not record a fence for
+ * every free. */
 static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t block)
 {
     struct cuheap_epoch *e = open_epoch(p);
@@ -877,7 +879,8 @@ static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t 
     e->nr_blocks++;
     e->bytes += block;
     p->st.pending += block;
-    if (e->nr_blocks >= p->cfg->fence_batch || e->bytes >= p->st.reserved / 8)
+    uint64_t volume = p->st.reserved > p->cfg->arena_size ? p->st.reserved : p->cfg->arena_size;
+    if (e->nr_blocks >= p->cfg->fence_batch || e->bytes >= volume / 8)
         close_epoch_locked(p);
 }
 
