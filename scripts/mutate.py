@@ -54,9 +54,15 @@ MUTATIONS = [
     ("fence-frees-at-once",
      "a free under the fence policy returns its block at once",
      "reuse waits for the fence", "src/pool.c",
-     "    } else {\n        struct cuheap_epoch *e = open_epoch(p);",
-     "    } else if ((return_block_locked(p, a, ptr), 1)) {\n    } else {\n"
-     "        struct cuheap_epoch *e = open_epoch(p);"),
+     "    } else {\n        pend_locked(p, a, ptr, block);",
+     "    } else {\n        return_block_locked(p, a, ptr);"),
+    ("vmm-granule-moves-while-pending",
+     "vmm: a freed block lets go of its granules at the free, not when its fence has passed, so "
+     "an idle granule can be moved away while queued work still uses it",
+     "reuse waits for the fence (pool v2)", "src/pool.c",
+     "    } else {\n        pend_locked(p, a, ptr, block);",
+     "    } else {\n        if (p->vmm)\n            unuse_granules_locked(p, a, ptr);\n"
+     "        pend_locked(p, a, ptr, block);"),
     ("sync-does-not-wait",
      "CUHEAP_REUSE=sync frees without waiting for the device",
      "reuse waits for the device (sync)", "src/pool.c",
