@@ -96,7 +96,9 @@ static const struct hook_entry {
 };
 
 static _Atomic uint64_t calls[NR_HOOKS];
-static __thread int in_hook __attribute__((tls_model("initial-exec")));
+/* The re-entry guard is cuheap_busy (runtime.h), one per thread for all of cuheap: a hook, a
+ * mark or an NVTX callback reached while another runs on the thread (cuheap calling the
+ * driver, a signal handler) goes straight to the driver or does nothing. */
 
 static void *real_of(const struct hook_entry *h)
 {
@@ -120,16 +122,16 @@ static void *hook_for_real(void *real)
 /* Count the call; decide whether cuheap does its part (active) or only forwards. */
 #define ENTER(name)                                                                                \
     atomic_fetch_add_explicit(&calls[H_##name], 1, memory_order_relaxed);                          \
-    bool active = !in_hook && cuheap_boot();                                                       \
+    bool active = !cuheap_busy && cuheap_boot();                                                   \
     if (!active && (cuheap_driver_load() || !cuheap_drv.name))                                     \
         return CUDA_ERROR_NOT_INITIALIZED;                                                         \
     if (active)                                                                                    \
-        in_hook = 1;
+        cuheap_busy = 1;
 
 #define LEAVE(value)                                                                               \
     do {                                                                                           \
         if (active)                                                                                \
-            in_hook = 0;                                                                           \
+            cuheap_busy = 0;                                                                       \
         return (value);                                                                            \
     } while (0)
 
@@ -891,13 +893,13 @@ static struct cuheap_device *device_for(int ordinal, bool *ret_pushed)
 
 CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream)
 {
-    if (size <= 0 || in_hook || !cuheap_boot())
+    if (size <= 0 || cuheap_busy || !cuheap_boot())
         return NULL;
     bool pushed;
     struct cuheap_device *d = device_for(device, &pushed);
     if (!d)
         return NULL;
-    in_hook = 1;
+    cuheap_busy = 1;
     CUdeviceptr p = 0;
     int served = pool_alloc(d, CUHEAP_API_TORCH, (uint64_t)size, stream_tag(stream), &p);
     if (served == 0) {
@@ -915,7 +917,7 @@ CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream)
     } else if (served < 0) {
         p = 0;
     }
-    in_hook = 0;
+    cuheap_busy = 0;
     if (pushed) {
         CUcontext dummy;
         cuheap_drv.cuCtxPopCurrent_v2(&dummy);
@@ -927,9 +929,9 @@ CUHEAP_API void cuheap_torch_free(void *ptr, ssize_t size, int device, void *str
 {
     (void)size;
     (void)device;
-    if (!ptr || in_hook || !cuheap_boot())
+    if (!ptr || cuheap_busy || !cuheap_boot())
         return;
-    in_hook = 1;
+    cuheap_busy = 1;
     uint64_t p = (uint64_t)(uintptr_t)ptr;
     if (!pool_free(p, stream_tag(stream), CUHEAP_API_TORCH)) {
         /* A pass-through block: the driver's free syncs the device, as cudaFree would. */
@@ -937,5 +939,5 @@ CUHEAP_API void cuheap_torch_free(void *ptr, ssize_t size, int device, void *str
         passthru_free_begin(&f, p);
         passthru_free_end(&f, cuheap_drv.cuMemFree_v2(p), p, CUHEAP_API_TORCH, stream_tag(stream));
     }
-    in_hook = 0;
+    cuheap_busy = 0;
 }

@@ -103,7 +103,7 @@ static void close_trace(void);
 
 static void child_start(void)
 {
-    /* Reached from a hook (its in_hook set) or a mark (cuheap_busy set): a signal handler's
+    /* Reached from a hook, a mark or an NVTX callback (cuheap_busy set): a signal handler's
      * hook on this thread goes to the driver and never waits for child_start_lock. */
     pthread_mutex_lock(&child_start_lock);
     if (atomic_load(&child_pending)) {
