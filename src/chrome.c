@@ -37,14 +37,32 @@ void cuheap_chrome_process(struct cuheap_chrome *c, long pid, const char *proces
                       (json_int_t)pid, "tid", 0, "args", "name", process_name));
 }
 
+/* a += b without wrapping past UINT64_MAX, a -= b without going below 0 */
+static void add_bytes(uint64_t *a, uint64_t b)
+{
+    *a = *a > UINT64_MAX - b ? UINT64_MAX : *a + b;
+}
+
+static void sub_bytes(uint64_t *a, uint64_t b)
+{
+    *a = *a > b ? *a - b : 0;
+}
+
+/* JSON integers are int64 for most readers: larger values go out as numbers with a
+ * fraction rather than turning negative. */
+static json_t *bytes_json(uint64_t v)
+{
+    return v > INT64_MAX ? json_real((double)v) : json_integer((json_int_t)v);
+}
+
 static void counter(struct cuheap_chrome *c, int dev, double ts)
 {
     char name[48];
     snprintf(name, sizeof(name), "GPU %d memory (bytes)", dev);
     emit(c,
-         json_pack("{s:s, s:s, s:I, s:i, s:f, s:{s:I, s:I}}", "ph", "C", "name", name, "pid",
+         json_pack("{s:s, s:s, s:I, s:i, s:f, s:{s:o, s:o}}", "ph", "C", "name", name, "pid",
                    (json_int_t)c->pid, "tid", 0, "ts", ts, "args", "live",
-                   (json_int_t)c->live_bytes[dev], "reserved", (json_int_t)c->reserved_bytes[dev]));
+                   bytes_json(c->live_bytes[dev]), "reserved", bytes_json(c->reserved_bytes[dev])));
 }
 
 static void slice_name(char *buf, size_t n, int api, uint64_t size, bool pooled)
@@ -74,8 +92,8 @@ void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev 
     switch (e->type) {
     case CUHEAP_EV_ALLOC: {
         slice_name(name, sizeof(name), e->api, e->size, e->pooled);
-        json_t *args = json_pack("{s:I, s:I, s:s, s:i}", "size", (json_int_t)e->size, "actual",
-                                 (json_int_t)e->actual, "ptr", id, "device", e->device);
+        json_t *args = json_pack("{s:o, s:o, s:s, s:i}", "size", bytes_json(e->size), "actual",
+                                 bytes_json(e->actual), "ptr", id, "device", e->device);
         if (e->stack_id)
             json_object_set_new(args, "stack_id", json_integer(e->stack_id));
         if (e->stack)
@@ -87,9 +105,9 @@ void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev 
                                         (uint8_t)e->api};
         cuheap_addrmap_put(&c->live, &ent);
         if (dev >= 0 && device_memory) {
-            c->live_bytes[dev] += (int64_t)e->size;
+            add_bytes(&c->live_bytes[dev], e->size);
             if (!e->pooled)
-                c->reserved_bytes[dev] += (int64_t)e->actual;
+                add_bytes(&c->reserved_bytes[dev], e->actual);
             counter(c, dev, e->ts_us);
         }
         break;
@@ -104,9 +122,9 @@ void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev 
                           name, "id", id, "pid", (json_int_t)c->pid, "tid", (json_int_t)e->tid,
                           "ts", e->ts_us));
         if (dev >= 0 && device_memory) {
-            c->live_bytes[dev] -= (int64_t)e->size;
+            sub_bytes(&c->live_bytes[dev], e->size);
             if (!e->pooled)
-                c->reserved_bytes[dev] -= (int64_t)e->actual;
+                sub_bytes(&c->reserved_bytes[dev], e->actual);
             counter(c, dev, e->ts_us);
         }
         break;
@@ -114,8 +132,10 @@ void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev 
     case CUHEAP_EV_ARENA_GROW:
     case CUHEAP_EV_ARENA_RELEASE:
         if (dev >= 0) {
-            c->reserved_bytes[dev] +=
-                e->type == CUHEAP_EV_ARENA_GROW ? (int64_t)e->size : -(int64_t)e->size;
+            if (e->type == CUHEAP_EV_ARENA_GROW)
+                add_bytes(&c->reserved_bytes[dev], e->size);
+            else
+                sub_bytes(&c->reserved_bytes[dev], e->size);
             counter(c, dev, e->ts_us);
         }
         break;
@@ -123,10 +143,10 @@ void cuheap_chrome_event(struct cuheap_chrome *c, const struct cuheap_chrome_ev 
     case CUHEAP_EV_LIMIT:
         snprintf(name, sizeof(name), "%s: %" PRIu64 " bytes refused on GPU %d",
                  e->type == CUHEAP_EV_OOM ? "OOM" : "limit", e->size, e->device);
-        emit(c, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:{s:I, s:I, s:I}}", "ph", "i", "s", "g",
+        emit(c, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:{s:o, s:o, s:o}}", "ph", "i", "s", "g",
                           "name", name, "pid", (json_int_t)c->pid, "tid", (json_int_t)e->tid, "ts",
-                          e->ts_us, "args", "size", (json_int_t)e->size, "driver_free",
-                          (json_int_t)e->aux, "driver_total", (json_int_t)e->aux2));
+                          e->ts_us, "args", "size", bytes_json(e->size), "driver_free",
+                          bytes_json(e->aux), "driver_total", bytes_json(e->aux2)));
         break;
     case CUHEAP_EV_MARK:
         emit(c, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f}", "ph", "i", "s", "p", "name",

@@ -23,8 +23,10 @@ struct cuheap_chrome {
     long pid;                   /* process id shown in the viewer */
     bool first;                 /* no event written yet (no comma needed) */
     struct cuheap_addrmap live; /* open allocation slices: ptr -> size/api */
-    int64_t live_bytes[CUHEAP_CHROME_NR_DEVICES];
-    int64_t reserved_bytes[CUHEAP_CHROME_NR_DEVICES];
+    /* bytes per device; unsigned and clamped (a trace may hold absurd sizes: signed sums
+     * would overflow) */
+    uint64_t live_bytes[CUHEAP_CHROME_NR_DEVICES];
+    uint64_t reserved_bytes[CUHEAP_CHROME_NR_DEVICES];
 };
 
 /* One event, in neutral form. */

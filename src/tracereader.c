@@ -226,7 +226,10 @@ void cuheap_trace_free(struct cuheap_trace *t)
 const struct cuheap_trace_stack *cuheap_trace_stack(const struct cuheap_trace *t, uint32_t id)
 {
     struct cuheap_trace_stack key = {.id = id};
-    return id ? bsearch(&key, t->stacks, t->nr_stacks, sizeof(key), cmp_stack) : NULL;
+    /* bsearch on NULL is undefined, even for no elements: a trace may have no stacks */
+    if (!id || !t->nr_stacks)
+        return NULL;
+    return bsearch(&key, t->stacks, t->nr_stacks, sizeof(key), cmp_stack);
 }
 
 static const char *basename_of(const char *p)

@@ -226,7 +226,8 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
             if (live.slots[k].ptr)
                 add_site(&sites, &nr, &cap, live.slots[k].stack, live.slots[k].size);
     live_set_free(&live);
-    qsort(sites, nr, sizeof(*sites), cmp_site);
+    if (nr) /* qsort on NULL is undefined, even for no elements */
+        qsort(sites, nr, sizeof(*sites), cmp_site);
     *ret = sites;
     return nr;
 }

@@ -407,19 +407,22 @@ static int cmd_chrome(int argc, char **argv)
         return fail("chrome: expected one or more trace files");
     size_t nr = (size_t)(argc - optind);
     struct cuheap_trace *ts = calloc(nr, sizeof(*ts));
-    for (size_t i = 0; i < nr; i++)
-        if (load(argv[optind + (int)i], &ts[i]))
-            return 2;
-    FILE *f = open_out(out_path);
-    if (!f)
-        return 2;
-    int r = export_chrome(ts, nr, f);
-    for (size_t i = 0; i < nr; i++)
+    if (!ts)
+        return fail("chrome: out of memory");
+    size_t loaded = 0;
+    while (loaded < nr && !load(argv[optind + (int)loaded], &ts[loaded]))
+        loaded++;
+    FILE *f = loaded == nr ? open_out(out_path) : NULL;
+    int r = f ? export_chrome(ts, nr, f) : 0;
+    for (size_t i = 0; i < loaded; i++)
         cuheap_trace_free(&ts[i]);
     free(ts);
+    if (!f)
+        return 2;
+    int closed = close_out(f, out_path);
     if (r)
         return fail("chrome: out of memory");
-    return close_out(f, out_path);
+    return closed;
 }
 
 static int cmd_folded(int argc, char **argv)

@@ -42,14 +42,17 @@ struct point {
     uint64_t t, live, reserved;
 };
 
-/* The device's curve, thinned to at most NR_POINTS keeping each bucket's maximum. */
+/* The device's curve, thinned to at most NR_POINTS keeping each bucket's maximum. Events
+ * come in seq order, which is not time order across threads: each lands in the bucket of its
+ * own time, whatever came before it. */
 static size_t curve(const struct cuheap_trace *t, int device, struct point *out)
 {
     uint64_t live = 0, reserved = 0, end = 1;
     for (size_t i = 0; i < t->nr_events; i++)
         if (t->events[i].t > end)
             end = t->events[i].t;
-    size_t n = 0;
+    for (size_t b = 0; b < NR_POINTS; b++)
+        out[b].t = UINT64_MAX; /* empty bucket */
     for (size_t i = 0; i < t->nr_events; i++) {
         const struct cuheap_trace_event *e = &t->events[i];
         if (e->device != device)
@@ -69,15 +72,22 @@ static size_t curve(const struct cuheap_trace *t, int device, struct point *out)
             continue;
         }
         size_t bucket = (size_t)((double)e->t / (double)end * (NR_POINTS - 1));
-        if (n && out[n - 1].t == bucket) {
-            if (live > out[n - 1].live)
-                out[n - 1].live = live;
-            if (reserved > out[n - 1].reserved)
-                out[n - 1].reserved = reserved;
+        if (bucket >= NR_POINTS)
+            bucket = NR_POINTS - 1;
+        struct point *p = &out[bucket];
+        if (p->t == UINT64_MAX) {
+            *p = (struct point){bucket, live, reserved};
         } else {
-            out[n++] = (struct point){bucket, live, reserved};
+            if (live > p->live)
+                p->live = live;
+            if (reserved > p->reserved)
+                p->reserved = reserved;
         }
     }
+    size_t n = 0;
+    for (size_t b = 0; b < NR_POINTS; b++)
+        if (out[b].t != UINT64_MAX)
+            out[n++] = out[b];
     return n;
 }
 

@@ -29,8 +29,11 @@ static void demangle_frame(json_t *fr)
 
 #ifdef CUHEAP_HAVE_LIBDW
 #include <elfutils/libdwfl.h>
+#include <fcntl.h>
 #include <gelf.h>
 #include <inttypes.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct module {
     char *path;
@@ -60,8 +63,19 @@ static struct module *module_for(const char *path)
     m->dwfl = dwfl_begin(&callbacks);
     if (!m->dwfl)
         return m;
-    /* one module per session, so it sits at its own link addresses */
-    m->mod = dwfl_report_offline(m->dwfl, path, path, -1);
+    /* A trace names any path it likes: open only regular files (a FIFO would block the tool
+     * for ever, a device could be read without end). O_NONBLOCK makes the open itself return
+     * at once; libdwfl takes the descriptor we checked, so nothing is swapped in between. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        if (fd >= 0)
+            close(fd);
+        return m;
+    }
+    /* one module per session, so it sits at its own link addresses; on success the
+     * descriptor belongs to libdwfl */
+    m->mod = dwfl_report_offline(m->dwfl, path, path, fd);
     dwfl_report_end(m->dwfl, NULL, NULL);
     if (!m->mod)
         return m;

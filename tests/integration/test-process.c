@@ -335,6 +335,138 @@ static void test_tool_commands(void **state)
     done(&r);
 }
 
+/* The tool built with ASan+UBSan (leaks included) where the build has it: a hostile trace
+ * that overflows a buffer, leaks or overflows an integer fails the test even when the plain
+ * build happens to survive. Sanitizer exits use 99 so they never pass for the tool's own 2. */
+static char tool_checked[PATH_MAX + 32];
+#define CHECKED_ENV                                                                                \
+    "ASAN_OPTIONS=exitcode=99 UBSAN_OPTIONS=exitcode=99:print_stacktrace=1 "                       \
+    "LSAN_OPTIONS=exitcode=99:use_stacks=0:use_registers=0 "
+
+static FILE *open_trace(const char *name)
+{
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof(p), "%s/%s", tmp, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"type\":\"header\",\"format\":\"cuheap-trace\",\"version\":1,\"pid\":42,"
+          "\"start_unix_ns\":1000,\"exe\":\"/bin/train\",\"cmdline\":[\"train\",\"--fast\"],"
+          "\"config\":{}}\n"
+          "{\"type\":\"device\",\"device\":0,\"name\":\"sim\",\"total\":1073741824}\n",
+          f);
+    return f;
+}
+
+static void trace_event(FILE *f, unsigned long long seq, unsigned long long t, const char *ev,
+                        unsigned tid, unsigned long long ptr, unsigned long long size, int pooled,
+                        unsigned stack)
+{
+    fprintf(f,
+            "{\"type\":\"event\",\"seq\":%llu,\"t\":%llu,\"event\":\"%s\",\"api\":\"%s\","
+            "\"device\":0,\"tid\":%u,\"ptr\":\"0x%llx\",\"size\":%llu,\"actual\":%llu,"
+            "\"pooled\":%s",
+            seq, t, ev, strncmp(ev, "arena", 5) && strcmp(ev, "fence") ? "cuMemAlloc" : "none", tid,
+            ptr, size, size, pooled ? "true" : "false");
+    if (stack)
+        fprintf(f, ",\"stack\":%u", stack);
+    fputs("}\n", f);
+}
+
+static void close_trace(FILE *f, unsigned long long events)
+{
+    fprintf(f, "{\"type\":\"footer\",\"events\":%llu,\"written\":%llu,\"dropped\":0}\n", events,
+            events);
+    fclose(f);
+}
+
+/* Run the checked tool; the status must be want and no sanitizer may have spoken. */
+static void expect_checked(int want, const char *args)
+{
+    struct result r = run(CHECKED_ENV "timeout 60 %s %s", tool_checked, args);
+    if (r.status != want || strstr(r.err, "Sanitizer") || strstr(r.err, "runtime error"))
+        fail_msg("cuheap %s: exit %d (want %d)\n%s", args, r.status, want, r.err);
+    done(&r);
+}
+
+/* Events sorted by seq are not in time order across threads: the HTML chart must not run
+ * past its buffer when time goes back and forth (issue 12). */
+static void test_html_on_threads_whose_clocks_interleave(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("threads.jsonl");
+    unsigned long long seq = 1;
+    for (unsigned i = 0; i < 3000; i++) {
+        /* thread 2's events were stamped long after thread 1's, but ordered between them */
+        unsigned long long ptr = 0x100000 + 0x1000ull * i;
+        trace_event(f, seq, 1000 + i, "alloc", 1, ptr, 512, 0, 0), seq++;
+        trace_event(f, seq, 9000000 + i, "free", 2, ptr, 512, 0, 0), seq++;
+    }
+    close_trace(f, seq - 1);
+    expect_checked(0, "html -o threads.html threads.jsonl");
+}
+
+/* A trace without a single stack or site: no qsort/bsearch on NULL (issue 12). */
+static void test_commands_on_a_trace_without_stacks(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("bare.jsonl");
+    close_trace(f, 0);
+    static const char *const cmds[] = {"report", "top", "leaks", "folded", "check"};
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        char args[128];
+        snprintf(args, sizeof(args), "%s bare.jsonl", cmds[i]);
+        expect_checked(0, args);
+    }
+    expect_checked(0, "html -o bare.html bare.jsonl");
+    expect_checked(0, "memviz -o bare.pickle bare.jsonl");
+    expect_checked(0, "chrome -o bare.json bare.jsonl");
+}
+
+/* Sizes whose sum passes INT64_MAX: no signed overflow in the Chrome writer (issue 12). */
+static void test_chrome_with_huge_sizes(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("huge.jsonl");
+    trace_event(f, 1, 10, "alloc", 1, 0x1000, 1ull << 62, 0, 0);
+    trace_event(f, 2, 20, "alloc", 1, 0x2000, 1ull << 62, 0, 0);
+    trace_event(f, 3, 30, "free", 1, 0x1000, 1ull << 62, 0, 0);
+    close_trace(f, 3);
+    expect_checked(0, "chrome -o huge.json huge.jsonl");
+}
+
+/* A trace that names a FIFO as a module: symbolization must not open it and wait for a
+ * writer forever (issue 12). */
+static void test_module_that_is_a_fifo(void **state)
+{
+    (void)state;
+    struct result r = run("mkfifo module.fifo");
+    assert_int_equal(r.status, 0);
+    done(&r);
+    FILE *f = open_trace("fifo.jsonl");
+    fprintf(f,
+            "{\"type\":\"stack\",\"id\":1,\"frames\":[{\"ip\":\"0x1234\",\"module\":"
+            "\"%s/module.fifo\",\"offset\":\"0x1234\"}],\"python\":[]}\n",
+            tmp);
+    trace_event(f, 1, 10, "alloc", 1, 0x1000, 4096, 0, 1);
+    close_trace(f, 1);
+    r = run("timeout 20 %s/tools/cuheap report fifo.jsonl", build);
+    if (r.status != 0)
+        fail_msg("exit %d (124: it hung on the FIFO)\n%s", r.status, r.err);
+    assert_non_null(strstr(r.out, "module.fifo+0x1234"));
+    done(&r);
+}
+
+/* A failed load frees what the earlier loads took (issue 12: the chrome command leaked). */
+static void test_failed_load_leaks_nothing(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("good.jsonl");
+    trace_event(f, 1, 10, "alloc", 1, 0x1000, 4096, 0, 0);
+    close_trace(f, 1);
+    expect_checked(2, "chrome -o out.json good.jsonl good.jsonl /nonexistent.jsonl");
+    expect_checked(2, "report good.jsonl /nonexistent.jsonl");
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
@@ -439,6 +571,9 @@ int main(void)
     snprintf(build, sizeof(build), "%s", b);
     snprintf(source, sizeof(source), "%s", s);
     (void)env_base;
+    snprintf(tool_checked, sizeof(tool_checked), "%s/tools/cuheap-checked", build);
+    if (access(tool_checked, X_OK))
+        snprintf(tool_checked, sizeof(tool_checked), "%s/tools/cuheap", build);
     /* a Python with jsonschema for the schema check: the system one, else the first on PATH */
     python = system("/usr/bin/python3 -c 'import jsonschema' 2>/dev/null") == 0 ? "/usr/bin/python3"
                                                                                 : "python3";
@@ -462,7 +597,17 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_python_frames_each_version, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_html_on_threads_whose_clocks_interleave, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_commands_on_a_trace_without_stacks, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_chrome_with_huge_sizes, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_module_that_is_a_fifo, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_failed_load_leaks_nothing, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
+    /* CUHEAP_TEST_FILTER=test_chrome* runs a few cases while working on them */
+    if (getenv("CUHEAP_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("CUHEAP_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
