@@ -445,7 +445,7 @@ static int cmd_folded(int argc, char **argv)
 }
 
 /* `NAME [-o OUT] TRACE`: one trace in, one file out (stdout unless -o). */
-static int cmd_export_one(int argc, char **argv, bool binary,
+static int cmd_export_one(int argc, char **argv,
                           int (*export)(const struct cuheap_trace *t, FILE *f))
 {
     const char *name = argv[0], *out_path = NULL;
@@ -458,8 +458,6 @@ static int cmd_export_one(int argc, char **argv, bool binary,
     }
     if (optind != argc - 1)
         return fail("%s: expected one trace file", name);
-    if (binary && !out_path && isatty(STDOUT_FILENO))
-        return fail("%s: the output is binary; give -o FILE", name);
     struct cuheap_trace t;
     if (load(argv[optind], &t))
         return 2;
@@ -469,6 +467,45 @@ static int cmd_export_one(int argc, char **argv, bool binary,
         return 2;
     }
     export(&t, f);
+    cuheap_trace_free(&t);
+    return close_out(f, out_path);
+}
+
+static int cmd_memviz(int argc, char **argv)
+{
+    static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
+                                         {"max-entries", required_argument, NULL, 'm'},
+                                         {NULL, 0, NULL, 0}};
+    const char *out_path = NULL;
+    size_t max_entries = 100000; /* PyTorch's default for _record_memory_history */
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
+        if (c == 'o') {
+            out_path = optarg;
+        } else if (c == 'm') {
+            char *end;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (*end || !*optarg || optarg[0] == '-')
+                return fail("memviz: --max-entries %s: expected a number (0: all)", optarg);
+            max_entries = (size_t)v;
+        } else {
+            return fail("memviz: see 'cuheap help memviz'");
+        }
+    }
+    if (optind != argc - 1)
+        return fail("memviz: expected one trace file");
+    if (!out_path && isatty(STDOUT_FILENO))
+        return fail("memviz: the output is binary; give -o FILE");
+    struct cuheap_trace t;
+    if (load(argv[optind], &t))
+        return 2;
+    FILE *f = open_out(out_path);
+    if (!f) {
+        cuheap_trace_free(&t);
+        return 2;
+    }
+    export_memviz(&t, max_entries, f);
     cuheap_trace_free(&t);
     return close_out(f, out_path);
 }
@@ -513,11 +550,11 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "folded"))
         return cmd_folded(argc, argv);
     if (!strcmp(cmd, "memviz"))
-        return cmd_export_one(argc, argv, true, export_memviz);
+        return cmd_memviz(argc, argv);
     if (!strcmp(cmd, "check"))
         return cmd_check(argc, argv);
     if (!strcmp(cmd, "html"))
-        return cmd_export_one(argc, argv, false, export_html);
+        return cmd_export_one(argc, argv, export_html);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

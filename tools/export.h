@@ -16,8 +16,10 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out);
 int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out);
 
 /* A pickled snapshot in the shape of torch.cuda.memory._snapshot(), for
- * https://pytorch.org/memory_viz and torch.cuda._memory_viz. */
-int export_memviz(const struct cuheap_trace *t, FILE *out);
+ * https://pytorch.org/memory_viz and torch.cuda._memory_viz (memviz.c): the reserved
+ * segments at the end of the trace with their blocks, and per device the newest max_entries
+ * actions (0: all) that led there. */
+int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *out);
 
 /* A self-contained HTML report: charts of live and reserved bytes per GPU, top sites at the
  * peak with stacks, leaks, out-of-memory events. */

@@ -467,6 +467,136 @@ static void test_failed_load_leaks_nothing(void **state)
     expect_checked(2, "report good.jsonl /nonexistent.jsonl");
 }
 
+/* Run the memory_viz history walk (tests/memviz_history.py) on a snapshot; returns its
+ * report. */
+static struct result memviz_walk(const char *pickle, const char *flags)
+{
+    return run("%s %s/tests/memviz_history.py %s %s", python, source, pickle, flags);
+}
+
+static uint64_t parse_bytes(const char *s)
+{
+    double v = strtod(s, NULL);
+    const char *u = strpbrk(s, "KMGB");
+    return (uint64_t)(v * (u && *u == 'K'   ? 1024.0
+                           : u && *u == 'M' ? 1048576.0
+                           : u && *u == 'G' ? 1073741824.0
+                                            : 1.0));
+}
+
+/* memory_viz's Allocator State History walks the trace back from the snapshot: every step
+ * must find the blocks and segments it touches, the walk must end with nothing (the trace
+ * covers the run), and the reserved bytes it sees peak where cuheap's report says (issue 13). */
+static void test_memviz_history_is_consistent(void **state)
+{
+    (void)state;
+    static const char *const configs[] = {
+        "CUHEAP_REUSE=fence",
+        "CUHEAP_REUSE=sync CUHEAP_POOL_MAX=2M CUHEAP_RELEASE=empty",
+        "CUHEAP_REUSE=immediate CUHEAP_ARENA_SIZE=16M CUHEAP_POOL_MAX=1M",
+    };
+    for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++) {
+        struct result r = run(FAKE " %s %s/tools/cuheap run -o m.jsonl -- "
+                                   "%s/tests/programs/cuheap-demo 6 6 && "
+                                   "%s/tools/cuheap memviz -o m.pickle m.jsonl && "
+                                   "%s/tools/cuheap report m.jsonl",
+                              build, configs[i], build, build, build, build);
+        assert_int_equal(r.status, 0);
+        const char *peak = strstr(r.out, "peak reserved  ");
+        assert_non_null(peak);
+        uint64_t reserved = parse_bytes(peak + strlen("peak reserved  "));
+        done(&r);
+        r = memviz_walk("m.pickle", "--expect-empty-start");
+        if (r.status)
+            fail_msg("%s: %s%s", configs[i], r.out, r.err);
+        const char *p = strstr(r.out, "peak reserved ");
+        assert_non_null(p);
+        uint64_t walked = strtoull(p + strlen("peak reserved "), NULL, 10);
+        if (walked / 1024 != reserved / 1024) /* the report rounds to 0.01 MiB */
+            fail_msg("%s: history peaks at %llu reserved bytes, the report at %llu", configs[i],
+                     (unsigned long long)walked, (unsigned long long)reserved);
+        done(&r);
+    }
+    /* frames as PyTorch has them, the program's line for the caller */
+    struct result r = run("%s -c \"import pickle; s = pickle.load(open('m.pickle', 'rb')); "
+                          "f = s['device_traces'][0][1]['frames'][0]; "
+                          "print(f['filename'].split('/')[-1], f['line'] > 0, f['name'])\"",
+                          python);
+    assert_string_equal(r.out, "demo.c True tensor_new\n");
+    done(&r);
+    /* a cap keeps the newest entries, and the history still holds */
+    r = run("%s/tools/cuheap memviz --max-entries 40 -o cap.pickle m.jsonl", build);
+    assert_int_equal(r.status, 0);
+    done(&r);
+    r = memviz_walk("cap.pickle", "");
+    if (r.status || !strstr(r.out, ": 40 entries"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
+/* Every kind of action, from a trace whose answers are known: an arena with a block that
+ * waits for a fence, a pass-through allocation, a limit refusal and an OOM, a reuse whose
+ * free was lost, an arena given back. */
+static void test_memviz_actions(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("acts.jsonl");
+    fputs("{\"type\":\"stack\",\"id\":1,\"frames\":[{\"ip\":\"0x1\",\"module\":\"/x/libfoo.so\","
+          "\"offset\":\"0x1\"}],\"python\":[{\"file\":\"train.py\",\"line\":7,\"function\":"
+          "\"step\"}]}\n",
+          f);
+    trace_event(f, 1, 1000, "arena_grow", 1, 0x10000000, 4 << 20, 1, 0);
+    trace_event(f, 2, 2000, "alloc", 1, 0x10000000, 1 << 20, 1, 1);
+    trace_event(f, 3, 3000, "alloc", 1, 0x10100000, 1000, 1, 1);
+    trace_event(f, 4, 4000, "free", 1, 0x10000000, 1 << 20, 1, 0);
+    fputs("{\"type\":\"event\",\"seq\":5,\"t\":5000,\"event\":\"fence\",\"api\":\"none\","
+          "\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":0,\"actual\":0,\"pooled\":true,"
+          "\"blocks\":1,\"bytes\":1048576}\n",
+          f);
+    trace_event(f, 6, 6000, "alloc", 1, 0x20000000, 8 << 20, 0, 1);
+    fputs(
+        "{\"type\":\"event\",\"seq\":7,\"t\":7000,\"event\":\"limit\",\"api\":\"cuMemAlloc\","
+        "\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":67108864,\"actual\":0,\"pooled\":false,"
+        "\"stack\":1,\"result\":2,\"driver_free\":1073741824,\"driver_total\":16777216,"
+        "\"limit\":16777216}\n"
+        "{\"type\":\"event\",\"seq\":8,\"t\":8000,\"event\":\"oom\",\"api\":\"cuMemAlloc\","
+        "\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":2147483648,\"actual\":0,\"pooled\":false,"
+        "\"stack\":1,\"result\":2,\"driver_free\":104857600,\"driver_total\":1073741824,"
+        "\"limit\":0}\n",
+        f);
+    trace_event(f, 9, 9000, "free", 1, 0x20000000, 8 << 20, 0, 0);
+    trace_event(f, 10, 10000, "alloc", 1, 0x10100000, 1000, 1, 1); /* its free was lost */
+    trace_event(f, 11, 11000, "free", 1, 0x10100000, 1000, 1, 0);
+    trace_event(f, 12, 12000, "arena_release", 1, 0x10000000, 4 << 20, 1, 0);
+    close_trace(f, 12);
+    struct result r = run("%s/tools/cuheap memviz -o acts.pickle acts.jsonl", build);
+    assert_int_equal(r.status, 0);
+    done(&r);
+    r = memviz_walk("acts.pickle", "--expect-empty-start");
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    assert_non_null(strstr(r.out, "0 segments, 0 active blocks at the end, peak reserved "
+                                  "12582912"));
+    done(&r);
+    r = run("%s -c \"import pickle; s = pickle.load(open('acts.pickle', 'rb')); "
+            "t = s['device_traces'][0]; "
+            "print(' '.join(e['action'] for e in t)); "
+            "print([e['device_free'] for e in t if e['action'] == 'oom']); "
+            "print(t[1]['frames'])\"",
+            python);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(
+        r.out,
+        "segment_alloc alloc alloc free_requested free_completed segment_alloc alloc oom oom "
+        "free_requested free_completed segment_free free_requested free_completed alloc "
+        "free_requested free_completed segment_free\n"
+        /* under the limit, what the limit left: 16 MiB - 4 MiB arena - 8 MiB */
+        "[4194304, 104857600]\n"
+        "[{'filename': '/x/libfoo.so', 'line': 0, 'name': 'libfoo.so+0x1'}, "
+        "{'filename': 'train.py', 'line': 7, 'name': 'step'}]\n");
+    done(&r);
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
@@ -604,6 +734,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chrome_with_huge_sizes, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_module_that_is_a_fifo, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_failed_load_leaks_nothing, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_memviz_history_is_consistent, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_memviz_actions, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     /* CUHEAP_TEST_FILTER=test_chrome* runs a few cases while working on them */
