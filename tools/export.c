@@ -22,6 +22,38 @@ static json_t *stack_strings(const struct cuheap_trace *t, uint32_t id)
     return a;
 }
 
+/* "train.py --lr 3e-4 (rank 1, pid 4242 on node7)": what a user recognizes a process by. */
+static void process_name(const struct cuheap_trace *t, char *buf, size_t size)
+{
+    json_t *argv = json_object_get(t->header, "cmdline");
+    size_t n = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < json_array_size(argv) && n + 4 < size; i++) {
+        const char *a = json_string_value(json_array_get(argv, i));
+        if (!a)
+            continue;
+        if (i == 0) { /* the program's name, not its folder */
+            const char *slash = strrchr(a, '/');
+            a = slash ? slash + 1 : a;
+        }
+        n += (size_t)snprintf(buf + n, size - n, "%s%s", n ? " " : "", a);
+    }
+    if (n >= 60) /* long command lines make unreadable track names */
+        snprintf(buf + 56, size - 56, "...");
+    if (!buf[0]) {
+        const char *exe = json_string_value(json_object_get(t->header, "exe"));
+        snprintf(buf, size, "%s", exe ? exe : "process");
+    }
+    n = strlen(buf);
+    const char *host = json_string_value(json_object_get(t->header, "host"));
+    if (t->rank >= 0)
+        n += (size_t)snprintf(buf + n, size - n, " (rank %ld, ", t->rank);
+    else
+        n += (size_t)snprintf(buf + n, size - n, " (");
+    if (n < size)
+        snprintf(buf + n, size - n, "pid %ld%s%s)", t->pid, host ? " on " : "", host ? host : "");
+}
+
 int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out)
 {
     uint64_t t0 = UINT64_MAX;
@@ -32,18 +64,29 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out)
             t0 = s;
     }
     struct cuheap_chrome c;
+    long *pids = calloc(nr + 1, sizeof(*pids));
+    if (!pids)
+        return -1;
     for (size_t i = 0; i < nr; i++) {
         struct cuheap_trace *t = &traces[i];
-        char name[128];
-        if (t->rank >= 0)
-            snprintf(name, sizeof(name), "rank %ld (pid %ld)", t->rank, t->pid);
-        else
-            snprintf(name, sizeof(name), "pid %ld", t->pid);
-        if (i == 0) {
-            if (cuheap_chrome_begin(&c, out, t->pid, name))
-                return -1;
-        } else {
-            cuheap_chrome_process(&c, t->pid, name);
+        char name[256];
+        process_name(t, name, sizeof(name));
+        /* Ranks on different hosts can share a pid; the viewer must still see two
+         * processes. The name keeps the real one. */
+        long pid = t->pid;
+        for (size_t k = 0; k < i; k++)
+            if (pids[k] == pid) {
+                pid += 1L << 22; /* above Linux's pid_max */
+                k = (size_t)-1;
+            }
+        pids[i] = pid;
+        int r =
+            i == 0 ? cuheap_chrome_begin(&c, out, pid, name) : cuheap_chrome_process(&c, pid, name);
+        if (r) {
+            free(pids);
+            if (i)
+                cuheap_chrome_end(&c);
+            return -1;
         }
         uint64_t off =
             (uint64_t)json_integer_value(json_object_get(t->header, "start_unix_ns")) - t0;
@@ -72,6 +115,7 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out)
     }
     if (nr)
         cuheap_chrome_end(&c);
+    free(pids);
     return 0;
 }
 

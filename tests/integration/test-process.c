@@ -343,18 +343,27 @@ static char tool_checked[PATH_MAX + 32];
     "ASAN_OPTIONS=exitcode=99 UBSAN_OPTIONS=exitcode=99:print_stacktrace=1 "                       \
     "LSAN_OPTIONS=exitcode=99:use_stacks=0:use_registers=0 "
 
-static FILE *open_trace(const char *name)
+/* A trace of pid 42 running "/bin/train --fast", started at 1000 ns; rank < 0: none. */
+static FILE *open_trace_of(const char *name, int rank)
 {
     char p[PATH_MAX + 64];
     snprintf(p, sizeof(p), "%s/%s", tmp, name);
     FILE *f = fopen(p, "w");
     assert_non_null(f);
     fputs("{\"type\":\"header\",\"format\":\"cuheap-trace\",\"version\":1,\"pid\":42,"
-          "\"start_unix_ns\":1000,\"exe\":\"/bin/train\",\"cmdline\":[\"train\",\"--fast\"],"
-          "\"config\":{}}\n"
+          "\"start_unix_ns\":1000,\"exe\":\"/bin/train\",\"cmdline\":[\"/bin/train\",\"--fast\"],",
+          f);
+    if (rank >= 0)
+        fprintf(f, "\"rank\":%d,", rank);
+    fputs("\"config\":{}}\n"
           "{\"type\":\"device\",\"device\":0,\"name\":\"sim\",\"total\":1073741824}\n",
           f);
     return f;
+}
+
+static FILE *open_trace(const char *name)
+{
+    return open_trace_of(name, -1);
 }
 
 static void trace_event(FILE *f, unsigned long long seq, unsigned long long t, const char *ev,
@@ -597,6 +606,57 @@ static void test_memviz_actions(void **state)
     done(&r);
 }
 
+/* Two ranks with the same pid and the same addresses merge into one Perfetto file where
+ * each process keeps its own slices (process-scoped ids), its name (command line and rank)
+ * and its counters (issue 13). tests/perfetto_pairs.py pairs slices as Perfetto does. */
+static void test_chrome_merge_keeps_ranks_apart(void **state)
+{
+    (void)state;
+    FILE *f = open_trace_of("r0.jsonl", 0);
+    trace_event(f, 1, 10000, "alloc", 1, 0x1000, 4096, 0, 0);
+    trace_event(f, 2, 20000, "free", 1, 0x1000, 4096, 0, 0);
+    trace_event(f, 3, 30000, "alloc", 1, 0x2000, 4096, 0, 0);
+    close_trace(f, 3);
+    f = open_trace_of("r1.jsonl", 1);
+    trace_event(f, 1, 12000, "alloc", 1, 0x1000, 8192, 0, 0);
+    trace_event(f, 2, 50000, "free", 1, 0x1000, 8192, 0, 0);
+    close_trace(f, 2);
+    struct result r = run("%s/tools/cuheap chrome -o merged.json r0.jsonl r1.jsonl && "
+                          "%s %s/tests/perfetto_pairs.py merged.json",
+                          build, python, source);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    const char *counters = "counters ['GPU 0 memory (bytes) live', "
+                           "'GPU 0 memory (bytes) reserved']\n";
+    char want[1024];
+    snprintf(want, sizeof(want),
+             "pid 42 \"train --fast (rank 0, pid 42)\": 2 slices, 1 ended, 1 still open, "
+             "duration 10 us, %s"
+             "pid 4194346 \"train --fast (rank 1, pid 42)\": 1 slices, 1 ended, 0 still open, "
+             "duration 38 us, %s",
+             counters, counters);
+    assert_string_equal(r.out, want);
+    done(&r);
+
+    /* real ranks of the demo, and the recorder's own Chrome output */
+    r = run(
+        FAKE
+        " RANK=0 %s/tools/cuheap run -o 'd%%r.jsonl' -- %s/tests/programs/cuheap-demo 3 && " FAKE
+        " RANK=1 %s/tools/cuheap run -o 'd%%r.jsonl' -- %s/tests/programs/cuheap-demo 3 && " FAKE
+        " RANK=1 %s/tools/cuheap run -f chrome -o 'd%%r.json' -- "
+        "%s/tests/programs/cuheap-demo 3 && "
+        "%s/tools/cuheap chrome -o demo2.json d0.jsonl d1.jsonl && "
+        "%s %s/tests/perfetto_pairs.py demo2.json && %s %s/tests/perfetto_pairs.py d1.json",
+        build, build, build, build, build, build, build, build, build, build, python, source,
+        python, source);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    assert_int_equal(count_lines(r.out, "cuheap-demo 3 (rank 0, pid "), 1);
+    assert_int_equal(count_lines(r.out, "cuheap-demo 3 (rank 1, pid "), 1);
+    assert_int_equal(count_lines(r.out, "'GPU 0 memory (bytes) live'"), 3);
+    done(&r);
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
@@ -736,6 +796,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_failed_load_leaks_nothing, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_memviz_history_is_consistent, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_memviz_actions, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_chrome_merge_keeps_ranks_apart, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     /* CUHEAP_TEST_FILTER=test_chrome* runs a few cases while working on them */
