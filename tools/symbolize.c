@@ -28,6 +28,8 @@ static void demangle_frame(json_t *fr)
 }
 
 #ifdef CUHEAP_HAVE_LIBDW
+#include <dwarf.h>
+#include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
 #include <gelf.h>
@@ -94,6 +96,26 @@ static struct module *module_for(const char *path)
     return m;
 }
 
+/* Whether a function with debug information covers addr. Without it, the nearest line of the
+ * compilation unit belongs to some other function: _start (no debug information, placed
+ * right after main) would read as a line in main's error path. */
+static bool in_described_function(Dwfl_Module *mod, Dwarf_Addr addr)
+{
+    Dwarf_Addr bias = 0;
+    Dwarf_Die *cu = dwfl_module_addrdie(mod, addr, &bias);
+    if (!cu)
+        return false;
+    Dwarf_Die *scopes = NULL;
+    int n = dwarf_getscopes(cu, addr - bias, &scopes);
+    bool found = false;
+    for (int i = 0; i < n && !found; i++) {
+        int tag = dwarf_tag(&scopes[i]);
+        found = tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine;
+    }
+    free(scopes);
+    return found;
+}
+
 static void symbolize_frame(json_t *fr)
 {
     const char *path = json_string_value(json_object_get(fr, "module"));
@@ -103,14 +125,16 @@ static void symbolize_frame(json_t *fr)
     struct module *m = module_for(path);
     if (!m->mod)
         return;
-    /* a return address: the call is the byte before it */
+    /* Every recorded frame is a return address (the walk starts inside cuheap, whose own
+     * frames are left out, so not even the innermost kept frame is an exact PC): the call
+     * is the byte before it, and its line is the caller's. */
     Dwarf_Addr addr = strtoull(off, NULL, 16) + m->to_address - 1;
     if (!json_object_get(fr, "function")) {
         const char *name = dwfl_module_addrname(m->mod, addr);
         if (name)
             json_object_set_new(fr, "function", json_string(name));
     }
-    Dwfl_Line *line = dwfl_module_getsrc(m->mod, addr);
+    Dwfl_Line *line = in_described_function(m->mod, addr) ? dwfl_module_getsrc(m->mod, addr) : NULL;
     int lineno = 0;
     const char *file = line ? dwfl_lineinfo(line, NULL, &lineno, NULL, NULL, NULL) : NULL;
     if (file && lineno > 0) {

@@ -657,6 +657,35 @@ static void test_chrome_merge_keeps_ranks_apart(void **state)
     done(&r);
 }
 
+/* Native frames read as the line of each call: return addresses looked up minus one, and no
+ * line for a function without debug information (issue 13: "_start (demo.c:132)"). */
+static void test_stack_lines_are_the_calls(void **state)
+{
+    (void)state;
+    struct result r = run(FAKE " %s/tools/cuheap run -o s.jsonl -- %s/tests/programs/cuheap-demo 2 "
+                               "&& %s/tools/cuheap top -n 1 s.jsonl",
+                          build, build, build, build);
+    assert_int_equal(r.status, 0);
+    if (!strstr(r.out, "(demo.c:")) {
+        print_message("# the tool was built without libdw: no lines to check\n");
+        done(&r);
+        skip();
+    }
+    const char *stack = strstr(r.out, "#1 full stack:");
+    assert_non_null(stack);
+    /* demo.c: line 67 calls cuMemAlloc, 88 tensor_new, 94 layer_forward, 147 model_forward */
+    const char *want[] = {"tensor_new (demo.c:67)", "layer_forward (demo.c:88)",
+                          "model_forward (demo.c:94)", "main (demo.c:147)"};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (!strstr(stack, want[i]))
+            fail_msg("no \"%s\" in\n%s", want[i], stack);
+    const char *start = strstr(stack, "\n    _start ");
+    assert_non_null(start);
+    if (!strncmp(start, "\n    _start (demo.c", 19))
+        fail_msg("_start given a line of demo.c:\n%s", stack);
+    done(&r);
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
@@ -797,6 +826,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_memviz_history_is_consistent, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_memviz_actions, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_chrome_merge_keeps_ranks_apart, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_stack_lines_are_the_calls, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     /* CUHEAP_TEST_FILTER=test_chrome* runs a few cases while working on them */
