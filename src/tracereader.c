@@ -24,6 +24,35 @@ static uint64_t hex_or_int(json_t *v)
     return 0;
 }
 
+/* Count a field that is present but not a number this reader can use. Absent fields are
+ * fine (most are optional); required ones are checked by the caller. */
+static void check_number(struct cuheap_trace *t, json_t *o, const char *key, size_t lineno)
+{
+    json_t *v = json_object_get(o, key);
+    bool ok = !v || (json_is_integer(v) && json_integer_value(v) >= 0) ||
+              (json_is_real(v) && json_real_value(v) >= 0);
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        char *end;
+        (void)strtoull(s, &end, 0);
+        ok = end != s && !*end && *s != '-';
+    }
+    if (ok)
+        return;
+    if (!t->nr_bad_fields++) {
+        t->first_bad_field_line = lineno;
+        snprintf(t->bad_field, sizeof(t->bad_field), "%s", key);
+    }
+}
+
+static void bad_line(struct cuheap_trace *t, size_t lineno, const char *why)
+{
+    if (!t->nr_bad_lines++) {
+        t->first_bad_line = lineno;
+        snprintf(t->bad_line_why, sizeof(t->bad_line_why), "%s", why);
+    }
+}
+
 static int cmp_seq(const void *a, const void *b)
 {
     const struct cuheap_trace_event *x = a, *y = b;
@@ -36,7 +65,7 @@ static int cmp_stack(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static int add_event(struct cuheap_trace *t, size_t *cap, json_t *o)
+static int add_event(struct cuheap_trace *t, size_t *cap, json_t *o, size_t lineno)
 {
     if (t->nr_events == *cap) {
         size_t n = *cap ? *cap * 2 : 4096;
@@ -46,9 +75,25 @@ static int add_event(struct cuheap_trace *t, size_t *cap, json_t *o)
         t->events = e;
         *cap = n;
     }
-    int type = cuheap_event_type_from_name(str_or(json_object_get(o, "event"), ""));
-    if (type < 0)
-        return 0; /* an event kind from a newer cuheap: skip it */
+    const char *kind = json_string_value(json_object_get(o, "event"));
+    if (!kind || !json_is_integer(json_object_get(o, "seq"))) {
+        bad_line(t, lineno, kind ? "an event without \"seq\"" : "an event without \"event\"");
+        return 0;
+    }
+    int type = cuheap_event_type_from_name(kind);
+    if (type < 0) {
+        t->nr_unknown_events++; /* an event kind from a newer cuheap: skip it */
+        return 0;
+    }
+    static const char *const numbers[] = {
+        "seq",    "t",     "ptr",         "size",         "actual", "stack", "tid",      "stream",
+        "device", "limit", "driver_free", "driver_total", "blocks", "bytes", "reserved", NULL};
+    for (int i = 0; numbers[i]; i++)
+        if (strcmp(numbers[i], "device")) /* -1 is a device: host memory */
+            check_number(t, o, numbers[i], lineno);
+    json_t *device = json_object_get(o, "device");
+    if (device && !json_is_integer(device))
+        check_number(t, o, "device", lineno);
     int api = cuheap_api_from_name(str_or(json_object_get(o, "api"), "none"));
     struct cuheap_trace_event *e = &t->events[t->nr_events++];
     memset(e, 0, sizeof(*e));
@@ -107,6 +152,7 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
     int r = 0;
     while ((len = getline(&line, &line_cap, f)) >= 0) {
         lineno++;
+        t->nr_lines = lineno;
         bool complete = len > 0 && line[len - 1] == '\n';
         json_error_t jerr;
         json_t *o = json_loadb(line, (size_t)len, 0, &jerr);
@@ -148,23 +194,38 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
                 t->truncated = true; /* the run was killed mid-line */
                 break;
             }
-            if (!t->nr_bad_lines++)
-                t->first_bad_line = lineno;
+            bad_line(t, lineno, o ? "not a JSON object" : "not JSON");
             continue;
         }
         const char *type = json_string_value(json_object_get(o, "type"));
         if (!type) {
-            if (!t->nr_bad_lines++)
-                t->first_bad_line = lineno;
+            bad_line(t, lineno, "no \"type\"");
         } else if (!strcmp(type, "event")) {
-            if (add_event(t, &ev_cap, o)) {
+            if (add_event(t, &ev_cap, o, lineno)) {
                 snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
                 r = -1;
             }
         } else if (!strcmp(type, "stack")) {
+            json_t *id = json_object_get(o, "id"), *fr = json_object_get(o, "frames"),
+                   *py = json_object_get(o, "python");
+            if (!json_is_integer(id) || json_integer_value(id) <= 0 ||
+                json_integer_value(id) > UINT32_MAX || (fr && !json_is_array(fr)) ||
+                (py && !json_is_array(py))) {
+                bad_line(t, lineno, "a stack without a usable id or frames");
+                json_decref(o);
+                continue;
+            }
             if (t->nr_stacks == st_cap) {
-                st_cap = st_cap ? st_cap * 2 : 1024;
-                t->stacks = realloc(t->stacks, st_cap * sizeof(*t->stacks));
+                size_t n = st_cap ? st_cap * 2 : 1024;
+                struct cuheap_trace_stack *grown = realloc(t->stacks, n * sizeof(*grown));
+                if (!grown) {
+                    snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
+                    json_decref(o);
+                    r = -1;
+                    break;
+                }
+                t->stacks = grown;
+                st_cap = n;
             }
             struct cuheap_trace_stack *s = &t->stacks[t->nr_stacks++];
             s->id = (uint32_t)json_integer_value(json_object_get(o, "id"));

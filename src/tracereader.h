@@ -52,8 +52,16 @@ struct cuheap_trace {
     struct cuheap_trace_event *events; /* in seq order */
     size_t nr_events;
     bool truncated; /* last line cut off or no footer */
-    size_t nr_bad_lines;
+    size_t nr_lines;
+    size_t nr_bad_lines; /* lines skipped: not JSON, not an object, no "type" */
     size_t first_bad_line;
+    char bad_line_why[48]; /* what was wrong with the first one */
+    /* values that are there but unreadable ("size":"lots", "seq":-1): they read as 0, and
+     * the tool says so */
+    size_t nr_bad_fields;
+    size_t first_bad_field_line;
+    char bad_field[40];       /* name of the first */
+    size_t nr_unknown_events; /* event kinds this tool does not know (a newer cuheap) */
 };
 
 /* Read a trace. Returns 0, or -1 with a one-line reason in err ("PATH: ..."). Warnings

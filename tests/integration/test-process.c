@@ -232,11 +232,13 @@ static void test_sigkill_leaves_a_readable_prefix(void **state)
                                "%s/tests/programs/cuheap-demo 1000000 & pid=$!; sleep 1; "
                                "kill -9 $pid; wait $pid; %s/tools/cuheap check t.jsonl",
                           build, build, build, build);
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.out, "t.jsonl: ok"));
-    assert_non_null(strstr(r.out, "incomplete"));
+    /* readable, but check says it is not a whole run (exit 1) */
+    assert_int_equal(r.status, 1);
+    const char *verdict = strstr(r.out, "t.jsonl: incomplete, ");
+    if (!verdict)
+        fail_msg("%s", r.out);
     int events = 0;
-    sscanf(strstr(r.out, "ok, ") + 4, "%d", &events);
+    sscanf(verdict + strlen("t.jsonl: incomplete, "), "%d", &events);
     assert_true(events > 100);
     done(&r);
 }
@@ -689,13 +691,140 @@ static void test_stack_lines_are_the_calls(void **state)
     done(&r);
 }
 
+/* Every command has its help, `cuheap help COMMAND` and `COMMAND --help` alike, and its
+ * synopsis is README's command table, word for word. */
+static void test_help_matches_readme(void **state)
+{
+    (void)state;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof(path), "%s/README.md", source);
+    char *readme = slurp(path);
+    int rows = 0;
+    for (char *p = readme; (p = strstr(p, "\n| `cuheap ")); p++) {
+        char synopsis[512], name[32];
+        const char *start = p + strlen("\n| `");
+        const char *end = strstr(start, "` |");
+        assert_non_null(end);
+        size_t n = 0;
+        for (const char *c = start; c < end && n + 1 < sizeof(synopsis); c++)
+            if (!(c[0] == '\\' && c[1] == '|')) /* Markdown's escaped bar */
+                synopsis[n++] = *c;
+        synopsis[n] = 0;
+        assert_int_equal(sscanf(synopsis, "cuheap %31s", name), 1);
+        struct result a = run("%s/tools/cuheap help %s", build, name);
+        struct result b = run("%s/tools/cuheap %s --help", build, name);
+        assert_int_equal(a.status, 0);
+        assert_int_equal(b.status, 0);
+        char want[600];
+        snprintf(want, sizeof(want), "usage: %s\n", synopsis);
+        if (strncmp(a.out, want, strlen(want)))
+            fail_msg("README says\n%sthe tool says\n%s", want, a.out);
+        assert_string_equal(a.out, b.out);
+        done(&a);
+        done(&b);
+        rows++;
+    }
+    /* and the tool has no command README leaves out */
+    struct result r = run("%s/tools/cuheap help", build);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(count_lines(r.out, "\n  cuheap "), rows);
+    done(&r);
+    free(readme);
+}
+
+/* check says what is wrong with a trace and exits non-zero: junk lines, a killed run,
+ * malformed fields; the other commands warn in one line and go on (issue 13). */
+static void test_check_finds_damage(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("junk.jsonl");
+    for (int i = 0; i < 3795; i++)
+        fputs("this is not json\n", f);
+    fclose(f);
+    f = open_trace("killed.jsonl");
+    trace_event(f, 1, 10, "alloc", 1, 0x1000, 4096, 0, 0);
+    fclose(f);
+    f = open_trace("fields.jsonl");
+    fputs("{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\","
+          "\"device\":0,\"tid\":1,\"ptr\":\"0x1000\",\"size\":\"lots\",\"actual\":4096,"
+          "\"pooled\":false}\n",
+          f);
+    close_trace(f, 1);
+    f = open_trace("clean.jsonl");
+    trace_event(f, 1, 10, "alloc", 1, 0x1000, 4096, 0, 0);
+    close_trace(f, 1);
+    static const struct {
+        const char *file;
+        int status;
+        const char *says;
+    } cases[] = {
+        {"junk.jsonl", 1,
+         "junk.jsonl: damaged, 0 events, 0 stacks, 1 devices; 3795 of 3797 lines "
+         "skipped (first: line 3, not JSON)"},
+        {"killed.jsonl", 1, "killed.jsonl: incomplete, 1 events"},
+        {"fields.jsonl", 1,
+         "fields.jsonl: damaged, 1 events, 0 stacks, 1 devices; 1 malformed "
+         "fields read as 0 (first: line 3, \"size\")"},
+        {"clean.jsonl", 0, "clean.jsonl: ok, 1 events, 0 stacks, 1 devices\n"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct result r = run("%s/tools/cuheap check %s", build, cases[i].file);
+        if (r.status != cases[i].status || strncmp(r.out, cases[i].says, strlen(cases[i].says)))
+            fail_msg("exit %d, said: %s (want %d: %s)", r.status, r.out, cases[i].status,
+                     cases[i].says);
+        done(&r);
+    }
+    /* several traces: the worst decides */
+    struct result r = run("%s/tools/cuheap check clean.jsonl junk.jsonl", build);
+    assert_int_equal(r.status, 1);
+    done(&r);
+    /* the other commands read on, saying so in one line naming the file */
+    r = run("%s/tools/cuheap report fields.jsonl", build);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.err, "cuheap: fields.jsonl: 1 malformed fields read as 0 (first: line "
+                               "3, \"size\")\n");
+    done(&r);
+}
+
+/* -n N means N rows, and no more full stacks than rows. */
+static void test_top_prints_what_it_is_asked(void **state)
+{
+    (void)state;
+    /* 5 steps: three sites over the run, grow_cache's among them */
+    struct result r = run(FAKE " %s/tools/cuheap run -o d.jsonl -- %s/tests/programs/cuheap-demo 5",
+                          build, build, build);
+    assert_int_equal(r.status, 0);
+    done(&r);
+    for (int n = 1; n <= 3; n++) {
+        r = run("%s/tools/cuheap top --by total -n %d d.jsonl", build, n);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(count_lines(r.out, " allocs  "), n);
+        assert_int_equal(count_lines(r.out, "full stack:"), n);
+        done(&r);
+    }
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
     static const char *const bad[] = {
-        "report /nonexistent.jsonl", "frobnicate",           "run",
-        "top -n zero demo.jsonl",    "report notatrace.txt", "run --reuse sometimes -- true",
+        "report /nonexistent.jsonl",
+        "frobnicate",
+        "run",
+        "top -n zero demo.jsonl",
+        "report notatrace.txt",
+        "run --reuse sometimes -- true",
         "run --limit lots -- true",
+        "top --bogus notatrace.txt",
+        "top -x notatrace.txt",
+        "top -n",
+        "chrome -q notatrace.txt",
+        "memviz --max-entries many -o x.pickle notatrace.txt",
+        "memviz --max-entries",
+        "help frobnicate",
+        "check",
+        "check /nonexistent.jsonl",
+        "html -o /nonexistent/dir/x.html notatrace.txt",
     };
     struct result w = run("echo hello > notatrace.txt");
     done(&w);
@@ -829,6 +958,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_memviz_history_is_consistent, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_memviz_actions, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_chrome_merge_keeps_ranks_apart, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_help_matches_readme, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_check_finds_damage, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_top_prints_what_it_is_asked, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_stack_lines_are_the_calls, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);

@@ -109,6 +109,41 @@ static void test_bad_lines_are_counted(void **state)
     unlink(path);
 }
 
+/* Values that are there but unusable are counted, with the first one's line and name; lines
+ * that are no record say why; kinds from a newer cuheap are counted apart. */
+static void test_malformed_fields_are_counted(void **state)
+{
+    (void)state;
+    char buf[2048];
+    snprintf(buf, sizeof(buf),
+             "%s[1, 2]\n"
+             "{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\","
+             "\"device\":0,\"tid\":1,\"ptr\":\"0x1000\",\"size\":100,\"actual\":512,"
+             "\"pooled\":true}\n"
+             "{\"type\":\"event\",\"seq\":2,\"t\":20,\"event\":\"free\",\"api\":\"cuMemAlloc\","
+             "\"device\":\"zero\",\"tid\":1,\"ptr\":\"0x10zz\",\"size\":-5,\"actual\":512}\n"
+             "{\"type\":\"event\",\"seq\":3,\"t\":30,\"event\":\"teleport\"}\n"
+             "{\"type\":\"event\",\"t\":40,\"event\":\"alloc\"}\n"
+             "{\"type\":\"stack\",\"id\":\"one\",\"frames\":[]}\n"
+             "{\"type\":\"footer\",\"events\":4,\"written\":4,\"dropped\":0}\n",
+             HEADER);
+    char *path = write_tmp(buf);
+    struct cuheap_trace t;
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, &t, err, sizeof(err)), 0);
+    assert_int_equal(t.nr_events, 2);
+    assert_int_equal(t.nr_bad_fields, 3); /* device, ptr, size of the free */
+    assert_int_equal(t.first_bad_field_line, 4);
+    assert_string_equal(t.bad_field, "ptr");
+    assert_int_equal(t.nr_unknown_events, 1);
+    assert_int_equal(t.nr_bad_lines, 3); /* the array, the event without seq, the stack */
+    assert_int_equal(t.first_bad_line, 2);
+    assert_string_equal(t.bad_line_why, "not a JSON object");
+    assert_int_equal(t.nr_lines, 8);
+    cuheap_trace_free(&t);
+    unlink(path);
+}
+
 static void test_not_a_trace(void **state)
 {
     (void)state;
@@ -141,6 +176,7 @@ int main(void)
         cmocka_unit_test(test_reads_a_trace),
         cmocka_unit_test(test_truncated_trace_keeps_its_prefix),
         cmocka_unit_test(test_bad_lines_are_counted),
+        cmocka_unit_test(test_malformed_fields_are_counted),
         cmocka_unit_test(test_not_a_trace),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
