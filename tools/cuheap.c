@@ -61,9 +61,11 @@ static const struct command commands[] = {
     {"memviz", "cuheap memviz -o OUT.pickle [--max-entries N] TRACE",
      "A snapshot shaped like torch.cuda.memory._snapshot() for https://pytorch.org/memory_viz:\n"
      "the segments held at the end and per GPU the newest N actions (100000; 0: all).\n"},
-    {"html", "cuheap html [-o OUT.html] TRACE",
-     "A self-contained HTML report (stdout unless -o): memory over time per GPU, the call\n"
-     "sites at the peak with their stacks, leaks, out-of-memory events.\n"},
+    {"html", "cuheap html [-o OUT.html] TRACE...",
+     "A self-contained HTML report (stdout unless -o; opens offline in any browser): per\n"
+     "process and GPU, memory over time (live, reserved, the largest call sites, markers,\n"
+     "out-of-memory events; hover, drag to zoom), the call sites at the peak with their\n"
+     "stacks, leaks, out-of-memory events. Several traces (ranks) share one time axis.\n"},
     {"check", "cuheap check TRACE...",
      "Read and validate traces. Exit 0 when every trace is complete and clean, 1 when one is\n"
      "incomplete (a killed run) or has lines or fields that could not be read, 2 when one is\n"
@@ -492,27 +494,29 @@ static int close_out(FILE *f, const char *path)
     return 0;
 }
 
-static int cmd_chrome(int argc, char **argv)
+/* `NAME [-o OUT] TRACE...`: several traces (ranks) into one file, stdout unless -o. */
+static int cmd_many(int argc, char **argv,
+                    int (*export)(struct cuheap_trace *ts, size_t nr, FILE *f))
 {
-    const char *out_path = NULL;
+    const char *name = argv[0], *out_path = NULL;
     int c;
     optind = 1;
     while ((c = getopt(argc, argv, "o:")) != -1) {
         if (c != 'o')
-            return bad_option("chrome", argv);
+            return bad_option(name, argv);
         out_path = optarg;
     }
     if (optind >= argc)
-        return fail("chrome: expected one or more trace files");
+        return fail("%s: expected one or more trace files", name);
     size_t nr = (size_t)(argc - optind);
     struct cuheap_trace *ts = calloc(nr, sizeof(*ts));
     if (!ts)
-        return fail("chrome: out of memory");
+        return fail("%s: out of memory", name);
     size_t loaded = 0;
     while (loaded < nr && !load(argv[optind + (int)loaded], &ts[loaded]))
         loaded++;
     FILE *f = loaded == nr ? open_out(out_path) : NULL;
-    int r = f ? export_chrome(ts, nr, f) : 0;
+    int r = f ? export(ts, nr, f) : 0;
     for (size_t i = 0; i < loaded; i++)
         cuheap_trace_free(&ts[i]);
     free(ts);
@@ -520,7 +524,7 @@ static int cmd_chrome(int argc, char **argv)
         return 2;
     int closed = close_out(f, out_path);
     if (r)
-        return fail("chrome: out of memory");
+        return fail("%s: out of memory", name);
     return closed;
 }
 
@@ -541,33 +545,6 @@ static int cmd_folded(int argc, char **argv)
     export_folded(&t, m, stdout);
     cuheap_trace_free(&t);
     return close_out(stdout, "-");
-}
-
-/* `NAME [-o OUT] TRACE`: one trace in, one file out (stdout unless -o). */
-static int cmd_export_one(int argc, char **argv,
-                          int (*export)(const struct cuheap_trace *t, FILE *f))
-{
-    const char *name = argv[0], *out_path = NULL;
-    int c;
-    optind = 1;
-    while ((c = getopt(argc, argv, "o:")) != -1) {
-        if (c != 'o')
-            return bad_option(name, argv);
-        out_path = optarg;
-    }
-    if (optind != argc - 1)
-        return fail("%s: expected one trace file", name);
-    struct cuheap_trace t;
-    if (load(argv[optind], &t))
-        return 2;
-    FILE *f = open_out(out_path);
-    if (!f) {
-        cuheap_trace_free(&t);
-        return 2;
-    }
-    export(&t, f);
-    cuheap_trace_free(&t);
-    return close_out(f, out_path);
 }
 
 static int cmd_memviz(int argc, char **argv)
@@ -683,12 +660,12 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "leaks"))
         return cmd_sites(argc, argv, true);
     if (!strcmp(cmd, "chrome"))
-        return cmd_chrome(argc, argv);
+        return cmd_many(argc, argv, export_chrome);
     if (!strcmp(cmd, "folded"))
         return cmd_folded(argc, argv);
     if (!strcmp(cmd, "memviz"))
         return cmd_memviz(argc, argv);
     if (!strcmp(cmd, "check"))
         return cmd_check(argc, argv);
-    return cmd_export_one(argc, argv, export_html); /* html */
+    return cmd_many(argc, argv, export_html); /* html */
 }

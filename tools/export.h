@@ -21,8 +21,9 @@ int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out);
  * actions (0: all) that led there. */
 int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *out);
 
-/* A self-contained HTML report: charts of live and reserved bytes per GPU, top sites at the
- * peak with stacks, leaks, out-of-memory events. */
-int export_html(const struct cuheap_trace *t, FILE *out);
+/* A self-contained HTML report (html.c): per process and GPU a memory timeline (live,
+ * reserved, top sites, markers, refusals; hover and zoom), top sites at the peak with stacks,
+ * leaks, out-of-memory events. Several traces share one time axis. */
+int export_html(struct cuheap_trace *traces, size_t nr, FILE *out);
 
 #endif

@@ -303,8 +303,8 @@ static void test_tool_commands(void **state)
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "allocated over the run"));
     done(&r);
-    r = run("%s/tools/cuheap html -o report.html demo.jsonl && grep -c '<svg' report.html && "
-            "grep -c 'layer_forward' report.html",
+    r = run("%s/tools/cuheap html -o report.html demo.jsonl && grep -c 'class=\"chart\"' "
+            "report.html && grep -c 'layer_forward' report.html",
             build);
     assert_int_equal(r.status, 0);
     assert_int_equal(strncmp(r.out, "1\n", 2), 0); /* one chart: one GPU */
@@ -804,6 +804,102 @@ static void test_top_prints_what_it_is_asked(void **state)
     }
 }
 
+/* The data the HTML report's page draws from, as Python sees it (one expression). */
+static struct result html_data(const char *html, const char *expr)
+{
+    return run("%s -c \"import json, re; h = open('%s').read(); "
+               "d = json.loads(re.search(r'id=.cuheap-data.>(.*?)</script>', h, re.S).group(1)); "
+               "print(%s)\"",
+               python, html, expr);
+}
+
+/* The HTML report on traces whose answers are known: a spike far shorter than a pixel
+ * column survives (min/max per column); refusals are told as what they were; tables only
+ * where there is something to show; nothing is fetched (issue 13). */
+static void test_html_report_content(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("long.jsonl");
+    unsigned long long seq = 1;
+    trace_event(f, seq++, 1000, "alloc", 1, 0x1000, 1 << 20, 0, 0);
+    for (unsigned i = 0; i < 50000; i++) { /* 1 MiB live, with 4 KiB coming and going */
+        unsigned long long t = 2000 + 20000ull * i;
+        trace_event(f, seq++, t, "alloc", 1, 0x200000, 4096, 0, 0);
+        trace_event(f, seq++, t + 10000, "free", 1, 0x200000, 4096, 0, 0);
+        if (i == 31337) { /* 1 GiB for one microsecond */
+            trace_event(f, seq++, t + 11000, "alloc", 1, 0x40000000, 1 << 30, 0, 0);
+            trace_event(f, seq++, t + 12000, "free", 1, 0x40000000, 1 << 30, 0, 0);
+        }
+    }
+    fputs("{\"type\":\"event\",\"seq\":200005,\"t\":3000000,\"event\":\"limit\",\"api\":"
+          "\"cuMemAlloc\",\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":67108864,\"actual\":0,"
+          "\"pooled\":false,\"result\":2,\"driver_free\":4273995776,\"driver_total\":31457280,"
+          "\"limit\":31457280}\n",
+          f);
+    close_trace(f, seq);
+    struct result r = run("%s/tools/cuheap html -o long.html long.jsonl", build);
+    assert_int_equal(r.status, 0);
+    done(&r);
+    r = html_data("long.html", "max(d['processes'][0]['gpus'][0]['live_max'])");
+    assert_string_equal(r.out, "1074790400\n"); /* 1 GiB + 1 MiB */
+    done(&r);
+    r = run("grep -c 'refused by CUHEAP_LIMIT (limit 30.00 MiB)' long.html; "
+            "grep -c 'driver free / total' long.html; grep -c '<h3>Never freed' long.html; "
+            "grep -Eo '(src|href)=' long.html | wc -l");
+    assert_string_equal(r.out, "1\n0\n1\n0\n");
+    done(&r);
+
+    /* the demo: markers for its 5 steps, no refusal table when there was none */
+    r = run(FAKE " %s/tools/cuheap run -o d.jsonl -- %s/tests/programs/cuheap-demo 5 >/dev/null && "
+                 "%s/tools/cuheap html -o d.html d.jsonl && grep -c 'Out of memory' d.html",
+            build, build, build, build);
+    assert_string_equal(r.out, "0\n");
+    done(&r);
+    r = html_data("d.html", "[m[1] for m in d['processes'][0]['gpus'][0]['marks']]");
+    assert_string_equal(r.out, "['step 0', 'step 1', 'step 2', 'step 3', 'step 4']\n");
+    done(&r);
+}
+
+/* Headless Chromium (Debian's package) opens the report with no console message, and the
+ * charts are drawn: one SVG per GPU chart, with the live step line, markers and the
+ * refusal. The screenshot is kept in meson-logs/. Skipped without chromium. */
+static void test_html_renders_in_chromium(void **state)
+{
+    (void)state;
+    struct result r = run("command -v chromium");
+    if (r.status) {
+        done(&r);
+        print_message("# chromium is not installed\n");
+        skip();
+    }
+    done(&r);
+    FILE *f = open_trace_of("oom.jsonl", 1);
+    trace_event(f, 1, 1000, "alloc", 1, 0x1000, 1 << 20, 0, 0);
+    fputs("{\"type\":\"event\",\"seq\":2,\"t\":2000,\"event\":\"oom\",\"api\":\"cuMemAlloc\","
+          "\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":2147483648,\"actual\":0,\"pooled\":"
+          "false,\"result\":2,\"driver_free\":104857600,\"driver_total\":1073741824}\n",
+          f);
+    trace_event(f, 3, 3000, "free", 1, 0x1000, 1 << 20, 0, 0);
+    close_trace(f, 3);
+    r = run(FAKE
+            " %s/tools/cuheap run -o d.jsonl -- %s/tests/programs/cuheap-demo 5 >/dev/null && "
+            "%s/tools/cuheap html -o both.html d.jsonl oom.jsonl && "
+            "timeout 120 chromium --headless --no-sandbox --disable-gpu --enable-logging=stderr "
+            "--v=0 --window-size=1200,1800 --screenshot=%s/meson-logs/cuheap-html.png "
+            "file://%s/both.html 2>shot.err >/dev/null; "
+            "timeout 120 chromium --headless --no-sandbox --disable-gpu --enable-logging=stderr "
+            "--v=0 --dump-dom file://%s/both.html 2>dom.err >dom.html; "
+            "grep -h CONSOLE shot.err dom.err; "
+            "grep -o 'class=\"chart\"' dom.html | wc -l; grep -o '<svg' dom.html | wc -l; "
+            "grep -o 'class=\"line-l\"' dom.html | wc -l; grep -o 'class=\"mark\"' dom.html | "
+            "wc -l; grep -o 'class=\"oom\"' dom.html | wc -l",
+            build, build, build, build, build, tmp, tmp);
+    /* two processes, one GPU each; 5 step marks in the demo; one OOM */
+    if (strcmp(r.out, "2\n2\n2\n5\n1\n"))
+        fail_msg("console messages, charts, svgs, live lines, marks, ooms:\n%s%s", r.out, r.err);
+    done(&r);
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
@@ -961,6 +1057,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_help_matches_readme, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_check_finds_damage, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_top_prints_what_it_is_asked, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_html_renders_in_chromium, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_stack_lines_are_the_calls, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
