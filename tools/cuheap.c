@@ -17,6 +17,7 @@
 
 #include "analysis.h"
 #include "config.h"
+#include "diff.h"
 #include "event.h"
 #include "export.h"
 #include "symbolize.h"
@@ -66,6 +67,10 @@ static const struct command commands[] = {
      "process and GPU, memory over time (live, reserved, the largest call sites, markers,\n"
      "out-of-memory events; hover, drag to zoom), the call sites at the peak with their\n"
      "stacks, leaks, out-of-memory events. Several traces (ranks) share one time axis.\n"},
+    {"diff", "cuheap diff [-n N] A B",
+     "What changed from run A to run B: per GPU peak live and reserved bytes, fragmentation,\n"
+     "allocations, OOMs; the call sites whose bytes at the peak changed, largest change first\n"
+     "(N rows, 20); leaks that appeared or went away. Call sites are matched by name.\n"},
     {"check", "cuheap check TRACE...",
      "Read and validate traces. Exit 0 when every trace is complete and clean, 1 when one is\n"
      "incomplete (a killed run) or has lines or fields that could not be read, 2 when one is\n"
@@ -586,6 +591,29 @@ static int cmd_memviz(int argc, char **argv)
     return close_out(f, out_path);
 }
 
+static int cmd_diff(int argc, char **argv)
+{
+    size_t n = 20;
+    int c;
+    optind = 1;
+    while ((c = getopt(argc, argv, "n:")) != -1)
+        if (c != 'n' || parse_n(optarg, &n))
+            return c == 'n' ? 2 : bad_option("diff", argv);
+    if (argc - optind != 2)
+        return fail("diff: expected two trace files (cuheap diff A B)");
+    struct cuheap_trace a, b;
+    if (load(argv[optind], &a))
+        return 2;
+    if (load(argv[optind + 1], &b)) {
+        cuheap_trace_free(&a);
+        return 2;
+    }
+    diff_traces(&a, &b, n);
+    cuheap_trace_free(&a);
+    cuheap_trace_free(&b);
+    return close_out(stdout, "-");
+}
+
 static int cmd_check(int argc, char **argv)
 {
     if (argc < 2)
@@ -637,14 +665,14 @@ int main(int argc, char **argv)
         const struct command *c = find_command(argv[1]);
         if (!c || argc > 2)
             return fail("help %s: no such command (commands: run report top leaks chrome "
-                        "folded memviz html check help)",
+                        "folded memviz html diff check help)",
                         argv[1]);
         return command_help(c);
     }
     const struct command *c = find_command(cmd);
     if (!c)
         return fail("unknown command '%s' (commands: run report top leaks chrome folded memviz "
-                    "html check help)",
+                    "html diff check help)",
                     cmd);
     /* COMMAND --help everywhere; run reads its own options only up to PROGRAM */
     if (strcmp(cmd, "run"))
@@ -667,5 +695,7 @@ int main(int argc, char **argv)
         return cmd_memviz(argc, argv);
     if (!strcmp(cmd, "check"))
         return cmd_check(argc, argv);
+    if (!strcmp(cmd, "diff"))
+        return cmd_diff(argc, argv);
     return cmd_many(argc, argv, export_html); /* html */
 }

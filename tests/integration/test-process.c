@@ -900,6 +900,53 @@ static void test_html_renders_in_chromium(void **state)
     done(&r);
 }
 
+static void stack_line(FILE *f, int id, int line, const char *fn)
+{
+    fprintf(f,
+            "{\"type\":\"stack\",\"id\":%d,\"frames\":[],\"python\":[{\"file\":\"train.py\","
+            "\"line\":%d,\"function\":\"%s\"}]}\n",
+            id, line, fn);
+}
+
+/* cuheap diff on two runs whose answers are known; call sites matched by name although the
+ * stack ids differ. */
+static void test_diff_two_runs(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("a.jsonl");
+    stack_line(f, 1, 10, "embed");
+    stack_line(f, 2, 20, "attention");
+    trace_event(f, 1, 1000, "alloc", 1, 0x1000000, 10 << 20, 0, 1);
+    trace_event(f, 2, 2000, "alloc", 1, 0x2000000, 20 << 20, 0, 2); /* peak: 30 MiB */
+    trace_event(f, 3, 3000, "free", 1, 0x2000000, 20 << 20, 0, 0);  /* embed leaks 10 MiB */
+    close_trace(f, 3);
+    f = open_trace("b.jsonl");
+    stack_line(f, 7, 20, "attention");
+    stack_line(f, 8, 30, "fresh");
+    trace_event(f, 1, 1000, "alloc", 1, 0x1000000, 25 << 20, 0, 7);
+    trace_event(f, 2, 2000, "alloc", 1, 0x2000000, 5 << 20, 0, 8); /* peak: 30 MiB */
+    trace_event(f, 3, 3000, "free", 1, 0x1000000, 25 << 20, 0, 0); /* fresh leaks 5 MiB */
+    close_trace(f, 3);
+    struct result r = run("%s/tools/cuheap diff a.jsonl b.jsonl", build);
+    assert_int_equal(r.status, 0);
+    static const char *const want[] = {
+        "  peak live           30.00 MiB    30.00 MiB   0\n",
+        "  live at the end     10.00 MiB     5.00 MiB   -5.00 MiB (-50.0%)\n",
+        /* largest change first; equal changes by name */
+        "     10.00 MiB          0 B   -10.00 MiB (-100.0%)   train.py:10 in embed\n"
+        "     20.00 MiB    25.00 MiB   +5.00 MiB (+25.0%)     train.py:20 in attention\n"
+        "           0 B     5.00 MiB   +5.00 MiB (new)        train.py:30 in fresh\n",
+        "never freed, by call site: 1 new in B, 1 gone\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (!strstr(r.out, want[i]))
+            fail_msg("no\n%sin\n%s", want[i], r.out);
+    done(&r);
+    r = run("%s/tools/cuheap diff -n 1 a.jsonl b.jsonl", build);
+    assert_int_equal(count_lines(r.out, "train.py:"), 2); /* one row at the peak, one leak */
+    done(&r);
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
@@ -918,6 +965,8 @@ static void test_tool_rejects_bad_input(void **state)
         "memviz --max-entries many -o x.pickle notatrace.txt",
         "memviz --max-entries",
         "help frobnicate",
+        "diff notatrace.txt",
+        "diff /nonexistent.jsonl notatrace.txt",
         "check",
         "check /nonexistent.jsonl",
         "html -o /nonexistent/dir/x.html notatrace.txt",
@@ -1059,6 +1108,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_top_prints_what_it_is_asked, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_renders_in_chromium, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_diff_two_runs, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_stack_lines_are_the_calls, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
