@@ -15,34 +15,178 @@ static const char *str_or(json_t *v, const char *dflt)
     return s ? s : dflt;
 }
 
-static uint64_t hex_or_int(json_t *v)
+/* One field's value, from jansson or from the scanner of plain event lines below. */
+enum value_kind { V_NONE, V_INT, V_REAL, V_STR, V_TRUE, V_FALSE, V_NULL, V_OTHER };
+
+struct value {
+    enum value_kind kind;
+    long long i;
+    double r;
+    const char *s;
+};
+
+#define NR_MAX_FLAT 32
+
+/* An event line's fields: a jansson object, or what scan_flat() found. */
+struct fields {
+    json_t *obj;
+    int nr;
+    const char *keys[NR_MAX_FLAT];
+    struct value vals[NR_MAX_FLAT];
+};
+
+static struct value get(const struct fields *f, const char *key)
 {
-    if (json_is_integer(v))
-        return (uint64_t)json_integer_value(v);
-    if (json_is_string(v))
-        return strtoull(json_string_value(v), NULL, 0);
+    struct value v = {V_NONE, 0, 0, NULL};
+    if (!f->obj) {
+        for (int k = f->nr - 1; k >= 0; k--) /* the last of equal keys, as jansson keeps */
+            if (!strcmp(f->keys[k], key))
+                return f->vals[k];
+        return v;
+    }
+    json_t *j = json_object_get(f->obj, key);
+    if (!j)
+        return v;
+    switch (json_typeof(j)) {
+    case JSON_INTEGER:
+        v.kind = V_INT;
+        v.i = json_integer_value(j);
+        break;
+    case JSON_REAL:
+        v.kind = V_REAL;
+        v.r = json_real_value(j);
+        break;
+    case JSON_STRING:
+        v.kind = V_STR;
+        v.s = json_string_value(j);
+        break;
+    case JSON_TRUE:
+        v.kind = V_TRUE;
+        break;
+    case JSON_FALSE:
+        v.kind = V_FALSE;
+        break;
+    case JSON_NULL:
+        v.kind = V_NULL;
+        break;
+    default:
+        v.kind = V_OTHER;
+        break;
+    }
+    return v;
+}
+
+/* Whether a present value is not a byte count or id this reader can use: a negative number,
+ * or a string that is not entirely a number ("0x..." and decimal strings are, for what an
+ * int64 cannot hold). */
+static bool bad_number(struct value v)
+{
+    if (v.kind == V_NONE || (v.kind == V_INT && v.i >= 0) || (v.kind == V_REAL && v.r >= 0))
+        return false;
+    if (v.kind == V_STR) {
+        char *end;
+        (void)strtoull(v.s, &end, 0);
+        return end == v.s || *end || *v.s == '-';
+    }
+    return true;
+}
+
+/* A number field: an integer, or a string of one; anything else reads as 0. */
+static uint64_t number(struct value v)
+{
+    if (v.kind == V_INT)
+        return (uint64_t)v.i;
+    if (v.kind == V_STR && !bad_number(v))
+        return strtoull(v.s, NULL, 0);
     return 0;
 }
 
-/* Count a field that is present but not a number this reader can use. Absent fields are
- * fine (most are optional); required ones are checked by the caller. */
-static void check_number(struct cuheap_trace *t, json_t *o, const char *key, size_t lineno)
+/* Event lines are most of a trace, and jansson builds a whole object for each. The
+ * recorder writes them as one flat object of plain values, which this scans in place:
+ * strings of printable ASCII without escapes, integers of at most 18 digits, true, false,
+ * null. Anything else (escapes, nesting, fractions, a cut-off line) returns false before a
+ * byte of line is used, and the caller parses the line with jansson: both read a line the
+ * same way. The strings are NUL-terminated inside line, which the caller gives as a copy. */
+static bool scan_flat(char *line, size_t len, struct fields *f)
 {
-    json_t *v = json_object_get(o, key);
-    bool ok = !v || (json_is_integer(v) && json_integer_value(v) >= 0) ||
-              (json_is_real(v) && json_real_value(v) >= 0);
-    if (json_is_string(v)) {
-        const char *s = json_string_value(v);
-        char *end;
-        (void)strtoull(s, &end, 0);
-        ok = end != s && !*end && *s != '-';
+    size_t i = 0, ends[2 * NR_MAX_FLAT];
+    int nr_ends = 0;
+#define SKIP_WS()                                                                                  \
+    while (i < len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n'))   \
+    i++
+    f->obj = NULL;
+    f->nr = 0;
+    SKIP_WS();
+    if (i >= len || line[i++] != '{')
+        return false;
+    for (;;) {
+        SKIP_WS();
+        if (i >= len || line[i] != '"' || f->nr == NR_MAX_FLAT)
+            return false;
+        size_t k = ++i;
+        while (i < len && line[i] != '"' && line[i] != '\\' && (unsigned char)line[i] >= 0x20 &&
+               (unsigned char)line[i] < 0x80)
+            i++;
+        if (i >= len || line[i] != '"')
+            return false;
+        f->keys[f->nr] = line + k;
+        ends[nr_ends++] = i++;
+        SKIP_WS();
+        if (i >= len || line[i++] != ':')
+            return false;
+        SKIP_WS();
+        struct value *v = &f->vals[f->nr];
+        memset(v, 0, sizeof(*v));
+        if (i < len && line[i] == '"') {
+            size_t b = ++i;
+            while (i < len && line[i] != '"' && line[i] != '\\' && (unsigned char)line[i] >= 0x20 &&
+                   (unsigned char)line[i] < 0x80)
+                i++;
+            if (i >= len || line[i] != '"')
+                return false;
+            v->kind = V_STR;
+            v->s = line + b;
+            ends[nr_ends++] = i++;
+        } else if (i < len && (line[i] == '-' || (line[i] >= '0' && line[i] <= '9'))) {
+            bool neg = line[i] == '-';
+            size_t b = i += neg;
+            long long n = 0;
+            while (i < len && line[i] >= '0' && line[i] <= '9' && i - b < 18)
+                n = n * 10 + (line[i++] - '0');
+            if (i == b || (line[b] == '0' && i - b > 1) ||
+                (i < len && strchr(".eE0123456789", line[i])))
+                return false; /* a fraction, an exponent, 19+ digits, a leading zero */
+            v->kind = V_INT;
+            v->i = neg ? -n : n;
+        } else if (len - i >= 4 && !memcmp(line + i, "true", 4)) {
+            v->kind = V_TRUE;
+            i += 4;
+        } else if (len - i >= 5 && !memcmp(line + i, "false", 5)) {
+            v->kind = V_FALSE;
+            i += 5;
+        } else if (len - i >= 4 && !memcmp(line + i, "null", 4)) {
+            v->kind = V_NULL;
+            i += 4;
+        } else {
+            return false;
+        }
+        f->nr++;
+        SKIP_WS();
+        if (i < len && line[i] == ',') {
+            i++;
+            continue;
+        }
+        if (i >= len || line[i++] != '}')
+            return false;
+        break;
     }
-    if (ok)
-        return;
-    if (!t->nr_bad_fields++) {
-        t->first_bad_field_line = lineno;
-        snprintf(t->bad_field, sizeof(t->bad_field), "%s", key);
-    }
+    SKIP_WS();
+#undef SKIP_WS
+    if (i != len)
+        return false;
+    for (int k = 0; k < nr_ends; k++)
+        line[ends[k]] = 0;
+    return true;
 }
 
 static void bad_line(struct cuheap_trace *t, size_t lineno, const char *why)
@@ -65,7 +209,51 @@ static int cmp_stack(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static int add_event(struct cuheap_trace *t, size_t *cap, json_t *o, size_t lineno)
+/* The fields an event line may have, looked up once (clang-format does not settle on
+ * X-macro lists, hence off). */
+/* clang-format off */
+#define EVENT_FIELDS(X) \
+    X(seq) X(t) X(event) X(api) X(device) X(tid) X(ptr) X(size) X(actual) X(pooled) X(stream) \
+    X(stack) X(label) X(driver_free) X(driver_total) X(limit) X(blocks) X(bytes) X(reserved)
+/* clang-format on */
+
+struct event_fields {
+#define X(name) struct value name;
+    EVENT_FIELDS(X)
+#undef X
+};
+
+static void event_fields(const struct fields *f, struct event_fields *ef)
+{
+    memset(ef, 0, sizeof(*ef));
+    if (f->obj) {
+#define X(name) ef->name = get(f, #name);
+        EVENT_FIELDS(X)
+#undef X
+        return;
+    }
+    for (int k = 0; k < f->nr; k++) { /* in order: the last of equal keys wins, as in jansson */
+#define X(name)                                                                                    \
+    if (f->keys[k][0] == #name[0] && !strcmp(f->keys[k], #name)) {                                 \
+        ef->name = f->vals[k];                                                                     \
+        continue;                                                                                  \
+    }
+        EVENT_FIELDS(X)
+#undef X
+    }
+}
+
+static void check_field(struct cuheap_trace *t, struct value v, const char *key, size_t lineno)
+{
+    if (!bad_number(v))
+        return;
+    if (!t->nr_bad_fields++) {
+        t->first_bad_field_line = lineno;
+        snprintf(t->bad_field, sizeof(t->bad_field), "%s", key);
+    }
+}
+
+static int add_event(struct cuheap_trace *t, size_t *cap, const struct fields *f, size_t lineno)
 {
     if (t->nr_events == *cap) {
         size_t n = *cap ? *cap * 2 : 4096;
@@ -75,61 +263,59 @@ static int add_event(struct cuheap_trace *t, size_t *cap, json_t *o, size_t line
         t->events = e;
         *cap = n;
     }
-    const char *kind = json_string_value(json_object_get(o, "event"));
-    if (!kind || !json_is_integer(json_object_get(o, "seq"))) {
-        bad_line(t, lineno, kind ? "an event without \"seq\"" : "an event without \"event\"");
+    struct event_fields ef;
+    event_fields(f, &ef);
+    if (ef.event.kind != V_STR || ef.seq.kind != V_INT) {
+        bad_line(t, lineno,
+                 ef.event.kind == V_STR ? "an event without \"seq\""
+                                        : "an event without \"event\"");
         return 0;
     }
-    int type = cuheap_event_type_from_name(kind);
+    int type = cuheap_event_type_from_name(ef.event.s);
     if (type < 0) {
         t->nr_unknown_events++; /* an event kind from a newer cuheap: skip it */
         return 0;
     }
-    static const char *const numbers[] = {
-        "seq",    "t",     "ptr",         "size",         "actual", "stack", "tid",      "stream",
-        "device", "limit", "driver_free", "driver_total", "blocks", "bytes", "reserved", NULL};
-    for (int i = 0; numbers[i]; i++)
-        if (strcmp(numbers[i], "device")) /* -1 is a device: host memory */
-            check_number(t, o, numbers[i], lineno);
-    json_t *device = json_object_get(o, "device");
-    if (device && !json_is_integer(device))
-        check_number(t, o, "device", lineno);
-    int api = cuheap_api_from_name(str_or(json_object_get(o, "api"), "none"));
+/* clang-format off */
+#define X(name) check_field(t, ef.name, #name, lineno);
+    X(seq) X(t) X(ptr) X(size) X(actual) X(stack) X(tid) X(stream) X(limit) X(driver_free)
+    X(driver_total) X(blocks) X(bytes) X(reserved)
+#undef X
+        /* clang-format on */
+        if (ef.device.kind != V_NONE && ef.device.kind != V_INT) /* -1 is a device: host memory */
+        check_field(t, ef.device, "device", lineno);
+    int api = cuheap_api_from_name(ef.api.kind == V_STR ? ef.api.s : "none");
     struct cuheap_trace_event *e = &t->events[t->nr_events++];
     memset(e, 0, sizeof(*e));
-    e->seq = hex_or_int(json_object_get(o, "seq"));
-    e->t = hex_or_int(json_object_get(o, "t"));
-    e->ptr = hex_or_int(json_object_get(o, "ptr"));
-    e->size = hex_or_int(json_object_get(o, "size"));
-    e->actual = hex_or_int(json_object_get(o, "actual"));
-    e->stream = hex_or_int(json_object_get(o, "stream"));
-    e->stack = (uint32_t)hex_or_int(json_object_get(o, "stack"));
-    e->tid = (uint32_t)hex_or_int(json_object_get(o, "tid"));
-    json_t *dev = json_object_get(o, "device");
-    e->device = (int16_t)(json_is_integer(dev) ? json_integer_value(dev) : -1);
+    e->seq = number(ef.seq);
+    e->t = number(ef.t);
+    e->ptr = number(ef.ptr);
+    e->size = number(ef.size);
+    e->actual = number(ef.actual);
+    e->stream = number(ef.stream);
+    e->stack = (uint32_t)number(ef.stack);
+    e->tid = (uint32_t)number(ef.tid);
+    e->device = (int16_t)(ef.device.kind == V_INT ? ef.device.i : -1);
     e->type = (uint8_t)type;
     e->api = (uint8_t)(api < 0 ? 0 : api);
-    e->pooled = json_is_true(json_object_get(o, "pooled"));
+    e->pooled = ef.pooled.kind == V_TRUE;
     switch (type) {
     case CUHEAP_EV_OOM:
     case CUHEAP_EV_LIMIT:
-        e->aux = hex_or_int(json_object_get(o, "driver_free"));
-        e->aux2 =
-            hex_or_int(json_object_get(o, type == CUHEAP_EV_LIMIT ? "limit" : "driver_total"));
+        e->aux = number(ef.driver_free);
+        e->aux2 = number(type == CUHEAP_EV_LIMIT ? ef.limit : ef.driver_total);
         break;
     case CUHEAP_EV_FENCE:
-        e->aux = hex_or_int(json_object_get(o, "blocks"));
-        e->aux2 = hex_or_int(json_object_get(o, "bytes"));
+        e->aux = number(ef.blocks);
+        e->aux2 = number(ef.bytes);
         break;
     case CUHEAP_EV_ARENA_GROW:
     case CUHEAP_EV_ARENA_RELEASE:
-        e->aux = hex_or_int(json_object_get(o, "reserved"));
+        e->aux = number(ef.reserved);
         break;
-    case CUHEAP_EV_MARK: {
-        const char *l = json_string_value(json_object_get(o, "label"));
-        e->label = strdup(l ? l : "");
+    case CUHEAP_EV_MARK:
+        e->label = strdup(ef.label.kind == V_STR ? ef.label.s : "");
         break;
-    }
     default:
         break;
     }
@@ -146,7 +332,7 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
         return -1;
     }
     t->path = strdup(path);
-    char *line = NULL;
+    char *line = NULL, scratch[1024]; /* event lines are about 250 bytes */
     size_t line_cap = 0, ev_cap = 0, st_cap = 0, lineno = 0;
     ssize_t len;
     int r = 0;
@@ -154,6 +340,22 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
         lineno++;
         t->nr_lines = lineno;
         bool complete = len > 0 && line[len - 1] == '\n';
+        /* event lines through the scanner, on a copy: the line stays whole for jansson */
+        struct fields flat;
+        if (lineno > 1 && complete && (size_t)len <= sizeof(scratch)) {
+            memcpy(scratch, line, (size_t)len);
+            if (scan_flat(scratch, (size_t)len, &flat)) {
+                struct value type = get(&flat, "type");
+                if (type.kind == V_STR && !strcmp(type.s, "event")) {
+                    if (add_event(t, &ev_cap, &flat, lineno)) {
+                        snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
+                        r = -1;
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
         json_error_t jerr;
         json_t *o = json_loadb(line, (size_t)len, 0, &jerr);
         if (lineno == 1) {
@@ -201,7 +403,8 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
         if (!type) {
             bad_line(t, lineno, "no \"type\"");
         } else if (!strcmp(type, "event")) {
-            if (add_event(t, &ev_cap, o, lineno)) {
+            struct fields fo = {.obj = o};
+            if (add_event(t, &ev_cap, &fo, lineno)) {
                 snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
                 r = -1;
             }

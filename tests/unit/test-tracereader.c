@@ -144,6 +144,79 @@ static void test_malformed_fields_are_counted(void **state)
     unlink(path);
 }
 
+/* Event lines go through a fast scanner unless they hold something only jansson reads; both
+ * ways must give the same events and the same complaints. Each line is read once as it is
+ * and once with a nested field added, which sends it to jansson. */
+static void read_lines(const char *const *lines, size_t n, const char *extra,
+                       struct cuheap_trace *ret)
+{
+    char buf[8192];
+    size_t used = (size_t)snprintf(buf, sizeof(buf), "%s", HEADER);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(lines[i]);
+        assert_true(used + len + strlen(extra) + 2 < sizeof(buf));
+        memcpy(buf + used, lines[i], len - 1); /* without the closing brace */
+        used += len - 1;
+        used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s}\n", extra);
+    }
+    char *path = write_tmp(buf);
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, ret, err, sizeof(err)), 0);
+    unlink(path);
+}
+
+static void test_fast_scanner_reads_as_jansson_does(void **state)
+{
+    (void)state;
+    static const char *const lines[] = {
+        "{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\","
+        "\"device\":0,\"tid\":7,\"ptr\":\"0x7f0000001000\",\"size\":100,\"actual\":512,"
+        "\"pooled\":true,\"stream\":\"0x55\",\"stack\":3}",
+        "{ \"type\" : \"event\" , \"event\":\"free\", \"seq\": 2 ,\"t\":20,\"device\":-1,"
+        "\"ptr\":\"0x10\",\"size\":\"0x20\",\"actual\":\"48\",\"pooled\":null }",
+        "{\"type\":\"event\",\"seq\":3,\"t\":30,\"event\":\"alloc\",\"size\":1,\"size\":2,"
+        "\"ptr\":\"lots\",\"tid\":-4}",
+        "{\"type\":\"event\",\"seq\":4,\"t\":1.5,\"event\":\"oom\",\"size\":1e3,"
+        "\"driver_free\":5,\"driver_total\":6}",
+        "{\"type\":\"event\",\"seq\":5,\"t\":50,\"event\":\"mark\",\"label\":\"step \\\"5\\\"\"}",
+        "{\"type\":\"event\",\"seq\":6,\"t\":123456789012345678901,\"event\":\"alloc\"}",
+        "{\"type\":\"event\",\"seq\":7,\"t\":70,\"event\":\"limit\",\"size\":9,\"limit\":8,"
+        "\"driver_free\":07}",
+        "{\"type\":\"event\",\"seq\":8,\"t\":80,\"event\":\"fence\",\"blocks\":2,\"bytes\":1024,"
+        "\"device\":\"zero\"}",
+        "{\"type\":\"event\",\"seq\":9,\"t\":90,\"event\":\"mark\",\"label\":\"caf\xc3\xa9\"}",
+    };
+    size_t n = sizeof(lines) / sizeof(lines[0]);
+    struct cuheap_trace fast, slow;
+    read_lines(lines, n, "", &fast);
+    read_lines(lines, n, ",\"x\":[1]", &slow);
+    assert_int_equal(fast.nr_events, slow.nr_events);
+    assert_int_equal(fast.nr_events, 7); /* the 21-digit number and the leading zero: bad lines */
+    assert_int_equal(fast.nr_bad_lines, slow.nr_bad_lines);
+    assert_int_equal(fast.nr_bad_fields, slow.nr_bad_fields);
+    assert_int_equal(fast.first_bad_field_line, slow.first_bad_field_line);
+    assert_string_equal(fast.bad_field, slow.bad_field);
+    for (size_t i = 0; i < fast.nr_events; i++) {
+        struct cuheap_trace_event a = fast.events[i], b = slow.events[i];
+        if (a.label || b.label) {
+            assert_string_equal(a.label, b.label);
+            a.label = b.label = NULL;
+        }
+        if (memcmp(&a, &b, sizeof(a)))
+            fail_msg("event %zu (seq %llu) differs", i, (unsigned long long)a.seq);
+    }
+    assert_int_equal(fast.events[0].ptr, 0x7f0000001000);
+    assert_int_equal(fast.events[0].stream, 0x55);
+    assert_int_equal(fast.events[1].size, 0x20);
+    assert_int_equal(fast.events[1].actual, 48);
+    assert_int_equal(fast.events[1].device, -1);
+    assert_int_equal(fast.events[2].size, 2); /* the last of equal keys */
+    assert_string_equal(fast.events[4].label, "step \"5\"");
+    assert_int_equal(fast.nr_bad_fields, 3); /* ptr "lots", tid -4, device "zero" */
+    cuheap_trace_free(&fast);
+    cuheap_trace_free(&slow);
+}
+
 static void test_not_a_trace(void **state)
 {
     (void)state;
@@ -177,6 +250,7 @@ int main(void)
         cmocka_unit_test(test_truncated_trace_keeps_its_prefix),
         cmocka_unit_test(test_bad_lines_are_counted),
         cmocka_unit_test(test_malformed_fields_are_counted),
+        cmocka_unit_test(test_fast_scanner_reads_as_jansson_does),
         cmocka_unit_test(test_not_a_trace),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
