@@ -374,7 +374,8 @@ static const char *const SCRIPT[] = {
     "for(let j=up.length-1;j>=0;j--){const c=up[j][0];d+='L'+(L+c+1)+','+y(base[c])+"
     "'L'+(L+c)+','+y(base[c]);}"
     "const p=el('path',{d:d+'Z',fill:COLORS[k%6],'fill-opacity':0.45,stroke:'none'},svg);"
-    "el('title',{},p).textContent=s.site+'\\n'+bytes(s.bytes)+' at the peak';"
+    "el('title',{},p).textContent=s.site+'\\n'+bytes(s.bytes)+' at the peak\\n\\n'+"
+    "s.stack.join('\\n');"
     "for(const[c,v]of up)base[c]=v;});\n",
     " /* min..max bands, then step lines through the last values */\n",
     " for(const[key,cl,lo,hi]of[['r','#d62728','rmin','rmax'],['l','#1f77b4','lmin','lmax']]){"
@@ -422,7 +423,19 @@ static const char *const SCRIPT[] = {
     "if(!o){tip.style.display='none';return;}"
     "let s=secs(view[0]+(view[1]-view[0])*c/cols)+'\\nlive '+bytes(o.l)+' (column max '+"
     "bytes(o.lmax)+')\\nreserved '+bytes(o.r);g.sites.forEach((st,k)=>{if(o.s[k])"
-    "s+='\\n'+bytes(o.s[k])+'  '+st.site;});tip.textContent=s;tip.style.display='block';"
+    "s+='\\n'+bytes(o.s[k])+'  '+st.site;});"
+    /* under the cursor: the site whose band it is in (with its stack), the refusals and
+     * markers within 3 pixels */
+    "const v=(T+plotH-ev.offsetY)/plotH*top;let cum=0;for(let k=0;k<g.sites.length;k++){"
+    "cum+=o.s[k];if(v<cum){s+='\\n\\n'+g.sites[k].site+'\\n  '+g.sites[k].stack.join("
+    "'\\n  ');break;}}"
+    "const near=t=>Math.abs(x(t)-(L+c+0.5))<=3;"
+    "for(const m of g.marks)if(near(m[0]))s+='\\n\\nmarker: '+m[1];"
+    "for(const r of g.ooms)if(near(r.t))s+='\\n\\n'+(r.kind=='oom'?'out of memory: ':"
+    "'refused by CUHEAP_LIMIT ('+bytes(r.limit)+'): ')+bytes(r.size)+' requested; live '+"
+    "bytes(r.live)+', reserved '+bytes(r.reserved)+'\\n'+r.site+'\\n  '+r.stack.join("
+    "'\\n  ');"
+    "tip.textContent=s;tip.style.display='block';"
     "tip.style.left=Math.min(ev.offsetX+14,W-300)+'px';tip.style.top=(ev.offsetY+10)+'px';});\n",
     " over.addEventListener('mouseleave',()=>{tip.style.display='none';"
     "cur.setAttribute('visibility','hidden');});\n",
@@ -441,6 +454,17 @@ static const char *const SCRIPT[] = {
     "}\n",
     "for(const box of document.querySelectorAll('.chart')){const g=DATA.processes"
     "[+box.dataset.process].gpus[+box.dataset.gpu];if(g)draw(box,g,[0,DATA.end_ns||1]);}\n",
+    /* #selftest (the tests open the page so): hover and zoom each chart by synthetic mouse
+     * events and leave what they showed in data- attributes */
+    "if(location.hash=='#selftest')for(const box of document.querySelectorAll('.chart')){"
+    "const ov=()=>box.querySelector('svg rect[fill=transparent]');let "
+    "r=ov().getBoundingClientRect();"
+    "const ev=(type,fx,fy)=>ov().dispatchEvent(new MouseEvent(type,{bubbles:true,"
+    "clientX:r.left+r.width*fx,clientY:r.top+r.height*fy}));"
+    "ev('mousemove',0.5,0.97);box.dataset.hover=box.querySelector('.tip').textContent;"
+    "ev('mousedown',0.25,0.5);ev('mousemove',0.5,0.5);ev('mouseup',0.5,0.5);"
+    "box.dataset.zoomed=[...box.querySelectorAll('text.axis')].map(t=>t.textContent)"
+    ".filter(t=>t.endsWith(' s')).join(' | ');}\n",
     NULL,
 };
 

@@ -898,6 +898,21 @@ static void test_html_renders_in_chromium(void **state)
     if (strcmp(r.out, "2\n2\n2\n5\n1\n"))
         fail_msg("console messages, charts, svgs, live lines, marks, ooms:\n%s%s", r.out, r.err);
     done(&r);
+    /* hover and zoom, by the page's own synthetic mouse events (#selftest): the values under
+     * the cursor with the stack of the site there; a zoomed time axis */
+    r = run("timeout 120 chromium --headless --no-sandbox --disable-gpu --enable-logging=stderr "
+            "--v=0 --window-size=1200,1800 --dump-dom 'file://%s/both.html#selftest' "
+            "2>self.err >self.html; grep -h CONSOLE self.err; "
+            "%s -c \"import re, html; d = open('self.html').read(); "
+            "h = [html.unescape(x) for x in re.findall(r'data-hover=.(.*?)\\\"', d, re.S)]; "
+            "z = re.findall(r'data-zoomed=.(.*?)\\\"', d); "
+            "print(len(h), 'live ' in h[0], '\\n  layer_forward (demo.c:88)' in h[0], "
+            "len(z), all(z))\"",
+            tmp, python);
+    if (strcmp(r.out, "2 True True 2 True\n"))
+        fail_msg("console messages; hovers, live shown, stack shown, zooms, all zoomed:\n%s%s",
+                 r.out, r.err);
+    done(&r);
 }
 
 static void stack_line(FILE *f, int id, int line, const char *fn)
