@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "event.h"
 
@@ -189,6 +190,13 @@ static bool scan_flat(char *line, size_t len, struct fields *f)
     return true;
 }
 
+static cuheap_trace_progress_fn progress;
+
+void cuheap_trace_set_progress(cuheap_trace_progress_fn fn)
+{
+    progress = fn;
+}
+
 static void bad_line(struct cuheap_trace *t, size_t lineno, const char *why)
 {
     if (!t->nr_bad_lines++) {
@@ -332,6 +340,8 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
         return -1;
     }
     t->path = strdup(path);
+    struct stat st;
+    uint64_t total = fstat(fileno(f), &st) == 0 ? (uint64_t)st.st_size : 0;
     char *line = NULL, scratch[1024]; /* event lines are about 250 bytes */
     size_t line_cap = 0, ev_cap = 0, st_cap = 0, lineno = 0;
     ssize_t len;
@@ -339,6 +349,8 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
     while ((len = getline(&line, &line_cap, f)) >= 0) {
         lineno++;
         t->nr_lines = lineno;
+        if (progress && !(lineno & 0x3fff))
+            progress(path, (uint64_t)ftello(f), total, t->nr_events, false);
         bool complete = len > 0 && line[len - 1] == '\n';
         /* event lines through the scanner, on a copy: the line stays whole for jansson */
         struct fields flat;
@@ -451,6 +463,8 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
             break;
     }
     free(line);
+    if (progress)
+        progress(path, (uint64_t)ftello(f), total, t->nr_events, true);
     fclose(f);
     if (r == 0 && lineno == 0) {
         snprintf(err, err_size, "%s: empty file, not a cuheap trace", path);

@@ -69,6 +69,12 @@ struct cuheap_trace {
 int cuheap_trace_read(const char *path, struct cuheap_trace *ret, char *err, size_t err_size);
 void cuheap_trace_free(struct cuheap_trace *t);
 
+/* Called while a trace is read, every few thousand lines and once at the end (finished):
+ * bytes read of total, events so far. The tool draws a progress line with it. */
+typedef void (*cuheap_trace_progress_fn)(const char *path, uint64_t done, uint64_t total,
+                                         size_t events, bool finished);
+void cuheap_trace_set_progress(cuheap_trace_progress_fn fn);
+
 /* The stack with that id, or NULL. */
 const struct cuheap_trace_stack *cuheap_trace_stack(const struct cuheap_trace *t, uint32_t id);
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "analysis.h"
@@ -112,6 +113,44 @@ static int fail(const char *fmt, ...)
     fputc('\n', stderr);
     va_end(ap);
     return 2;
+}
+
+/* A progress line on a terminal for reads that take more than a second (CUHEAP_PROGRESS_MS),
+ * rewritten in place and wiped when done; nothing when stderr is not a terminal. */
+static void show_progress(const char *path, uint64_t done, uint64_t total, size_t events,
+                          bool finished)
+{
+    static struct timespec start;
+    static bool shown, tty_checked, tty;
+    static long after_ms = -1;
+    if (!tty_checked) {
+        tty_checked = true;
+        tty = isatty(STDERR_FILENO);
+        const char *env = getenv("CUHEAP_PROGRESS_MS");
+        after_ms = env && *env ? strtol(env, NULL, 10) : 1000;
+    }
+    if (!tty)
+        return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (!start.tv_sec && !start.tv_nsec)
+        start = now;
+    double secs = (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9;
+    if (finished) {
+        if (shown)
+            fputs("\r\033[K", stderr);
+        shown = false;
+        start = (struct timespec){0, 0};
+        return;
+    }
+    if (secs * 1000 < (double)after_ms)
+        return;
+    char b1[32], b2[32], b3[32];
+    fprintf(stderr, "\r\033[K" TOOL ": reading %s: %s of %s (%.0f%%), %zu events, %s/s", path,
+            human_bytes(done, b1, sizeof(b1)), human_bytes(total, b2, sizeof(b2)),
+            total ? 100.0 * (double)done / (double)total : 0.0, events,
+            human_bytes(secs > 0 ? (uint64_t)((double)done / secs) : 0, b3, sizeof(b3)));
+    shown = true;
 }
 
 /* What the reader had to skip or guess, as one sentence ("" when nothing): every command
@@ -655,6 +694,7 @@ int main(int argc, char **argv)
     argc--;
     argv++;
     opterr = 0;
+    cuheap_trace_set_progress(show_progress);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         if (argc < 2) {
             usage(stdout);

@@ -962,6 +962,29 @@ static void test_diff_two_runs(void **state)
     done(&r);
 }
 
+/* A progress line while a trace is read, on a terminal only (CUHEAP_PROGRESS_MS=0: from the
+ * start, not after a second), wiped before the answer. */
+static void test_progress_only_on_a_terminal(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("p.jsonl");
+    for (unsigned i = 1; i <= 20000; i++)
+        trace_event(f, i, i * 1000ull, i & 1 ? "alloc" : "free", 1, 0x1000, 512, 0, 0);
+    close_trace(f, 20000);
+    struct result r = run("script -qec 'CUHEAP_PROGRESS_MS=0 %s/tools/cuheap check p.jsonl' "
+                          "/dev/null",
+                          build);
+    assert_int_equal(r.status, 0);
+    if (!strstr(r.out, "\r\033[Kcuheap: reading p.jsonl: ") ||
+        !strstr(r.out, "\r\033[Kp.jsonl: ok, 20000 events"))
+        fail_msg("%s", r.out);
+    done(&r);
+    r = run("CUHEAP_PROGRESS_MS=0 %s/tools/cuheap check p.jsonl", build);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.err, "");
+    done(&r);
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
@@ -1124,6 +1147,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_renders_in_chromium, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_diff_two_runs, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_progress_only_on_a_terminal, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_stack_lines_are_the_calls, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
