@@ -54,9 +54,11 @@ static const struct command commands[] = {
     {"leaks", "cuheap leaks [-n N] TRACE",
      "Allocations never freed, by call site, N rows (20), with the full stacks of the first\n"
      "three.\n"},
-    {"chrome", "cuheap chrome [-o OUT] TRACE...",
+    {"chrome", "cuheap chrome [-o OUT] [--from S] [--to S] TRACE...",
      "One Chrome Trace Event file for Perfetto (stdout unless -o); several ranks' traces merge\n"
-     "into one timeline, clocks aligned, each process under its command line and rank.\n"},
+     "into one timeline, clocks aligned, each process under its command line and rank.\n"
+     "  --from S, --to S      only seconds S.. of the merged timeline (what was held at S\n"
+     "                        starts there): a long run's file stays small enough to open\n"},
     {"folded", "cuheap folded [--by peak|total] TRACE",
      "Folded stacks (outer;...;inner BYTES) for flamegraph.pl or speedscope, by bytes live at\n"
      "the peak (default) or allocated over the run.\n"},
@@ -538,38 +540,100 @@ static int close_out(FILE *f, const char *path)
     return 0;
 }
 
-/* `NAME [-o OUT] TRACE...`: several traces (ranks) into one file, stdout unless -o. */
-static int cmd_many(int argc, char **argv,
-                    int (*export)(struct cuheap_trace *ts, size_t nr, FILE *f))
+/* Load every trace named from argv[first] on; on failure, frees what was loaded and returns
+ * NULL (the reason already said). */
+static struct cuheap_trace *load_all(char **argv, int first, int argc, const char *name)
 {
-    const char *name = argv[0], *out_path = NULL;
+    size_t nr = (size_t)(argc - first);
+    struct cuheap_trace *ts = calloc(nr, sizeof(*ts));
+    if (!ts)
+        return fail("%s: out of memory", name), NULL;
+    for (size_t i = 0; i < nr; i++)
+        if (load(argv[first + (int)i], &ts[i])) {
+            while (i-- > 0)
+                cuheap_trace_free(&ts[i]);
+            free(ts);
+            return NULL;
+        }
+    return ts;
+}
+
+static void free_all(struct cuheap_trace *ts, size_t nr)
+{
+    for (size_t i = 0; i < nr; i++)
+        cuheap_trace_free(&ts[i]);
+    free(ts);
+}
+
+/* `html [-o OUT] TRACE...`: several traces (ranks) into one file, stdout unless -o. */
+static int cmd_html(int argc, char **argv)
+{
+    const char *out_path = NULL;
     int c;
     optind = 1;
     while ((c = getopt(argc, argv, "o:")) != -1) {
         if (c != 'o')
-            return bad_option(name, argv);
+            return bad_option("html", argv);
         out_path = optarg;
     }
     if (optind >= argc)
-        return fail("%s: expected one or more trace files", name);
+        return fail("html: expected one or more trace files");
     size_t nr = (size_t)(argc - optind);
-    struct cuheap_trace *ts = calloc(nr, sizeof(*ts));
-    if (!ts)
-        return fail("%s: out of memory", name);
-    size_t loaded = 0;
-    while (loaded < nr && !load(argv[optind + (int)loaded], &ts[loaded]))
-        loaded++;
-    FILE *f = loaded == nr ? open_out(out_path) : NULL;
-    int r = f ? export(ts, nr, f) : 0;
-    for (size_t i = 0; i < loaded; i++)
-        cuheap_trace_free(&ts[i]);
-    free(ts);
+    struct cuheap_trace *ts = load_all(argv, optind, argc, "html");
+    FILE *f = ts ? open_out(out_path) : NULL;
+    int r = f ? export_html(ts, nr, f) : 0;
+    if (ts)
+        free_all(ts, nr);
     if (!f)
         return 2;
     int closed = close_out(f, out_path);
-    if (r)
-        return fail("%s: out of memory", name);
-    return closed;
+    return r ? fail("html: out of memory") : closed;
+}
+
+static int parse_seconds(const char *s, const char *what, uint64_t *ret)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= 0) || v > 1e9)
+        return fail("chrome: %s %s: expected seconds (0 or more)", what, s);
+    *ret = (uint64_t)(v * 1e9);
+    return 0;
+}
+
+static int cmd_chrome(int argc, char **argv)
+{
+    static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
+                                         {"from", required_argument, NULL, 'F'},
+                                         {"to", required_argument, NULL, 'T'},
+                                         {NULL, 0, NULL, 0}};
+    const char *out_path = NULL;
+    uint64_t from = 0, to = 0;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
+        if (c == 'o')
+            out_path = optarg;
+        else if (c == 'F' && parse_seconds(optarg, "--from", &from))
+            return 2;
+        else if (c == 'T' && parse_seconds(optarg, "--to", &to))
+            return 2;
+        else if (c != 'F' && c != 'T')
+            return bad_option("chrome", argv);
+    }
+    if (optind >= argc)
+        return fail("chrome: expected one or more trace files");
+    if (to && to <= from)
+        return fail("chrome: --to must come after --from");
+    size_t nr = (size_t)(argc - optind);
+    struct cuheap_trace *ts = load_all(argv, optind, argc, "chrome");
+    FILE *f = ts ? open_out(out_path) : NULL;
+    int r = f ? export_chrome(ts, nr, from, to, f) : 0;
+    if (ts)
+        free_all(ts, nr);
+    if (!f)
+        return 2;
+    int closed = close_out(f, out_path);
+    return r ? fail("chrome: out of memory") : closed;
 }
 
 static int cmd_folded(int argc, char **argv)
@@ -728,7 +792,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "leaks"))
         return cmd_sites(argc, argv, true);
     if (!strcmp(cmd, "chrome"))
-        return cmd_many(argc, argv, export_chrome);
+        return cmd_chrome(argc, argv);
     if (!strcmp(cmd, "folded"))
         return cmd_folded(argc, argv);
     if (!strcmp(cmd, "memviz"))
@@ -737,5 +801,5 @@ int main(int argc, char **argv)
         return cmd_check(argc, argv);
     if (!strcmp(cmd, "diff"))
         return cmd_diff(argc, argv);
-    return cmd_many(argc, argv, export_html); /* html */
+    return cmd_html(argc, argv);
 }

@@ -54,7 +54,59 @@ static void process_name(const struct cuheap_trace *t, char *buf, size_t size)
         snprintf(buf + n, size - n, "pid %ld%s%s)", t->pid, host ? " on " : "", host ? host : "");
 }
 
-int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out)
+static void feed(struct cuheap_chrome *c, const struct cuheap_trace *t,
+                 const struct cuheap_trace_event *e, double ts_us)
+{
+    json_t *stack = e->type == CUHEAP_EV_ALLOC ? stack_strings(t, e->stack) : NULL;
+    struct cuheap_chrome_ev ce = {
+        .type = e->type,
+        .api = e->api,
+        .pooled = e->pooled,
+        .device = e->device,
+        .ptr = e->ptr,
+        .size = e->size,
+        .actual = e->actual,
+        .aux = e->aux,
+        .aux2 = e->aux2,
+        .ts_us = ts_us,
+        .tid = e->tid,
+        .stack_id = e->stack,
+        .stack = stack,
+        .label = e->label,
+    };
+    cuheap_chrome_event(c, &ce);
+    json_decref(stack);
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* What was held when the window opens (arenas, then allocations, each in the order they
+ * were made; .t holds the event's index), given at its start so the counters and slices
+ * begin right. */
+static void open_window(struct cuheap_chrome *c, const struct cuheap_trace *t,
+                        struct live_set held[2], double ts_us)
+{
+    for (int set = 0; set < 2; set++) {
+        size_t *idx = malloc((held[set].nr_used + 1) * sizeof(*idx)), n = 0;
+        if (!idx)
+            return;
+        for (size_t k = 0; k < held[set].nr_slots; k++)
+            if (held[set].slots[k].ptr)
+                idx[n++] = (size_t)held[set].slots[k].t;
+        if (n)
+            qsort(idx, n, sizeof(*idx), cmp_size);
+        for (size_t k = 0; k < n; k++)
+            feed(c, t, &t->events[idx[k]], ts_us);
+        free(idx);
+    }
+}
+
+int export_chrome(struct cuheap_trace *traces, size_t nr, uint64_t from_ns, uint64_t to_ns,
+                  FILE *out)
 {
     uint64_t t0 = UINT64_MAX;
     for (size_t i = 0; i < nr; i++) {
@@ -90,28 +142,37 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out)
         }
         uint64_t off =
             (uint64_t)json_integer_value(json_object_get(t->header, "start_unix_ns")) - t0;
+        /* before the window: only what is held, by address, with the event's index in .t:
+         * arenas apart from allocations, as an arena's first block has its address */
+        struct live_set held[2];
+        live_set_init(&held[0]);
+        live_set_init(&held[1]);
+        bool opened = from_ns == 0;
         for (size_t k = 0; k < t->nr_events; k++) {
             const struct cuheap_trace_event *e = &t->events[k];
-            json_t *stack = e->type == CUHEAP_EV_ALLOC ? stack_strings(t, e->stack) : NULL;
-            struct cuheap_chrome_ev ce = {
-                .type = e->type,
-                .api = e->api,
-                .pooled = e->pooled,
-                .device = e->device,
-                .ptr = e->ptr,
-                .size = e->size,
-                .actual = e->actual,
-                .aux = e->aux,
-                .aux2 = e->aux2,
-                .ts_us = (double)(e->t + off) / 1000.0,
-                .tid = e->tid,
-                .stack_id = e->stack,
-                .stack = stack,
-                .label = e->label,
-            };
-            cuheap_chrome_event(&c, &ce);
-            json_decref(stack);
+            uint64_t at = e->t + off;
+            if (!opened && at < from_ns) {
+                struct live_alloc a = {.ptr = e->ptr, .t = k};
+                if (!e->ptr)
+                    continue;
+                if (e->type == CUHEAP_EV_ARENA_GROW || e->type == CUHEAP_EV_ALLOC)
+                    live_set_put(&held[e->type == CUHEAP_EV_ALLOC], &a);
+                else if (e->type == CUHEAP_EV_ARENA_RELEASE || e->type == CUHEAP_EV_FREE)
+                    live_set_take(&held[e->type == CUHEAP_EV_FREE], e->ptr, NULL);
+                continue;
+            }
+            if (!opened) {
+                open_window(&c, t, held, (double)from_ns / 1000.0);
+                opened = true;
+            }
+            if (to_ns && at > to_ns)
+                break; /* seq order is nearly time order: what follows is later still */
+            feed(&c, t, e, (double)at / 1000.0);
         }
+        if (!opened)
+            open_window(&c, t, held, (double)from_ns / 1000.0);
+        live_set_free(&held[0]);
+        live_set_free(&held[1]);
     }
     if (nr)
         cuheap_chrome_end(&c);

@@ -9,8 +9,11 @@
 #include "analysis.h"
 #include "tracereader.h"
 
-/* All traces (ranks) into one Chrome Trace Event file, clocks aligned on their start times. */
-int export_chrome(struct cuheap_trace *traces, size_t nr, FILE *out);
+/* All traces (ranks) into one Chrome Trace Event file, clocks aligned on their start times.
+ * from_ns/to_ns (0: no bound), on that common clock: only events in the window, with what
+ * was held when it opens given at its start. */
+int export_chrome(struct cuheap_trace *traces, size_t nr, uint64_t from_ns, uint64_t to_ns,
+                  FILE *out);
 
 /* One line per call site: "outer;...;inner BYTES". */
 int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out);

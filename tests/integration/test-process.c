@@ -985,6 +985,40 @@ static void test_progress_only_on_a_terminal(void **state)
     done(&r);
 }
 
+/* chrome --from/--to: only the window, with what was held when it opens given at its start,
+ * so the counters and slices begin right. */
+static void test_chrome_time_window(void **state)
+{
+    (void)state;
+    FILE *f = open_trace("w.jsonl");
+    trace_event(f, 1, 10000, "arena_grow", 1, 0x10000000, 32 << 20, 1, 0);
+    trace_event(f, 2, 10000, "alloc", 1, 0x1000000, 1 << 20, 0, 0);  /* A */
+    trace_event(f, 3, 20000, "alloc", 1, 0x10000000, 2 << 20, 1, 0); /* B, from the arena */
+    trace_event(f, 4, 30000, "free", 1, 0x1000000, 1 << 20, 0, 0);
+    trace_event(f, 5, 50000, "alloc", 1, 0x3000000, 4 << 20, 0, 0); /* C */
+    trace_event(f, 6, 60000, "free", 1, 0x10000000, 2 << 20, 1, 0);
+    trace_event(f, 7, 70000, "free", 1, 0x3000000, 4 << 20, 0, 0);
+    close_trace(f, 7);
+    struct result r = run("%s/tools/cuheap chrome --from 0.000025 --to 0.000055 -o w.json w.jsonl "
+                          "&& %s %s/tests/perfetto_pairs.py w.json && %s -c \""
+                          "import json; d = json.load(open('w.json')); "
+                          "ts = [e['ts'] for e in d if 'ts' in e]; "
+                          "c = [e['args'] for e in d if e['ph'] == 'C' and e['ts'] == 25]; "
+                          "print(min(ts), max(ts), c[-1]['live'], c[-1]['reserved'])\"",
+                          build, python, source, python);
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    /* A and B held at 25 us, A freed at 30, C at 50; B and C still open at 55 */
+    assert_non_null(strstr(r.out, ": 3 slices, 1 ended, 2 still open"));
+    /* held at 25 us: A 1 MiB and B 2 MiB live; the 32 MiB arena and A reserved */
+    if (!strstr(r.out, "\n25.0 50.0 3145728 34603008\n"))
+        fail_msg("%s", r.out);
+    done(&r);
+    r = run("%s/tools/cuheap chrome --from 2 --to 1 w.jsonl", build);
+    assert_int_equal(r.status, 2);
+    done(&r);
+}
+
 static void test_tool_rejects_bad_input(void **state)
 {
     (void)state;
@@ -1000,6 +1034,7 @@ static void test_tool_rejects_bad_input(void **state)
         "top -x notatrace.txt",
         "top -n",
         "chrome -q notatrace.txt",
+        "chrome --from soon notatrace.txt",
         "memviz --max-entries many -o x.pickle notatrace.txt",
         "memviz --max-entries",
         "help frobnicate",
@@ -1148,6 +1183,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_html_renders_in_chromium, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_diff_two_runs, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_progress_only_on_a_terminal, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_chrome_time_window, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_stack_lines_are_the_calls, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
