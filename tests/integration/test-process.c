@@ -41,6 +41,14 @@ static char *slurp(const char *path)
     return buf;
 }
 
+/* A file of the test's folder, for failure messages (never freed: the test ends). */
+static char *slurp_in_tmp(const char *name)
+{
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof(p), "%s/%s", tmp, name);
+    return slurp(p);
+}
+
 struct result {
     int status;
     char *out;
@@ -860,6 +868,12 @@ static void test_html_report_content(void **state)
     done(&r);
 }
 
+/* Its own profile folder: another Chromium on the machine (the default profile's lock) would
+ * take the page over and leave this one with nothing. */
+#define CHROMIUM                                                                                   \
+    "timeout 120 chromium --headless --no-sandbox --disable-gpu --user-data-dir=chrome-profile "   \
+    "--enable-logging=stderr "
+
 /* Headless Chromium (Debian's package) opens the report with no console message, and the
  * charts are drawn: one SVG per GPU chart, with the live step line, markers and the
  * refusal. The screenshot is kept in meson-logs/. Skipped without chromium. */
@@ -881,26 +895,24 @@ static void test_html_renders_in_chromium(void **state)
           f);
     trace_event(f, 3, 3000, "free", 1, 0x1000, 1 << 20, 0, 0);
     close_trace(f, 3);
-    r = run(FAKE
-            " %s/tools/cuheap run -o d.jsonl -- %s/tests/programs/cuheap-demo 5 >/dev/null && "
-            "%s/tools/cuheap html -o both.html d.jsonl oom.jsonl && "
-            "timeout 120 chromium --headless --no-sandbox --disable-gpu --enable-logging=stderr "
-            "--v=0 --window-size=1200,1800 --screenshot=%s/meson-logs/cuheap-html.png "
-            "file://%s/both.html 2>shot.err >/dev/null; "
-            "timeout 120 chromium --headless --no-sandbox --disable-gpu --enable-logging=stderr "
-            "--v=0 --dump-dom file://%s/both.html 2>dom.err >dom.html; "
-            "grep -h CONSOLE shot.err dom.err; "
-            "grep -o 'class=\"chart\"' dom.html | wc -l; grep -o '<svg' dom.html | wc -l; "
-            "grep -o 'class=\"line-l\"' dom.html | wc -l; grep -o 'class=\"mark\"' dom.html | "
-            "wc -l; grep -o 'class=\"oom\"' dom.html | wc -l",
+    r = run(FAKE " %s/tools/cuheap run -o d.jsonl -- %s/tests/programs/cuheap-demo 5 >/dev/null && "
+                 "%s/tools/cuheap html -o both.html d.jsonl oom.jsonl && " CHROMIUM
+                 "--v=0 --window-size=1200,1800 --screenshot=%s/meson-logs/cuheap-html.png "
+                 "file://%s/both.html 2>shot.err >/dev/null; " CHROMIUM
+                 "--v=0 --dump-dom file://%s/both.html 2>dom.err >dom.html; "
+                 "grep -h CONSOLE shot.err dom.err; "
+                 "grep -o 'class=\"chart\"' dom.html | wc -l; grep -o '<svg' dom.html | wc -l; "
+                 "grep -o 'class=\"line-l\"' dom.html | wc -l; grep -o 'class=\"mark\"' dom.html | "
+                 "wc -l; grep -o 'class=\"oom\"' dom.html | wc -l",
             build, build, build, build, build, tmp, tmp);
     /* two processes, one GPU each; 5 step marks in the demo; one OOM */
     if (strcmp(r.out, "2\n2\n2\n5\n1\n"))
-        fail_msg("console messages, charts, svgs, live lines, marks, ooms:\n%s%s", r.out, r.err);
+        fail_msg("console messages, charts, svgs, live lines, marks, ooms:\n%s%s%s", r.out, r.err,
+                 slurp_in_tmp("dom.err"));
     done(&r);
     /* hover and zoom, by the page's own synthetic mouse events (#selftest): the values under
      * the cursor with the stack of the site there; a zoomed time axis */
-    r = run("timeout 120 chromium --headless --no-sandbox --disable-gpu --enable-logging=stderr "
+    r = run(CHROMIUM
             "--v=0 --window-size=1200,1800 --dump-dom 'file://%s/both.html#selftest' "
             "2>self.err >self.html; grep -h CONSOLE self.err; "
             "%s -c \"import re, html; d = open('self.html').read(); "
@@ -910,8 +922,8 @@ static void test_html_renders_in_chromium(void **state)
             "len(z), all(z))\"",
             tmp, python);
     if (strcmp(r.out, "2 True True 2 True\n"))
-        fail_msg("console messages; hovers, live shown, stack shown, zooms, all zoomed:\n%s%s",
-                 r.out, r.err);
+        fail_msg("console messages; hovers, live shown, stack shown, zooms, all zoomed:\n%s%s%s",
+                 r.out, r.err, slurp_in_tmp("self.err"));
     done(&r);
 }
 
