@@ -261,28 +261,23 @@ static void check_field(struct cuheap_trace *t, struct value v, const char *key,
     }
 }
 
-static int add_event(struct cuheap_trace *t, size_t *cap, const struct fields *f, size_t lineno)
+/* An event line into *e; what was wrong with it is counted in t. Returns whether it gave an
+ * event (a kind this tool knows, with "seq"). */
+static bool parse_event(struct cuheap_trace *t, const struct fields *f, size_t lineno,
+                        struct cuheap_trace_event *e)
 {
-    if (t->nr_events == *cap) {
-        size_t n = *cap ? *cap * 2 : 4096;
-        struct cuheap_trace_event *e = realloc(t->events, n * sizeof(*e));
-        if (!e)
-            return -ENOMEM;
-        t->events = e;
-        *cap = n;
-    }
     struct event_fields ef;
     event_fields(f, &ef);
     if (ef.event.kind != V_STR || ef.seq.kind != V_INT) {
         bad_line(t, lineno,
                  ef.event.kind == V_STR ? "an event without \"seq\""
                                         : "an event without \"event\"");
-        return 0;
+        return false;
     }
     int type = cuheap_event_type_from_name(ef.event.s);
     if (type < 0) {
         t->nr_unknown_events++; /* an event kind from a newer cuheap: skip it */
-        return 0;
+        return false;
     }
 /* clang-format off */
 #define X(name) check_field(t, ef.name, #name, lineno);
@@ -293,7 +288,6 @@ static int add_event(struct cuheap_trace *t, size_t *cap, const struct fields *f
         if (ef.device.kind != V_NONE && ef.device.kind != V_INT) /* -1 is a device: host memory */
         check_field(t, ef.device, "device", lineno);
     int api = cuheap_api_from_name(ef.api.kind == V_STR ? ef.api.s : "none");
-    struct cuheap_trace_event *e = &t->events[t->nr_events++];
     memset(e, 0, sizeof(*e));
     e->seq = number(ef.seq);
     e->t = number(ef.t);
@@ -327,10 +321,108 @@ static int add_event(struct cuheap_trace *t, size_t *cap, const struct fields *f
     default:
         break;
     }
+    return true;
+}
+
+/* ---- events in seq order from a file read again: a window that reorders them ---- */
+
+/* The writer drains events nearly in seq order (threads race only for ring slots), so a
+ * min-heap of this many reorders them; a trace whose events stray further is read into
+ * memory and sorted instead (cuheap_trace_open() finds out on its first read). */
+#define NR_WINDOW (1u << 17)
+
+static size_t window = NR_WINDOW;
+
+void cuheap_trace_set_window(size_t nr)
+{
+    window = nr ? nr : NR_WINDOW;
+}
+
+static void heap_push(struct cuheap_trace_event *h, size_t *n, const struct cuheap_trace_event *e)
+{
+    size_t i = (*n)++;
+    while (i && h[(i - 1) / 2].seq > e->seq) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = *e;
+}
+
+static struct cuheap_trace_event heap_pop(struct cuheap_trace_event *h, size_t *n)
+{
+    struct cuheap_trace_event top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && h[c + 1].seq < h[c].seq)
+            c++;
+        if (h[c].seq >= last.seq)
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n)
+        h[i] = last;
+    return top;
+}
+
+/* What the first read keeps of its events: only whether the window keeps them in order. */
+struct order_check {
+    struct cuheap_trace_event *heap; /* only seq is used */
+    size_t nr;
+    uint64_t last; /* seq of the last event out */
+    bool any_out, unsorted;
+};
+
+static void order_out(struct order_check *w, uint64_t seq)
+{
+    if (w->any_out && seq < w->last)
+        w->unsorted = true;
+    w->last = seq;
+    w->any_out = true;
+}
+
+static void order_in(struct order_check *w, uint64_t seq)
+{
+    struct cuheap_trace_event e = {.seq = seq};
+    heap_push(w->heap, &w->nr, &e);
+    if (w->nr == window)
+        order_out(w, heap_pop(w->heap, &w->nr).seq);
+}
+
+/* Keep the event (array mode) or only check its order (streaming). Returns -ENOMEM. */
+static int add_event(struct cuheap_trace *t, size_t *cap, struct order_check *w,
+                     const struct fields *f, size_t lineno)
+{
+    struct cuheap_trace_event e;
+    if (!parse_event(t, f, lineno, &e))
+        return 0;
+    if (e.t > t->max_t)
+        t->max_t = e.t;
+    if (w) {
+        free(e.label);
+        order_in(w, e.seq);
+        t->nr_events++;
+        return 0;
+    }
+    if (t->nr_events == *cap) {
+        size_t n = *cap ? *cap * 2 : 4096;
+        struct cuheap_trace_event *grown = realloc(t->events, n * sizeof(*grown));
+        if (!grown) {
+            free(e.label);
+            return -ENOMEM;
+        }
+        t->events = grown;
+        *cap = n;
+    }
+    t->events[t->nr_events++] = e;
     return 0;
 }
 
-int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_t err_size)
+static int read_trace(const char *path, struct cuheap_trace *t, char *err, size_t err_size,
+                      struct order_check *w)
 {
     memset(t, 0, sizeof(*t));
     t->rank = -1;
@@ -359,7 +451,7 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
             if (scan_flat(scratch, (size_t)len, &flat)) {
                 struct value type = get(&flat, "type");
                 if (type.kind == V_STR && !strcmp(type.s, "event")) {
-                    if (add_event(t, &ev_cap, &flat, lineno)) {
+                    if (add_event(t, &ev_cap, w, &flat, lineno)) {
                         snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
                         r = -1;
                         break;
@@ -416,7 +508,7 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
             bad_line(t, lineno, "no \"type\"");
         } else if (!strcmp(type, "event")) {
             struct fields fo = {.obj = o};
-            if (add_event(t, &ev_cap, &fo, lineno)) {
+            if (add_event(t, &ev_cap, w, &fo, lineno)) {
                 snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
                 r = -1;
             }
@@ -476,16 +568,120 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
     }
     if (!t->footer)
         t->truncated = true;
-    if (t->nr_events)
+    if (t->nr_events && !w)
         qsort(t->events, t->nr_events, sizeof(*t->events), cmp_seq);
     if (t->nr_stacks)
         qsort(t->stacks, t->nr_stacks, sizeof(*t->stacks), cmp_stack);
     return 0;
 }
 
+int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_t err_size)
+{
+    return read_trace(path, t, err, err_size, NULL);
+}
+
+int cuheap_trace_open(const char *path, struct cuheap_trace *t, char *err, size_t err_size)
+{
+    struct order_check w = {.heap = malloc(window * sizeof(*w.heap))};
+    if (!w.heap)
+        return cuheap_trace_read(path, t, err, err_size);
+    int r = read_trace(path, t, err, err_size, &w);
+    while (r == 0 && w.nr)
+        order_out(&w, heap_pop(w.heap, &w.nr).seq);
+    free(w.heap);
+    if (r)
+        return r;
+    if (!w.unsorted) {
+        t->streamed = true;
+        return 0;
+    }
+    /* events too far from seq order for the window: all of them in memory, sorted */
+    cuheap_trace_free(t);
+    return cuheap_trace_read(path, t, err, err_size);
+}
+
+const struct cuheap_trace_event *cuheap_trace_first(const struct cuheap_trace *t,
+                                                    struct cuheap_trace_iter *it)
+{
+    memset(it, 0, sizeof(*it));
+    it->t = t;
+    if (!t->streamed)
+        return t->nr_events ? &t->events[0] : NULL;
+    it->f = fopen(t->path, "re");
+    it->heap = malloc(window * sizeof(*it->heap));
+    it->counters = calloc(1, sizeof(*it->counters));
+    if (!it->f || !it->heap || !it->counters) {
+        it->failed = true; /* the file went away since it was read */
+        return NULL;
+    }
+    return cuheap_trace_next(it);
+}
+
+const struct cuheap_trace_event *cuheap_trace_next(struct cuheap_trace_iter *it)
+{
+    const struct cuheap_trace *t = it->t;
+    if (!t->streamed) {
+        it->next++;
+        return it->next < t->nr_events ? &t->events[it->next] : NULL;
+    }
+    free(it->cur.label);
+    it->cur.label = NULL;
+    if (!it->f)
+        return NULL;
+    char scratch[1024];
+    ssize_t len;
+    while (it->nr_heap < window && !it->eof) {
+        if ((len = getline(&it->line, &it->line_cap, it->f)) < 0 || it->line[len - 1] != '\n') {
+            it->eof = true; /* the end, or a last line cut off: the first read stopped there */
+            break;
+        }
+        if (++it->lineno == 1)
+            continue;
+        struct fields flat;
+        struct cuheap_trace_event e;
+        if ((size_t)len <= sizeof(scratch)) {
+            memcpy(scratch, it->line, (size_t)len);
+            if (scan_flat(scratch, (size_t)len, &flat)) {
+                struct value type = get(&flat, "type");
+                if (type.kind == V_STR && !strcmp(type.s, "event") &&
+                    parse_event(it->counters, &flat, it->lineno, &e))
+                    heap_push(it->heap, &it->nr_heap, &e);
+                continue;
+            }
+        }
+        json_t *o = json_loadb(it->line, (size_t)len, 0, NULL);
+        struct fields fo = {.obj = o};
+        if (json_is_object(o) && !strcmp(str_or(json_object_get(o, "type"), ""), "event") &&
+            parse_event(it->counters, &fo, it->lineno, &e))
+            heap_push(it->heap, &it->nr_heap, &e);
+        json_decref(o);
+    }
+    if (!it->nr_heap)
+        return NULL;
+    it->cur = heap_pop(it->heap, &it->nr_heap);
+    return &it->cur;
+}
+
+void cuheap_trace_iter_end(struct cuheap_trace_iter *it)
+{
+    if (!it->t || !it->t->streamed)
+        return;
+    free(it->cur.label);
+    while (it->nr_heap)
+        free(heap_pop(it->heap, &it->nr_heap).label);
+    free(it->heap);
+    free(it->line);
+    if (it->counters)
+        cuheap_trace_free(it->counters);
+    free(it->counters);
+    if (it->f)
+        fclose(it->f);
+    memset(it, 0, sizeof(*it));
+}
+
 void cuheap_trace_free(struct cuheap_trace *t)
 {
-    for (size_t i = 0; i < t->nr_events; i++)
+    for (size_t i = 0; t->events && i < t->nr_events; i++) /* none kept when streamed */
         free(t->events[i].label);
     for (size_t i = 0; i < t->nr_stacks; i++) {
         json_decref(t->stacks[i].frames);

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define CUHEAP_TRACE_NR_MAX_DEVICES 64
 
@@ -49,8 +50,10 @@ struct cuheap_trace {
     unsigned nr_devices;
     struct cuheap_trace_stack *stacks; /* sorted by id */
     size_t nr_stacks;
-    struct cuheap_trace_event *events; /* in seq order */
+    struct cuheap_trace_event *events; /* in seq order; NULL when streamed */
     size_t nr_events;
+    bool streamed;  /* events not kept: each iteration reads the file again */
+    uint64_t max_t; /* the latest event's t */
     bool truncated; /* last line cut off or no footer */
     size_t nr_lines;
     size_t nr_bad_lines; /* lines skipped: not JSON, not an object, no "type" */
@@ -64,10 +67,44 @@ struct cuheap_trace {
     size_t nr_unknown_events; /* event kinds this tool does not know (a newer cuheap) */
 };
 
-/* Read a trace. Returns 0, or -1 with a one-line reason in err ("PATH: ..."). Warnings
- * (truncation, skipped lines) are left in the struct for the caller to print. */
+/* Read a trace, its events into t->events. Returns 0, or -1 with a one-line reason in err
+ * ("PATH: ..."). Warnings (truncation, skipped lines) are left in the struct for the caller
+ * to print. */
 int cuheap_trace_read(const char *path, struct cuheap_trace *ret, char *err, size_t err_size);
+
+/* Read a trace without keeping its events (t->streamed) where its events are near enough to
+ * seq order for a reordering window; otherwise as cuheap_trace_read(). Memory then grows with
+ * stacks and what each command keeps, not with events. Walk the events with the iterator. */
+int cuheap_trace_open(const char *path, struct cuheap_trace *ret, char *err, size_t err_size);
 void cuheap_trace_free(struct cuheap_trace *t);
+
+/* Events in seq order, from memory or read again from the file:
+ *
+ *     struct cuheap_trace_iter it;
+ *     for (e = cuheap_trace_first(t, &it); e; e = cuheap_trace_next(&it)) ...
+ *     cuheap_trace_iter_end(&it);
+ *
+ * An event (and its label) stays valid until the next call. */
+struct cuheap_trace_iter {
+    const struct cuheap_trace *t;
+    size_t next; /* in memory: index of the current event */
+    /* streamed: */
+    FILE *f;
+    char *line;
+    size_t line_cap, lineno;
+    struct cuheap_trace_event *heap; /* the reordering window, a min-heap by seq */
+    size_t nr_heap;
+    struct cuheap_trace_event cur;
+    struct cuheap_trace *counters; /* what this read finds wrong (the first read said it) */
+    bool eof, failed;
+};
+/* Events the reordering window holds (0: the default, 131072); for tests. */
+void cuheap_trace_set_window(size_t nr);
+
+const struct cuheap_trace_event *cuheap_trace_first(const struct cuheap_trace *t,
+                                                    struct cuheap_trace_iter *it);
+const struct cuheap_trace_event *cuheap_trace_next(struct cuheap_trace_iter *it);
+void cuheap_trace_iter_end(struct cuheap_trace_iter *it);
 
 /* Called while a trace is read, every few thousand lines and once at the end (finished):
  * bytes read of total, events so far. The tool draws a progress line with it. */

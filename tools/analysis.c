@@ -98,8 +98,10 @@ struct device_summary *summary_device(struct trace_summary *s, int device)
 void summarize(const struct cuheap_trace *t, struct trace_summary *s)
 {
     memset(s, 0, sizeof(*s));
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
+    struct cuheap_trace_iter it;
+    size_t i = 0;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it), i++) {
         if (e->t > s->duration_ns)
             s->duration_ns = e->t;
         if (e->api < 16 && e->type == CUHEAP_EV_ALLOC)
@@ -161,6 +163,7 @@ void summarize(const struct cuheap_trace *t, struct trace_summary *s)
         if (d->reserved > d->peak_reserved)
             d->peak_reserved = d->reserved;
     }
+    cuheap_trace_iter_end(&it);
 }
 
 static int cmp_site(const void *a, const void *b)
@@ -194,8 +197,10 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
     size_t nr = 0, cap = 0;
     struct live_set live;
     live_set_init(&live);
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
+    struct cuheap_trace_iter it;
+    size_t i = 0;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it), i++) {
         if (!counts_as_device_memory(e) || (device >= 0 && e->device != device))
             continue;
         if (e->type == CUHEAP_EV_ALLOC) {
@@ -221,6 +226,7 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
                             add_site(&sites, &nr, &cap, live.slots[k].stack, live.slots[k].size);
         }
     }
+    cuheap_trace_iter_end(&it);
     if (m == SITES_LEAKED)
         for (size_t k = 0; k < live.nr_slots; k++)
             if (live.slots[k].ptr)

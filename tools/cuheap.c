@@ -185,7 +185,7 @@ static const char *damage(const struct cuheap_trace *t, char *buf, size_t size)
 static int load(const char *path, struct cuheap_trace *t)
 {
     char err[600];
-    if (cuheap_trace_read(path, t, err, sizeof(err)))
+    if (cuheap_trace_open(path, t, err, sizeof(err)))
         return fail("%s", err), -1;
     char why[600];
     if (*damage(t, why, sizeof(why)))
@@ -725,7 +725,7 @@ static int cmd_check(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         struct cuheap_trace t;
         char err[600], why[600];
-        if (cuheap_trace_read(argv[i], &t, err, sizeof(err))) {
+        if (cuheap_trace_open(argv[i], &t, err, sizeof(err))) {
             fail("%s", err);
             status = 2;
             continue;

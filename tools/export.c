@@ -78,30 +78,42 @@ static void feed(struct cuheap_chrome *c, const struct cuheap_trace *t,
     json_decref(stack);
 }
 
-static int cmp_size(const void *a, const void *b)
+static int cmp_order(const void *a, const void *b)
 {
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    return x < y ? -1 : x > y;
+    const struct live_alloc *x = a, *y = b;
+    return x->t < y->t ? -1 : x->t > y->t;
 }
 
 /* What was held when the window opens (arenas, then allocations, each in the order they
- * were made; .t holds the event's index), given at its start so the counters and slices
- * begin right. */
+ * were made: .t holds the order), given at its start so the counters and slices begin
+ * right. */
 static void open_window(struct cuheap_chrome *c, const struct cuheap_trace *t,
                         struct live_set held[2], double ts_us)
 {
     for (int set = 0; set < 2; set++) {
-        size_t *idx = malloc((held[set].nr_used + 1) * sizeof(*idx)), n = 0;
-        if (!idx)
+        struct live_alloc *v = malloc((held[set].nr_used + 1) * sizeof(*v));
+        size_t n = 0;
+        if (!v)
             return;
         for (size_t k = 0; k < held[set].nr_slots; k++)
             if (held[set].slots[k].ptr)
-                idx[n++] = (size_t)held[set].slots[k].t;
+                v[n++] = held[set].slots[k];
         if (n)
-            qsort(idx, n, sizeof(*idx), cmp_size);
-        for (size_t k = 0; k < n; k++)
-            feed(c, t, &t->events[idx[k]], ts_us);
-        free(idx);
+            qsort(v, n, sizeof(*v), cmp_order);
+        for (size_t k = 0; k < n; k++) {
+            struct cuheap_trace_event e = {
+                .type = set ? CUHEAP_EV_ALLOC : CUHEAP_EV_ARENA_GROW,
+                .api = v[k].api,
+                .pooled = v[k].pooled,
+                .device = v[k].device,
+                .ptr = v[k].ptr,
+                .size = v[k].size,
+                .actual = v[k].actual,
+                .stack = v[k].stack,
+            };
+            feed(c, t, &e, ts_us);
+        }
+        free(v);
     }
 }
 
@@ -142,17 +154,26 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, uint64_t from_ns, uint
         }
         uint64_t off =
             (uint64_t)json_integer_value(json_object_get(t->header, "start_unix_ns")) - t0;
-        /* before the window: only what is held, by address, with the event's index in .t:
-         * arenas apart from allocations, as an arena's first block has its address */
+        /* before the window: only what is held, by address, in the order made (.t): arenas
+         * apart from allocations, as an arena's first block has its address */
         struct live_set held[2];
         live_set_init(&held[0]);
         live_set_init(&held[1]);
         bool opened = from_ns == 0;
-        for (size_t k = 0; k < t->nr_events; k++) {
-            const struct cuheap_trace_event *e = &t->events[k];
+        struct cuheap_trace_iter it;
+        size_t k = 0;
+        for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+             e = cuheap_trace_next(&it), k++) {
             uint64_t at = e->t + off;
             if (!opened && at < from_ns) {
-                struct live_alloc a = {.ptr = e->ptr, .t = k};
+                struct live_alloc a = {.ptr = e->ptr,
+                                       .size = e->size,
+                                       .actual = e->actual,
+                                       .t = k,
+                                       .stack = e->stack,
+                                       .device = e->device,
+                                       .api = e->api,
+                                       .pooled = e->pooled};
                 if (!e->ptr)
                     continue;
                 if (e->type == CUHEAP_EV_ARENA_GROW || e->type == CUHEAP_EV_ALLOC)
@@ -169,6 +190,7 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, uint64_t from_ns, uint
                 break; /* seq order is nearly time order: what follows is later still */
             feed(&c, t, e, (double)at / 1000.0);
         }
+        cuheap_trace_iter_end(&it);
         if (!opened)
             open_window(&c, t, held, (double)from_ns / 1000.0);
         live_set_free(&held[0]);

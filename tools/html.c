@@ -140,8 +140,9 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
     live_set_init(&live_set);
     uint64_t live = 0, res = 0;
     double per_bucket = (double)(end_ns ? end_ns : 1) / NR_BUCKETS;
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it)) {
         uint64_t at = e->t + offset_ns;
         if (e->type == CUHEAP_EV_MARK) {
             /* marks carry the thread's device (0 when it had none): shown on every GPU */
@@ -191,6 +192,7 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
         size_t k = (size_t)((double)at / per_bucket);
         note(&b[k < NR_BUCKETS ? k : NR_BUCKETS - 1], at, live, res, site_live);
     }
+    cuheap_trace_iter_end(&it);
     live_set_free(&live_set);
     /* buckets without events hold the value before them; before the first event, nothing */
     struct bucket prev = {.latest_t = 0};
@@ -264,13 +266,17 @@ static void site_table(FILE *f, const struct cuheap_trace *t, struct site *sites
 }
 
 /* The refusals, each as what happened: the driver out of memory, or CUHEAP_LIMIT. */
-static void oom_table(FILE *f, const struct cuheap_trace *t, int device)
+static void oom_table(FILE *f, const struct cuheap_trace *t, const struct device_summary *d)
 {
+    if (!d->nr_ooms && !d->nr_limit)
+        return; /* no need to read the trace again */
+    int device = d->device;
     size_t n = 0;
     uint64_t live = 0, res = 0;
     char b1[32], b2[32], b3[32], b4[32], name[700];
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it)) {
         if (e->device != device)
             continue;
         bool mem = counts_as_device_memory(e);
@@ -308,6 +314,7 @@ static void oom_table(FILE *f, const struct cuheap_trace *t, int device)
         stack_details(f, t, e->stack);
         fputs("</td></tr>\n", f);
     }
+    cuheap_trace_iter_end(&it);
     if (n > NR_OOM_ROWS)
         fprintf(f, "<tr><td colspan=\"5\">%zu more not shown</td></tr>\n", n - NR_OOM_ROWS);
     if (n)
@@ -498,9 +505,8 @@ int export_html(struct cuheap_trace *traces, size_t nr, FILE *f)
     for (size_t i = 0; i < nr; i++) {
         if (apart)
             offsets[i] = 0;
-        for (size_t k = 0; k < traces[i].nr_events; k++)
-            if (traces[i].events[k].t + offsets[i] > end)
-                end = traces[i].events[k].t + offsets[i];
+        if (traces[i].nr_events && traces[i].max_t + offsets[i] > end)
+            end = traces[i].max_t + offsets[i];
     }
     json_t *processes = json_array();
     for (size_t i = 0; i < nr; i++) {
@@ -567,7 +573,7 @@ int export_html(struct cuheap_trace *traces, size_t nr, FILE *f)
                 site_table(f, t, sites, nr_sites, "blocks");
             }
             free(sites);
-            oom_table(f, t, dv->device);
+            oom_table(f, t, dv);
         }
         struct site *leaks;
         size_t nr_leaks = collect_sites(t, s, SITES_LEAKED, -1, &leaks);

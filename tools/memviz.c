@@ -234,9 +234,9 @@ static void on_oom(struct replay *r, const struct cuheap_trace_event *e)
 
 static void replay_trace(struct replay *r)
 {
-    const struct cuheap_trace *t = r->t;
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(r->t, &it); e;
+         e = cuheap_trace_next(&it)) {
         if (e->device < 0 || e->device >= CUHEAP_TRACE_NR_MAX_DEVICES)
             continue;
         r->now_us = e->t / 1000;
@@ -270,6 +270,7 @@ static void replay_trace(struct replay *r)
             break;
         }
     }
+    cuheap_trace_iter_end(&it);
 }
 
 /* ---- a minimal pickle writer (protocol 2): dicts, lists, str, int, and a memo ---- */

@@ -217,6 +217,72 @@ static void test_fast_scanner_reads_as_jansson_does(void **state)
     cuheap_trace_free(&slow);
 }
 
+/* n events whose seqs are shuffled across the whole file (far) or swapped in pairs (near,
+ * as a drain leaves them), every fifth a mark, the last line cut off. */
+static char *shuffled_trace(unsigned n, bool far)
+{
+    static char buf[1 << 16];
+    size_t used = (size_t)snprintf(buf, sizeof(buf), "%s", HEADER);
+    for (unsigned i = 0; i < n; i++) {
+        unsigned seq = far ? (i * 7919u) % n + 1 : (i ^ 1) + 1; /* 7919 is prime to n */
+        used += (size_t)snprintf(buf + used, sizeof(buf) - used,
+                                 "{\"type\":\"event\",\"seq\":%u,\"t\":%u,\"event\":\"%s\","
+                                 "\"device\":0,\"ptr\":\"0x%x\",\"size\":%u%s}\n",
+                                 seq, i, i % 5 ? "alloc" : "mark", 0x1000 + i, i,
+                                 i % 5 ? "" : ",\"label\":\"m\"");
+    }
+    used += (size_t)snprintf(buf + used, sizeof(buf) - used, "{\"type\":\"event\",\"se");
+    return write_tmp(buf);
+}
+
+static void expect_same_events(const char *path, bool want_streamed)
+{
+    struct cuheap_trace a, b;
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, &a, err, sizeof(err)), 0);
+    assert_int_equal(cuheap_trace_open(path, &b, err, sizeof(err)), 0);
+    assert_int_equal(b.streamed, want_streamed);
+    assert_int_equal(a.nr_events, b.nr_events);
+    assert_int_equal(a.max_t, b.max_t);
+    assert_int_equal(a.truncated, b.truncated);
+    for (int pass = 0; pass < 2; pass++) { /* the file is read again each time */
+        struct cuheap_trace_iter it;
+        size_t i = 0;
+        for (const struct cuheap_trace_event *e = cuheap_trace_first(&b, &it); e;
+             e = cuheap_trace_next(&it), i++) {
+            assert_true(i < a.nr_events);
+            assert_int_equal(e->seq, a.events[i].seq);
+            assert_int_equal(e->ptr, a.events[i].ptr);
+            assert_int_equal(!e->label, !a.events[i].label);
+            if (e->label)
+                assert_string_equal(e->label, a.events[i].label);
+        }
+        cuheap_trace_iter_end(&it);
+        assert_int_equal(i, a.nr_events);
+    }
+    cuheap_trace_free(&a);
+    cuheap_trace_free(&b);
+}
+
+/* cuheap_trace_open() streams a trace whose events are near seq order (a window reorders
+ * them) and gives the same events in the same order as reading it into memory; one whose
+ * events stray further than the window is read into memory instead. */
+static void test_streaming_gives_the_same_events(void **state)
+{
+    (void)state;
+    char *path = shuffled_trace(200, false);
+    cuheap_trace_set_window(4); /* pairs swapped: a window of 4 puts them right */
+    expect_same_events(path, true);
+    unlink(path);
+    path = shuffled_trace(200, true);
+    cuheap_trace_set_window(256); /* wider than the whole file */
+    expect_same_events(path, true);
+    cuheap_trace_set_window(4); /* events stray ~200 places: read into memory */
+    expect_same_events(path, false);
+    cuheap_trace_set_window(0);
+    unlink(path);
+}
+
 static void test_not_a_trace(void **state)
 {
     (void)state;
@@ -251,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_bad_lines_are_counted),
         cmocka_unit_test(test_malformed_fields_are_counted),
         cmocka_unit_test(test_fast_scanner_reads_as_jansson_does),
+        cmocka_unit_test(test_streaming_gives_the_same_events),
         cmocka_unit_test(test_not_a_trace),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
