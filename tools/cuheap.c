@@ -439,6 +439,7 @@ static void report_one(const struct cuheap_trace *t)
     printf("never freed: %s at %zu sites%s\n", human_bytes(leaked, b1, sizeof(b1)), nr,
            nr ? " (cuheap leaks for the list)" : "");
     free(leaks);
+    summary_free(&s);
 }
 
 static int parse_n(const char *s, size_t *ret)
@@ -501,6 +502,7 @@ static int cmd_sites(int argc, char **argv, bool leaks)
             printf("    %s\n", buf);
     }
     free(sites);
+    summary_free(&s);
     cuheap_trace_free(&t);
     return 0;
 }

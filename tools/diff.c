@@ -183,5 +183,7 @@ void diff_traces(const struct cuheap_trace *a, const struct cuheap_trace *b, siz
            nr_new, nr_gone, "A", "B", "change", "call site");
     print_sites(&leaks, limit);
     free(leaks.v);
+    summary_free(&s[0]);
+    summary_free(&s[1]);
     free(s);
 }

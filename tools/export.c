@@ -248,5 +248,6 @@ int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out)
         fprintf(out, " %" PRIu64 "\n", sites[i].bytes);
     }
     free(sites);
+    summary_free(&s);
     return 0;
 }

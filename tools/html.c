@@ -593,6 +593,8 @@ int export_html(struct cuheap_trace *traces, size_t nr, FILE *f)
         fputs(SCRIPT[i], f);
     fputs("</script>\n</body></html>\n", f);
     json_decref(data);
+    for (size_t i = 0; i < nr; i++)
+        summary_free(&sums[i]);
     free(sums);
     free(offsets);
     return ferror(f) ? -1 : 0;

@@ -55,7 +55,9 @@ struct entry {
 struct device_replay {
     struct entry *entries;
     size_t nr_entries, cap_entries;
-    uint64_t *pending; /* addresses freed and waiting for a fence, oldest first */
+    uint64_t nr_dropped; /* the oldest, beyond max_entries: entries is then a ring whose
+                            oldest is entries[nr_dropped % cap_entries] */
+    uint64_t *pending;   /* addresses freed and waiting for a fence, oldest first */
     size_t pending_head, nr_pending, cap_pending;
     uint64_t reserved; /* bytes in live segments */
 };
@@ -66,21 +68,32 @@ struct replay {
     /* blocks: ptr, size = requested, actual = block size, api = state, pooled = inside an
      * arena; segments: ptr, actual = size, pooled = an arena (else one allocation's own) */
     struct live_set blocks, segments;
-    bool fence_reuse; /* CUHEAP_REUSE=fence: pooled frees wait for a fence event */
+    bool fence_reuse;   /* CUHEAP_REUSE=fence: pooled frees wait for a fence event */
+    size_t max_entries; /* per device, 0: all */
     uint64_t now_us;
 };
 
-static void add_entry(struct replay *r, int dev, uint8_t action, uint64_t addr, uint64_t size,
-                      uint64_t stream, uint32_t stack)
+static struct entry *add_entry(struct replay *r, int dev, uint8_t action, uint64_t addr,
+                               uint64_t size, uint64_t stream, uint32_t stack)
 {
     struct device_replay *d = &r->dev[dev];
-    if (d->nr_entries == d->cap_entries) {
-        d->cap_entries = d->cap_entries ? d->cap_entries * 2 : 1024;
-        d->entries = realloc(d->entries, d->cap_entries * sizeof(*d->entries));
-        if (!d->entries)
-            abort(); /* the tool, not the host program: out of memory ends it */
+    struct entry *e;
+    if (r->max_entries && d->nr_entries == r->max_entries) {
+        /* keep the newest max_entries only: memory stays bounded on long traces */
+        e = &d->entries[d->nr_dropped++ % d->nr_entries];
+    } else {
+        if (d->nr_entries == d->cap_entries) {
+            size_t n = d->cap_entries ? d->cap_entries * 2 : 1024;
+            if (r->max_entries && n > r->max_entries)
+                n = r->max_entries;
+            d->entries = realloc(d->entries, n * sizeof(*d->entries));
+            if (!d->entries)
+                abort(); /* the tool, not the host program: out of memory ends it */
+            d->cap_entries = n;
+        }
+        e = &d->entries[d->nr_entries++];
     }
-    d->entries[d->nr_entries++] = (struct entry){
+    *e = (struct entry){
         .addr = addr,
         .size = size,
         .stream = stream,
@@ -88,8 +101,8 @@ static void add_entry(struct replay *r, int dev, uint8_t action, uint64_t addr, 
         .stack = stack,
         .action = action,
     };
+    return e;
 }
-
 static bool lookup(struct live_set *s, uint64_t ptr, struct live_alloc *ret)
 {
     if (!live_set_take(s, ptr, ret))
@@ -222,14 +235,14 @@ static void on_fence(struct replay *r, const struct cuheap_trace_event *e)
 
 static void on_oom(struct replay *r, const struct cuheap_trace_event *e)
 {
-    add_entry(r, e->device, ACT_OOM, 0, e->size, e->stream, e->stack);
+    struct entry *oom = add_entry(r, e->device, ACT_OOM, 0, e->size, e->stream, e->stack);
     struct device_replay *d = &r->dev[e->device];
     /* what the program could still have had: the driver's free memory, or under
      * CUHEAP_LIMIT what the limit left */
     uint64_t free_bytes = e->aux;
     if (e->type == CUHEAP_EV_LIMIT)
         free_bytes = e->aux2 > d->reserved ? e->aux2 - d->reserved : 0;
-    d->entries[d->nr_entries - 1].device_free = free_bytes;
+    oom->device_free = free_bytes;
 }
 
 static void replay_trace(struct replay *r)
@@ -500,6 +513,7 @@ int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *f)
     const char *reuse =
         json_string_value(json_object_get(json_object_get(t->header, "config"), "CUHEAP_REUSE"));
     r->fence_reuse = !reuse || !strcmp(reuse, "fence");
+    r->max_entries = max_entries;
     live_set_init(&r->blocks);
     live_set_init(&r->segments);
     replay_trace(r);
@@ -522,11 +536,9 @@ int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *f)
         struct device_replay *dr = &r->dev[d];
         /* PyTorch's max_entries: the newest are kept, and the history still starts from
          * the snapshot, so it stays consistent */
-        size_t first =
-            max_entries && dr->nr_entries > max_entries ? dr->nr_entries - max_entries : 0;
         P_LIST_BEGIN(f);
-        for (size_t i = first; i < dr->nr_entries; i++) {
-            const struct entry *e = &dr->entries[i];
+        for (size_t i = 0; i < dr->nr_entries; i++) {
+            const struct entry *e = &dr->entries[(dr->nr_dropped + i) % dr->nr_entries];
             P_DICT_BEGIN(f);
             p_key_str(f, "action", action_names[e->action]);
             p_key_int(f, "addr", e->addr);

@@ -112,6 +112,7 @@ static void test_summary(void **state)
 
     char name[128];
     assert_string_equal(cuheap_trace_site(&t, 2, name, sizeof(name)), "train.py:20 in attention");
+    summary_free(&s);
     cuheap_trace_free(&t);
 }
 
