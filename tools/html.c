@@ -373,6 +373,7 @@ static const char *const SCRIPT[] = {
     "for(let i=i0;i<i1;i++){o.lmin=Math.min(o.lmin,g.live_min[i]);"
     "o.lmax=Math.max(o.lmax,g.live_max[i]);o.rmin=Math.min(o.rmin,g.res_min[i]);"
     "o.rmax=Math.max(o.rmax,g.res_max[i]);}col.push(o);}\n",
+    " box._col=col; /* for #selftest */\n",
     " /* stacked areas of the top call sites, under the live curve */\n",
     " let base=col.map(()=>0);g.sites.forEach((s,k)=>{let d='';const up=[];"
     "col.forEach((o,c)=>{if(!o)return;const v=base[c]+o.s[k];up.push([c,v]);});"
@@ -468,7 +469,12 @@ static const char *const SCRIPT[] = {
     "r=ov().getBoundingClientRect();"
     "const ev=(type,fx,fy)=>ov().dispatchEvent(new MouseEvent(type,{bubbles:true,"
     "clientX:r.left+r.width*fx,clientY:r.top+r.height*fy}));"
-    "ev('mousemove',0.5,0.97);box.dataset.hover=box.querySelector('.tip').textContent;"
+    /* hover where the largest site is at its highest, near the bottom of the chart: inside
+     * its band whatever the run's timing */
+    "const cs=box._col;let best=0;cs.forEach((o,c)=>{if(o&&o.s.length&&o.s[0]>"
+    "((cs[best]&&cs[best].s[0])||0))best=c;});"
+    "ev('mousemove',(best+0.5)/r.width,0.97);"
+    "box.dataset.hover=box.querySelector('.tip').textContent;"
     "ev('mousedown',0.25,0.5);ev('mousemove',0.5,0.5);ev('mouseup',0.5,0.5);"
     "box.dataset.zoomed=[...box.querySelectorAll('text.axis')].map(t=>t.textContent)"
     ".filter(t=>t.endsWith(' s')).join(' | ');}\n",
