@@ -697,6 +697,17 @@ static void test_stack_lines_are_the_calls(void **state)
     if (!strncmp(start, "\n    _start (demo.c", 19))
         fail_msg("_start given a line of demo.c:\n%s", stack);
     done(&r);
+    /* a function inlined into its caller is a frame of its own, at its line, and the caller
+     * reads the line of the inlined call (inline_prog.c: 20 calls cuMemAlloc inside grab(),
+     * 27 calls grab() in make_buffer()) */
+    r = run(FAKE " %s/tools/cuheap run -o i.jsonl -- %s/tests/inline-prog >/dev/null && "
+                 "%s/tools/cuheap top i.jsonl",
+            build, build, build, build);
+    assert_int_equal(r.status, 0);
+    if (!strstr(r.out, "\n    grab (inline_prog.c:20)\n    make_buffer (inline_prog.c:27)\n    "
+                       "main (inline_prog.c:"))
+        fail_msg("%s", r.out);
+    done(&r);
 }
 
 /* Every command has its help, `cuheap help COMMAND` and `COMMAND --help` alike, and its
