@@ -368,28 +368,33 @@ static struct cuheap_trace_event heap_pop(struct cuheap_trace_event *h, size_t *
     return top;
 }
 
-/* What the first read keeps of its events: only whether the window keeps them in order. */
+/* What the first read does with its events: puts them through the window, to learn whether
+ * it keeps them in order, and hands them to a visitor while it does. */
 struct order_check {
-    struct cuheap_trace_event *heap; /* only seq is used */
+    struct cuheap_trace_event *heap;
     size_t nr;
     uint64_t last; /* seq of the last event out */
     bool any_out, unsorted;
+    cuheap_trace_visit_fn visit;
+    void *ctx;
 };
 
-static void order_out(struct order_check *w, uint64_t seq)
+static void order_out(struct order_check *w, struct cuheap_trace_event e)
 {
-    if (w->any_out && seq < w->last)
+    if (w->any_out && e.seq < w->last)
         w->unsorted = true;
-    w->last = seq;
+    w->last = e.seq;
     w->any_out = true;
+    if (w->visit && !w->unsorted)
+        w->visit(&e, w->ctx);
+    free(e.label);
 }
 
-static void order_in(struct order_check *w, uint64_t seq)
+static void order_in(struct order_check *w, const struct cuheap_trace_event *e)
 {
-    struct cuheap_trace_event e = {.seq = seq};
-    heap_push(w->heap, &w->nr, &e);
+    heap_push(w->heap, &w->nr, e);
     if (w->nr == window)
-        order_out(w, heap_pop(w->heap, &w->nr).seq);
+        order_out(w, heap_pop(w->heap, &w->nr));
 }
 
 /* Keep the event (array mode) or only check its order (streaming). Returns -ENOMEM. */
@@ -402,8 +407,7 @@ static int add_event(struct cuheap_trace *t, size_t *cap, struct order_check *w,
     if (e.t > t->max_t)
         t->max_t = e.t;
     if (w) {
-        free(e.label);
-        order_in(w, e.seq);
+        order_in(w, &e); /* the window owns the label now */
         t->nr_events++;
         return 0;
     }
@@ -582,17 +586,29 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
 
 int cuheap_trace_open(const char *path, struct cuheap_trace *t, char *err, size_t err_size)
 {
-    struct order_check w = {.heap = malloc(window * sizeof(*w.heap))};
+    return cuheap_trace_open_visit(path, t, err, err_size, NULL, NULL, NULL);
+}
+
+int cuheap_trace_open_visit(const char *path, struct cuheap_trace *t, char *err, size_t err_size,
+                            cuheap_trace_visit_fn visit, void *ctx, bool *ret_visited)
+{
+    if (ret_visited)
+        *ret_visited = false;
+    struct order_check w = {.heap = malloc(window * sizeof(*w.heap)), .visit = visit, .ctx = ctx};
     if (!w.heap)
         return cuheap_trace_read(path, t, err, err_size);
     int r = read_trace(path, t, err, err_size, &w);
-    while (r == 0 && w.nr)
-        order_out(&w, heap_pop(w.heap, &w.nr).seq);
+    if (r)
+        w.visit = NULL;
+    while (w.nr) /* the rest, in order (or only freed, after an error) */
+        order_out(&w, heap_pop(w.heap, &w.nr));
     free(w.heap);
     if (r)
         return r;
     if (!w.unsorted) {
         t->streamed = true;
+        if (ret_visited)
+            *ret_visited = visit != NULL;
         return 0;
     }
     /* events too far from seq order for the window: all of them in memory, sorted */

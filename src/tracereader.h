@@ -76,6 +76,14 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *ret, char *err, siz
  * seq order for a reordering window; otherwise as cuheap_trace_read(). Memory then grows with
  * stacks and what each command keeps, not with events. Walk the events with the iterator. */
 int cuheap_trace_open(const char *path, struct cuheap_trace *ret, char *err, size_t err_size);
+
+/* The same, handing every event in seq order to visit while the trace is read, so a command
+ * needs no pass of its own for it. *ret_visited says whether visit saw every event, in order;
+ * when not (a trace read into memory), the caller walks the events itself and must forget what
+ * visit was given. */
+typedef void (*cuheap_trace_visit_fn)(const struct cuheap_trace_event *e, void *ctx);
+int cuheap_trace_open_visit(const char *path, struct cuheap_trace *ret, char *err, size_t err_size,
+                            cuheap_trace_visit_fn visit, void *ctx, bool *ret_visited);
 void cuheap_trace_free(struct cuheap_trace *t);
 
 /* Events in seq order, from memory or read again from the file:

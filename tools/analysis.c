@@ -171,91 +171,105 @@ void summary_free(struct trace_summary *s)
     s->nr_sites = s->cap_sites = s->nr_index_slots = 0;
 }
 
-void summarize(const struct cuheap_trace *t, struct trace_summary *s)
+void summarize_begin(struct trace_summary *s)
 {
     memset(s, 0, sizeof(*s));
-    struct live_set live; /* allocations live now, for the site of each free */
-    live_set_init(&live);
-    struct cuheap_trace_iter it;
-    size_t i = 0;
-    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
-         e = cuheap_trace_next(&it), i++) {
-        if (e->t > s->duration_ns)
-            s->duration_ns = e->t;
-        if (e->api < 16 && e->type == CUHEAP_EV_ALLOC)
-            s->api_count[e->api]++;
-        if (e->type == CUHEAP_EV_MARK) {
-            s->nr_marks++;
-            continue;
-        }
-        if (e->type == CUHEAP_EV_ALLOC && e->api == CUHEAP_API_HOST) {
-            s->nr_host_allocs++;
-            s->host_bytes += e->size;
-            continue;
-        }
-        if (e->device < 0)
-            continue;
-        struct device_summary *d = summary_device(s, e->device);
-        if (!d)
-            continue;
-        bool mem = counts_as_device_memory(e);
-        switch (e->type) {
-        case CUHEAP_EV_ALLOC: {
-            if (!mem)
-                break;
-            d->nr_allocs++;
-            d->bytes_allocated += e->size;
-            d->nr_pooled += e->pooled;
-            d->live += e->size;
-            if (!e->pooled)
-                d->reserved += e->actual;
-            forget(s, &live, e->ptr); /* its free was lost: it is gone now */
-            struct site_acc *a = site_of(s, e->stack, e->device);
-            touch(a, d);
-            a->live += e->size;
-            a->nr_live++;
-            a->total += e->size;
-            a->nr_total++;
-            struct live_alloc la = {
-                .ptr = e->ptr, .size = e->size, .stack = e->stack, .device = e->device};
-            live_set_put(&live, &la);
-            if (d->live > d->peak_live) {
-                d->peak_live = d->live;
-                d->peak_live_t = e->t;
-                d->peak_live_index = i;
-                d->peak_version++; /* every site's value now is its value at the peak */
-            }
-            break;
-        }
-        case CUHEAP_EV_FREE:
-            if (!mem)
-                break;
-            forget(s, &live, e->ptr);
-            d->nr_frees++;
-            d->live -= e->size < d->live ? e->size : d->live;
-            if (!e->pooled)
-                d->reserved -= e->actual < d->reserved ? e->actual : d->reserved;
-            break;
-        case CUHEAP_EV_ARENA_GROW:
-            d->reserved += e->size;
-            break;
-        case CUHEAP_EV_ARENA_RELEASE:
-            d->reserved -= e->size < d->reserved ? e->size : d->reserved;
-            break;
-        case CUHEAP_EV_OOM:
-            d->nr_ooms++;
-            break;
-        case CUHEAP_EV_LIMIT:
-            d->nr_limit++;
-            break;
-        default:
-            break;
-        }
-        if (d->reserved > d->peak_reserved)
-            d->peak_reserved = d->reserved;
+    live_set_init(&s->live);
+}
+
+void summarize_event(struct trace_summary *s, const struct cuheap_trace_event *e)
+{
+    size_t i = s->nr_seen++;
+    struct live_set *live = &s->live;
+    if (e->t > s->duration_ns)
+        s->duration_ns = e->t;
+    if (e->api < 16 && e->type == CUHEAP_EV_ALLOC)
+        s->api_count[e->api]++;
+    if (e->type == CUHEAP_EV_MARK) {
+        s->nr_marks++;
+        return;
     }
+    if (e->type == CUHEAP_EV_ALLOC && e->api == CUHEAP_API_HOST) {
+        s->nr_host_allocs++;
+        s->host_bytes += e->size;
+        return;
+    }
+    if (e->device < 0)
+        return;
+    struct device_summary *d = summary_device(s, e->device);
+    if (!d)
+        return;
+    bool mem = counts_as_device_memory(e);
+    switch (e->type) {
+    case CUHEAP_EV_ALLOC: {
+        if (!mem)
+            break;
+        d->nr_allocs++;
+        d->bytes_allocated += e->size;
+        d->nr_pooled += e->pooled;
+        d->live += e->size;
+        if (!e->pooled)
+            d->reserved += e->actual;
+        forget(s, live, e->ptr); /* its free was lost: it is gone now */
+        struct site_acc *a = site_of(s, e->stack, e->device);
+        touch(a, d);
+        a->live += e->size;
+        a->nr_live++;
+        a->total += e->size;
+        a->nr_total++;
+        struct live_alloc la = {
+            .ptr = e->ptr, .size = e->size, .stack = e->stack, .device = e->device};
+        live_set_put(live, &la);
+        if (d->live > d->peak_live) {
+            d->peak_live = d->live;
+            d->peak_live_t = e->t;
+            d->peak_live_index = i;
+            d->peak_version++; /* every site's value now is its value at the peak */
+        }
+        break;
+    }
+    case CUHEAP_EV_FREE:
+        if (!mem)
+            break;
+        forget(s, live, e->ptr);
+        d->nr_frees++;
+        d->live -= e->size < d->live ? e->size : d->live;
+        if (!e->pooled)
+            d->reserved -= e->actual < d->reserved ? e->actual : d->reserved;
+        break;
+    case CUHEAP_EV_ARENA_GROW:
+        d->reserved += e->size;
+        break;
+    case CUHEAP_EV_ARENA_RELEASE:
+        d->reserved -= e->size < d->reserved ? e->size : d->reserved;
+        break;
+    case CUHEAP_EV_OOM:
+        d->nr_ooms++;
+        break;
+    case CUHEAP_EV_LIMIT:
+        d->nr_limit++;
+        break;
+    default:
+        break;
+    }
+    if (d->reserved > d->peak_reserved)
+        d->peak_reserved = d->reserved;
+}
+
+void summarize_end(struct trace_summary *s)
+{
+    live_set_free(&s->live);
+}
+
+void summarize(const struct cuheap_trace *t, struct trace_summary *s)
+{
+    summarize_begin(s);
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it))
+        summarize_event(s, e);
     cuheap_trace_iter_end(&it);
-    live_set_free(&live);
+    summarize_end(s);
 }
 
 static int cmp_site(const void *a, const void *b)

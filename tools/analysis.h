@@ -69,6 +69,8 @@ struct trace_summary {
     size_t nr_sites, cap_sites;
     uint32_t *site_index; /* open addressing: index + 1 into sites, 0 = empty */
     size_t nr_index_slots;
+    struct live_set live; /* while summarizing: allocations live now, for each free's site */
+    size_t nr_seen;       /* while summarizing: events so far */
 };
 
 /* Whether an event's bytes count toward a device's live memory. */
@@ -78,6 +80,11 @@ bool counts_as_device_memory(const struct cuheap_trace_event *e);
  * the device's peak, at the end, and allocated over the run. Free with summary_free(). */
 void summarize(const struct cuheap_trace *t, struct trace_summary *ret);
 void summary_free(struct trace_summary *s);
+/* The same, event by event (for cuheap_trace_open_visit()): begin, every event in seq order,
+ * end. */
+void summarize_begin(struct trace_summary *s);
+void summarize_event(struct trace_summary *s, const struct cuheap_trace_event *e);
+void summarize_end(struct trace_summary *s);
 struct device_summary *summary_device(struct trace_summary *s, int device);
 
 /* Per-site aggregate. */

@@ -182,10 +182,29 @@ static const char *damage(const struct cuheap_trace *t, char *buf, size_t size)
     return buf;
 }
 
-static int load(const char *path, struct cuheap_trace *t)
+static void visit_summary(const struct cuheap_trace_event *e, void *ctx)
+{
+    summarize_event(ctx, e);
+}
+
+/* Read a trace; with s, summarize it during the same read where the trace streams (one
+ * pass), else afterwards. Says in one line each what the reader had to skip. */
+static int load_summarized(const char *path, struct cuheap_trace *t, struct trace_summary *s)
 {
     char err[600];
-    if (cuheap_trace_open(path, t, err, sizeof(err)))
+    bool visited = false;
+    if (s)
+        summarize_begin(s);
+    int r =
+        cuheap_trace_open_visit(path, t, err, sizeof(err), s ? visit_summary : NULL, s, &visited);
+    if (s) {
+        summarize_end(s);
+        if (r || !visited) /* read into memory: what the visitor saw does not count */
+            summary_free(s);
+        if (!r && !visited)
+            summarize(t, s);
+    }
+    if (r)
         return fail("%s", err), -1;
     char why[600];
     if (*damage(t, why, sizeof(why)))
@@ -197,6 +216,11 @@ static int load(const char *path, struct cuheap_trace *t)
                 path);
     symbolize_trace(t);
     return 0;
+}
+
+static int load(const char *path, struct cuheap_trace *t)
+{
+    return load_summarized(path, t, NULL);
 }
 
 /* getopt's own message is off (opterr = 0): one line, ours, naming what was wrong. */
@@ -373,10 +397,9 @@ static size_t print_sites(const struct cuheap_trace *t, struct site *sites, size
     return shown;
 }
 
-static void report_one(const struct cuheap_trace *t)
+static void report_one(const struct cuheap_trace *t, const struct trace_summary *sum)
 {
-    struct trace_summary s;
-    summarize(t, &s);
+    struct trace_summary s = *sum; /* freed by the caller */
     char b1[32], b2[32], b3[32];
     const char *exe = json_string_value(json_object_get(t->header, "exe"));
     printf("== %s: pid %ld, %s, %.3f s, %zu events\n", t->path, t->pid, exe ? exe : "?",
@@ -439,7 +462,6 @@ static void report_one(const struct cuheap_trace *t)
     printf("never freed: %s at %zu sites%s\n", human_bytes(leaked, b1, sizeof(b1)), nr,
            nr ? " (cuheap leaks for the list)" : "");
     free(leaks);
-    summary_free(&s);
 }
 
 static int parse_n(const char *s, size_t *ret)
@@ -480,10 +502,9 @@ static int cmd_sites(int argc, char **argv, bool leaks)
     if (optind != argc - 1)
         return fail("%s: expected one trace file", argv[0]);
     struct cuheap_trace t;
-    if (load(argv[optind], &t))
-        return 2;
     struct trace_summary s;
-    summarize(&t, &s);
+    if (load_summarized(argv[optind], &t, &s))
+        return 2;
     struct site *sites;
     size_t nr = collect_sites(&t, &s, m, -1, &sites);
     printf("%s\n", leaks                ? "never freed, by call site:"
@@ -513,9 +534,11 @@ static int cmd_report(int argc, char **argv)
         return fail("report: expected one or more trace files");
     for (int i = 1; i < argc; i++) {
         struct cuheap_trace t;
-        if (load(argv[i], &t))
+        struct trace_summary s;
+        if (load_summarized(argv[i], &t, &s))
             return 2;
-        report_one(&t);
+        report_one(&t, &s);
+        summary_free(&s);
         cuheap_trace_free(&t);
         if (i + 1 < argc)
             printf("\n");
@@ -650,9 +673,11 @@ static int cmd_folded(int argc, char **argv)
     if (optind != argc - 1)
         return fail("folded: expected one trace file");
     struct cuheap_trace t;
-    if (load(argv[optind], &t))
+    struct trace_summary s;
+    if (load_summarized(argv[optind], &t, &s))
         return 2;
-    export_folded(&t, m, stdout);
+    export_folded(&t, &s, m, stdout);
+    summary_free(&s);
     cuheap_trace_free(&t);
     return close_out(stdout, "-");
 }

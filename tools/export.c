@@ -208,12 +208,11 @@ static bool is_interpreter(const char *frame)
            strstr(frame, "PyObject_");
 }
 
-int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out)
+int export_folded(const struct cuheap_trace *t, const struct trace_summary *s, enum site_measure m,
+                  FILE *out)
 {
-    struct trace_summary s;
-    summarize(t, &s);
     struct site *sites;
-    size_t nr = collect_sites(t, &s, m, -1, &sites);
+    size_t nr = collect_sites(t, s, m, -1, &sites);
     for (size_t i = 0; i < nr; i++) {
         if (!sites[i].bytes)
             continue;
@@ -248,6 +247,5 @@ int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out)
         fprintf(out, " %" PRIu64 "\n", sites[i].bytes);
     }
     free(sites);
-    summary_free(&s);
     return 0;
 }

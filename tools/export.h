@@ -16,7 +16,8 @@ int export_chrome(struct cuheap_trace *traces, size_t nr, uint64_t from_ns, uint
                   FILE *out);
 
 /* One line per call site: "outer;...;inner BYTES". */
-int export_folded(const struct cuheap_trace *t, enum site_measure m, FILE *out);
+int export_folded(const struct cuheap_trace *t, const struct trace_summary *s, enum site_measure m,
+                  FILE *out);
 
 /* A pickled snapshot in the shape of torch.cuda.memory._snapshot(), for
  * https://pytorch.org/memory_viz and torch.cuda._memory_viz (memviz.c): the reserved
