@@ -603,12 +603,24 @@ static int cmd_html(int argc, char **argv)
     }
     if (optind >= argc)
         return fail("html: expected one or more trace files");
-    size_t nr = (size_t)(argc - optind);
-    struct cuheap_trace *ts = load_all(argv, optind, argc, "html");
-    FILE *f = ts ? open_out(out_path) : NULL;
-    int r = f ? export_html(ts, nr, f) : 0;
-    if (ts)
-        free_all(ts, nr);
+    size_t nr = (size_t)(argc - optind), loaded = 0;
+    struct cuheap_trace *ts = calloc(nr, sizeof(*ts));
+    struct trace_summary *sums = calloc(nr, sizeof(*sums));
+    if (!ts || !sums) {
+        free(ts);
+        free(sums);
+        return fail("html: out of memory");
+    }
+    while (loaded < nr && !load_summarized(argv[optind + (int)loaded], &ts[loaded], &sums[loaded]))
+        loaded++;
+    FILE *f = loaded == nr ? open_out(out_path) : NULL;
+    int r = f ? export_html(ts, sums, nr, f) : 0;
+    for (size_t i = 0; i < loaded; i++) {
+        summary_free(&sums[i]);
+        cuheap_trace_free(&ts[i]);
+    }
+    free(sums);
+    free(ts);
     if (!f)
         return 2;
     int closed = close_out(f, out_path);

@@ -27,7 +27,9 @@ int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *out);
 
 /* A self-contained HTML report (html.c): per process and GPU a memory timeline (live,
  * reserved, top sites, markers, refusals; hover and zoom), top sites at the peak with stacks,
- * leaks, out-of-memory events. Several traces share one time axis. */
-int export_html(struct cuheap_trace *traces, size_t nr, FILE *out);
+ * leaks, out-of-memory events. Several traces share one time axis; sums[i] is summarize() of
+ * traces[i]. */
+int export_html(struct cuheap_trace *traces, const struct trace_summary *sums, size_t nr,
+                FILE *out);
 
 #endif

@@ -481,7 +481,7 @@ static const char *const SCRIPT[] = {
     NULL,
 };
 
-int export_html(struct cuheap_trace *traces, size_t nr, FILE *f)
+int export_html(struct cuheap_trace *traces, const struct trace_summary *sums, size_t nr, FILE *f)
 {
     /* one time axis for every process: offsets from the earliest start */
     uint64_t t0 = UINT64_MAX, end = 1;
@@ -490,16 +490,11 @@ int export_html(struct cuheap_trace *traces, size_t nr, FILE *f)
             (uint64_t)json_integer_value(json_object_get(traces[i].header, "start_unix_ns"));
         t0 = s < t0 ? s : t0;
     }
-    struct trace_summary *sums = calloc(nr ? nr : 1, sizeof(*sums));
     uint64_t *offsets = calloc(nr ? nr : 1, sizeof(*offsets));
-    if (!sums || !offsets) {
-        free(sums);
-        free(offsets);
+    if (!offsets)
         return -1;
-    }
     uint64_t longest = 0, latest_start = 0;
     for (size_t i = 0; i < nr; i++) {
-        summarize(&traces[i], &sums[i]);
         offsets[i] =
             (uint64_t)json_integer_value(json_object_get(traces[i].header, "start_unix_ns")) - t0;
         longest = sums[i].duration_ns > longest ? sums[i].duration_ns : longest;
@@ -599,9 +594,6 @@ int export_html(struct cuheap_trace *traces, size_t nr, FILE *f)
         fputs(SCRIPT[i], f);
     fputs("</script>\n</body></html>\n", f);
     json_decref(data);
-    for (size_t i = 0; i < nr; i++)
-        summary_free(&sums[i]);
-    free(sums);
     free(offsets);
     return ferror(f) ? -1 : 0;
 }
