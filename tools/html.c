@@ -65,6 +65,13 @@ static json_t *text(const char *s)
     return j;
 }
 
+/* A byte count for the page: JavaScript numbers hold any uint64 roughly, int64 not at all
+ * past 2^63 (an OOM for SIZE_MAX bytes). */
+static json_t *jbytes(uint64_t v)
+{
+    return v > INT64_MAX ? json_real((double)v) : json_integer((json_int_t)v);
+}
+
 static json_t *stack_json(const struct cuheap_trace *t, uint32_t id)
 {
     json_t *a = json_array();
@@ -116,8 +123,7 @@ static json_t *u64_array(const struct bucket *b, size_t n, size_t offset)
 {
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++)
-        json_array_append_new(
-            a, json_integer((json_int_t) * (const uint64_t *)((const char *)&b[i] + offset)));
+        json_array_append_new(a, jbytes(*(const uint64_t *)((const char *)&b[i] + offset)));
     return a;
 }
 
@@ -178,12 +184,12 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
             if (json_array_size(ooms) < NR_OOM_ROWS) {
                 bool limit = e->type == CUHEAP_EV_LIMIT;
                 json_array_append_new(
-                    ooms, json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o}", "t", (json_int_t)at,
-                                    "kind", limit ? "limit" : "oom", "size", (json_int_t)e->size,
-                                    "live", (json_int_t)live, "reserved", (json_int_t)res,
-                                    limit ? "limit" : "driver_free",
-                                    (json_int_t)(limit ? e->aux2 : e->aux), "site",
-                                    site_json(t, e->stack), "stack", stack_json(t, e->stack)));
+                    ooms,
+                    json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "t", (json_int_t)at,
+                              "kind", limit ? "limit" : "oom", "size", jbytes(e->size), "live",
+                              jbytes(live), "reserved", jbytes(res),
+                              limit ? "limit" : "driver_free", jbytes(limit ? e->aux2 : e->aux),
+                              "site", site_json(t, e->stack), "stack", stack_json(t, e->stack)));
             }
             continue;
         } else {
@@ -209,10 +215,10 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
     for (size_t k = 0; k < nr_top; k++) {
         json_t *values = json_array();
         for (size_t i = 0; i < NR_BUCKETS; i++)
-            json_array_append_new(values, json_integer((json_int_t)b[i].site[k]));
-        json_array_append_new(top, json_pack("{s:o, s:I, s:o, s:o}", "site",
+            json_array_append_new(values, jbytes(b[i].site[k]));
+        json_array_append_new(top, json_pack("{s:o, s:o, s:o, s:o}", "site",
                                              site_json(t, sites[k].stack), "bytes",
-                                             (json_int_t)sites[k].bytes, "stack",
+                                             jbytes(sites[k].bytes), "stack",
                                              stack_json(t, sites[k].stack), "values", values));
     }
     free(sites);
@@ -221,10 +227,10 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
         if (t->devices[k].ordinal == d->device)
             name = t->devices[k].name;
     json_t *dev = json_pack(
-        "{s:i, s:o, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I}", "device",
-        d->device, "name", text(name), "peak_live", (json_int_t)d->peak_live, "peak_reserved",
-        (json_int_t)d->peak_reserved, "peak_t", (json_int_t)(d->peak_live_t + offset_ns),
-        "live_min", u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_min)), "live_max",
+        "{s:i, s:o, s:o, s:o, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I}", "device",
+        d->device, "name", text(name), "peak_live", jbytes(d->peak_live), "peak_reserved",
+        jbytes(d->peak_reserved), "peak_t", (json_int_t)(d->peak_live_t + offset_ns), "live_min",
+        u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_min)), "live_max",
         u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_max)), "live_last",
         u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_last)), "res_min",
         u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_min)), "res_max",

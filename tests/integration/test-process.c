@@ -853,11 +853,21 @@ static void test_html_report_content(void **state)
     fputs("{\"type\":\"event\",\"seq\":200005,\"t\":3000000,\"event\":\"limit\",\"api\":"
           "\"cuMemAlloc\",\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":67108864,\"actual\":0,"
           "\"pooled\":false,\"result\":2,\"driver_free\":4273995776,\"driver_total\":31457280,"
-          "\"limit\":31457280}\n",
+          "\"limit\":31457280}\n"
+          /* byte counts of 2^63 and more come as "0x..." strings (docs/trace-format.md) */
+          "{\"type\":\"event\",\"seq\":200006,\"t\":3000001,\"event\":\"oom\",\"api\":"
+          "\"cuMemAlloc\",\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":\"0xffffffffffffffff\","
+          "\"actual\":0,\"pooled\":false,\"result\":2,\"driver_free\":4273995776,"
+          "\"driver_total\":4294967296}\n",
           f);
-    close_trace(f, seq);
+    close_trace(f, seq + 1);
     struct result r = run("%s/tools/cuheap html -o long.html long.jsonl", build);
     assert_int_equal(r.status, 0);
+    done(&r);
+    /* the page gets the SIZE_MAX request as a positive number, not -1 */
+    r = html_data("long.html",
+                  "[o['size'] > 1.8e19 for o in d['processes'][0]['gpus'][0]['ooms']]");
+    assert_string_equal(r.out, "[False, True]\n");
     done(&r);
     r = html_data("long.html", "max(d['processes'][0]['gpus'][0]['live_max'])");
     assert_string_equal(r.out, "1074790400\n"); /* 1 GiB + 1 MiB */
