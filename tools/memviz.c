@@ -123,8 +123,14 @@ static void complete_block(struct replay *r, const struct live_alloc *b)
 static void segment_free(struct replay *r, const struct live_alloc *s)
 {
     /* every block inside goes first, so no step of the history has a block without its
-     * segment */
-    for (size_t k = 0; k < r->blocks.nr_slots; k++) {
+     * segment. A driver allocation's segment holds one block, at its start: no scan (a
+     * program with the pool off frees thousands of them). */
+    struct live_alloc own;
+    if (!s->pooled) {
+        if (lookup(&r->blocks, s->ptr, &own))
+            complete_block(r, &own);
+    }
+    for (size_t k = 0; s->pooled && k < r->blocks.nr_slots; k++) {
         struct live_alloc b = r->blocks.slots[k];
         if (b.ptr && b.ptr >= s->ptr && b.ptr - s->ptr < s->actual) {
             complete_block(r, &b);
