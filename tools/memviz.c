@@ -68,6 +68,8 @@ struct replay {
     /* blocks: ptr, size = requested, actual = block size, api = state, pooled = inside an
      * arena; segments: ptr, actual = size, pooled = an arena (else one allocation's own) */
     struct live_set blocks, segments;
+    struct live_alloc *arenas; /* the live arenas again, few: where pool blocks may lie */
+    size_t nr_arenas, cap_arenas;
     bool fence_reuse;   /* CUHEAP_REUSE=fence: pooled frees wait for a fence event */
     size_t max_entries; /* per device, 0: all */
     uint64_t now_us;
@@ -138,6 +140,11 @@ static void segment_free(struct replay *r, const struct live_alloc *s)
         }
     }
     add_entry(r, s->device, ACT_SEGMENT_FREE, s->ptr, s->actual, 0, s->stack);
+    for (size_t k = 0; s->pooled && k < r->nr_arenas; k++)
+        if (r->arenas[k].ptr == s->ptr) {
+            r->arenas[k] = r->arenas[--r->nr_arenas];
+            break;
+        }
     struct device_replay *d = &r->dev[s->device];
     d->reserved -= s->actual < d->reserved ? s->actual : d->reserved;
     live_set_take(&r->segments, s->ptr, NULL);
@@ -152,6 +159,15 @@ static void segment_alloc(struct replay *r, int dev, uint64_t ptr, uint64_t size
     struct live_alloc s = {
         .ptr = ptr, .actual = size, .stack = stack, .device = (int16_t)dev, .pooled = arena};
     live_set_put(&r->segments, &s);
+    if (arena) {
+        if (r->nr_arenas == r->cap_arenas) {
+            r->cap_arenas = r->cap_arenas ? r->cap_arenas * 2 : 16;
+            r->arenas = realloc(r->arenas, r->cap_arenas * sizeof(*r->arenas));
+            if (!r->arenas)
+                abort();
+        }
+        r->arenas[r->nr_arenas++] = s;
+    }
     r->dev[dev].reserved += size;
     add_entry(r, dev, ACT_SEGMENT_ALLOC, ptr, size, 0, stack);
 }
@@ -159,9 +175,9 @@ static void segment_alloc(struct replay *r, int dev, uint64_t ptr, uint64_t size
 static bool in_arena(struct replay *r, int dev, uint64_t ptr)
 {
     /* arenas are few (the pool doubles them): a scan is enough */
-    for (size_t k = 0; k < r->segments.nr_slots; k++) {
-        const struct live_alloc *s = &r->segments.slots[k];
-        if (s->ptr && s->pooled && s->device == dev && ptr >= s->ptr && ptr - s->ptr < s->actual)
+    for (size_t k = 0; k < r->nr_arenas; k++) {
+        const struct live_alloc *a = &r->arenas[k];
+        if (a->device == dev && ptr >= a->ptr && ptr - a->ptr < a->actual)
             return true;
     }
     return false;
@@ -572,6 +588,7 @@ int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *f)
     free(p.frames_memo);
     live_set_free(&r->blocks);
     live_set_free(&r->segments);
+    free(r->arenas);
     free(r);
     return ferror(f) ? -1 : 0;
 }
