@@ -283,18 +283,20 @@ static int cmp_site(const void *a, const void *b)
 static void add_site(struct site **sites, size_t *nr, size_t *cap, uint32_t stack, uint64_t bytes,
                      uint64_t count)
 {
-    /* stacks are few compared with events: a linear index by stack id */
-    for (size_t i = 0; i < *nr; i++)
-        if ((*sites)[i].stack == stack) {
-            (*sites)[i].bytes += bytes;
-            (*sites)[i].count += count;
-            return;
-        }
     if (*nr == *cap) {
         *cap = *cap ? *cap * 2 : 64;
-        *sites = realloc(*sites, *cap * sizeof(**sites));
+        struct site *grown = realloc(*sites, *cap * sizeof(**sites));
+        if (!grown)
+            abort(); /* the tool, not the host program */
+        *sites = grown;
     }
     (*sites)[(*nr)++] = (struct site){stack, bytes, count};
+}
+
+static int cmp_stack_id(const void *a, const void *b)
+{
+    const struct site *x = a, *y = b;
+    return x->stack < y->stack ? -1 : x->stack > y->stack;
 }
 
 size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s,
@@ -327,6 +329,20 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
         }
         if (count)
             add_site(&sites, &nr, &cap, a->stack, bytes, count);
+    }
+    if (device < 0 && nr) { /* one stack on several devices: one site (sorting, not searching:
+                               Python programs have tens of thousands of stacks) */
+        qsort(sites, nr, sizeof(*sites), cmp_stack_id);
+        size_t out = 0;
+        for (size_t k = 0; k < nr; k++) {
+            if (out && sites[out - 1].stack == sites[k].stack) {
+                sites[out - 1].bytes += sites[k].bytes;
+                sites[out - 1].count += sites[k].count;
+            } else {
+                sites[out++] = sites[k];
+            }
+        }
+        nr = out;
     }
     if (nr) /* qsort on NULL is undefined, even for no elements */
         qsort(sites, nr, sizeof(*sites), cmp_site);

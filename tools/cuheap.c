@@ -350,6 +350,31 @@ static const char *jstr(json_t *obj, const char *key, const char *dflt)
 
 /* Prints at most limit rows; returns how many, with the stack of each of the first
  * NR_FULL_STACKS rows' largest site in ret_stacks. */
+struct row {
+    char name[700];
+    uint64_t bytes, count;
+    uint32_t stack; /* its largest site's */
+    size_t first;   /* index of its first (largest) site */
+};
+
+static int cmp_row_name(const void *a, const void *b)
+{
+    const struct row *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->first < y->first ? -1 : x->first > y->first);
+}
+
+static int cmp_row_bytes(const void *a, const void *b)
+{
+    const struct row *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return x->first < y->first ? -1 : x->first > y->first;
+}
+
+/* Prints at most limit rows; returns how many, with the stack of each of the first
+ * NR_FULL_STACKS rows' largest site in ret_stacks. Sites whose stacks end in the same line
+ * are one row (merged by sorting on the name: there can be tens of thousands). */
 static size_t print_sites(const struct cuheap_trace *t, struct site *sites, size_t nr, size_t limit,
                           const char *what, uint32_t ret_stacks[NR_FULL_STACKS])
 {
@@ -358,34 +383,27 @@ static size_t print_sites(const struct cuheap_trace *t, struct site *sites, size
         printf("  (none)\n");
         return 0;
     }
-    struct row {
-        char name[700];
-        uint64_t bytes, count;
-        uint32_t stack; /* its largest site's (sites come largest first) */
-    } *rows = calloc(nr, sizeof(*rows));
+    struct row *rows = calloc(nr, sizeof(*rows));
     if (!rows)
         return 0;
+    for (size_t i = 0; i < nr; i++) { /* sites come largest first */
+        cuheap_trace_site(t, sites[i].stack, rows[i].name, sizeof(rows[i].name));
+        rows[i].bytes = sites[i].bytes;
+        rows[i].count = sites[i].count;
+        rows[i].stack = sites[i].stack;
+        rows[i].first = i;
+    }
+    qsort(rows, nr, sizeof(*rows), cmp_row_name);
     size_t nr_rows = 0;
     for (size_t i = 0; i < nr; i++) {
-        char name[700];
-        cuheap_trace_site(t, sites[i].stack, name, sizeof(name));
-        size_t k = 0;
-        while (k < nr_rows && strcmp(rows[k].name, name))
-            k++;
-        if (k == nr_rows) {
-            snprintf(rows[nr_rows++].name, sizeof(rows[k].name), "%s", name);
-            rows[k].stack = sites[i].stack;
+        if (nr_rows && !strcmp(rows[nr_rows - 1].name, rows[i].name)) {
+            rows[nr_rows - 1].bytes += rows[i].bytes;
+            rows[nr_rows - 1].count += rows[i].count;
+        } else {
+            rows[nr_rows++] = rows[i];
         }
-        rows[k].bytes += sites[i].bytes;
-        rows[k].count += sites[i].count;
     }
-    /* keep the order by bytes after merging */
-    for (size_t i = 1; i < nr_rows; i++)
-        for (size_t k = i; k > 0 && rows[k].bytes > rows[k - 1].bytes; k--) {
-            struct row tmp = rows[k];
-            rows[k] = rows[k - 1];
-            rows[k - 1] = tmp;
-        }
+    qsort(rows, nr_rows, sizeof(*rows), cmp_row_bytes);
     size_t shown = 0;
     for (; shown < nr_rows && shown < limit; shown++) {
         printf("  %10s  %6" PRIu64 " %s  %s\n", human_bytes(rows[shown].bytes, b1, sizeof(b1)),

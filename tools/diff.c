@@ -21,13 +21,10 @@ struct named_set {
     size_t nr, cap;
 };
 
+/* Append; merge() later joins equal names (sorting, not searching: a Python program has tens
+ * of thousands of stacks). */
 static void add(struct named_set *s, const char *name, int side, uint64_t bytes)
 {
-    for (size_t i = 0; i < s->nr; i++)
-        if (!strcmp(s->v[i].name, name)) {
-            s->v[i].bytes[side] += bytes;
-            return;
-        }
     if (s->nr == s->cap) {
         s->cap = s->cap ? s->cap * 2 : 32;
         struct named *v = realloc(s->v, s->cap * sizeof(*v));
@@ -50,6 +47,28 @@ static void add_sites(struct named_set *s, const struct cuheap_trace *t,
     for (size_t i = 0; i < nr; i++)
         add(s, cuheap_trace_site(t, sites[i].stack, name, sizeof(name)), side, sites[i].bytes);
     free(sites);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(((const struct named *)a)->name, ((const struct named *)b)->name);
+}
+
+static void merge(struct named_set *s)
+{
+    if (!s->nr)
+        return;
+    qsort(s->v, s->nr, sizeof(*s->v), cmp_name);
+    size_t out = 0;
+    for (size_t i = 0; i < s->nr; i++) {
+        if (out && !strcmp(s->v[out - 1].name, s->v[i].name)) {
+            s->v[out - 1].bytes[0] += s->v[i].bytes[0];
+            s->v[out - 1].bytes[1] += s->v[i].bytes[1];
+        } else {
+            s->v[out++] = s->v[i];
+        }
+    }
+    s->nr = out;
 }
 
 static uint64_t delta_abs(const struct named *n)
@@ -104,7 +123,8 @@ static void print_sites(struct named_set *s, size_t limit)
 {
     char x[32], y[32], c[64];
     size_t shown = 0;
-    qsort(s->v, s->nr, sizeof(*s->v), cmp_change);
+    if (s->nr)
+        qsort(s->v, s->nr, sizeof(*s->v), cmp_change);
     for (size_t i = 0; i < s->nr && shown < limit; i++) {
         const struct named *n = &s->v[i];
         if (n->bytes[0] == n->bytes[1])
@@ -164,6 +184,7 @@ void diff_traces(const struct cuheap_trace *a, const struct cuheap_trace *b, siz
         struct named_set sites = {0};
         for (int side = 0; side < 2; side++)
             add_sites(&sites, t[side], &s[side], SITES_AT_PEAK, devices[i], side);
+        merge(&sites);
         printf("\n  live at the peak, by call site (largest changes first):\n"
                "  %12s %12s   %-22s %s\n",
                "A", "B", "change", "call site");
@@ -173,6 +194,7 @@ void diff_traces(const struct cuheap_trace *a, const struct cuheap_trace *b, siz
     struct named_set leaks = {0};
     for (int side = 0; side < 2; side++)
         add_sites(&leaks, t[side], &s[side], SITES_LEAKED, -1, side);
+    merge(&leaks);
     size_t nr_new = 0, nr_gone = 0;
     for (size_t i = 0; i < leaks.nr; i++) {
         nr_new += !leaks.v[i].bytes[0] && leaks.v[i].bytes[1];
