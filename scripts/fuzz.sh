@@ -33,9 +33,9 @@ for a in "$@"; do
 done
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 
-scripts/setup.sh >/dev/null || exit 1
+scripts/setup.sh --fuzz >/dev/null || exit 1
 if ! command -v clang >/dev/null; then
-    echo "fuzz: clang not found (scripts/setup.sh installs it)"
+    echo "fuzz: clang not found (scripts/setup.sh --fuzz installs it)"
     exit 1
 fi
 # -fsanitize=fuzzer-no-link: every file reports coverage; the harnesses link libFuzzer itself.
