@@ -9,7 +9,8 @@
 #   scripts/fuzz.sh --crashes             replay tests/fuzz/crashes/ without the suppression
 #                                         files: which known crashes are still there
 #
-# Targets: tracereader config analysis cmdline. A crash, leak, UB report, hang (over 20 s on
+# Targets: tracereader config analysis events cmdline (tests/fuzz/meson.build says what each
+# fuzzes). A crash, leak, UB report, hang (over 20 s on
 # one input) or broken harness check stops that target; its input is saved under
 # build-fuzz/artifacts/TARGET/ and the script ends with status 1 and a line saying which. The
 # last line is "fuzz: N targets, N executions, N failed".
@@ -17,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 dir=build-fuzz
-all_targets=(tracereader config analysis cmdline)
+all_targets=(tracereader config analysis events cmdline)
 
 mode=time
 budget=60
@@ -27,7 +28,7 @@ for a in "$@"; do
     -runs=*) mode=runs budget=${a#-runs=} ;;
     --crashes) mode=crashes ;;
     [0-9]*) mode=time budget=$a ;;
-    tracereader | config | analysis | cmdline) targets+=("$a") ;;
+    tracereader | config | analysis | events | cmdline) targets+=("$a") ;;
     *) echo "fuzz: unknown argument $a (see the top of scripts/fuzz.sh)"; exit 2 ;;
     esac
 done
@@ -53,9 +54,9 @@ export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$root/tests/ubsan.supp
 
 if [ "$mode" = crashes ]; then
-    # Without the suppressions: a reproducer of a bug that is fixed passes, and then belongs
-    # in the seed corpus (and its suppression entry goes).
-    export LSAN_OPTIONS= UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    # Without the suppressions and the harnesses' known-bug guards: a reproducer of a bug that
+    # is fixed passes, and then belongs in the seed corpus (and its suppression entry goes).
+    export LSAN_OPTIONS= UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 CUHEAP_FUZZ_KNOWN_BUGS=1
     n=0 still=0
     for f in tests/fuzz/crashes/*; do
         [ -f "$f" ] || continue
@@ -77,10 +78,10 @@ fi
 run_one() {
     local t=$1 exe="$dir/tests/fuzz/fuzz-$1" art="$root/$dir/artifacts/$1/" work dict
     mkdir -p "$art"
+    local args=(-seed=1 -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$art")
     dict=$root/tests/fuzz/$t.dict
     [ "$t" = analysis ] || [ "$t" = tracereader ] && dict=$root/tests/fuzz/trace.dict
-    local args=(-seed=1 -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 -dict="$dict"
-        -artifact_prefix="$art")
+    [ -f "$dict" ] && args+=(-dict="$dict")
     if [ "$mode" = runs ]; then
         # a fresh working corpus each time: the same inputs, so the same run, every time
         work=$(mktemp -d)
@@ -98,8 +99,9 @@ run_one() {
     [ "$mode" = runs ] && rm -rf "$work"
 }
 
-# As many targets at once as there are cores (libFuzzer runs one input at a time).
-nr_jobs=$(nproc 2>/dev/null || echo 1)
+# As many targets at once as there are cores (libFuzzer runs one input at a time), or
+# FUZZ_JOBS.
+nr_jobs=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
 for t in "${targets[@]}"; do
     while (($(jobs -rp | wc -l) >= nr_jobs)); do wait -n; done
     rm -f "$dir/fuzz-$t.rc"

@@ -116,6 +116,27 @@ cmdlines = {
     "unknown": ["frobnicate", "-x"],
 }
 
+# events target: 8-byte records (tests/fuzz/fuzz-analysis.c from_records())
+def rec(kind, api=1, pooled=0, dev=0, addr=0, size=512, shift=0, stack=1, dt=1):
+    return bytes([kind - 1, api | pooled << 7, dev, addr, size & 255, size >> 8 & 255,
+                  shift | stack << 5, dt & 255])
+
+
+ALLOC, FREE, GROW, RELEASE, FENCE, OOM, LIMIT, MARK = range(1, 9)
+events = {
+    "every-kind": b"".join([rec(GROW, api=0, pooled=1, size=1, shift=25), rec(ALLOC, pooled=1),
+                            rec(ALLOC, api=3, addr=1, stack=3), rec(MARK, api=0), rec(FREE, pooled=1),
+                            rec(FENCE, api=0), rec(OOM, size=1, shift=31), rec(LIMIT, stack=7),
+                            rec(ALLOC, api=6, dev=128), rec(RELEASE, api=0, size=1, shift=25)]),
+    # a long run in time order: the size that fills html's chart (1500 points) and more
+    "long-in-order": b"".join(rec(ALLOC if i % 2 == 0 else FREE, addr=(i // 2) % 64,
+                                  size=100 + i, stack=i % 8, dt=3) for i in range(2000)),
+    # threads: time goes back and forth in seq order
+    "threads": b"".join(rec(ALLOC if i % 3 else FREE, addr=i % 17, size=i * 7, stack=i % 8,
+                            dt=(-50 if i % 2 else 60)) for i in range(300)),
+    "many-devices": b"".join(rec(ALLOC, dev=128 + 1 + d, addr=d % 64, size=4096) for d in range(79)),
+}
+
 out = os.path.join(here, "corpus")
 
 
@@ -133,3 +154,7 @@ for name, text in settings.items():
     write("config", name, text)
 for name, argv in cmdlines.items():
     write("cmdline", name, "\0".join(argv))
+for name, data in events.items():
+    os.makedirs(os.path.join(out, "events"), exist_ok=True)
+    with open(os.path.join(out, "events", name), "wb") as f:
+        f.write(data)
