@@ -6,8 +6,8 @@
 #                                         seed every time (CI: -runs=20000)
 #   scripts/fuzz.sh [SECONDS] [TARGET...] fuzz each target that long (default 60); what it
 #                                         learns stays in build-fuzz/corpus/TARGET for next time
-#   scripts/fuzz.sh --crashes             replay tests/fuzz/crashes/ without the suppression
-#                                         files: which known crashes are still there
+#   scripts/fuzz.sh --crashes             replay tests/fuzz/crashes/, each without its own
+#                                         suppression: which known crashes are still there
 #
 # Targets: tracereader config analysis events cmdline (tests/fuzz/meson.build says what each
 # fuzzes). A crash, leak, UB report, hang (over 20 s on
@@ -54,20 +54,29 @@ export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$root/tests/ubsan.supp
 
 if [ "$mode" = crashes ]; then
-    # Without the suppressions and the harnesses' known-bug guards: a reproducer of a bug that
-    # is fixed passes, and then belongs in the seed corpus (and its suppression entry goes).
-    export LSAN_OPTIONS= UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 CUHEAP_FUZZ_KNOWN_BUGS=1
+    # Each reproducer runs with the suppression entries that name it taken out (a paragraph
+    # of tests/lsan.supp or tests/ubsan.supp whose comment names the file) and the harnesses'
+    # known-bug guards off, the other entries kept, so it shows its own bug and no other
+    # known one. A reproducer that passes is of a fixed bug: it belongs in the seed corpus,
+    # and its suppression entry goes.
+    export CUHEAP_FUZZ_KNOWN_BUGS=1
     n=0 still=0
     for f in tests/fuzz/crashes/*; do
         [ -f "$f" ] || continue
-        t=$(basename "$f")
-        t=${t%%-*}
+        name=$(basename "$f")
+        t=${name%%-*}
         n=$((n + 1))
-        if "$dir/tests/fuzz/fuzz-$t" "$root/$f" >"$dir/replay.log" 2>&1; then
+        for s in lsan ubsan; do
+            awk -v name="$name" 'BEGIN { RS = ""; ORS = "\n\n" } index($0, name) == 0' \
+                "tests/$s.supp" >"$dir/replay-$s.supp"
+        done
+        if LSAN_OPTIONS=suppressions=$root/$dir/replay-lsan.supp:print_suppressions=0 \
+            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$root/$dir/replay-ubsan.supp \
+            "$dir/tests/fuzz/fuzz-$t" "$root/$f" >"$dir/replay.log" 2>&1; then
             echo "fixed:         $f (move it to tests/fuzz/corpus/$t/, drop its suppression)"
         else
             still=$((still + 1))
-            echo "still crashes: $f: $(grep -m1 -E 'SUMMARY|ERROR|fuzz check' "$dir/replay.log")"
+            echo "still crashes: $f: $(grep -m1 -E 'SUMMARY|fuzz check' "$dir/replay.log")"
         fi
     done
     echo "fuzz: $still of $n reproducers still crash"
