@@ -10,7 +10,7 @@
 #                                         suppression: which known crashes are still there
 #
 # Targets: tracereader config analysis events cmdline (tests/fuzz/meson.build says what each
-# fuzzes). A crash, leak, UB report, hang (over 20 s on
+# fuzzes, tests/RELIABILITY.md what each found). A crash, leak, UB report, hang (over 20 s on
 # one input) or broken harness check stops that target; its input is saved under
 # build-fuzz/artifacts/TARGET/ and the script ends with status 1 and a line saying which. The
 # last line is "fuzz: N targets, N executions, N failed".
@@ -34,7 +34,7 @@ for a in "$@"; do
 done
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 
-scripts/setup.sh --fuzz >/dev/null || exit 1
+scripts/setup.sh --fuzz >/dev/null || { echo "fuzz: scripts/setup.sh --fuzz failed"; exit 1; }
 if ! command -v clang >/dev/null; then
     echo "fuzz: clang not found (scripts/setup.sh --fuzz installs it)"
     exit 1
@@ -45,9 +45,14 @@ fi
 if [ ! -f "$dir/build.ninja" ]; then
     CC=clang meson setup "$dir" -Dfuzz=true -Dtests=false -Dbuildtype=debugoptimized \
         -Db_sanitize=address,undefined -Db_lundef=false \
-        -Dc_args="-fsanitize=fuzzer-no-link -fno-omit-frame-pointer" >/dev/null || exit 1
+        -Dc_args="-fsanitize=fuzzer-no-link -fno-omit-frame-pointer" >/dev/null ||
+        { echo "fuzz: meson setup $dir failed"; exit 1; }
 fi
-ninja -C "$dir" fuzz >/dev/null || { echo "fuzz: build failed"; exit 1; }
+if ! ninja -C "$dir" fuzz >"$dir/build.log" 2>&1; then
+    tail -n 30 "$dir/build.log"
+    echo "fuzz: build failed ($dir/build.log)"
+    exit 1
+fi
 
 export ASAN_OPTIONS=detect_leaks=1
 export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
