@@ -6,9 +6,11 @@
 # (CUHEAP_REUSE=immediate) is left out.
 #
 # Known leaks and UB reports are listed, each with its issue, in tests/lsan.supp and
-# tests/ubsan.supp; everything else fails the run. Before the suites, a canary program that
-# leaks must be caught with those files in place: leak detection that cannot fail (turned off,
-# or a suppression broad enough to hide everything) would make this run worthless.
+# tests/ubsan.supp; everything else fails the run. Two canaries come first, because a
+# sanitizer that cannot fail would make its run worthless: a program that leaks must be caught
+# with those files in place (leak detection off, or a suppression broad enough to hide
+# everything, would let it through), and under TSan the race that CUHEAP_REUSE=immediate
+# allows on purpose (suite provokes-race) must be reported.
 # Ends with "sanitizers: ok" or "sanitizers: FAILED (...)", and a matching exit status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +50,15 @@ for cfg in "build-asan address,undefined" "build-tsan thread provokes-race"; do
         continue
     fi
     ninja -C "$dir" >/dev/null || { failed+=("$san: build"); continue; }
+    if [ "$san" = thread ]; then
+        log=$dir/meson-logs/testlog.txt
+        if meson test -C "$dir" --suite provokes-race >/dev/null 2>&1 ||
+            ! grep -q 'ThreadSanitizer: data race' "$log"; then
+            failed+=("race canary not caught: TSan did not report hooks-immediate's race")
+        else
+            echo "== race canary caught (hooks-immediate)"
+        fi
+    fi
     echo "== $san"
     start=$SECONDS
     meson test -C "$dir" --suite unit --suite integration "${skip[@]}" --print-errorlogs ||
