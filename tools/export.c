@@ -208,6 +208,17 @@ static bool is_interpreter(const char *frame)
            strstr(frame, "PyObject_");
 }
 
+/* A frame as folded stacks can hold it: ';' separates frames, a space ends the stack and a
+ * line break ends the line (a frame name with one split its line in two, found by fuzzing). */
+static void folded_name(char *buf)
+{
+    for (char *p = buf; *p; p++)
+        if (*p == ';')
+            *p = ':';
+        else if (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')
+            *p = '_';
+}
+
 int export_folded(const struct cuheap_trace *t, const struct trace_summary *s, enum site_measure m,
                   FILE *out)
 {
@@ -228,9 +239,7 @@ int export_folded(const struct cuheap_trace *t, const struct trace_summary *s, e
          * interpreter down to the allocation. */
         for (size_t k = npy; k-- > 0;) {
             cuheap_trace_frame(st, k, buf, sizeof(buf));
-            for (char *p = buf; *p; p++)
-                if (*p == ';' || *p == ' ')
-                    *p = *p == ';' ? ':' : '_';
+            folded_name(buf);
             fprintf(out, "%s%s", first ? "" : ";", buf);
             first = false;
         }
@@ -238,9 +247,7 @@ int export_folded(const struct cuheap_trace *t, const struct trace_summary *s, e
             cuheap_trace_frame(st, npy + k, buf, sizeof(buf));
             if (npy && is_interpreter(buf))
                 continue;
-            for (char *p = buf; *p; p++)
-                if (*p == ';' || *p == ' ')
-                    *p = *p == ';' ? ':' : '_';
+            folded_name(buf);
             fprintf(out, "%s%s", first ? "" : ";", buf);
             first = false;
         }

@@ -51,55 +51,19 @@ static void sites(struct cuheap_trace *t, struct trace_summary *s, enum site_mea
         fuzz_check(i == 0 || v[i - 1].bytes >= v[i].bytes);
         fuzz_check(v[i].count > 0);
     }
-    print_sites(t, v, nr, 20, "blocks");
+    print_sites(t, v, nr, 20, "blocks", NULL);
     free(v);
-}
-
-/* issue 12: export_html() keeps at most NR_POINTS (1500) chart points per device but adds one
- * whenever the time bucket changes, so more than 1500 memory events whose times go back and
- * forth (threads: seq order is not time order) overflow its buffer. Known and tracked; the
- * events target would stop there at once, so such traces skip html unless
- * CUHEAP_FUZZ_KNOWN_BUGS is set (scripts/fuzz.sh --crashes sets it). Delete with the fix. */
-static bool html_known_overflow(const struct cuheap_trace *t)
-{
-    if (getenv("CUHEAP_FUZZ_KNOWN_BUGS"))
-        return false;
-    size_t nr = 0;
-    bool back = false;
-    for (size_t i = 0; i < t->nr_events; i++) {
-        uint8_t ty = t->events[i].type;
-        nr += ty == CUHEAP_EV_ALLOC || ty == CUHEAP_EV_FREE || ty == CUHEAP_EV_ARENA_GROW ||
-              ty == CUHEAP_EV_ARENA_RELEASE;
-        back |= i && t->events[i].t < t->events[i - 1].t;
-    }
-    return back && nr > 1500;
-}
-
-/* tools/export.c export_folded() writes frame text as it is, so a frame name with a newline
- * breaks its line in two and flamegraph.pl counts the bytes under the wrong frame. Found by
- * the check below (tests/fuzz/crashes/analysis-folded-newline); such traces skip the check
- * unless CUHEAP_FUZZ_KNOWN_BUGS is set. Delete with the fix. */
-static bool folded_known_newline(const struct cuheap_trace *t)
-{
-    if (getenv("CUHEAP_FUZZ_KNOWN_BUGS"))
-        return false;
-    char buf[700];
-    for (size_t i = 0; i < t->nr_stacks; i++)
-        for (size_t k = 0; cuheap_trace_frame(&t->stacks[i], k, buf, sizeof(buf)); k++)
-            if (strchr(buf, '\n'))
-                return true;
-    return false;
 }
 
 /* What viewers read must parse: the Chrome trace as JSON (Perfetto), folded stacks as
  * "frames BYTES" lines (flamegraph.pl). */
-static void check_outputs(struct cuheap_trace *t)
+static void check_outputs(struct cuheap_trace *t, const struct trace_summary *s)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     fuzz_check(f != NULL);
-    export_chrome(t, 1, f);
+    export_chrome(t, 1, 0, 0, f);
     fuzz_check(fclose(f) == 0);
     json_error_t err;
     json_t *doc = json_loadb(buf, len, 0, &err);
@@ -111,10 +75,9 @@ static void check_outputs(struct cuheap_trace *t)
 
     f = open_memstream(&buf, &len);
     fuzz_check(f != NULL);
-    export_folded(t, SITES_TOTAL, f);
+    export_folded(t, s, SITES_TOTAL, f);
     fuzz_check(fclose(f) == 0);
-    bool skip = folded_known_newline(t);
-    for (char *line = buf, *end; line < buf + len && !skip; line = end + 1) {
+    for (char *line = buf, *end; line < buf + len; line = end + 1) {
         end = memchr(line, '\n', (size_t)(buf + len - line));
         fuzz_check(end != NULL); /* every line ends */
         char *sp = memrchr(line, ' ', (size_t)(end - line));
@@ -141,13 +104,13 @@ static void analyse(struct cuheap_trace *t)
     sites(t, &s, SITES_TOTAL, -1);
     sites(t, &s, SITES_LEAKED, -1);
 
-    report_one(t);
-    export_folded(t, SITES_AT_PEAK, devnull);
-    export_folded(t, SITES_TOTAL, devnull);
-    export_memviz(t, devnull);
-    if (!html_known_overflow(t))
-        export_html(t, devnull);
-    check_outputs(t);
+    report_one(t, &s);
+    export_folded(t, &s, SITES_AT_PEAK, devnull);
+    export_folded(t, &s, SITES_TOTAL, devnull);
+    export_memviz(t, 1000, devnull);
+    export_html(t, &s, 1, devnull);
+    check_outputs(t, &s);
+    summary_free(&s);
 }
 
 #ifndef FUZZ_EVENTS
