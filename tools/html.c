@@ -195,8 +195,11 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
         } else {
             continue;
         }
-        size_t k = (size_t)((double)at / per_bucket);
-        note(&b[k < NR_BUCKETS ? k : NR_BUCKETS - 1], at, live, res, site_live);
+        /* clamped before the conversion: an event past the end (a damaged trace) would not
+         * fit a size_t (found by fuzzing) */
+        double q = (double)at / per_bucket;
+        size_t k = q < (double)NR_BUCKETS ? (size_t)q : NR_BUCKETS - 1;
+        note(&b[k], at, live, res, site_live);
     }
     cuheap_trace_iter_end(&it);
     live_set_free(&live_set);
