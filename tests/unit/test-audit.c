@@ -464,5 +464,6 @@ int main(void)
         cmocka_unit_test(test_queue_many_producers),
         cmocka_unit_test(test_queue_full_drops_and_counts),
     };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
