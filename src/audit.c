@@ -58,29 +58,40 @@ static int table_init(struct audit_table *t, size_t nr_slots)
     return 0;
 }
 
-/* The live slot for the key, or NULL; *ret_free (when asked) gets where to insert it. */
-static struct audit_slot *table_find(struct audit_table *t, uint8_t op, uint64_t addr,
-                                     uint64_t bytes_key, struct audit_slot **ret_free)
+/* Bytes a slot's operation covers, for telling apart operations at one address. */
+static uint64_t slot_bytes(const struct audit_slot *s, bool seen)
 {
-    struct audit_slot *tomb = NULL;
-    for (size_t i = hash(op, addr, bytes_key, t->nr_slots), n = 0; n < t->nr_slots;
-         i = (i + 1) & (t->nr_slots - 1), n++) {
+    return seen ? s->rep.seen.size : s->rep.driver.bytes;
+}
+
+/* A live slot for the key, or NULL; *ret_free (when asked) gets where to insert one. One key
+ * can hold several slots (an address reused with another size before either side caught up):
+ * with `fits`, the oldest whose size fits it is returned, else the oldest; with `exact`, only
+ * one of exactly those bytes. */
+static struct audit_slot *table_find(struct audit_table *t, uint8_t op, uint64_t addr,
+                                     uint64_t bytes_key, struct audit_slot **ret_free,
+                                     bool (*fits)(const struct audit_slot *s, const void *arg),
+                                     const void *arg)
+{
+    struct audit_slot *tomb = NULL, *oldest = NULL, *best = NULL;
+    size_t i = hash(op, addr, bytes_key, t->nr_slots);
+    for (size_t n = 0; n < t->nr_slots; i = (i + 1) & (t->nr_slots - 1), n++) {
         struct audit_slot *s = &t->slots[i];
-        if (s->state == SLOT_EMPTY) {
-            if (ret_free)
-                *ret_free = tomb ? tomb : s;
-            return NULL;
-        }
+        if (s->state == SLOT_EMPTY)
+            break;
         if (s->state == SLOT_TOMB) {
             if (!tomb)
                 tomb = s;
         } else if (s->op == op && s->addr == addr && s->bytes_key == bytes_key) {
-            return s;
+            if (!oldest || s->first < oldest->first)
+                oldest = s;
+            if (fits && fits(s, arg) && (!best || s->first < best->first))
+                best = s;
         }
     }
     if (ret_free)
-        *ret_free = tomb;
-    return NULL;
+        *ret_free = tomb ? tomb : &t->slots[i];
+    return best ? best : oldest;
 }
 
 /* Room for one more key: rehash (dropping tombstones, doubling when live slots need it). */
@@ -98,7 +109,7 @@ static int table_reserve(struct audit_table *t)
         struct audit_slot *s = &t->slots[i], *to = NULL;
         if (s->state != SLOT_LIVE)
             continue;
-        table_find(&fresh, s->op, s->addr, s->bytes_key, &to);
+        table_find(&fresh, s->op, s->addr, s->bytes_key, &to, NULL, NULL);
         *to = *s;
         fresh.nr_used++;
         fresh.nr_live++;
@@ -119,14 +130,30 @@ static void table_take(struct audit_table *t, struct audit_slot *s)
     }
 }
 
-/* Keep one more unmatched operation; rep is copied when the key is new. */
-static int table_add(struct cuheap_audit *a, struct audit_table *t, uint8_t op, uint64_t addr,
-                     uint64_t bytes_key, const void *rep, size_t rep_size)
+struct same {
+    uint64_t bytes;
+    bool seen;
+};
+
+static bool same_bytes(const struct audit_slot *s, const void *arg)
+{
+    const struct same *w = arg;
+    return slot_bytes(s, w->seen) == w->bytes;
+}
+
+/* Keep one more unmatched operation: counted in the slot of its key and size, or a new slot
+ * holding a copy of rep. */
+static int table_add(struct cuheap_audit *a, struct audit_table *t, bool seen, uint8_t op,
+                     uint64_t addr, uint64_t bytes_key, const void *rep, size_t rep_size,
+                     uint64_t bytes)
 {
     if (table_reserve(t))
         return -ENOMEM;
     struct audit_slot *free_slot = NULL;
-    struct audit_slot *s = table_find(t, op, addr, bytes_key, &free_slot);
+    struct same w = {bytes, seen};
+    struct audit_slot *s = table_find(t, op, addr, bytes_key, &free_slot, same_bytes, &w);
+    if (s && slot_bytes(s, seen) != bytes)
+        s = NULL;
     if (!s) {
         s = free_slot;
         if (s->state == SLOT_EMPTY)
@@ -174,6 +201,16 @@ static bool size_fits(const struct cuheap_audit_seen *s, uint64_t bytes)
     return bytes >= s->size && bytes <= hi;
 }
 
+static bool driver_fits(const struct audit_slot *s, const void *arg)
+{
+    return size_fits(arg, s->rep.driver.bytes);
+}
+
+static bool seen_fits(const struct audit_slot *s, const void *arg)
+{
+    return size_fits(&s->rep.seen, ((const struct cuheap_audit_driver_op *)arg)->bytes);
+}
+
 static void matched(struct cuheap_audit *a, const struct cuheap_audit_seen *s,
                     const struct cuheap_audit_driver_op *d)
 {
@@ -191,13 +228,13 @@ int cuheap_audit_feed_seen(struct cuheap_audit *a, const struct cuheap_audit_see
     a->counts.nr_seen++;
     a->arrival++;
     uint64_t key = s->addr ? 0 : s->size;
-    struct audit_slot *d = table_find(&a->driver, s->op, s->addr, key, NULL);
+    struct audit_slot *d = table_find(&a->driver, s->op, s->addr, key, NULL, driver_fits, s);
     if (d) {
         matched(a, s, &d->rep.driver);
         table_take(&a->driver, d);
         return 0;
     }
-    return table_add(a, &a->seen, s->op, s->addr, key, s, sizeof(*s));
+    return table_add(a, &a->seen, true, s->op, s->addr, key, s, sizeof(*s), s->size);
 }
 
 int cuheap_audit_feed_driver(struct cuheap_audit *a, const struct cuheap_audit_driver_op *d)
@@ -216,13 +253,13 @@ int cuheap_audit_feed_driver(struct cuheap_audit *a, const struct cuheap_audit_d
     a->counts.nr_driver++;
     a->arrival++;
     uint64_t key = d->addr ? 0 : d->bytes;
-    struct audit_slot *s = table_find(&a->seen, d->op, d->addr, key, NULL);
+    struct audit_slot *s = table_find(&a->seen, d->op, d->addr, key, NULL, seen_fits, d);
     if (s) {
         matched(a, &s->rep.seen, d);
         table_take(&a->seen, s);
         return 0;
     }
-    return table_add(a, &a->driver, d->op, d->addr, key, d, sizeof(*d));
+    return table_add(a, &a->driver, false, d->op, d->addr, key, d, sizeof(*d), d->bytes);
 }
 
 void cuheap_audit_get_counts(const struct cuheap_audit *a, struct cuheap_audit_counts *ret)

@@ -68,6 +68,7 @@ static struct cuheap_audit matcher; /* guarded by match_lock */
 static uint64_t nr_cupti_dropped;   /* guarded by match_lock */
 static bool matcher_failed;         /* guarded by match_lock: out of memory once */
 static bool stopped;                /* guarded by match_lock */
+static bool verbose;                /* CUHEAP_VERBOSE: how the two sides matched, at exit */
 
 static const char *result_string(CUptiResult r)
 {
@@ -390,7 +391,8 @@ void cuheap_audit_start(const struct cuheap_config *cfg)
     }
     if (cupti.cuptiActivityFlushPeriod)
         cupti.cuptiActivityFlushPeriod(FLUSH_MS);
-    if (cfg->verbose)
+    verbose = cfg->verbose;
+    if (verbose)
         cuheap_log("audit: on, CUPTI from %s", cupti_path);
 out:
     cuheap_busy = 0;
@@ -429,6 +431,16 @@ void cuheap_audit_stop(void)
                           " CUPTI records dropped%s; misses may be false",
                           lost, (uint64_t)nr_cupti_dropped,
                           matcher_failed ? ", the matcher ran out of memory" : "");
+    if (!verbose)
+        return;
+    /* What a GPU run needs to see how CUPTI reports each door (VMM above all). */
+    cuheap_log_always("audit: matched by door: pass-through %" PRIu64 ", pool %" PRIu64
+                      ", vmm create %" PRIu64 ", vmm map %" PRIu64 ", async pool %" PRIu64
+                      "; module statics %" PRIu64 "; hooked operations the driver did not "
+                      "report %" PRIu64,
+                      c.nr_by_door[CUHEAP_AUDIT_PASSTHRU], c.nr_by_door[CUHEAP_AUDIT_POOL],
+                      c.nr_by_door[CUHEAP_AUDIT_VMM_CREATE], c.nr_by_door[CUHEAP_AUDIT_VMM_MAP],
+                      c.nr_by_door[CUHEAP_AUDIT_ASYNC], c.nr_static, c.nr_unreported);
     if (c.nr_size_differs)
         cuheap_log_always("audit: %" PRIu64 " operations matched by address with another byte "
                           "count than the hook saw (first: driver %" PRIu64 ", hook %" PRIu64 ")",

@@ -26,25 +26,27 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: cuheap COMMAND [OPTIONS] ...\n"
-               "\n"
-               "  run [OPTIONS] [--] PROGRAM [ARGS]   run PROGRAM with libcuheap.so preloaded\n"
-               "      -o, --output PATH     trace path (%%p pid, %%r rank, %%h host)\n"
-               "      -f, --format FMT      jsonl (default) or chrome\n"
-               "      --no-pool             record only; every allocation goes to the driver\n"
-               "      --reuse POLICY        fence (default), sync or immediate\n"
-               "      --limit SIZE          per-device limit, bytes (K/M/G) or a percentage\n"
-               "      --stack-depth N       native frames per event (0 = none)\n"
-               "  report TRACE...          peak, fragmentation, APIs, top sites, leaks\n"
-               "  top [-n N] [--by peak|total] TRACE   call sites by bytes live at the peak\n"
-               "                                       or allocated over the run\n"
-               "  leaks [-n N] TRACE        allocations never freed, by call site\n"
-               "  chrome [-o OUT] TRACE...  one Chrome/Perfetto timeline (ranks merged)\n"
-               "  folded [--by peak|total] TRACE   folded stacks for flamegraph.pl/speedscope\n"
-               "  memviz [-o OUT] TRACE     PyTorch memory_viz snapshot (pickle)\n"
-               "  html [-o OUT] TRACE       self-contained HTML report with charts\n"
-               "  check TRACE...            read and validate traces\n"
-               "  help                      this text\n");
+    fprintf(f,
+            "usage: cuheap COMMAND [OPTIONS] ...\n"
+            "\n"
+            "  run [OPTIONS] [--] PROGRAM [ARGS]   run PROGRAM with libcuheap.so preloaded\n"
+            "      -o, --output PATH     trace path (%%p pid, %%r rank, %%h host)\n"
+            "      -f, --format FMT      jsonl (default) or chrome\n"
+            "      --no-pool             record only; every allocation goes to the driver\n"
+            "      --reuse POLICY        fence (default), sync or immediate\n"
+            "      --limit SIZE          per-device limit, bytes (K/M/G) or a percentage\n"
+            "      --stack-depth N       native frames per event (0 = none)\n"
+            "      --audit               check with CUPTI that every driver allocation was seen\n"
+            "  report TRACE...          peak, fragmentation, APIs, top sites, leaks\n"
+            "  top [-n N] [--by peak|total] TRACE   call sites by bytes live at the peak\n"
+            "                                       or allocated over the run\n"
+            "  leaks [-n N] TRACE        allocations never freed, by call site\n"
+            "  chrome [-o OUT] TRACE...  one Chrome/Perfetto timeline (ranks merged)\n"
+            "  folded [--by peak|total] TRACE   folded stacks for flamegraph.pl/speedscope\n"
+            "  memviz [-o OUT] TRACE     PyTorch memory_viz snapshot (pickle)\n"
+            "  html [-o OUT] TRACE       self-contained HTML report with charts\n"
+            "  check TRACE...            read and validate traces\n"
+            "  help                      this text\n");
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -115,10 +117,15 @@ static int find_library(char *out, size_t size)
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'}, {"format", required_argument, NULL, 'f'},
-        {"no-pool", no_argument, NULL, 'P'},      {"reuse", required_argument, NULL, 'R'},
-        {"limit", required_argument, NULL, 'L'},  {"stack-depth", required_argument, NULL, 'D'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+        {"output", required_argument, NULL, 'o'},
+        {"format", required_argument, NULL, 'f'},
+        {"no-pool", no_argument, NULL, 'P'},
+        {"reuse", required_argument, NULL, 'R'},
+        {"limit", required_argument, NULL, 'L'},
+        {"stack-depth", required_argument, NULL, 'D'},
+        {"audit", no_argument, NULL, 'A'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
@@ -156,6 +163,9 @@ static int cmd_run(int argc, char **argv)
             setenv("CUHEAP_STACK_DEPTH", optarg, 1);
             break;
         }
+        case 'A':
+            setenv("CUHEAP_AUDIT", "1", 0); /* a CUHEAP_AUDIT=/path/libcupti.so given stays */
+            break;
         case 'h':
             usage(stdout);
             return 0;

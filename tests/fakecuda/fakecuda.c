@@ -180,6 +180,36 @@ static struct fake_alloc *find_alloc_locked(uintptr_t p)
     return NULL;
 }
 
+/* A CUPTI stand-in (tests/fakecupti) listening, as CUPTI's memory records listen to the real
+ * driver: told of every allocation and release the fake makes, whichever call made it. */
+static _Atomic(fakecuda_memop_fn) g_memop_observer;
+static int device_of_ptr(uintptr_t p);
+
+FAKE_EXPORT void fakecuda_set_memory_observer(fakecuda_memop_fn fn)
+{
+    atomic_store(&g_memop_observer, fn);
+}
+
+static void tell_observer(const struct fake_alloc *a, bool release)
+{
+    fakecuda_memop_fn fn = atomic_load(&g_memop_observer);
+    if (!fn || a->kind == KIND_VMM_PHYS)
+        return;
+    int dev = device_of_ptr(a->ptr);
+    struct fakecuda_memop op = {
+        .release = release,
+        .kind = a->kind == KIND_HOST      ? FAKECUDA_MEM_HOST
+                : a->kind == KIND_MANAGED ? FAKECUDA_MEM_MANAGED
+                : a->kind == KIND_ASYNC   ? FAKECUDA_MEM_ASYNC
+                                          : FAKECUDA_MEM_DEVICE,
+        .device = dev,
+        .ptr = a->ptr,
+        .bytes = a->requested,
+        .pool = a->kind == KIND_ASYNC && dev >= 0 ? g_devices[dev].base : 0,
+    };
+    fn(&op);
+}
+
 static int insert_alloc_locked(struct fake_alloc a)
 {
     if (g_nr_allocs == g_cap_allocs) {
@@ -196,11 +226,13 @@ static int insert_alloc_locked(struct fake_alloc a)
     memmove(&g_allocs[i + 1], &g_allocs[i], (g_nr_allocs - i) * sizeof(*g_allocs));
     g_allocs[i] = a;
     g_nr_allocs++;
+    tell_observer(&a, false);
     return 0;
 }
 
 static void remove_alloc_locked(struct fake_alloc *a)
 {
+    tell_observer(a, true);
     size_t i = (size_t)(a - g_allocs);
     memmove(&g_allocs[i], &g_allocs[i + 1], (g_nr_allocs - i - 1) * sizeof(*g_allocs));
     g_nr_allocs--;

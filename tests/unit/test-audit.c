@@ -346,6 +346,35 @@ static void test_size_difference_is_counted(void **state)
     cuheap_audit_destroy(&a);
 }
 
+/* One address handed out three times with three sizes before CUPTI's buffer arrived: each
+ * driver record pairs with the hooked operation of its size, not just the first at the
+ * address, so no size difference is invented. */
+static void test_reused_address_pairs_by_size(void **state)
+{
+    (void)state;
+    struct cuheap_audit a;
+    assert_int_equal(cuheap_audit_init(&a), 0);
+    static const char *const batch[] = {
+        "seen alloc passthru 7f1e4c000000 512 512",
+        "seen release passthru 7f1e4c000000 512 512",
+        "seen alloc async 7f1e4c000000 65536 65536",
+        "seen release async 7f1e4c000000 65536 65536",
+        "seen alloc passthru 7f1e4c000000 100663296 100663296",
+        "driver alloc device 7f1e4c000000 512 corr=1",
+        "driver release device 7f1e4c000000 512 corr=2",
+        "driver alloc device 7f1e4c000000 65536 corr=3 stream=7 pool=7f1e40000000 async",
+        "driver release device 7f1e4c000000 65536 corr=4 stream=7 pool=7f1e40000000 async",
+        "driver alloc device 7f1e4c000000 100663296 corr=5",
+        NULL,
+    };
+    feed(&a, batch);
+    struct cuheap_audit_counts c = counts_of(&a);
+    assert_int_equal(c.nr_matched, 5);
+    assert_int_equal(c.nr_size_differs, 0);
+    assert_int_equal(c.nr_by_door[CUHEAP_AUDIT_ASYNC], 2);
+    cuheap_audit_destroy(&a);
+}
+
 /* Many operations in flight: the tables grow, and whatever is left unmatched comes out oldest
  * first, identical ones folded with their count. */
 static void test_many_and_order(void **state)
@@ -460,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_driver_record_before_hook),
         cmocka_unit_test(test_misses_age_before_they_are_named),
         cmocka_unit_test(test_size_difference_is_counted),
+        cmocka_unit_test(test_reused_address_pairs_by_size),
         cmocka_unit_test(test_many_and_order),
         cmocka_unit_test(test_queue_many_producers),
         cmocka_unit_test(test_queue_full_drops_and_counts),
