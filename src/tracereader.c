@@ -88,6 +88,14 @@ static int add_event(struct cuheap_trace *t, size_t *cap, json_t *o)
     case CUHEAP_EV_ARENA_RELEASE:
         e->aux = hex_or_int(json_object_get(o, "reserved"));
         break;
+    case CUHEAP_EV_AUDIT:
+        /* a verdict holds operations/missed, a missed operation correlation/count */
+        e->aux = hex_or_int(
+            json_object_get(o, json_object_get(o, "operations") ? "operations" : "correlation"));
+        e->aux2 =
+            hex_or_int(json_object_get(o, json_object_get(o, "operations") ? "missed" : "count"));
+        e->verdict = json_object_get(o, "operations") != NULL;
+        /* fall through - the label too */
     case CUHEAP_EV_MARK: {
         const char *l = json_string_value(json_object_get(o, "label"));
         e->label = strdup(l ? l : "");

@@ -368,6 +368,36 @@ static int cmd_sites(int argc, char **argv, bool leaks)
     return 0;
 }
 
+/* CUHEAP_AUDIT's verdict and the driver operations no hook saw (src/cupti_audit.c). */
+static void report_audit(const struct cuheap_trace *t)
+{
+    const struct cuheap_trace_event *verdict = NULL;
+    size_t nr_missed = 0;
+    for (size_t i = 0; i < t->nr_events; i++)
+        if (t->events[i].type == CUHEAP_EV_AUDIT && t->events[i].verdict)
+            verdict = &t->events[i];
+    if (verdict && !verdict->aux2)
+        printf("\naudit: %" PRIu64 " driver operations, all seen\n", verdict->aux);
+    else if (verdict)
+        printf("\naudit: %" PRIu64 " driver operations, %" PRIu64 " not seen by cuheap:\n",
+               verdict->aux, verdict->aux2);
+    for (size_t i = 0; i < t->nr_events; i++) {
+        const struct cuheap_trace_event *e = &t->events[i];
+        if (e->type != CUHEAP_EV_AUDIT || e->verdict)
+            continue;
+        if (nr_missed++ == 0 && !verdict)
+            printf("\naudit (no verdict: the run did not reach its exit):\n");
+        if (nr_missed > 20)
+            continue;
+        printf("  %s", e->label ? e->label : "?");
+        if (e->aux2 > 1)
+            printf(" x%" PRIu64, e->aux2);
+        printf("\n");
+    }
+    if (nr_missed > 20)
+        printf("  ... and %zu more in the trace\n", nr_missed - 20);
+}
+
 static int cmd_report(int argc, char **argv)
 {
     if (argc < 2)
@@ -377,6 +407,7 @@ static int cmd_report(int argc, char **argv)
         if (load(argv[i], &t))
             return 2;
         report_one(&t);
+        report_audit(&t);
         cuheap_trace_free(&t);
         if (i + 1 < argc)
             printf("\n");

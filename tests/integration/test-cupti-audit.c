@@ -4,11 +4,11 @@
  * (tests/fakecupti, which reports every allocation and release the fake driver makes): the
  * exit line says all were seen, pool on and off, and its count is the number of driver-level
  * operations the trace holds; an allocation made through a door no hook covers (dlvsym) is
- * named with its address, in the line and in the trace; CUPTI held by another subscriber, or
- * not found, costs one line and the program runs as before; `cuheap run --audit` finds CUPTI
- * next to the toolkit (CUDA_HOME).
+ * named with its address, in the line, in the trace and in `cuheap report`; CUPTI held by another
+ * subscriber, or not found, costs one line and the program runs as before; `cuheap run --audit`
+ * finds CUPTI next to the toolkit (CUDA_HOME).
  *
- * Paths come from meson: CUHEAP_BUILD_ROOT.
+ * Paths come from meson: CUHEAP_BUILD_ROOT, CUHEAP_SOURCE_ROOT.
  */
 #include <inttypes.h>
 #include <jansson.h>
@@ -26,7 +26,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-static char build[PATH_MAX], tmp[PATH_MAX], env_base[4 * PATH_MAX];
+static char build[PATH_MAX], source[PATH_MAX], tmp[PATH_MAX], env_base[4 * PATH_MAX];
 
 static char *slurp(const char *path)
 {
@@ -132,16 +132,18 @@ static struct trace_audit read_trace(void)
 /* "cuheap: audit: N driver operations, ..." -> N, or -1 without such a line. */
 static long audited(const char *err)
 {
-    const char *p = strstr(err, "cuheap: audit: ");
     long n = -1;
-    if (p && sscanf(p, "cuheap: audit: %ld driver operations", &n) != 1)
-        n = -1;
-    return n;
+    for (const char *p = err; (p = strstr(p, "cuheap: audit: ")); p++)
+        if (sscanf(p, "cuheap: audit: %ld driver operations", &n) == 1)
+            return n;
+    return -1;
 }
 
 static void all_seen(const char *settings)
 {
-    struct result r = run(settings, "");
+    char s[4 * PATH_MAX];
+    snprintf(s, sizeof(s), "%s CUHEAP_VERBOSE=1", settings);
+    struct result r = run(s, "");
     assert_int_equal(r.status, 0);
     assert_string_equal(r.out, "ok\n");
     assert_int_equal(count(r.err, "driver operations, all seen"), 1);
@@ -154,6 +156,9 @@ static void all_seen(const char *settings)
     assert_int_equal(t.operations, n);
     assert_int_equal(t.missed, 0);
     assert_int_equal(t.missed_events, 0);
+    /* the stand-in reports everything the fake driver does: a hooked operation it did not
+     * report would be one cuheap invented (a pool block taken for a driver call) */
+    assert_non_null(strstr(r.err, "hooked operations the driver did not report 0\n"));
     done(&r);
 }
 
@@ -203,6 +208,24 @@ static void test_uncovered_door_is_named(void **state)
     assert_int_equal(t.missed_ptr[0], addr);
     assert_int_equal(t.missed_ptr[1], addr);
     done(&r);
+    /* the trace keeps to its schema, and cuheap report shows the verdict and the misses */
+    char cmd[16 * PATH_MAX];
+    const char *py = system("/usr/bin/python3 -c 'import jsonschema' 2>/dev/null") == 0
+                         ? "/usr/bin/python3"
+                         : "python3";
+    snprintf(cmd, sizeof(cmd),
+             "cd '%s' && %s '%s/scripts/validate-trace.py' t.jsonl >/dev/null && "
+             "'%s/tools/cuheap' report t.jsonl >report 2>&1",
+             tmp, py, source, build);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof(cmd), "%s/report", tmp);
+    char *report = slurp(cmd);
+    snprintf(want, sizeof(want), "audit: %ld driver operations, 2 not seen by cuheap:\n",
+             t.operations);
+    assert_non_null(strstr(report, want));
+    snprintf(want, sizeof(want), "  alloc device 0x%llx (8.00 MiB, correlation ", addr);
+    assert_non_null(strstr(report, want));
+    free(report);
 }
 
 /* Another subscriber holds CUPTI, or there is none: one line, and the program's run, its
@@ -263,7 +286,8 @@ static int setup(void **state)
 {
     (void)state;
     const char *b = getenv("CUHEAP_BUILD_ROOT");
-    if (!b || !realpath(b, build))
+    const char *src = getenv("CUHEAP_SOURCE_ROOT");
+    if (!b || !realpath(b, build) || !src || !realpath(src, source))
         return -1;
     snprintf(tmp, sizeof(tmp), "/tmp/cuheap-audit-XXXXXX");
     if (!mkdtemp(tmp))
