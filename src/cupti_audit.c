@@ -360,6 +360,7 @@ void cuheap_audit_start(const struct cuheap_config *cfg)
     char why[CUHEAP_PATH_MAX + 128];
     /* CUPTI's set-up may call into the driver: those calls must not find cuheap half started
      * (the thread is inside start-up), so they go straight to the driver. */
+    int was_busy = cuheap_busy;
     cuheap_busy = 1;
     cupti_handle = open_cupti(cfg->audit_cupti, why, sizeof(why));
     if (!cupti_handle || resolve(why, sizeof(why))) {
@@ -395,19 +396,20 @@ void cuheap_audit_start(const struct cuheap_config *cfg)
     if (verbose)
         cuheap_log("audit: on, CUPTI from %s", cupti_path);
 out:
-    cuheap_busy = 0;
+    cuheap_busy = was_busy;
 }
 
 void cuheap_audit_stop(void)
 {
     if (!atomic_load(&cuheap_auditing))
         return;
+    int was_busy = cuheap_busy;
     cuheap_busy = 1;
     /* CUPTI hands over what it holds (buffer_completed runs, on this thread or its own) */
     cupti.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     cupti.cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMORY2);
     atomic_store(&cuheap_auditing, false);
-    cuheap_busy = 0;
+    cuheap_busy = was_busy;
     pthread_mutex_lock(&match_lock);
     drain_queue_locked();
     cuheap_audit_age(&matcher, true, record_miss, NULL);
