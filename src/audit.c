@@ -391,16 +391,29 @@ char *cuheap_audit_summary(const struct cuheap_audit *a, unsigned max_listed, ch
 /* ---- the queue (Vyukov's bounded queue: a sequence number per slot) ---- */
 
 struct audit_qslot {
-    _Atomic uint64_t seq; /* pos: free for the push at pos; pos + 1: holds the push at pos */
+    /* The slot's sequence number minus its index: 0 in fresh (zeroed) memory means "free for
+     * the push at its index", so the mapping needs no initial pass and costs only the pages
+     * the queue reaches. Sequence pos: free for the push at pos; pos + 1: holds that push. */
+    _Atomic uint64_t rel_seq;
     struct cuheap_audit_seen v;
 };
+
+static uint64_t seq_load(struct audit_qslot *slot, uint64_t idx)
+{
+    return atomic_load_explicit(&slot->rel_seq, memory_order_acquire) + idx;
+}
+
+static void seq_store(struct audit_qslot *slot, uint64_t idx, uint64_t seq)
+{
+    atomic_store_explicit(&slot->rel_seq, seq - idx, memory_order_release);
+}
 
 int cuheap_audit_queue_init(struct cuheap_audit_queue *q, uint64_t nr_slots)
 {
     memset(q, 0, sizeof(*q));
     if (!nr_slots || (nr_slots & (nr_slots - 1)))
         return -EINVAL;
-    /* mmap: pages are touched as the queue fills, and nothing here uses malloc, which a
+    /* mmap: zeroed pages, touched only as the queue fills; nothing here uses malloc, which a
      * program's allocator replacement might route back into CUDA. */
     void *m = mmap(NULL, nr_slots * sizeof(struct audit_qslot), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -408,8 +421,6 @@ int cuheap_audit_queue_init(struct cuheap_audit_queue *q, uint64_t nr_slots)
         return -ENOMEM;
     q->slots = m;
     q->mask = nr_slots - 1;
-    for (uint64_t i = 0; i < nr_slots; i++)
-        atomic_store_explicit(&q->slots[i].seq, i, memory_order_relaxed);
     return 0;
 }
 
@@ -428,8 +439,7 @@ bool cuheap_audit_queue_push(struct cuheap_audit_queue *q, const struct cuheap_a
     struct audit_qslot *slot;
     for (;;) {
         slot = &q->slots[pos & q->mask];
-        uint64_t seq = atomic_load_explicit(&slot->seq, memory_order_acquire);
-        int64_t dif = (int64_t)(seq - pos);
+        int64_t dif = (int64_t)(seq_load(slot, pos & q->mask) - pos);
         if (dif == 0) {
             if (atomic_compare_exchange_weak_explicit(&q->tail, &pos, pos + 1, memory_order_relaxed,
                                                       memory_order_relaxed))
@@ -442,7 +452,7 @@ bool cuheap_audit_queue_push(struct cuheap_audit_queue *q, const struct cuheap_a
         }
     }
     slot->v = *s;
-    atomic_store_explicit(&slot->seq, pos + 1, memory_order_release);
+    seq_store(slot, pos & q->mask, pos + 1);
     return true;
 }
 
@@ -450,11 +460,12 @@ bool cuheap_audit_queue_pop(struct cuheap_audit_queue *q, struct cuheap_audit_se
 {
     if (!q->slots)
         return false;
-    struct audit_qslot *slot = &q->slots[q->head & q->mask];
-    if (atomic_load_explicit(&slot->seq, memory_order_acquire) != q->head + 1)
+    uint64_t idx = q->head & q->mask;
+    struct audit_qslot *slot = &q->slots[idx];
+    if (seq_load(slot, idx) != q->head + 1)
         return false;
     *ret = slot->v;
-    atomic_store_explicit(&slot->seq, q->head + q->mask + 1, memory_order_release);
+    seq_store(slot, idx, q->head + q->mask + 1);
     q->head++;
     return true;
 }

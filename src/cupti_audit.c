@@ -346,6 +346,11 @@ static void give_up(const char *what, CUptiResult r)
     if (subscriber)
         cupti.cuptiUnsubscribe(subscriber);
     subscriber = NULL;
+    pthread_mutex_lock(&match_lock);
+    stopped = true; /* a buffer CUPTI might still hand back finds nothing to feed */
+    cuheap_audit_queue_destroy(&queue);
+    cuheap_audit_destroy(&matcher);
+    pthread_mutex_unlock(&match_lock);
 }
 
 void cuheap_audit_start(const struct cuheap_config *cfg)
