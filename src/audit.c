@@ -352,6 +352,8 @@ char *cuheap_audit_describe(const struct cuheap_audit_driver_op *d, char *buf, s
                      cuheap_format_size(d->bytes, bytes, sizeof(bytes)), d->correlation);
     if (n >= 0 && (size_t)n < size && d->pool)
         n += snprintf(buf + n, size - (size_t)n, ", memory pool 0x%" PRIx64, d->pool);
+    if (n >= 0 && (size_t)n < size && d->api)
+        n += snprintf(buf + n, size - (size_t)n, ", %s", d->api);
     if (n >= 0 && (size_t)n < size)
         snprintf(buf + n, size - (size_t)n, ")");
     return buf;

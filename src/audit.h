@@ -71,7 +71,9 @@ struct cuheap_audit_driver_op {
     uint32_t stream;
     uint64_t addr;
     uint64_t bytes;
-    uint64_t pool; /* base address of the driver memory pool it came from, 0 if none */
+    uint64_t pool;   /* base address of the driver memory pool it came from, 0 if none */
+    const char *api; /* the API call that made it ("cuMemAlloc_v2"), NULL when unknown; a
+                        string that outlives the audit */
 };
 
 /* A driver operation no hook saw; `count` identical ones are folded into one. */
@@ -141,7 +143,8 @@ size_t cuheap_audit_age(struct cuheap_audit *a, bool all,
 char *cuheap_audit_summary(const struct cuheap_audit *a, unsigned max_listed, char *buf,
                            size_t size);
 
-/* One missed operation in words: "alloc device 0x7f0000000000 (1.00 MiB, correlation 17)". */
+/* One missed operation in words: "alloc device 0x7f0000000000 (1.00 MiB, correlation 17,
+ * cuMemAlloc_v2)". */
 char *cuheap_audit_describe(const struct cuheap_audit_driver_op *d, char *buf, size_t size);
 
 const char *cuheap_audit_memory_name(unsigned memory);

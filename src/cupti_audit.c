@@ -57,6 +57,10 @@ static struct {
     CUPTI_FUNCS(CUPTI_PTR)
 #undef CUPTI_PTR
     CUptiResult(CUPTIAPI *cuptiActivityFlushPeriod)(uint32_t); /* optional: CUDA 11.1 on */
+    /* optional: the API call behind each record (correlation id -> function name) */
+    CUptiResult(CUPTIAPI *cuptiEnableCallback)(uint32_t, CUpti_SubscriberHandle,
+                                               CUpti_CallbackDomain, CUpti_CallbackId);
+    CUptiResult(CUPTIAPI *cuptiGetCallbackName)(CUpti_CallbackDomain, uint32_t, const char **);
 } cupti;
 
 static void *cupti_handle;
@@ -192,7 +196,72 @@ static int resolve(char *why, size_t why_size)
     CUPTI_FUNCS(CUPTI_RESOLVE)
 #undef CUPTI_RESOLVE
     *(void **)&cupti.cuptiActivityFlushPeriod = sym(cupti_handle, "cuptiActivityFlushPeriod");
+    *(void **)&cupti.cuptiEnableCallback = sym(cupti_handle, "cuptiEnableCallback");
+    *(void **)&cupti.cuptiGetCallbackName = sym(cupti_handle, "cuptiGetCallbackName");
     return 0;
+}
+
+/* ---- naming the API call behind a record ---- */
+
+/* The driver's memory functions each call came through, by correlation id: filled on the
+ * calling thread inside the driver call, read when CUPTI hands over the record. Lock-free; a
+ * slot is reused every NR_NAMES memory calls, long after its record was handed over. */
+#define NR_NAMES (1u << 16)
+static struct api_name {
+    _Atomic uint32_t correlation; /* 0 while being written */
+    _Atomic(const char *) name;   /* CUPTI's own string */
+} api_names[NR_NAMES];
+
+static void CUPTIAPI on_callback(void *arg, CUpti_CallbackDomain domain, CUpti_CallbackId id,
+                                 const void *data)
+{
+    (void)arg;
+    (void)id;
+    const CUpti_CallbackData *d = data;
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || d->callbackSite != CUPTI_API_ENTER)
+        return;
+    struct api_name *n = &api_names[d->correlationId % NR_NAMES];
+    atomic_store_explicit(&n->correlation, 0, memory_order_relaxed);
+    atomic_store_explicit(&n->name, d->functionName, memory_order_release);
+    atomic_store_explicit(&n->correlation, d->correlationId, memory_order_release);
+}
+
+static const char *api_of(uint32_t correlation)
+{
+    struct api_name *n = &api_names[correlation % NR_NAMES];
+    if (!correlation || atomic_load_explicit(&n->correlation, memory_order_acquire) != correlation)
+        return NULL;
+    const char *name = atomic_load_explicit(&n->name, memory_order_acquire);
+    return atomic_load_explicit(&n->correlation, memory_order_acquire) == correlation ? name : NULL;
+}
+
+/* Driver functions that allocate, map or free memory: the callbacks that name a record's
+ * API call. Chosen by name, so a newer CUPTI's ids need no table here. */
+static bool memory_function(const char *name)
+{
+    static const char *const verbs[] = {"Alloc", "Free",    "Create",       "Release",       "Map",
+                                        "Unmap", "Destroy", "HostRegister", "HostUnregister"};
+    if (strncmp(name, "cuMem", 5) && strncmp(name, "cuArray", 7) &&
+        strncmp(name, "cuMipmappedArray", 16))
+        return false;
+    if (!strncmp(name, "cuMemcpy", 8) || !strncmp(name, "cuMemset", 8))
+        return false;
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+        if (strstr(name, verbs[i]))
+            return true;
+    return false;
+}
+
+static void enable_name_callbacks(void)
+{
+    if (!cupti.cuptiEnableCallback || !cupti.cuptiGetCallbackName)
+        return;
+    for (uint32_t id = 1; id < CUPTI_DRIVER_TRACE_CBID_SIZE; id++) {
+        const char *name = NULL;
+        if (cupti.cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, id, &name) == CUPTI_SUCCESS &&
+            name && memory_function(name))
+            cupti.cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id);
+    }
 }
 
 /* ---- the two sides ---- */
@@ -245,6 +314,7 @@ static void memory_record_locked(const CUpti_ActivityMemory4 *m)
         .pool = m->memoryPoolConfig.memoryPoolType != CUPTI_ACTIVITY_MEMORY_POOL_TYPE_INVALID
                     ? m->memoryPoolConfig.address
                     : 0,
+        .api = api_of(m->correlationId),
     };
     feed_locked(cuheap_audit_feed_driver(&matcher, &d));
 }
@@ -279,16 +349,6 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
     }
     pthread_mutex_unlock(&match_lock);
     free(buffer);
-}
-
-static void CUPTIAPI on_callback(void *arg, CUpti_CallbackDomain domain, CUpti_CallbackId id,
-                                 const void *data)
-{
-    /* No callback domain is enabled: the subscription holds CUPTI for the activity API. */
-    (void)arg;
-    (void)domain;
-    (void)id;
-    (void)data;
 }
 
 void cuheap_audit_note(const struct cuheap_rec *r)
@@ -397,6 +457,7 @@ void cuheap_audit_start(const struct cuheap_config *cfg)
     }
     if (cupti.cuptiActivityFlushPeriod)
         cupti.cuptiActivityFlushPeriod(FLUSH_MS);
+    enable_name_callbacks();
     verbose = cfg->verbose;
     if (verbose)
         cuheap_log("audit: on, CUPTI from %s", cupti_path);

@@ -183,6 +183,7 @@ static struct fake_alloc *find_alloc_locked(uintptr_t p)
 /* A CUPTI stand-in (tests/fakecupti) listening, as CUPTI's memory records listen to the real
  * driver: told of every allocation and release the fake makes, whichever call made it. */
 static _Atomic(fakecuda_memop_fn) g_memop_observer;
+static _Thread_local const char *tls_api; /* the entry point this thread is in, if it says */
 static int device_of_ptr(uintptr_t p);
 
 FAKE_EXPORT void fakecuda_set_memory_observer(fakecuda_memop_fn fn)
@@ -206,6 +207,7 @@ static void tell_observer(const struct fake_alloc *a, bool release)
         .ptr = a->ptr,
         .bytes = a->requested,
         .pool = a->kind == KIND_ASYNC && dev >= 0 ? g_devices[dev].base : 0,
+        .api = tls_api,
     };
     fn(&op);
 }
@@ -774,7 +776,10 @@ FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 {
     atomic_fetch_add(&g_calls[FAKECUDA_CALL_MEM_ALLOC], 1);
     spin_us(g_alloc_us);
-    return alloc_current(dptr, n, KIND_DEVICE);
+    tls_api = "cuMemAlloc_v2";
+    CUresult r = alloc_current(dptr, n, KIND_DEVICE);
+    tls_api = NULL;
+    return r;
 }
 
 FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
@@ -829,7 +834,9 @@ FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     }
     /* Like the real driver: the free waits for all work on the device. */
     device_sync_locked(device_of_ptr(a->ptr));
+    tls_api = "cuMemFree_v2";
     free_range_locked((uintptr_t)dptr);
+    tls_api = NULL;
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }

@@ -47,6 +47,8 @@ struct fakecuda_memop {
     int device;  /* -1 for host memory */
     unsigned long long ptr, bytes;
     unsigned long long pool; /* stream-ordered: the base of the device's pool */
+    const char *api;         /* the entry point, when the fake knows it (cuMemAlloc_v2,
+                                cuMemFree_v2), else NULL */
 };
 typedef void (*fakecuda_memop_fn)(const struct fakecuda_memop *op);
 /* Called (under the fake's lock, on the allocating or freeing thread) for each one; NULL

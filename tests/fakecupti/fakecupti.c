@@ -27,6 +27,51 @@ static CUpti_BuffersCallbackCompleteFunc complete;
 static uint8_t *buffer; /* the client's current buffer; guarded by lock */
 static size_t buffer_size, used;
 static uint32_t next_correlation = 1;
+static CUpti_CallbackFunc callback; /* the subscriber's */
+static void *callback_arg;
+static bool callback_on[CUPTI_DRIVER_TRACE_CBID_SIZE];
+
+/* The entry points the fake driver names (fakecuda_memop.api), with CUPTI's ids. */
+static const struct {
+    CUpti_CallbackId id;
+    const char *name;
+} known[] = {
+    {CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2, "cuMemAlloc_v2"},
+    {CUPTI_DRIVER_TRACE_CBID_cuMemFree_v2, "cuMemFree_v2"},
+};
+
+EXPORT CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain domain, uint32_t id, const char **name)
+{
+    for (size_t i = 0; domain == CUPTI_CB_DOMAIN_DRIVER_API && i < sizeof(known) / sizeof(known[0]);
+         i++)
+        if (known[i].id == id) {
+            *name = known[i].name;
+            return CUPTI_SUCCESS;
+        }
+    return CUPTI_ERROR_INVALID_PARAMETER;
+}
+
+EXPORT CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle h,
+                                       CUpti_CallbackDomain domain, CUpti_CallbackId id)
+{
+    (void)h;
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || id >= CUPTI_DRIVER_TRACE_CBID_SIZE)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    callback_on[id] = enable != 0;
+    return CUPTI_SUCCESS;
+}
+
+/* The subscriber's callback at the entry of the named call, when it asked for that one. */
+static void call_back(const char *api, uint32_t correlation)
+{
+    for (size_t i = 0; api && callback && i < sizeof(known) / sizeof(known[0]); i++)
+        if (!strcmp(known[i].name, api) && callback_on[known[i].id]) {
+            CUpti_CallbackData d = {.callbackSite = CUPTI_API_ENTER,
+                                    .functionName = known[i].name,
+                                    .correlationId = correlation};
+            callback(callback_arg, CUPTI_CB_DOMAIN_DRIVER_API, known[i].id, &d);
+        }
+}
 
 EXPORT CUptiResult cuptiGetResultString(CUptiResult r, const char **str)
 {
@@ -46,8 +91,6 @@ EXPORT CUptiResult cuptiGetResultString(CUptiResult r, const char **str)
 
 EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *ret, CUpti_CallbackFunc fn, void *arg)
 {
-    (void)fn;
-    (void)arg;
     const char *held = getenv("FAKECUPTI_HELD");
     pthread_mutex_lock(&lock);
     bool busy = subscribed || (held && held[0] == '1');
@@ -55,6 +98,8 @@ EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *ret, CUpti_CallbackFun
     pthread_mutex_unlock(&lock);
     if (busy)
         return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    callback = fn;
+    callback_arg = arg;
     *ret = (CUpti_SubscriberHandle)&subscribed;
     return CUPTI_SUCCESS;
 }
@@ -94,6 +139,7 @@ static void observe(const struct fakecuda_memop *op)
     }
     uint8_t *full = NULL;
     size_t full_size = 0, full_used = 0;
+    uint32_t correlation = next_correlation;
     if (buffer && used + sizeof(CUpti_ActivityMemory4) > buffer_size) {
         full = buffer;
         full_size = buffer_size;
@@ -128,6 +174,7 @@ static void observe(const struct fakecuda_memop *op)
         used += sizeof(*m);
     }
     pthread_mutex_unlock(&lock);
+    call_back(op->api, correlation);
     hand_back(full, full_size, full_used);
 }
 

@@ -196,9 +196,14 @@ static void test_uncovered_door_is_named(void **state)
     char want[128];
     assert_non_null(strstr(r.err, "driver operations, 2 not seen by cuheap: "));
     snprintf(want, sizeof(want), "alloc device 0x%llx (8.00 MiB, correlation ", addr);
-    assert_non_null(strstr(r.err, want));
+    const char *line = strstr(r.err, want);
+    assert_non_null(line);
+    /* the API call behind it, from CUPTI's callbacks on the driver's memory functions */
+    assert_true(strstr(line, ", cuMemAlloc_v2)") == strchr(line, ')') - strlen(", cuMemAlloc_v2"));
     snprintf(want, sizeof(want), "release device 0x%llx (8.00 MiB, correlation ", addr);
-    assert_non_null(strstr(r.err, want));
+    line = strstr(r.err, want);
+    assert_non_null(line);
+    assert_true(strstr(line, ", cuMemFree_v2)") == strchr(line, ')') - strlen(", cuMemFree_v2"));
     assert_int_equal(count(r.err, "all seen"), 0);
     struct trace_audit t = read_trace();
     assert_int_equal(t.verdicts, 1);

@@ -62,6 +62,13 @@ static void feed_line(struct cuheap_audit *a, const char *line)
     if ((p = strstr(rest, "pool=")))
         d.pool = strtoull(p + 5, NULL, 16);
     d.async = strstr(rest, "async") != NULL;
+    if ((p = strstr(rest, "api="))) {
+        static char names[64][32];
+        static unsigned nr_names;
+        char *name = names[nr_names++ % 64];
+        sscanf(p + 4, "%31s", name);
+        d.api = name;
+    }
     assert_int_equal(cuheap_audit_feed_driver(a, &d), 0);
 }
 
@@ -226,7 +233,7 @@ static void test_async_pool_allocations(void **state)
 static const char *const missed[] = {
     "seen alloc passthru 7f1e4c000000 4096 4096",
     "driver alloc device 7f1e4c000000 4096 corr=11",
-    "driver alloc device 7f1e60000000 8388608 corr=311",
+    "driver alloc device 7f1e60000000 8388608 corr=311 api=cuMemAlloc_v2",
     "seen alloc async 7f2a00000000 1048576 1048576",
     "driver alloc device 7f2a00000000 1048576 corr=312 stream=13 pool=7f2a00000000 async",
     "driver release device 7f1e60000000 8388608 corr=320",
@@ -250,7 +257,7 @@ static void test_a_miss_is_named(void **state)
     assert_string_equal(
         summary_of(&a),
         "audit: 6 driver operations, 4 not seen by cuheap: "
-        "alloc device 0x7f1e60000000 (8.00 MiB, correlation 311); "
+        "alloc device 0x7f1e60000000 (8.00 MiB, correlation 311, cuMemAlloc_v2); "
         "release device 0x7f1e60000000 (8.00 MiB, correlation 320); "
         "alloc device 0x7f2b00000000 (64.00 KiB, correlation 330, memory pool "
         "0x7f2b00000000); release device 0x7f1e4c000000 (4.00 KiB, correlation 340)");
