@@ -112,10 +112,12 @@ static void boot(void)
         return;
     }
     cuheap_recorder_start(&cuheap_cfg);
-    cuheap_audit_start(&cuheap_cfg);
     pthread_atfork(fork_prepare, fork_parent, fork_child);
     atexit(at_exit);
     atomic_store(&booted, true);
+    /* After booted: CUPTI's set-up may start threads that reach a hook, which must not wait
+     * for this pthread_once to finish. */
+    cuheap_audit_start(&cuheap_cfg);
 }
 
 /* fn() with every signal blocked: a handler that calls into cuheap cannot run on this thread
