@@ -5,10 +5,12 @@
  * records to the matcher in audit.c; cuheap_record() feeds the hooks' side through a
  * lock-free queue.
  *
- * Threads and locks: hooks only push into the queue. The matcher runs under match_lock, taken
- * only in CUPTI's buffer-completed callback (a CUPTI thread, or whichever thread flushes) and
- * at exit; nothing holding it calls the driver, and no hook ever waits for it. Misses go into
- * the trace through cuheap_record(), which is lock-free.
+ * Threads and locks: hooks only push into the queue. CUPTI's callbacks on the driver's memory
+ * functions run on the program's threads inside those driver calls (cuheap's own included, with
+ * the pool lock held): they only store into a lock-free table. The matcher runs under
+ * match_lock, taken only in CUPTI's buffer-completed callback (a CUPTI thread, or whichever
+ * thread flushes) and at exit; nothing holding it calls the driver, and no hook ever waits for
+ * it. Misses go into the trace through cuheap_record(), which is lock-free.
  */
 #include "cupti_audit.h"
 
