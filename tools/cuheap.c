@@ -26,27 +26,26 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: cuheap COMMAND [OPTIONS] ...\n"
-            "\n"
-            "  run [OPTIONS] [--] PROGRAM [ARGS]   run PROGRAM with libcuheap.so preloaded\n"
-            "      -o, --output PATH     trace path (%%p pid, %%r rank, %%h host)\n"
-            "      -f, --format FMT      jsonl (default) or chrome\n"
-            "      --no-pool             record only; every allocation goes to the driver\n"
-            "      --reuse POLICY        fence (default), sync or immediate\n"
-            "      --limit SIZE          per-device limit, bytes (K/M/G) or a percentage\n"
-            "      --stack-depth N       native frames per event (0 = none)\n"
-            "      --audit               check with CUPTI that every driver allocation was seen\n"
-            "  report TRACE...          peak, fragmentation, APIs, top sites, leaks\n"
-            "  top [-n N] [--by peak|total] TRACE   call sites by bytes live at the peak\n"
-            "                                       or allocated over the run\n"
-            "  leaks [-n N] TRACE        allocations never freed, by call site\n"
-            "  chrome [-o OUT] TRACE...  one Chrome/Perfetto timeline (ranks merged)\n"
-            "  folded [--by peak|total] TRACE   folded stacks for flamegraph.pl/speedscope\n"
-            "  memviz [-o OUT] TRACE     PyTorch memory_viz snapshot (pickle)\n"
-            "  html [-o OUT] TRACE       self-contained HTML report with charts\n"
-            "  check TRACE...            read and validate traces\n"
-            "  help                      this text\n");
+    fprintf(f, "usage: cuheap COMMAND [OPTIONS] ...\n"
+               "\n"
+               "  run [OPTIONS] [--] PROGRAM [ARGS]   run PROGRAM with libcuheap.so preloaded\n"
+               "      -o, --output PATH     trace path (%%p pid, %%r rank, %%h host)\n"
+               "      -f, --format FMT      jsonl (default) or chrome\n"
+               "      --no-pool             record only; every allocation goes to the driver\n"
+               "      --reuse POLICY        fence (default), sync or immediate\n"
+               "      --limit SIZE          per-device limit, bytes (K/M/G) or a percentage\n"
+               "      --stack-depth N       native frames per event (0 = none)\n"
+               "      --audit               check coverage with CUPTI\n"
+               "  report TRACE...          peak, fragmentation, APIs, top sites, leaks\n"
+               "  top [-n N] [--by peak|total] TRACE   call sites by bytes live at the peak\n"
+               "                                       or allocated over the run\n"
+               "  leaks [-n N] TRACE        allocations never freed, by call site\n"
+               "  chrome [-o OUT] TRACE...  one Chrome/Perfetto timeline (ranks merged)\n"
+               "  folded [--by peak|total] TRACE   folded stacks for flamegraph.pl/speedscope\n"
+               "  memviz [-o OUT] TRACE     PyTorch memory_viz snapshot (pickle)\n"
+               "  html [-o OUT] TRACE       self-contained HTML report with charts\n"
+               "  check TRACE...            read and validate traces\n"
+               "  help                      this text\n");
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
