@@ -248,9 +248,30 @@ run_audit() {
     exec 3>&-
 }
 
+# The memory_viz export read by PyTorch's own torch/cuda/_memory_viz.py (the module behind
+# https://pytorch.org/memory_viz): a recorded GPT run under the pool, legacy and vmm.
+run_viewers() {
+    for backing in legacy vmm; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_BACKING=$backing CUHEAP_SUMMARY=0 \
+            CUHEAP_OUTPUT="$T/viz-$backing.jsonl" timeout 300 python3 bench/torch_gpt.py 10 \
+            >/dev/null 2>&1
+        "$B/cuheap" memviz -o "$T/viz-$backing.pickle" "$T/viz-$backing.jsonl" 2>&1 | tail -1
+        for cmd in stats trace_plot segment_plot; do
+            out=$T/viz-$backing-$cmd.out
+            case $cmd in
+            stats) python3 -m torch.cuda._memory_viz stats "$T/viz-$backing.pickle" >"$out" 2>&1 ;;
+            *) python3 -m torch.cuda._memory_viz $cmd "$T/viz-$backing.pickle" -o "$out.html" \
+                >"$out" 2>&1 ;;
+            esac
+            say "memory_viz $cmd ($backing): exit $? $(head -c 300 "$out" | tr '\n' ' ')"
+        done
+    done
+}
+
 case $what in
 tests) run_tests ;;
 audit) run_audit ;;
+viewers) run_viewers ;;
 record) run_record ;;
 clients) run_clients ;;
 bench) bash bench/run-gpu.sh "$B" "$OUT" "$T" ;;

@@ -146,20 +146,39 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
     if (!candidates)
         return -ENOMEM;
     unsigned found = (unsigned)__builtin_ctzll(candidates);
-    /* judge a block that needs no split by the bytes asked for, a larger one as a whole */
-    uint64_t len = found == order ? (size ? size : 1) : 1ull << found;
+    uint64_t want = size ? size : 1;
     uint32_t best = b->free_area[found].head;
+    unsigned best_order = found;
     uint64_t best_score = 0;
-    unsigned n = 0;
-    for (uint32_t u = best; u != CUHEAP_BUDDY_NIL && n < max_candidates; u = b->next[u], n++) {
-        uint64_t s = score(arg, addr_of(b, u), len);
-        if (n == 0 || s > best_score) {
-            best = u;
-            best_score = s;
+    bool have = false;
+    /* every order that fits, its first max_candidates free blocks, each judged by the best place
+     * a greedy split would reach in it */
+    for (unsigned o = found; o <= b->max_order && !(have && best_score >= want); o++) {
+        if (!(b->free_bitmap & (1ull << o)))
+            continue;
+        unsigned n = 0;
+        for (uint32_t u = b->free_area[o].head; u != CUHEAP_BUDDY_NIL && n < max_candidates;
+             u = b->next[u], n++) {
+            uint32_t unit = u;
+            for (unsigned high = o; high > order;) {
+                high--;
+                uint32_t upper = unit + units_of(b, high);
+                uint64_t half = high == order ? want : 1ull << high;
+                if (score(arg, addr_of(b, upper), half) > score(arg, addr_of(b, unit), half))
+                    unit = upper;
+            }
+            uint64_t s = score(arg, addr_of(b, unit), want);
+            if (!have || s > best_score) {
+                have = true;
+                best = u;
+                best_order = o;
+                best_score = s;
+            }
+            if (s >= want)
+                break;
         }
-        if (s >= len)
-            break;
     }
+    found = best_order;
     list_del(b, best, found);
     uint32_t unit = best;
     for (unsigned high = found; high > order;) {

@@ -62,10 +62,10 @@ int cuheap_buddy_alloc(struct cuheap_buddy *b, uint64_t size, uintptr_t *ret_add
  * mapped already). Higher is better; len means all of it. */
 typedef uint64_t (*cuheap_buddy_score_fn)(void *arg, uintptr_t addr, uint64_t len);
 
-/* Like cuheap_buddy_alloc, but where the block comes from is chosen by score: among the first
- * max_candidates free blocks of the smallest order that fits, the best scored one (the first
- * that scores full ends the search), and when it is split, at each level the better scored
- * half. Same results and errors as cuheap_buddy_alloc. */
+/* Like cuheap_buddy_alloc, but where the block comes from is chosen by score: the first
+ * max_candidates free blocks of every order that fits are each split greedily (at each level
+ * the better scored half) and the best place wins; the first that scores full ends the search.
+ * Same results and errors as cuheap_buddy_alloc. */
 int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_buddy_score_fn score,
                               void *arg, unsigned max_candidates, uintptr_t *ret_addr,
                               unsigned *ret_order);

@@ -235,9 +235,6 @@ static const struct option options[] = {
     {"CUHEAP_BACKING", "legacy",
      "pool memory: legacy (cuMemAlloc arenas) or vmm (2 MiB granules mapped under blocks in use)",
      parse_enum, FIELD(backing), 0, 0, backing_names},
-    {"CUHEAP_VMM_SLACK", "10",
-     "vmm: idle granules (per mille of those in use) the pool keeps rather than moving one",
-     parse_uint, FIELD(vmm_slack_permille), 0, 1000, NULL},
     {"CUHEAP_FENCE_BATCH", "64", "frees collected before a fence is recorded", parse_uint,
      FIELD(fence_batch), 1, 1u << 20, NULL},
     {"CUHEAP_LIMIT", "none", "per-device limit: bytes (K/M/G) or a percentage of the device",
@@ -334,7 +331,6 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_RELEASE=%s", release_names[cfg->release]);
     EMIT("CUHEAP_REUSE=%s", reuse_names[cfg->reuse]);
     EMIT("CUHEAP_BACKING=%s", backing_names[cfg->backing]);
-    EMIT("CUHEAP_VMM_SLACK=%u", cfg->vmm_slack_permille);
     EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
     if (cfg->limit_permille)
         EMIT("CUHEAP_LIMIT=%u.%u%%", cfg->limit_permille / 10, cfg->limit_permille % 10);

@@ -50,7 +50,6 @@ struct cuheap_config {
     enum cuheap_release release;
     enum cuheap_reuse reuse;
     enum cuheap_backing backing;
-    unsigned vmm_slack_permille;  /* idle granules kept, per mille of those in use, before moves */
     unsigned fence_batch;         /* frees per fence epoch */
     uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */
     unsigned limit_permille;      /* per-device limit as a share of the device, 0 = none */

@@ -727,14 +727,6 @@ static int get_physical_locked(struct cuheap_pool *p, struct acquire *acq, uint6
                                uint64_t *ret_from)
 {
     for (;;) {
-        /* Slack: while idle granules are few against those in use, a new one costs less time
-         * than a move and little memory (CUHEAP_VMM_SLACK, per mille of the granules in use). */
-        uint64_t in_use = (p->st.reserved >> p->granule_shift) - p->nr_idle;
-        if (p->nr_idle && (p->nr_idle + 1) * 1000 <= in_use * p->cfg->vmm_slack_permille &&
-            create_granule_locked(p, ret_handle) == 0) {
-            *ret_from = 0;
-            return 0;
-        }
         if (p->nr_idle) {
             struct cuheap_granule *gr = p->idle.idle_next;
             *ret_from = granule_va(gr);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "event.h"
 
@@ -15,21 +16,193 @@ static const char *str_or(json_t *v, const char *dflt)
     return s ? s : dflt;
 }
 
-/* A number field: a JSON integer, or a string ("0x..." or decimal) for what an int64 cannot
- * hold (the writer gives byte counts of 2^63 and above as "0x..." strings; trace-format.md).
- * Anything else reads as 0. */
-static uint64_t hex_or_int(json_t *v)
+/* One field's value, from jansson or from the scanner of plain event lines below. */
+enum value_kind { V_NONE, V_INT, V_REAL, V_STR, V_TRUE, V_FALSE, V_NULL, V_OTHER };
+
+struct value {
+    enum value_kind kind;
+    long long i;
+    double r;
+    const char *s;
+};
+
+#define NR_MAX_FLAT 32
+
+/* An event line's fields: a jansson object, or what scan_flat() found. */
+struct fields {
+    json_t *obj;
+    int nr;
+    const char *keys[NR_MAX_FLAT];
+    struct value vals[NR_MAX_FLAT];
+};
+
+static struct value get(const struct fields *f, const char *key)
 {
-    if (json_is_integer(v))
-        return (uint64_t)json_integer_value(v);
-    if (json_is_string(v)) {
-        const char *s = json_string_value(v);
-        char *end;
-        errno = 0;
-        uint64_t n = strtoull(s, &end, 0);
-        return errno || end == s || *end || *s == '-' ? 0 : n;
+    struct value v = {V_NONE, 0, 0, NULL};
+    if (!f->obj) {
+        for (int k = f->nr - 1; k >= 0; k--) /* the last of equal keys, as jansson keeps */
+            if (!strcmp(f->keys[k], key))
+                return f->vals[k];
+        return v;
     }
+    json_t *j = json_object_get(f->obj, key);
+    if (!j)
+        return v;
+    switch (json_typeof(j)) {
+    case JSON_INTEGER:
+        v.kind = V_INT;
+        v.i = json_integer_value(j);
+        break;
+    case JSON_REAL:
+        v.kind = V_REAL;
+        v.r = json_real_value(j);
+        break;
+    case JSON_STRING:
+        v.kind = V_STR;
+        v.s = json_string_value(j);
+        break;
+    case JSON_TRUE:
+        v.kind = V_TRUE;
+        break;
+    case JSON_FALSE:
+        v.kind = V_FALSE;
+        break;
+    case JSON_NULL:
+        v.kind = V_NULL;
+        break;
+    default:
+        v.kind = V_OTHER;
+        break;
+    }
+    return v;
+}
+
+/* Whether a present value is not a byte count or id this reader can use: a negative number,
+ * or a string that is not entirely a number ("0x..." and decimal strings are, for what an
+ * int64 cannot hold). */
+static bool bad_number(struct value v)
+{
+    if (v.kind == V_NONE || (v.kind == V_INT && v.i >= 0) || (v.kind == V_REAL && v.r >= 0))
+        return false;
+    if (v.kind == V_STR) {
+        char *end;
+        (void)strtoull(v.s, &end, 0);
+        return end == v.s || *end || *v.s == '-';
+    }
+    return true;
+}
+
+/* A number field: an integer, or a string of one; anything else reads as 0. */
+static uint64_t number(struct value v)
+{
+    if (v.kind == V_INT)
+        return (uint64_t)v.i;
+    if (v.kind == V_STR && !bad_number(v))
+        return strtoull(v.s, NULL, 0);
     return 0;
+}
+
+/* Event lines are most of a trace, and jansson builds a whole object for each. The
+ * recorder writes them as one flat object of plain values, which this scans in place:
+ * strings of printable ASCII without escapes, integers of at most 18 digits, true, false,
+ * null. Anything else (escapes, nesting, fractions, a cut-off line) returns false before a
+ * byte of line is used, and the caller parses the line with jansson: both read a line the
+ * same way. The strings are NUL-terminated inside line, which the caller gives as a copy. */
+static bool scan_flat(char *line, size_t len, struct fields *f)
+{
+    size_t i = 0, ends[2 * NR_MAX_FLAT];
+    int nr_ends = 0;
+#define SKIP_WS()                                                                                  \
+    while (i < len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n'))   \
+    i++
+    f->obj = NULL;
+    f->nr = 0;
+    SKIP_WS();
+    if (i >= len || line[i++] != '{')
+        return false;
+    for (;;) {
+        SKIP_WS();
+        if (i >= len || line[i] != '"' || f->nr == NR_MAX_FLAT)
+            return false;
+        size_t k = ++i;
+        while (i < len && line[i] != '"' && line[i] != '\\' && (unsigned char)line[i] >= 0x20 &&
+               (unsigned char)line[i] < 0x80)
+            i++;
+        if (i >= len || line[i] != '"')
+            return false;
+        f->keys[f->nr] = line + k;
+        ends[nr_ends++] = i++;
+        SKIP_WS();
+        if (i >= len || line[i++] != ':')
+            return false;
+        SKIP_WS();
+        struct value *v = &f->vals[f->nr];
+        memset(v, 0, sizeof(*v));
+        if (i < len && line[i] == '"') {
+            size_t b = ++i;
+            while (i < len && line[i] != '"' && line[i] != '\\' && (unsigned char)line[i] >= 0x20 &&
+                   (unsigned char)line[i] < 0x80)
+                i++;
+            if (i >= len || line[i] != '"')
+                return false;
+            v->kind = V_STR;
+            v->s = line + b;
+            ends[nr_ends++] = i++;
+        } else if (i < len && (line[i] == '-' || (line[i] >= '0' && line[i] <= '9'))) {
+            bool neg = line[i] == '-';
+            size_t b = i += neg;
+            long long n = 0;
+            while (i < len && line[i] >= '0' && line[i] <= '9' && i - b < 18)
+                n = n * 10 + (line[i++] - '0');
+            if (i == b || (line[b] == '0' && i - b > 1) ||
+                (i < len && strchr(".eE0123456789", line[i])))
+                return false; /* a fraction, an exponent, 19+ digits, a leading zero */
+            v->kind = V_INT;
+            v->i = neg ? -n : n;
+        } else if (len - i >= 4 && !memcmp(line + i, "true", 4)) {
+            v->kind = V_TRUE;
+            i += 4;
+        } else if (len - i >= 5 && !memcmp(line + i, "false", 5)) {
+            v->kind = V_FALSE;
+            i += 5;
+        } else if (len - i >= 4 && !memcmp(line + i, "null", 4)) {
+            v->kind = V_NULL;
+            i += 4;
+        } else {
+            return false;
+        }
+        f->nr++;
+        SKIP_WS();
+        if (i < len && line[i] == ',') {
+            i++;
+            continue;
+        }
+        if (i >= len || line[i++] != '}')
+            return false;
+        break;
+    }
+    SKIP_WS();
+#undef SKIP_WS
+    if (i != len)
+        return false;
+    for (int k = 0; k < nr_ends; k++)
+        line[ends[k]] = 0;
+    return true;
+}
+
+static cuheap_trace_progress_fn progress;
+
+void cuheap_trace_set_progress(cuheap_trace_progress_fn fn)
+{
+    progress = fn;
+}
+
+static void bad_line(struct cuheap_trace *t, size_t lineno, const char *why)
+{
+    if (!t->nr_bad_lines++) {
+        t->first_bad_line = lineno;
+        snprintf(t->bad_line_why, sizeof(t->bad_line_why), "%s", why);
+    }
 }
 
 static int cmp_seq(const void *a, const void *b)
@@ -44,70 +217,223 @@ static int cmp_stack(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static int add_event(struct cuheap_trace *t, size_t *cap, json_t *o)
+/* The fields an event line may have, looked up once (clang-format does not settle on
+ * X-macro lists, hence off). */
+/* clang-format off */
+#define EVENT_FIELDS(X) \
+    X(seq) X(t) X(event) X(api) X(device) X(tid) X(ptr) X(size) X(actual) X(pooled) X(stream) \
+    X(stack) X(label) X(driver_free) X(driver_total) X(limit) X(blocks) X(bytes) X(reserved) \
+    X(operations) X(missed) X(correlation) X(count)
+/* clang-format on */
+
+struct event_fields {
+#define X(name) struct value name;
+    EVENT_FIELDS(X)
+#undef X
+};
+
+static void event_fields(const struct fields *f, struct event_fields *ef)
 {
-    if (t->nr_events == *cap) {
-        size_t n = *cap ? *cap * 2 : 4096;
-        struct cuheap_trace_event *e = realloc(t->events, n * sizeof(*e));
-        if (!e)
-            return -ENOMEM;
-        t->events = e;
-        *cap = n;
+    memset(ef, 0, sizeof(*ef));
+    if (f->obj) {
+#define X(name) ef->name = get(f, #name);
+        EVENT_FIELDS(X)
+#undef X
+        return;
     }
-    int type = cuheap_event_type_from_name(str_or(json_object_get(o, "event"), ""));
-    if (type < 0)
-        return 0; /* an event kind from a newer cuheap: skip it */
-    int api = cuheap_api_from_name(str_or(json_object_get(o, "api"), "none"));
-    struct cuheap_trace_event *e = &t->events[t->nr_events++];
+    for (int k = 0; k < f->nr; k++) { /* in order: the last of equal keys wins, as in jansson */
+#define X(name)                                                                                    \
+    if (f->keys[k][0] == #name[0] && !strcmp(f->keys[k], #name)) {                                 \
+        ef->name = f->vals[k];                                                                     \
+        continue;                                                                                  \
+    }
+        EVENT_FIELDS(X)
+#undef X
+    }
+}
+
+static void check_field(struct cuheap_trace *t, struct value v, const char *key, size_t lineno)
+{
+    if (!bad_number(v))
+        return;
+    if (!t->nr_bad_fields++) {
+        t->first_bad_field_line = lineno;
+        snprintf(t->bad_field, sizeof(t->bad_field), "%s", key);
+    }
+}
+
+/* An event line into *e; what was wrong with it is counted in t. Returns whether it gave an
+ * event (a kind this tool knows, with "seq"). */
+static bool parse_event(struct cuheap_trace *t, const struct fields *f, size_t lineno,
+                        struct cuheap_trace_event *e)
+{
+    struct event_fields ef;
+    event_fields(f, &ef);
+    if (ef.event.kind != V_STR || ef.seq.kind != V_INT) {
+        bad_line(t, lineno,
+                 ef.event.kind == V_STR ? "an event without \"seq\""
+                                        : "an event without \"event\"");
+        return false;
+    }
+    int type = cuheap_event_type_from_name(ef.event.s);
+    if (type < 0) {
+        t->nr_unknown_events++; /* an event kind from a newer cuheap: skip it */
+        return false;
+    }
+/* clang-format off */
+#define X(name) check_field(t, ef.name, #name, lineno);
+    X(seq) X(t) X(ptr) X(size) X(actual) X(stack) X(tid) X(stream) X(limit) X(driver_free)
+    X(driver_total) X(blocks) X(bytes) X(reserved) X(operations) X(missed) X(correlation) X(count)
+#undef X
+        /* clang-format on */
+        if (ef.device.kind != V_NONE && ef.device.kind != V_INT) /* -1 is a device: host memory */
+        check_field(t, ef.device, "device", lineno);
+    int api = cuheap_api_from_name(ef.api.kind == V_STR ? ef.api.s : "none");
     memset(e, 0, sizeof(*e));
-    e->seq = hex_or_int(json_object_get(o, "seq"));
-    e->t = hex_or_int(json_object_get(o, "t"));
-    e->ptr = hex_or_int(json_object_get(o, "ptr"));
-    e->size = hex_or_int(json_object_get(o, "size"));
-    e->actual = hex_or_int(json_object_get(o, "actual"));
-    e->stream = hex_or_int(json_object_get(o, "stream"));
-    e->stack = (uint32_t)hex_or_int(json_object_get(o, "stack"));
-    e->tid = (uint32_t)hex_or_int(json_object_get(o, "tid"));
-    json_t *dev = json_object_get(o, "device");
-    e->device = (int16_t)(json_is_integer(dev) ? json_integer_value(dev) : -1);
+    e->seq = number(ef.seq);
+    e->t = number(ef.t);
+    e->ptr = number(ef.ptr);
+    e->size = number(ef.size);
+    e->actual = number(ef.actual);
+    e->stream = number(ef.stream);
+    e->stack = (uint32_t)number(ef.stack);
+    e->tid = (uint32_t)number(ef.tid);
+    e->device = (int16_t)(ef.device.kind == V_INT ? ef.device.i : -1);
     e->type = (uint8_t)type;
     e->api = (uint8_t)(api < 0 ? 0 : api);
-    e->pooled = json_is_true(json_object_get(o, "pooled"));
+    e->pooled = ef.pooled.kind == V_TRUE;
     switch (type) {
     case CUHEAP_EV_OOM:
     case CUHEAP_EV_LIMIT:
-        e->aux = hex_or_int(json_object_get(o, "driver_free"));
-        e->aux2 =
-            hex_or_int(json_object_get(o, type == CUHEAP_EV_LIMIT ? "limit" : "driver_total"));
+        e->aux = number(ef.driver_free);
+        e->aux2 = number(type == CUHEAP_EV_LIMIT ? ef.limit : ef.driver_total);
         break;
     case CUHEAP_EV_FENCE:
-        e->aux = hex_or_int(json_object_get(o, "blocks"));
-        e->aux2 = hex_or_int(json_object_get(o, "bytes"));
+        e->aux = number(ef.blocks);
+        e->aux2 = number(ef.bytes);
         break;
     case CUHEAP_EV_ARENA_GROW:
     case CUHEAP_EV_ARENA_RELEASE:
-        e->aux = hex_or_int(json_object_get(o, "reserved"));
+        e->aux = number(ef.reserved);
         break;
     case CUHEAP_EV_AUDIT:
         /* a verdict holds operations/missed, a missed operation correlation/count */
-        e->aux = hex_or_int(
-            json_object_get(o, json_object_get(o, "operations") ? "operations" : "correlation"));
-        e->aux2 =
-            hex_or_int(json_object_get(o, json_object_get(o, "operations") ? "missed" : "count"));
-        e->verdict = json_object_get(o, "operations") != NULL;
+        e->verdict = ef.operations.kind != V_NONE;
+        e->aux = number(e->verdict ? ef.operations : ef.correlation);
+        e->aux2 = number(e->verdict ? ef.missed : ef.count);
         /* fall through - the label too */
-    case CUHEAP_EV_MARK: {
-        const char *l = json_string_value(json_object_get(o, "label"));
-        e->label = strdup(l ? l : "");
+    case CUHEAP_EV_MARK:
+        e->label = strdup(ef.label.kind == V_STR ? ef.label.s : "");
         break;
-    }
     default:
         break;
     }
+    return true;
+}
+
+/* ---- events in seq order from a file read again: a window that reorders them ---- */
+
+/* The writer drains events nearly in seq order (threads race only for ring slots), so a
+ * min-heap of this many reorders them; a trace whose events stray further is read into
+ * memory and sorted instead (cuheap_trace_open() finds out on its first read). */
+#define NR_WINDOW (1u << 17)
+
+static size_t window = NR_WINDOW;
+
+void cuheap_trace_set_window(size_t nr)
+{
+    window = nr ? nr : NR_WINDOW;
+}
+
+static void heap_push(struct cuheap_trace_event *h, size_t *n, const struct cuheap_trace_event *e)
+{
+    size_t i = (*n)++;
+    while (i && h[(i - 1) / 2].seq > e->seq) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = *e;
+}
+
+static struct cuheap_trace_event heap_pop(struct cuheap_trace_event *h, size_t *n)
+{
+    struct cuheap_trace_event top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && h[c + 1].seq < h[c].seq)
+            c++;
+        if (h[c].seq >= last.seq)
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n)
+        h[i] = last;
+    return top;
+}
+
+/* What the first read does with its events: puts them through the window, to learn whether
+ * it keeps them in order, and hands them to a visitor while it does. */
+struct order_check {
+    struct cuheap_trace_event *heap;
+    size_t nr;
+    uint64_t last; /* seq of the last event out */
+    bool any_out, unsorted;
+    cuheap_trace_visit_fn visit;
+    void *ctx;
+};
+
+static void order_out(struct order_check *w, struct cuheap_trace_event e)
+{
+    if (w->any_out && e.seq < w->last)
+        w->unsorted = true;
+    w->last = e.seq;
+    w->any_out = true;
+    if (w->visit && !w->unsorted)
+        w->visit(&e, w->ctx);
+    free(e.label);
+}
+
+static void order_in(struct order_check *w, const struct cuheap_trace_event *e)
+{
+    heap_push(w->heap, &w->nr, e);
+    if (w->nr == window)
+        order_out(w, heap_pop(w->heap, &w->nr));
+}
+
+/* Keep the event (array mode) or only check its order (streaming). Returns -ENOMEM. */
+static int add_event(struct cuheap_trace *t, size_t *cap, struct order_check *w,
+                     const struct fields *f, size_t lineno)
+{
+    struct cuheap_trace_event e;
+    if (!parse_event(t, f, lineno, &e))
+        return 0;
+    if (e.t > t->max_t)
+        t->max_t = e.t;
+    if (w) {
+        order_in(w, &e); /* the window owns the label now */
+        t->nr_events++;
+        return 0;
+    }
+    if (t->nr_events == *cap) {
+        size_t n = *cap ? *cap * 2 : 4096;
+        struct cuheap_trace_event *grown = realloc(t->events, n * sizeof(*grown));
+        if (!grown) {
+            free(e.label);
+            return -ENOMEM;
+        }
+        t->events = grown;
+        *cap = n;
+    }
+    t->events[t->nr_events++] = e;
     return 0;
 }
 
-int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_t err_size)
+static int read_trace(const char *path, struct cuheap_trace *t, char *err, size_t err_size,
+                      struct order_check *w)
 {
     memset(t, 0, sizeof(*t));
     t->rank = -1;
@@ -117,13 +443,34 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
         return -1;
     }
     t->path = strdup(path);
-    char *line = NULL;
+    struct stat st;
+    uint64_t total = fstat(fileno(f), &st) == 0 ? (uint64_t)st.st_size : 0;
+    char *line = NULL, scratch[1024]; /* event lines are about 250 bytes */
     size_t line_cap = 0, ev_cap = 0, st_cap = 0, lineno = 0;
     ssize_t len;
     int r = 0;
     while ((len = getline(&line, &line_cap, f)) >= 0) {
         lineno++;
+        t->nr_lines = lineno;
+        if (progress && !(lineno & 0x3fff))
+            progress(path, (uint64_t)ftello(f), total, t->nr_events, false);
         bool complete = len > 0 && line[len - 1] == '\n';
+        /* event lines through the scanner, on a copy: the line stays whole for jansson */
+        struct fields flat;
+        if (lineno > 1 && complete && (size_t)len <= sizeof(scratch)) {
+            memcpy(scratch, line, (size_t)len);
+            if (scan_flat(scratch, (size_t)len, &flat)) {
+                struct value type = get(&flat, "type");
+                if (type.kind == V_STR && !strcmp(type.s, "event")) {
+                    if (add_event(t, &ev_cap, w, &flat, lineno)) {
+                        snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
+                        r = -1;
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
         json_error_t jerr;
         json_t *o = json_loadb(line, (size_t)len, 0, &jerr);
         if (lineno == 1) {
@@ -164,23 +511,39 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
                 t->truncated = true; /* the run was killed mid-line */
                 break;
             }
-            if (!t->nr_bad_lines++)
-                t->first_bad_line = lineno;
+            bad_line(t, lineno, o ? "not a JSON object" : "not JSON");
             continue;
         }
         const char *type = json_string_value(json_object_get(o, "type"));
         if (!type) {
-            if (!t->nr_bad_lines++)
-                t->first_bad_line = lineno;
+            bad_line(t, lineno, "no \"type\"");
         } else if (!strcmp(type, "event")) {
-            if (add_event(t, &ev_cap, o)) {
+            struct fields fo = {.obj = o};
+            if (add_event(t, &ev_cap, w, &fo, lineno)) {
                 snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
                 r = -1;
             }
         } else if (!strcmp(type, "stack")) {
+            json_t *id = json_object_get(o, "id"), *fr = json_object_get(o, "frames"),
+                   *py = json_object_get(o, "python");
+            if (!json_is_integer(id) || json_integer_value(id) <= 0 ||
+                json_integer_value(id) > UINT32_MAX || (fr && !json_is_array(fr)) ||
+                (py && !json_is_array(py))) {
+                bad_line(t, lineno, "a stack without a usable id or frames");
+                json_decref(o);
+                continue;
+            }
             if (t->nr_stacks == st_cap) {
-                st_cap = st_cap ? st_cap * 2 : 1024;
-                t->stacks = realloc(t->stacks, st_cap * sizeof(*t->stacks));
+                size_t n = st_cap ? st_cap * 2 : 1024;
+                struct cuheap_trace_stack *grown = realloc(t->stacks, n * sizeof(*grown));
+                if (!grown) {
+                    snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
+                    json_decref(o);
+                    r = -1;
+                    break;
+                }
+                t->stacks = grown;
+                st_cap = n;
             }
             struct cuheap_trace_stack *s = &t->stacks[t->nr_stacks++];
             s->id = (uint32_t)json_integer_value(json_object_get(o, "id"));
@@ -203,6 +566,8 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
             break;
     }
     free(line);
+    if (progress)
+        progress(path, (uint64_t)ftello(f), total, t->nr_events, true);
     fclose(f);
     if (r == 0 && lineno == 0) {
         snprintf(err, err_size, "%s: empty file, not a cuheap trace", path);
@@ -214,16 +579,132 @@ int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_
     }
     if (!t->footer)
         t->truncated = true;
-    if (t->nr_events)
+    if (t->nr_events && !w)
         qsort(t->events, t->nr_events, sizeof(*t->events), cmp_seq);
     if (t->nr_stacks)
         qsort(t->stacks, t->nr_stacks, sizeof(*t->stacks), cmp_stack);
     return 0;
 }
 
+int cuheap_trace_read(const char *path, struct cuheap_trace *t, char *err, size_t err_size)
+{
+    return read_trace(path, t, err, err_size, NULL);
+}
+
+int cuheap_trace_open(const char *path, struct cuheap_trace *t, char *err, size_t err_size)
+{
+    return cuheap_trace_open_visit(path, t, err, err_size, NULL, NULL, NULL);
+}
+
+int cuheap_trace_open_visit(const char *path, struct cuheap_trace *t, char *err, size_t err_size,
+                            cuheap_trace_visit_fn visit, void *ctx, bool *ret_visited)
+{
+    if (ret_visited)
+        *ret_visited = false;
+    struct order_check w = {.heap = malloc(window * sizeof(*w.heap)), .visit = visit, .ctx = ctx};
+    if (!w.heap)
+        return cuheap_trace_read(path, t, err, err_size);
+    int r = read_trace(path, t, err, err_size, &w);
+    if (r)
+        w.visit = NULL;
+    while (w.nr) /* the rest, in order (or only freed, after an error) */
+        order_out(&w, heap_pop(w.heap, &w.nr));
+    free(w.heap);
+    if (r)
+        return r;
+    if (!w.unsorted) {
+        t->streamed = true;
+        if (ret_visited)
+            *ret_visited = visit != NULL;
+        return 0;
+    }
+    /* events too far from seq order for the window: all of them in memory, sorted */
+    cuheap_trace_free(t);
+    return cuheap_trace_read(path, t, err, err_size);
+}
+
+const struct cuheap_trace_event *cuheap_trace_first(const struct cuheap_trace *t,
+                                                    struct cuheap_trace_iter *it)
+{
+    memset(it, 0, sizeof(*it));
+    it->t = t;
+    if (!t->streamed)
+        return t->nr_events ? &t->events[0] : NULL;
+    it->f = fopen(t->path, "re");
+    it->heap = malloc(window * sizeof(*it->heap));
+    it->counters = calloc(1, sizeof(*it->counters));
+    if (!it->f || !it->heap || !it->counters) {
+        it->failed = true; /* the file went away since it was read */
+        return NULL;
+    }
+    return cuheap_trace_next(it);
+}
+
+const struct cuheap_trace_event *cuheap_trace_next(struct cuheap_trace_iter *it)
+{
+    const struct cuheap_trace *t = it->t;
+    if (!t->streamed) {
+        it->next++;
+        return it->next < t->nr_events ? &t->events[it->next] : NULL;
+    }
+    free(it->cur.label);
+    it->cur.label = NULL;
+    if (!it->f)
+        return NULL;
+    char scratch[1024];
+    ssize_t len;
+    while (it->nr_heap < window && !it->eof) {
+        if ((len = getline(&it->line, &it->line_cap, it->f)) < 0 || it->line[len - 1] != '\n') {
+            it->eof = true; /* the end, or a last line cut off: the first read stopped there */
+            break;
+        }
+        if (++it->lineno == 1)
+            continue;
+        struct fields flat;
+        struct cuheap_trace_event e;
+        if ((size_t)len <= sizeof(scratch)) {
+            memcpy(scratch, it->line, (size_t)len);
+            if (scan_flat(scratch, (size_t)len, &flat)) {
+                struct value type = get(&flat, "type");
+                if (type.kind == V_STR && !strcmp(type.s, "event") &&
+                    parse_event(it->counters, &flat, it->lineno, &e))
+                    heap_push(it->heap, &it->nr_heap, &e);
+                continue;
+            }
+        }
+        json_t *o = json_loadb(it->line, (size_t)len, 0, NULL);
+        struct fields fo = {.obj = o};
+        if (json_is_object(o) && !strcmp(str_or(json_object_get(o, "type"), ""), "event") &&
+            parse_event(it->counters, &fo, it->lineno, &e))
+            heap_push(it->heap, &it->nr_heap, &e);
+        json_decref(o);
+    }
+    if (!it->nr_heap)
+        return NULL;
+    it->cur = heap_pop(it->heap, &it->nr_heap);
+    return &it->cur;
+}
+
+void cuheap_trace_iter_end(struct cuheap_trace_iter *it)
+{
+    if (!it->t || !it->t->streamed)
+        return;
+    free(it->cur.label);
+    while (it->nr_heap)
+        free(heap_pop(it->heap, &it->nr_heap).label);
+    free(it->heap);
+    free(it->line);
+    if (it->counters)
+        cuheap_trace_free(it->counters);
+    free(it->counters);
+    if (it->f)
+        fclose(it->f);
+    memset(it, 0, sizeof(*it));
+}
+
 void cuheap_trace_free(struct cuheap_trace *t)
 {
-    for (size_t i = 0; i < t->nr_events; i++)
+    for (size_t i = 0; t->events && i < t->nr_events; i++) /* none kept when streamed */
         free(t->events[i].label);
     for (size_t i = 0; i < t->nr_stacks; i++) {
         json_decref(t->stacks[i].frames);
@@ -242,7 +723,10 @@ void cuheap_trace_free(struct cuheap_trace *t)
 const struct cuheap_trace_stack *cuheap_trace_stack(const struct cuheap_trace *t, uint32_t id)
 {
     struct cuheap_trace_stack key = {.id = id};
-    return id ? bsearch(&key, t->stacks, t->nr_stacks, sizeof(key), cmp_stack) : NULL;
+    /* bsearch on NULL is undefined, even for no elements: a trace may have no stacks */
+    if (!id || !t->nr_stacks)
+        return NULL;
+    return bsearch(&key, t->stacks, t->nr_stacks, sizeof(key), cmp_stack);
 }
 
 static const char *basename_of(const char *p)

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define CUHEAP_TRACE_NR_MAX_DEVICES 64
 
@@ -51,17 +52,75 @@ struct cuheap_trace {
     unsigned nr_devices;
     struct cuheap_trace_stack *stacks; /* sorted by id */
     size_t nr_stacks;
-    struct cuheap_trace_event *events; /* in seq order */
+    struct cuheap_trace_event *events; /* in seq order; NULL when streamed */
     size_t nr_events;
+    bool streamed;  /* events not kept: each iteration reads the file again */
+    uint64_t max_t; /* the latest event's t */
     bool truncated; /* last line cut off or no footer */
-    size_t nr_bad_lines;
+    size_t nr_lines;
+    size_t nr_bad_lines; /* lines skipped: not JSON, not an object, no "type" */
     size_t first_bad_line;
+    char bad_line_why[48]; /* what was wrong with the first one */
+    /* values that are there but unreadable ("size":"lots", "seq":-1): they read as 0, and
+     * the tool says so */
+    size_t nr_bad_fields;
+    size_t first_bad_field_line;
+    char bad_field[40];       /* name of the first */
+    size_t nr_unknown_events; /* event kinds this tool does not know (a newer cuheap) */
 };
 
-/* Read a trace. Returns 0, or -1 with a one-line reason in err ("PATH: ..."). Warnings
- * (truncation, skipped lines) are left in the struct for the caller to print. */
+/* Read a trace, its events into t->events. Returns 0, or -1 with a one-line reason in err
+ * ("PATH: ..."). Warnings (truncation, skipped lines) are left in the struct for the caller
+ * to print. */
 int cuheap_trace_read(const char *path, struct cuheap_trace *ret, char *err, size_t err_size);
+
+/* Read a trace without keeping its events (t->streamed) where its events are near enough to
+ * seq order for a reordering window; otherwise as cuheap_trace_read(). Memory then grows with
+ * stacks and what each command keeps, not with events. Walk the events with the iterator. */
+int cuheap_trace_open(const char *path, struct cuheap_trace *ret, char *err, size_t err_size);
+
+/* The same, handing every event in seq order to visit while the trace is read, so a command
+ * needs no pass of its own for it. *ret_visited says whether visit saw every event, in order;
+ * when not (a trace read into memory), the caller walks the events itself and must forget what
+ * visit was given. */
+typedef void (*cuheap_trace_visit_fn)(const struct cuheap_trace_event *e, void *ctx);
+int cuheap_trace_open_visit(const char *path, struct cuheap_trace *ret, char *err, size_t err_size,
+                            cuheap_trace_visit_fn visit, void *ctx, bool *ret_visited);
 void cuheap_trace_free(struct cuheap_trace *t);
+
+/* Events in seq order, from memory or read again from the file:
+ *
+ *     struct cuheap_trace_iter it;
+ *     for (e = cuheap_trace_first(t, &it); e; e = cuheap_trace_next(&it)) ...
+ *     cuheap_trace_iter_end(&it);
+ *
+ * An event (and its label) stays valid until the next call. */
+struct cuheap_trace_iter {
+    const struct cuheap_trace *t;
+    size_t next; /* in memory: index of the current event */
+    /* streamed: */
+    FILE *f;
+    char *line;
+    size_t line_cap, lineno;
+    struct cuheap_trace_event *heap; /* the reordering window, a min-heap by seq */
+    size_t nr_heap;
+    struct cuheap_trace_event cur;
+    struct cuheap_trace *counters; /* what this read finds wrong (the first read said it) */
+    bool eof, failed;
+};
+/* Events the reordering window holds (0: the default, 131072); for tests. */
+void cuheap_trace_set_window(size_t nr);
+
+const struct cuheap_trace_event *cuheap_trace_first(const struct cuheap_trace *t,
+                                                    struct cuheap_trace_iter *it);
+const struct cuheap_trace_event *cuheap_trace_next(struct cuheap_trace_iter *it);
+void cuheap_trace_iter_end(struct cuheap_trace_iter *it);
+
+/* Called while a trace is read, every few thousand lines and once at the end (finished):
+ * bytes read of total, events so far. The tool draws a progress line with it. */
+typedef void (*cuheap_trace_progress_fn)(const char *path, uint64_t done, uint64_t total,
+                                         size_t events, bool finished);
+void cuheap_trace_set_progress(cuheap_trace_progress_fn fn);
 
 /* The stack with that id, or NULL. */
 const struct cuheap_trace_stack *cuheap_trace_stack(const struct cuheap_trace *t, uint32_t id);

@@ -95,72 +95,181 @@ struct device_summary *summary_device(struct trace_summary *s, int device)
     return d;
 }
 
-void summarize(const struct cuheap_trace *t, struct trace_summary *s)
+static size_t hash_site(uint32_t stack, int16_t device, size_t n)
+{
+    return hash_ptr(((uint64_t)(uint16_t)device << 32) | stack, n);
+}
+
+static struct site_acc *site_of(struct trace_summary *s, uint32_t stack, int16_t device)
+{
+    if (s->nr_sites * 2 >= s->nr_index_slots) { /* grow the index, and place every site again */
+        size_t n = s->nr_index_slots ? s->nr_index_slots * 2 : 1024;
+        uint32_t *index = calloc(n, sizeof(*index));
+        if (!index)
+            abort(); /* the tool, not the host program */
+        for (size_t k = 0; k < s->nr_sites; k++) {
+            size_t h = hash_site(s->sites[k].stack, s->sites[k].device, n);
+            while (index[h])
+                h = (h + 1) & (n - 1);
+            index[h] = (uint32_t)(k + 1);
+        }
+        free(s->site_index);
+        s->site_index = index;
+        s->nr_index_slots = n;
+    }
+    size_t h = hash_site(stack, device, s->nr_index_slots);
+    for (; s->site_index[h]; h = (h + 1) & (s->nr_index_slots - 1)) {
+        struct site_acc *a = &s->sites[s->site_index[h] - 1];
+        if (a->stack == stack && a->device == device)
+            return a;
+    }
+    if (s->nr_sites == s->cap_sites) {
+        s->cap_sites = s->cap_sites ? s->cap_sites * 2 : 256;
+        struct site_acc *grown = realloc(s->sites, s->cap_sites * sizeof(*grown));
+        if (!grown)
+            abort();
+        s->sites = grown;
+    }
+    struct site_acc *a = &s->sites[s->nr_sites++];
+    memset(a, 0, sizeof(*a));
+    a->stack = stack;
+    a->device = device;
+    s->site_index[h] = (uint32_t)s->nr_sites;
+    return a;
+}
+
+/* Before a site's first change since its device's latest peak, keep its value there. */
+static void touch(struct site_acc *a, const struct device_summary *d)
+{
+    if (a->version != d->peak_version) {
+        a->saved = a->live;
+        a->nr_saved = a->nr_live;
+        a->version = d->peak_version;
+    }
+}
+
+/* The allocation at ptr is gone: its site's bytes go down. */
+static void forget(struct trace_summary *s, struct live_set *live, uint64_t ptr)
+{
+    struct live_alloc old;
+    if (!live_set_take(live, ptr, &old))
+        return;
+    struct device_summary *d = summary_device(s, old.device);
+    struct site_acc *a = site_of(s, old.stack, old.device);
+    if (d)
+        touch(a, d);
+    a->live -= old.size < a->live ? old.size : a->live;
+    a->nr_live -= a->nr_live ? 1 : 0;
+}
+
+void summary_free(struct trace_summary *s)
+{
+    free(s->sites);
+    free(s->site_index);
+    s->sites = NULL;
+    s->site_index = NULL;
+    s->nr_sites = s->cap_sites = s->nr_index_slots = 0;
+}
+
+void summarize_begin(struct trace_summary *s)
 {
     memset(s, 0, sizeof(*s));
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
-        if (e->t > s->duration_ns)
-            s->duration_ns = e->t;
-        if (e->api < 16 && e->type == CUHEAP_EV_ALLOC)
-            s->api_count[e->api]++;
-        if (e->type == CUHEAP_EV_MARK) {
-            s->nr_marks++;
-            continue;
-        }
-        if (e->type == CUHEAP_EV_ALLOC && e->api == CUHEAP_API_HOST) {
-            s->nr_host_allocs++;
-            s->host_bytes += e->size;
-            continue;
-        }
-        if (e->device < 0)
-            continue;
-        struct device_summary *d = summary_device(s, e->device);
-        if (!d)
-            continue;
-        bool mem = counts_as_device_memory(e);
-        switch (e->type) {
-        case CUHEAP_EV_ALLOC:
-            if (!mem)
-                break;
-            d->nr_allocs++;
-            d->bytes_allocated += e->size;
-            d->nr_pooled += e->pooled;
-            d->live += e->size;
-            if (!e->pooled)
-                d->reserved += e->actual;
-            if (d->live > d->peak_live) {
-                d->peak_live = d->live;
-                d->peak_live_t = e->t;
-                d->peak_live_index = i;
-            }
-            break;
-        case CUHEAP_EV_FREE:
-            if (!mem)
-                break;
-            d->nr_frees++;
-            d->live -= e->size < d->live ? e->size : d->live;
-            if (!e->pooled)
-                d->reserved -= e->actual < d->reserved ? e->actual : d->reserved;
-            break;
-        case CUHEAP_EV_ARENA_GROW:
-            d->reserved += e->size;
-            break;
-        case CUHEAP_EV_ARENA_RELEASE:
-            d->reserved -= e->size < d->reserved ? e->size : d->reserved;
-            break;
-        case CUHEAP_EV_OOM:
-            d->nr_ooms++;
-            break;
-        case CUHEAP_EV_LIMIT:
-            d->nr_limit++;
-            break;
-        default:
-            break;
-        }
-        if (d->reserved > d->peak_reserved)
-            d->peak_reserved = d->reserved;
+    live_set_init(&s->live);
+}
+
+void summarize_event(struct trace_summary *s, const struct cuheap_trace_event *e)
+{
+    size_t i = s->nr_seen++;
+    struct live_set *live = &s->live;
+    if (e->t > s->duration_ns)
+        s->duration_ns = e->t;
+    if (e->api < 16 && e->type == CUHEAP_EV_ALLOC)
+        s->api_count[e->api]++;
+    if (e->type == CUHEAP_EV_MARK) {
+        s->nr_marks++;
+        return;
     }
+    if (e->type == CUHEAP_EV_ALLOC && e->api == CUHEAP_API_HOST) {
+        s->nr_host_allocs++;
+        s->host_bytes += e->size;
+        return;
+    }
+    if (e->device < 0)
+        return;
+    struct device_summary *d = summary_device(s, e->device);
+    if (!d)
+        return;
+    bool mem = counts_as_device_memory(e);
+    switch (e->type) {
+    case CUHEAP_EV_ALLOC: {
+        if (!mem)
+            break;
+        d->nr_allocs++;
+        d->bytes_allocated += e->size;
+        d->nr_pooled += e->pooled;
+        d->live += e->size;
+        if (!e->pooled)
+            d->reserved += e->actual;
+        forget(s, live, e->ptr); /* its free was lost: it is gone now */
+        struct site_acc *a = site_of(s, e->stack, e->device);
+        touch(a, d);
+        a->live += e->size;
+        a->nr_live++;
+        a->total += e->size;
+        a->nr_total++;
+        struct live_alloc la = {
+            .ptr = e->ptr, .size = e->size, .stack = e->stack, .device = e->device};
+        live_set_put(live, &la);
+        if (d->live > d->peak_live) {
+            d->peak_live = d->live;
+            d->peak_live_t = e->t;
+            d->peak_live_index = i;
+            d->peak_version++; /* every site's value now is its value at the peak */
+        }
+        break;
+    }
+    case CUHEAP_EV_FREE:
+        if (!mem)
+            break;
+        forget(s, live, e->ptr);
+        d->nr_frees++;
+        d->live -= e->size < d->live ? e->size : d->live;
+        if (!e->pooled)
+            d->reserved -= e->actual < d->reserved ? e->actual : d->reserved;
+        break;
+    case CUHEAP_EV_ARENA_GROW:
+        d->reserved += e->size;
+        break;
+    case CUHEAP_EV_ARENA_RELEASE:
+        d->reserved -= e->size < d->reserved ? e->size : d->reserved;
+        break;
+    case CUHEAP_EV_OOM:
+        d->nr_ooms++;
+        break;
+    case CUHEAP_EV_LIMIT:
+        d->nr_limit++;
+        break;
+    default:
+        break;
+    }
+    if (d->reserved > d->peak_reserved)
+        d->peak_reserved = d->reserved;
+}
+
+void summarize_end(struct trace_summary *s)
+{
+    live_set_free(&s->live);
+}
+
+void summarize(const struct cuheap_trace *t, struct trace_summary *s)
+{
+    summarize_begin(s);
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it))
+        summarize_event(s, e);
+    cuheap_trace_iter_end(&it);
+    summarize_end(s);
 }
 
 static int cmp_site(const void *a, const void *b)
@@ -171,62 +280,72 @@ static int cmp_site(const void *a, const void *b)
     return x->stack < y->stack ? -1 : x->stack > y->stack;
 }
 
-static void add_site(struct site **sites, size_t *nr, size_t *cap, uint32_t stack, uint64_t bytes)
+static void add_site(struct site **sites, size_t *nr, size_t *cap, uint32_t stack, uint64_t bytes,
+                     uint64_t count)
 {
-    /* stacks are few compared with events: a linear index by stack id */
-    for (size_t i = 0; i < *nr; i++)
-        if ((*sites)[i].stack == stack) {
-            (*sites)[i].bytes += bytes;
-            (*sites)[i].count++;
-            return;
-        }
     if (*nr == *cap) {
         *cap = *cap ? *cap * 2 : 64;
-        *sites = realloc(*sites, *cap * sizeof(**sites));
+        struct site *grown = realloc(*sites, *cap * sizeof(**sites));
+        if (!grown)
+            abort(); /* the tool, not the host program */
+        *sites = grown;
     }
-    (*sites)[(*nr)++] = (struct site){stack, bytes, 1};
+    (*sites)[(*nr)++] = (struct site){stack, bytes, count};
+}
+
+static int cmp_stack_id(const void *a, const void *b)
+{
+    const struct site *x = a, *y = b;
+    return x->stack < y->stack ? -1 : x->stack > y->stack;
 }
 
 size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s,
                      enum site_measure m, int device, struct site **ret)
 {
+    (void)t;
     struct site *sites = NULL;
     size_t nr = 0, cap = 0;
-    struct live_set live;
-    live_set_init(&live);
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
-        if (!counts_as_device_memory(e) || (device >= 0 && e->device != device))
+    for (size_t k = 0; k < s->nr_sites; k++) {
+        const struct site_acc *a = &s->sites[k];
+        if (device >= 0 && a->device != device)
             continue;
-        if (e->type == CUHEAP_EV_ALLOC) {
-            if (m == SITES_TOTAL) {
-                add_site(&sites, &nr, &cap, e->stack, e->size);
-                continue;
-            }
-            struct live_alloc a = {e->ptr,   e->size,   e->actual, e->t,
-                                   e->stack, e->device, e->api,    e->pooled};
-            live_set_put(&live, &a);
-        } else if (e->type == CUHEAP_EV_FREE && m != SITES_TOTAL) {
-            live_set_take(&live, e->ptr, NULL);
+        uint64_t bytes = 0, count = 0;
+        if (m == SITES_TOTAL) {
+            bytes = a->total;
+            count = a->nr_total;
+        } else if (m == SITES_LEAKED) {
+            bytes = a->live;
+            count = a->nr_live;
         } else {
-            continue;
+            const struct device_summary *d = NULL;
+            for (unsigned i = 0; i < s->nr_dev; i++)
+                if (s->dev[i].device == a->device)
+                    d = &s->dev[i];
+            if (!d || !d->peak_live)
+                continue;
+            bool changed = a->version == d->peak_version; /* since the peak */
+            bytes = changed ? a->saved : a->live;
+            count = changed ? a->nr_saved : a->nr_live;
         }
-        if (m == SITES_AT_PEAK) {
-            /* Snapshot each device's live set at its own peak event. */
-            for (unsigned d = 0; d < s->nr_dev; d++)
-                if (s->dev[d].device == e->device && s->dev[d].peak_live_index == i &&
-                    s->dev[d].peak_live)
-                    for (size_t k = 0; k < live.nr_slots; k++)
-                        if (live.slots[k].ptr && live.slots[k].device == e->device)
-                            add_site(&sites, &nr, &cap, live.slots[k].stack, live.slots[k].size);
-        }
+        if (count)
+            add_site(&sites, &nr, &cap, a->stack, bytes, count);
     }
-    if (m == SITES_LEAKED)
-        for (size_t k = 0; k < live.nr_slots; k++)
-            if (live.slots[k].ptr)
-                add_site(&sites, &nr, &cap, live.slots[k].stack, live.slots[k].size);
-    live_set_free(&live);
-    qsort(sites, nr, sizeof(*sites), cmp_site);
+    if (device < 0 && nr) { /* one stack on several devices: one site (sorting, not searching:
+                               Python programs have tens of thousands of stacks) */
+        qsort(sites, nr, sizeof(*sites), cmp_stack_id);
+        size_t out = 0;
+        for (size_t k = 0; k < nr; k++) {
+            if (out && sites[out - 1].stack == sites[k].stack) {
+                sites[out - 1].bytes += sites[k].bytes;
+                sites[out - 1].count += sites[k].count;
+            } else {
+                sites[out++] = sites[k];
+            }
+        }
+        nr = out;
+    }
+    if (nr) /* qsort on NULL is undefined, even for no elements */
+        qsort(sites, nr, sizeof(*sites), cmp_site);
     *ret = sites;
     return nr;
 }

@@ -42,6 +42,20 @@ struct device_summary {
     size_t peak_live_index; /* event index at which live peaked */
     uint64_t nr_allocs, nr_frees, nr_pooled, nr_ooms, nr_limit;
     uint64_t bytes_allocated; /* sum of all allocation sizes */
+    uint32_t peak_version;    /* new peaks so far (see struct site_acc) */
+};
+
+/* One call site (stack) on one device, as the replay goes. The bytes live at the device's
+ * peak come out of the same single pass: a site's value is saved before its first change
+ * after each new peak (version), so at the end a site changed since the last peak holds its
+ * peak value in saved, and any other holds it in live. */
+struct site_acc {
+    uint32_t stack;
+    int16_t device;
+    uint32_t version;         /* the device's peak_version when saved was taken */
+    uint64_t live, nr_live;   /* bytes and allocations live now */
+    uint64_t saved, nr_saved; /* the same, at the latest peak, once changed since */
+    uint64_t total, nr_total; /* allocated over the run */
 };
 
 struct trace_summary {
@@ -51,13 +65,26 @@ struct trace_summary {
     uint64_t api_count[16];
     uint64_t duration_ns;
     uint64_t nr_marks;
+    struct site_acc *sites; /* every (device, stack) with device memory; summary_free() */
+    size_t nr_sites, cap_sites;
+    uint32_t *site_index; /* open addressing: index + 1 into sites, 0 = empty */
+    size_t nr_index_slots;
+    struct live_set live; /* while summarizing: allocations live now, for each free's site */
+    size_t nr_seen;       /* while summarizing: events so far */
 };
 
 /* Whether an event's bytes count toward a device's live memory. */
 bool counts_as_device_memory(const struct cuheap_trace_event *e);
 
-/* Replay the whole trace. */
+/* Replay the whole trace, once: the figures, and per call site and device what was live at
+ * the device's peak, at the end, and allocated over the run. Free with summary_free(). */
 void summarize(const struct cuheap_trace *t, struct trace_summary *ret);
+void summary_free(struct trace_summary *s);
+/* The same, event by event (for cuheap_trace_open_visit()): begin, every event in seq order,
+ * end. */
+void summarize_begin(struct trace_summary *s);
+void summarize_event(struct trace_summary *s, const struct cuheap_trace_event *e);
+void summarize_end(struct trace_summary *s);
 struct device_summary *summary_device(struct trace_summary *s, int device);
 
 /* Per-site aggregate. */
@@ -73,9 +100,9 @@ enum site_measure {
     SITES_LEAKED,  /* bytes never freed */
 };
 
-/* Group allocations by stack under a measure, largest first. device < 0: all devices (for
- * SITES_AT_PEAK: each device at its own peak). Returns the number of sites in *ret
- * (malloc'd). */
+/* Group allocations by stack under a measure, largest first, from the summary (the trace is
+ * not read again). device < 0: all devices (for SITES_AT_PEAK: each device at its own
+ * peak). Returns the number of sites in *ret (malloc'd). */
 size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s,
                      enum site_measure m, int device, struct site **ret);
 

@@ -13,10 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "analysis.h"
 #include "config.h"
+#include "diff.h"
 #include "event.h"
 #include "export.h"
 #include "symbolize.h"
@@ -24,28 +26,85 @@
 
 #define TOOL "cuheap"
 
+/* One row per command: the synopsis is README's command table, word for word (a test
+ * compares them). */
+struct command {
+    const char *name;
+    const char *synopsis;
+    const char *help; /* what it does, and its options */
+};
+
+static const struct command commands[] = {
+    {"run",
+     "cuheap run [-o PATH] [-f jsonl|chrome] [--no-pool] [--reuse P] [--limit SIZE] "
+     "[--stack-depth N] [--audit] [--] PROGRAM [ARGS]",
+     "Run PROGRAM with libcuheap.so preloaded (found next to the tool, or CUHEAP_LIBRARY).\n"
+     "  -o, --output PATH     trace path (%p pid, %r rank, %h host); CUHEAP_OUTPUT\n"
+     "  -f, --format FMT      jsonl (default) or chrome; CUHEAP_FORMAT\n"
+     "  --no-pool             record only: every allocation goes to the driver; CUHEAP_POOL=0\n"
+     "  --reuse P             fence (default), sync or immediate; CUHEAP_REUSE\n"
+     "  --limit SIZE          per-device limit, bytes (K/M/G/T) or a percentage; CUHEAP_LIMIT\n"
+     "  --stack-depth N       native frames per event, 0 to 64; CUHEAP_STACK_DEPTH\n"
+     "  --audit               check with CUPTI that every driver memory operation was seen;\n"
+     "                        CUHEAP_AUDIT=1 (a CUHEAP_AUDIT=/path/libcupti.so given stays)\n"},
+    {"report", "cuheap report TRACE...",
+     "Per process and GPU: peak live and when, peak reserved, fragmentation, counts by API,\n"
+     "OOMs, the call sites live at the peak, what was never freed.\n"},
+    {"top", "cuheap top [-n N] [--by peak|total] TRACE",
+     "Call sites by bytes live at each GPU's peak (--by peak, the default) or allocated over\n"
+     "the run (--by total), N rows (20), with the full stacks of the first three.\n"},
+    {"leaks", "cuheap leaks [-n N] TRACE",
+     "Allocations never freed, by call site, N rows (20), with the full stacks of the first\n"
+     "three.\n"},
+    {"chrome", "cuheap chrome [-o OUT] [--from S] [--to S] TRACE...",
+     "One Chrome Trace Event file for Perfetto (stdout unless -o); several ranks' traces merge\n"
+     "into one timeline, clocks aligned, each process under its command line and rank.\n"
+     "  --from S, --to S      only seconds S.. of the merged timeline (what was held at S\n"
+     "                        starts there): a long run's file stays small enough to open\n"},
+    {"folded", "cuheap folded [--by peak|total] TRACE",
+     "Folded stacks (outer;...;inner BYTES) for flamegraph.pl or speedscope, by bytes live at\n"
+     "the peak (default) or allocated over the run.\n"},
+    {"memviz", "cuheap memviz -o OUT.pickle [--max-entries N] TRACE",
+     "A snapshot shaped like torch.cuda.memory._snapshot() for https://pytorch.org/memory_viz:\n"
+     "the segments held at the end and per GPU the newest N actions (100000; 0: all).\n"},
+    {"html", "cuheap html [-o OUT.html] TRACE...",
+     "A self-contained HTML report (stdout unless -o; opens offline in any browser): per\n"
+     "process and GPU, memory over time (live, reserved, the largest call sites, markers,\n"
+     "out-of-memory events; hover, drag to zoom), the call sites at the peak with their\n"
+     "stacks, leaks, out-of-memory events. Several traces (ranks) share one time axis.\n"},
+    {"diff", "cuheap diff [-n N] A B",
+     "What changed from run A to run B: per GPU peak live and reserved bytes, fragmentation,\n"
+     "allocations, OOMs; the call sites whose bytes at the peak changed, largest change first\n"
+     "(N rows, 20); leaks that appeared or went away. Call sites are matched by name.\n"},
+    {"check", "cuheap check TRACE...",
+     "Read and validate traces. Exit 0 when every trace is complete and clean, 1 when one is\n"
+     "incomplete (a killed run) or has lines or fields that could not be read, 2 when one is\n"
+     "not a readable trace.\n"},
+    {"help", "cuheap help [COMMAND]", "This text, or one command's.\n"},
+};
+
+#define NR_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static const struct command *find_command(const char *name)
+{
+    for (size_t i = 0; i < NR_COMMANDS; i++)
+        if (!strcmp(commands[i].name, name))
+            return &commands[i];
+    return NULL;
+}
+
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: cuheap COMMAND [OPTIONS] ...\n"
-               "\n"
-               "  run [OPTIONS] [--] PROGRAM [ARGS]   run PROGRAM with libcuheap.so preloaded\n"
-               "      -o, --output PATH     trace path (%%p pid, %%r rank, %%h host)\n"
-               "      -f, --format FMT      jsonl (default) or chrome\n"
-               "      --no-pool             record only; every allocation goes to the driver\n"
-               "      --reuse POLICY        fence (default), sync or immediate\n"
-               "      --limit SIZE          per-device limit, bytes (K/M/G) or a percentage\n"
-               "      --stack-depth N       native frames per event (0 = none)\n"
-               "      --audit               check coverage with CUPTI\n"
-               "  report TRACE...          peak, fragmentation, APIs, top sites, leaks\n"
-               "  top [-n N] [--by peak|total] TRACE   call sites by bytes live at the peak\n"
-               "                                       or allocated over the run\n"
-               "  leaks [-n N] TRACE        allocations never freed, by call site\n"
-               "  chrome [-o OUT] TRACE...  one Chrome/Perfetto timeline (ranks merged)\n"
-               "  folded [--by peak|total] TRACE   folded stacks for flamegraph.pl/speedscope\n"
-               "  memviz [-o OUT] TRACE     PyTorch memory_viz snapshot (pickle)\n"
-               "  html [-o OUT] TRACE       self-contained HTML report with charts\n"
-               "  check TRACE...            read and validate traces\n"
-               "  help                      this text\n");
+    fprintf(f, "usage: cuheap COMMAND [OPTIONS] ...\n\n");
+    for (size_t i = 0; i < NR_COMMANDS; i++)
+        fprintf(f, "  %s\n", commands[i].synopsis);
+    fprintf(f, "\n'cuheap help COMMAND' or 'cuheap COMMAND --help' says more.\n");
+}
+
+static int command_help(const struct command *c)
+{
+    printf("usage: %s\n\n%s", c->synopsis, c->help);
+    return 0;
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -60,14 +119,98 @@ static int fail(const char *fmt, ...)
     return 2;
 }
 
-static int load(const char *path, struct cuheap_trace *t)
+/* A progress line on a terminal for reads that take more than a second (CUHEAP_PROGRESS_MS),
+ * rewritten in place and wiped when done; nothing when stderr is not a terminal. */
+static void show_progress(const char *path, uint64_t done, uint64_t total, size_t events,
+                          bool finished)
+{
+    static struct timespec start;
+    static bool shown, tty_checked, tty;
+    static long after_ms = -1;
+    if (!tty_checked) {
+        tty_checked = true;
+        tty = isatty(STDERR_FILENO);
+        const char *env = getenv("CUHEAP_PROGRESS_MS");
+        after_ms = env && *env ? strtol(env, NULL, 10) : 1000;
+    }
+    if (!tty)
+        return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (!start.tv_sec && !start.tv_nsec)
+        start = now;
+    double secs = (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9;
+    if (finished) {
+        if (shown)
+            fputs("\r\033[K", stderr);
+        shown = false;
+        start = (struct timespec){0, 0};
+        return;
+    }
+    if (secs * 1000 < (double)after_ms)
+        return;
+    char b1[32], b2[32], b3[32];
+    fprintf(stderr, "\r\033[K" TOOL ": reading %s: %s of %s (%.0f%%), %zu events, %s/s", path,
+            human_bytes(done, b1, sizeof(b1)), human_bytes(total, b2, sizeof(b2)),
+            total ? 100.0 * (double)done / (double)total : 0.0, events,
+            human_bytes(secs > 0 ? (uint64_t)((double)done / secs) : 0, b3, sizeof(b3)));
+    shown = true;
+}
+
+/* What the reader had to skip or guess, as one sentence ("" when nothing): every command
+ * says it, check turns it into its exit status. */
+static const char *damage(const struct cuheap_trace *t, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    if (t->nr_bad_lines)
+        n += (size_t)snprintf(buf + n, size - n, "%s%zu of %zu lines skipped (first: line %zu, %s)",
+                              n ? "; " : "", t->nr_bad_lines, t->nr_lines, t->first_bad_line,
+                              t->bad_line_why);
+    if (t->nr_bad_fields && n < size)
+        n += (size_t)snprintf(
+            buf + n, size - n, "%s%zu malformed fields read as 0 (first: line %zu, \"%s\")",
+            n ? "; " : "", t->nr_bad_fields, t->first_bad_field_line, t->bad_field);
+    if (t->nr_unknown_events && n < size)
+        n += (size_t)snprintf(buf + n, size - n,
+                              "%s%zu events of kinds this tool does not know skipped (a newer "
+                              "cuheap wrote them)",
+                              n ? "; " : "", t->nr_unknown_events);
+    json_int_t written = json_integer_value(json_object_get(t->footer, "written"));
+    size_t read = t->nr_events + t->nr_unknown_events;
+    if (t->footer && json_object_get(t->footer, "written") && (size_t)written != read && n < size)
+        n += (size_t)snprintf(buf + n, size - n, "%sthe footer counts %lld events, %zu read",
+                              n ? "; " : "", (long long)written, read);
+    return buf;
+}
+
+static void visit_summary(const struct cuheap_trace_event *e, void *ctx)
+{
+    summarize_event(ctx, e);
+}
+
+/* Read a trace; with s, summarize it during the same read where the trace streams (one
+ * pass), else afterwards. Says in one line each what the reader had to skip. */
+static int load_summarized(const char *path, struct cuheap_trace *t, struct trace_summary *s)
 {
     char err[600];
-    if (cuheap_trace_read(path, t, err, sizeof(err)))
+    bool visited = false;
+    if (s)
+        summarize_begin(s);
+    int r =
+        cuheap_trace_open_visit(path, t, err, sizeof(err), s ? visit_summary : NULL, s, &visited);
+    if (s) {
+        summarize_end(s);
+        if (r || !visited) /* read into memory: what the visitor saw does not count */
+            summary_free(s);
+        if (!r && !visited)
+            summarize(t, s);
+    }
+    if (r)
         return fail("%s", err), -1;
-    if (t->nr_bad_lines)
-        fprintf(stderr, TOOL ": %s: skipped %zu malformed lines (first at line %zu)\n", path,
-                t->nr_bad_lines, t->first_bad_line);
+    char why[600];
+    if (*damage(t, why, sizeof(why)))
+        fprintf(stderr, TOOL ": %s: %s\n", path, why);
     if (t->truncated)
         fprintf(stderr,
                 TOOL ": %s: the run did not finish writing this trace (killed or "
@@ -75,6 +218,21 @@ static int load(const char *path, struct cuheap_trace *t)
                 path);
     symbolize_trace(t);
     return 0;
+}
+
+static int load(const char *path, struct cuheap_trace *t)
+{
+    return load_summarized(path, t, NULL);
+}
+
+/* getopt's own message is off (opterr = 0): one line, ours, naming what was wrong. */
+static int bad_option(const char *cmd, char **argv)
+{
+    const char *arg = argv[optind - 1];
+    if (strncmp(arg, "--", 2) && optopt) /* a short option, maybe among others ("-qn") */
+        return fail("%s: bad option -%c, or its value is missing (see 'cuheap help %s')", cmd,
+                    optopt, cmd);
+    return fail("%s: bad option %s, or its value is missing (see 'cuheap help %s')", cmd, arg, cmd);
 }
 
 /* ---- run ---- */
@@ -166,10 +324,9 @@ static int cmd_run(int argc, char **argv)
             setenv("CUHEAP_AUDIT", "1", 0); /* a CUHEAP_AUDIT=/path/libcupti.so given stays */
             break;
         case 'h':
-            usage(stdout);
-            return 0;
+            return command_help(find_command("run"));
         default:
-            return fail("run: see 'cuheap help'");
+            return bad_option("run", argv);
         }
     }
     if (optind >= argc)
@@ -199,47 +356,78 @@ static const char *jstr(json_t *obj, const char *key, const char *dflt)
 
 /* Sites are grouped by stack; several stacks can end in the same line of the program (called
  * from different places): those are shown as one row, largest first. */
-static void print_sites(const struct cuheap_trace *t, struct site *sites, size_t nr, size_t limit,
-                        const char *what)
+#define NR_FULL_STACKS 3
+
+/* Prints at most limit rows; returns how many, with the stack of each of the first
+ * NR_FULL_STACKS rows' largest site in ret_stacks. */
+struct row {
+    char name[700];
+    uint64_t bytes, count;
+    uint32_t stack; /* its largest site's */
+    size_t first;   /* index of its first (largest) site */
+};
+
+static int cmp_row_name(const void *a, const void *b)
+{
+    const struct row *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->first < y->first ? -1 : x->first > y->first);
+}
+
+static int cmp_row_bytes(const void *a, const void *b)
+{
+    const struct row *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return x->first < y->first ? -1 : x->first > y->first;
+}
+
+/* Prints at most limit rows; returns how many, with the stack of each of the first
+ * NR_FULL_STACKS rows' largest site in ret_stacks. Sites whose stacks end in the same line
+ * are one row (merged by sorting on the name: there can be tens of thousands). */
+static size_t print_sites(const struct cuheap_trace *t, struct site *sites, size_t nr, size_t limit,
+                          const char *what, uint32_t ret_stacks[NR_FULL_STACKS])
 {
     char b1[32];
     if (!nr) {
         printf("  (none)\n");
-        return;
+        return 0;
     }
-    struct row {
-        char name[700];
-        uint64_t bytes, count;
-    } *rows = calloc(nr, sizeof(*rows));
+    struct row *rows = calloc(nr, sizeof(*rows));
+    if (!rows)
+        return 0;
+    for (size_t i = 0; i < nr; i++) { /* sites come largest first */
+        cuheap_trace_site(t, sites[i].stack, rows[i].name, sizeof(rows[i].name));
+        rows[i].bytes = sites[i].bytes;
+        rows[i].count = sites[i].count;
+        rows[i].stack = sites[i].stack;
+        rows[i].first = i;
+    }
+    qsort(rows, nr, sizeof(*rows), cmp_row_name);
     size_t nr_rows = 0;
     for (size_t i = 0; i < nr; i++) {
-        char name[700];
-        cuheap_trace_site(t, sites[i].stack, name, sizeof(name));
-        size_t k = 0;
-        while (k < nr_rows && strcmp(rows[k].name, name))
-            k++;
-        if (k == nr_rows)
-            snprintf(rows[nr_rows++].name, sizeof(rows[k].name), "%s", name);
-        rows[k].bytes += sites[i].bytes;
-        rows[k].count += sites[i].count;
-    }
-    /* keep the order by bytes after merging */
-    for (size_t i = 1; i < nr_rows; i++)
-        for (size_t k = i; k > 0 && rows[k].bytes > rows[k - 1].bytes; k--) {
-            struct row tmp = rows[k];
-            rows[k] = rows[k - 1];
-            rows[k - 1] = tmp;
+        if (nr_rows && !strcmp(rows[nr_rows - 1].name, rows[i].name)) {
+            rows[nr_rows - 1].bytes += rows[i].bytes;
+            rows[nr_rows - 1].count += rows[i].count;
+        } else {
+            rows[nr_rows++] = rows[i];
         }
-    for (size_t i = 0; i < nr_rows && i < limit; i++)
-        printf("  %10s  %6" PRIu64 " %s  %s\n", human_bytes(rows[i].bytes, b1, sizeof(b1)),
-               rows[i].count, what, rows[i].name);
+    }
+    qsort(rows, nr_rows, sizeof(*rows), cmp_row_bytes);
+    size_t shown = 0;
+    for (; shown < nr_rows && shown < limit; shown++) {
+        printf("  %10s  %6" PRIu64 " %s  %s\n", human_bytes(rows[shown].bytes, b1, sizeof(b1)),
+               rows[shown].count, what, rows[shown].name);
+        if (ret_stacks && shown < NR_FULL_STACKS)
+            ret_stacks[shown] = rows[shown].stack;
+    }
     free(rows);
+    return shown;
 }
 
-static void report_one(const struct cuheap_trace *t)
+static void report_one(const struct cuheap_trace *t, const struct trace_summary *sum)
 {
-    struct trace_summary s;
-    summarize(t, &s);
+    struct trace_summary s = *sum; /* freed by the caller */
     char b1[32], b2[32], b3[32];
     const char *exe = json_string_value(json_object_get(t->header, "exe"));
     printf("== %s: pid %ld, %s, %.3f s, %zu events\n", t->path, t->pid, exe ? exe : "?",
@@ -283,7 +471,7 @@ static void report_one(const struct cuheap_trace *t)
         struct site *sites;
         size_t nr = collect_sites(t, &s, SITES_AT_PEAK, d->device, &sites);
         printf("\n  live at the peak, by call site:\n");
-        print_sites(t, sites, nr, 10, "blocks");
+        print_sites(t, sites, nr, 10, "blocks", NULL);
         free(sites);
     }
     printf("\nby API:");
@@ -337,64 +525,85 @@ static int cmd_sites(int argc, char **argv, bool leaks)
             continue;
         if (c == 'b' && !leaks && !parse_by(optarg, &m))
             continue;
-        return c == '?' ? fail("%s: see 'cuheap help'", argv[0]) : 2;
+        return c == '?' ? bad_option(argv[0], argv) : 2;
     }
     if (optind != argc - 1)
         return fail("%s: expected one trace file", argv[0]);
     struct cuheap_trace t;
-    if (load(argv[optind], &t))
-        return 2;
     struct trace_summary s;
-    summarize(&t, &s);
+    if (load_summarized(argv[optind], &t, &s))
+        return 2;
     struct site *sites;
     size_t nr = collect_sites(&t, &s, m, -1, &sites);
     printf("%s\n", leaks                ? "never freed, by call site:"
                    : m == SITES_AT_PEAK ? "live at each device's peak, by call site:"
                                         : "allocated over the run, by call site:");
-    print_sites(&t, sites, nr, n, leaks ? "blocks" : "allocs");
-    if (nr)
-        for (size_t i = 0; i < nr && i < 3; i++) {
-            const struct cuheap_trace_stack *st = cuheap_trace_stack(&t, sites[i].stack);
-            if (!st)
-                continue;
-            char buf[700];
-            printf("\n#%zu full stack:\n", i + 1);
-            for (size_t k = 0; k < 24 && cuheap_trace_frame(st, k, buf, sizeof(buf)); k++)
-                printf("    %s\n", buf);
-        }
+    uint32_t stacks[NR_FULL_STACKS];
+    size_t shown = print_sites(&t, sites, nr, n, leaks ? "blocks" : "allocs", stacks);
+    /* the full stacks of the rows shown, never more */
+    for (size_t i = 0; i < shown && i < NR_FULL_STACKS; i++) {
+        const struct cuheap_trace_stack *st = cuheap_trace_stack(&t, stacks[i]);
+        if (!st)
+            continue;
+        char buf[700];
+        printf("\n#%zu full stack:\n", i + 1);
+        for (size_t k = 0; k < 24 && cuheap_trace_frame(st, k, buf, sizeof(buf)); k++)
+            printf("    %s\n", buf);
+    }
     free(sites);
+    summary_free(&s);
     cuheap_trace_free(&t);
     return 0;
 }
 
-/* CUHEAP_AUDIT's verdict and the driver operations no hook saw (src/cupti_audit.c). */
+/* CUHEAP_AUDIT's verdict and the driver operations no hook saw (src/cupti_audit.c), from a
+ * second pass over the events: only for traces of audited runs, so a large ordinary trace is
+ * read once. */
 static void report_audit(const struct cuheap_trace *t)
 {
-    const struct cuheap_trace_event *verdict = NULL;
+    const char *audit =
+        json_string_value(json_object_get(json_object_get(t->header, "config"), "CUHEAP_AUDIT"));
+    if (!audit || !strcmp(audit, "0"))
+        return;
+    enum { NR_LISTED = 20 };
+    char *listed[NR_LISTED];
+    uint64_t counts[NR_LISTED], operations = 0, missed = 0;
     size_t nr_missed = 0;
-    for (size_t i = 0; i < t->nr_events; i++)
-        if (t->events[i].type == CUHEAP_EV_AUDIT && t->events[i].verdict)
-            verdict = &t->events[i];
-    if (verdict && !verdict->aux2)
-        printf("\naudit: %" PRIu64 " driver operations, all seen\n", verdict->aux);
+    bool verdict = false;
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it)) {
+        if (e->type != CUHEAP_EV_AUDIT)
+            continue;
+        if (e->verdict) {
+            verdict = true;
+            operations = e->aux;
+            missed = e->aux2;
+        } else if (nr_missed < NR_LISTED) {
+            listed[nr_missed] = strdup(e->label ? e->label : "?");
+            counts[nr_missed++] = e->aux2;
+        } else {
+            nr_missed++;
+        }
+    }
+    cuheap_trace_iter_end(&it);
+    if (verdict && !missed)
+        printf("\naudit: %" PRIu64 " driver operations, all seen\n", operations);
     else if (verdict)
         printf("\naudit: %" PRIu64 " driver operations, %" PRIu64 " not seen by cuheap:\n",
-               verdict->aux, verdict->aux2);
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
-        if (e->type != CUHEAP_EV_AUDIT || e->verdict)
-            continue;
-        if (nr_missed++ == 0 && !verdict)
-            printf("\naudit (no verdict: the run did not reach its exit):\n");
-        if (nr_missed > 20)
-            continue;
-        printf("  %s", e->label ? e->label : "?");
-        if (e->aux2 > 1)
-            printf(" x%" PRIu64, e->aux2);
+               operations, missed);
+    else
+        printf("\naudit: no verdict (the run did not reach its exit)%s\n",
+               nr_missed ? "; not seen by cuheap so far:" : "");
+    for (size_t i = 0; i < nr_missed && i < NR_LISTED; i++) {
+        printf("  %s", listed[i] ? listed[i] : "?");
+        if (counts[i] > 1)
+            printf(" x%" PRIu64, counts[i]);
         printf("\n");
+        free(listed[i]);
     }
-    if (nr_missed > 20)
-        printf("  ... and %zu more in the trace\n", nr_missed - 20);
+    if (nr_missed > NR_LISTED)
+        printf("  ... and %zu more in the trace\n", nr_missed - NR_LISTED);
 }
 
 static int cmd_report(int argc, char **argv)
@@ -403,10 +612,12 @@ static int cmd_report(int argc, char **argv)
         return fail("report: expected one or more trace files");
     for (int i = 1; i < argc; i++) {
         struct cuheap_trace t;
-        if (load(argv[i], &t))
+        struct trace_summary s;
+        if (load_summarized(argv[i], &t, &s))
             return 2;
-        report_one(&t);
+        report_one(&t, &s);
         report_audit(&t);
+        summary_free(&s);
         cuheap_trace_free(&t);
         if (i + 1 < argc)
             printf("\n");
@@ -433,33 +644,112 @@ static int close_out(FILE *f, const char *path)
     return 0;
 }
 
-static int cmd_chrome(int argc, char **argv)
+/* Load every trace named from argv[first] on; on failure, frees what was loaded and returns
+ * NULL (the reason already said). */
+static struct cuheap_trace *load_all(char **argv, int first, int argc, const char *name)
+{
+    size_t nr = (size_t)(argc - first);
+    struct cuheap_trace *ts = calloc(nr, sizeof(*ts));
+    if (!ts)
+        return fail("%s: out of memory", name), NULL;
+    for (size_t i = 0; i < nr; i++)
+        if (load(argv[first + (int)i], &ts[i])) {
+            while (i-- > 0)
+                cuheap_trace_free(&ts[i]);
+            free(ts);
+            return NULL;
+        }
+    return ts;
+}
+
+static void free_all(struct cuheap_trace *ts, size_t nr)
+{
+    for (size_t i = 0; i < nr; i++)
+        cuheap_trace_free(&ts[i]);
+    free(ts);
+}
+
+/* `html [-o OUT] TRACE...`: several traces (ranks) into one file, stdout unless -o. */
+static int cmd_html(int argc, char **argv)
 {
     const char *out_path = NULL;
     int c;
     optind = 1;
     while ((c = getopt(argc, argv, "o:")) != -1) {
         if (c != 'o')
-            return fail("chrome: see 'cuheap help'");
+            return bad_option("html", argv);
         out_path = optarg;
     }
     if (optind >= argc)
-        return fail("chrome: expected one or more trace files");
-    size_t nr = (size_t)(argc - optind);
+        return fail("html: expected one or more trace files");
+    size_t nr = (size_t)(argc - optind), loaded = 0;
     struct cuheap_trace *ts = calloc(nr, sizeof(*ts));
-    for (size_t i = 0; i < nr; i++)
-        if (load(argv[optind + (int)i], &ts[i]))
-            return 2;
-    FILE *f = open_out(out_path);
+    struct trace_summary *sums = calloc(nr, sizeof(*sums));
+    if (!ts || !sums) {
+        free(ts);
+        free(sums);
+        return fail("html: out of memory");
+    }
+    while (loaded < nr && !load_summarized(argv[optind + (int)loaded], &ts[loaded], &sums[loaded]))
+        loaded++;
+    FILE *f = loaded == nr ? open_out(out_path) : NULL;
+    int r = f ? export_html(ts, sums, nr, f) : 0;
+    for (size_t i = 0; i < loaded; i++) {
+        summary_free(&sums[i]);
+        cuheap_trace_free(&ts[i]);
+    }
+    free(sums);
+    free(ts);
     if (!f)
         return 2;
-    int r = export_chrome(ts, nr, f);
-    for (size_t i = 0; i < nr; i++)
-        cuheap_trace_free(&ts[i]);
-    free(ts);
-    if (r)
-        return fail("chrome: out of memory");
-    return close_out(f, out_path);
+    int closed = close_out(f, out_path);
+    return r ? fail("html: out of memory") : closed;
+}
+
+static int parse_seconds(const char *s, const char *what, uint64_t *ret)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= 0) || v > 1e9)
+        return fail("chrome: %s %s: expected seconds (0 or more)", what, s);
+    *ret = (uint64_t)(v * 1e9);
+    return 0;
+}
+
+static int cmd_chrome(int argc, char **argv)
+{
+    static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
+                                         {"from", required_argument, NULL, 'F'},
+                                         {"to", required_argument, NULL, 'T'},
+                                         {NULL, 0, NULL, 0}};
+    const char *out_path = NULL;
+    uint64_t from = 0, to = 0;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
+        if (c == 'o')
+            out_path = optarg;
+        else if (c == 'F' && parse_seconds(optarg, "--from", &from))
+            return 2;
+        else if (c == 'T' && parse_seconds(optarg, "--to", &to))
+            return 2;
+        else if (c != 'F' && c != 'T')
+            return bad_option("chrome", argv);
+    }
+    if (optind >= argc)
+        return fail("chrome: expected one or more trace files");
+    if (to && to <= from)
+        return fail("chrome: --to must come after --from");
+    size_t nr = (size_t)(argc - optind);
+    struct cuheap_trace *ts = load_all(argv, optind, argc, "chrome");
+    FILE *f = ts ? open_out(out_path) : NULL;
+    int r = f ? export_chrome(ts, nr, from, to, f) : 0;
+    if (ts)
+        free_all(ts, nr);
+    if (!f)
+        return 2;
+    int closed = close_out(f, out_path);
+    return r ? fail("chrome: out of memory") : closed;
 }
 
 static int cmd_folded(int argc, char **argv)
@@ -470,33 +760,45 @@ static int cmd_folded(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1)
         if (c != 'b' || parse_by(optarg, &m))
-            return c == 'b' ? 2 : fail("folded: see 'cuheap help'");
+            return c == 'b' ? 2 : bad_option("folded", argv);
     if (optind != argc - 1)
         return fail("folded: expected one trace file");
     struct cuheap_trace t;
-    if (load(argv[optind], &t))
+    struct trace_summary s;
+    if (load_summarized(argv[optind], &t, &s))
         return 2;
-    export_folded(&t, m, stdout);
+    export_folded(&t, &s, m, stdout);
+    summary_free(&s);
     cuheap_trace_free(&t);
     return close_out(stdout, "-");
 }
 
-/* `NAME [-o OUT] TRACE`: one trace in, one file out (stdout unless -o). */
-static int cmd_export_one(int argc, char **argv, bool binary,
-                          int (*export)(const struct cuheap_trace *t, FILE *f))
+static int cmd_memviz(int argc, char **argv)
 {
-    const char *name = argv[0], *out_path = NULL;
+    static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
+                                         {"max-entries", required_argument, NULL, 'm'},
+                                         {NULL, 0, NULL, 0}};
+    const char *out_path = NULL;
+    size_t max_entries = 100000; /* PyTorch's default for _record_memory_history */
     int c;
     optind = 1;
-    while ((c = getopt(argc, argv, "o:")) != -1) {
-        if (c != 'o')
-            return fail("%s: see 'cuheap help'", name);
-        out_path = optarg;
+    while ((c = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
+        if (c == 'o') {
+            out_path = optarg;
+        } else if (c == 'm') {
+            char *end;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (*end || !*optarg || optarg[0] == '-')
+                return fail("memviz: --max-entries %s: expected a number (0: all)", optarg);
+            max_entries = (size_t)v;
+        } else {
+            return bad_option("memviz", argv);
+        }
     }
     if (optind != argc - 1)
-        return fail("%s: expected one trace file", name);
-    if (binary && !out_path && isatty(STDOUT_FILENO))
-        return fail("%s: the output is binary; give -o FILE", name);
+        return fail("memviz: expected one trace file");
+    if (!out_path && isatty(STDOUT_FILENO))
+        return fail("memviz: the output is binary; give -o FILE");
     struct cuheap_trace t;
     if (load(argv[optind], &t))
         return 2;
@@ -505,27 +807,63 @@ static int cmd_export_one(int argc, char **argv, bool binary,
         cuheap_trace_free(&t);
         return 2;
     }
-    export(&t, f);
+    export_memviz(&t, max_entries, f);
     cuheap_trace_free(&t);
     return close_out(f, out_path);
+}
+
+static int cmd_diff(int argc, char **argv)
+{
+    size_t n = 20;
+    int c;
+    optind = 1;
+    while ((c = getopt(argc, argv, "n:")) != -1)
+        if (c != 'n' || parse_n(optarg, &n))
+            return c == 'n' ? 2 : bad_option("diff", argv);
+    if (argc - optind != 2)
+        return fail("diff: expected two trace files (cuheap diff A B)");
+    struct cuheap_trace a, b;
+    if (load(argv[optind], &a))
+        return 2;
+    if (load(argv[optind + 1], &b)) {
+        cuheap_trace_free(&a);
+        return 2;
+    }
+    diff_traces(&a, &b, n);
+    cuheap_trace_free(&a);
+    cuheap_trace_free(&b);
+    return close_out(stdout, "-");
 }
 
 static int cmd_check(int argc, char **argv)
 {
     if (argc < 2)
         return fail("check: expected one or more trace files");
-    int bad = 0;
+    int status = 0;
     for (int i = 1; i < argc; i++) {
         struct cuheap_trace t;
-        if (load(argv[i], &t)) {
-            bad = 1;
+        char err[600], why[600];
+        if (cuheap_trace_open(argv[i], &t, err, sizeof(err))) {
+            fail("%s", err);
+            status = 2;
             continue;
         }
-        printf("%s: ok, %zu events, %zu stacks, %u devices%s\n", argv[i], t.nr_events, t.nr_stacks,
-               t.nr_devices, t.truncated ? ", incomplete" : "");
+        /* one line a trace: its verdict first, what was read, then what was wrong */
+        damage(&t, why, sizeof(why));
+        const char *verdict = *why ? "damaged" : t.truncated ? "incomplete" : "ok";
+        printf("%s: %s, %zu events, %zu stacks, %u devices", argv[i], verdict, t.nr_events,
+               t.nr_stacks, t.nr_devices);
+        if (*why)
+            printf("; %s", why);
+        if (t.truncated)
+            printf("; %s", t.footer ? "the last line is cut off"
+                                    : "no footer: the run was killed or is still running");
+        printf("\n");
+        if ((*why || t.truncated) && status == 0)
+            status = 1;
         cuheap_trace_free(&t);
     }
-    return bad ? 2 : 0;
+    return status;
 }
 
 int main(int argc, char **argv)
@@ -537,6 +875,32 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     argc--;
     argv++;
+    opterr = 0;
+    cuheap_trace_set_progress(show_progress);
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        if (argc < 2) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
+            return command_help(find_command("help"));
+        const struct command *c = find_command(argv[1]);
+        if (!c || argc > 2)
+            return fail("help %s: no such command (commands: run report top leaks chrome "
+                        "folded memviz html diff check help)",
+                        argv[1]);
+        return command_help(c);
+    }
+    const struct command *c = find_command(cmd);
+    if (!c)
+        return fail("unknown command '%s' (commands: run report top leaks chrome folded memviz "
+                    "html diff check help)",
+                    cmd);
+    /* COMMAND --help everywhere; run reads its own options only up to PROGRAM */
+    if (strcmp(cmd, "run"))
+        for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+                return command_help(c);
     if (!strcmp(cmd, "run"))
         return cmd_run(argc, argv);
     if (!strcmp(cmd, "report"))
@@ -550,17 +914,10 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "folded"))
         return cmd_folded(argc, argv);
     if (!strcmp(cmd, "memviz"))
-        return cmd_export_one(argc, argv, true, export_memviz);
+        return cmd_memviz(argc, argv);
     if (!strcmp(cmd, "check"))
         return cmd_check(argc, argv);
-    if (!strcmp(cmd, "html"))
-        return cmd_export_one(argc, argv, false, export_html);
-    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-        usage(stdout);
-        return 0;
-    }
-    fail("unknown command '%s' (commands: run report top leaks chrome folded memviz html check "
-         "help)",
-         cmd);
-    return 2;
+    if (!strcmp(cmd, "diff"))
+        return cmd_diff(argc, argv);
+    return cmd_html(argc, argv);
 }

@@ -1,19 +1,29 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * `cuheap html`: one self-contained HTML file (no scripts, no network) with, per GPU, the live
- * and reserved bytes over time as an inline SVG chart, the summary figures, the call sites live
- * at the peak with their full stacks, what was never freed, and the out-of-memory events.
+ * `cuheap html`: one self-contained HTML file (inline style and script, nothing fetched) with,
+ * per process and GPU, a memory timeline (live and reserved bytes as step plots, the largest
+ * call sites at the peak as stacked areas, cuheap_mark/NVTX markers, OOMs and limit
+ * refusals marked with what was live then; hover for values and stacks, drag to zoom), the
+ * summary figures, and tables of the call sites at the peak, what was never freed and the
+ * out-of-memory events. Several traces (ranks) share one time axis, aligned on their start.
+ *
+ * The curves go to the page as fixed time buckets holding each bucket's minimum, maximum and
+ * last value, so a long trace keeps its spikes at any zoom: the page draws every pixel
+ * column from min to max.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "event.h"
 #include "export.h"
 
-#define CHART_W   960
-#define CHART_H   260
-#define NR_POINTS 1500
+#define NR_BUCKETS   3000 /* per GPU: enough to zoom in a few times past a screen's width */
+#define NR_TOP_SITES 6    /* call sites drawn as stacked areas */
+#define NR_MAX_MARKS 2000 /* markers sent to the page; a note says when there were more */
+#define NR_OOM_ROWS  200
+#define NR_FRAMES    24
 
 static void esc(FILE *f, const char *s)
 {
@@ -38,73 +48,198 @@ static void esc(FILE *f, const char *s)
     }
 }
 
-struct point {
-    uint64_t t, live, reserved;
+/* A JSON string even for text that is not UTF-8 (a label, a path): bad bytes become '?'. */
+static json_t *text(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    if (j)
+        return j;
+    char *copy = strdup(s);
+    if (!copy)
+        return json_string("?");
+    for (char *p = copy; *p; p++)
+        if ((unsigned char)*p >= 0x80)
+            *p = '?';
+    j = json_string(copy);
+    free(copy);
+    return j;
+}
+
+/* A byte count for the page: JavaScript numbers hold any uint64 roughly, int64 not at all
+ * past 2^63 (an OOM for SIZE_MAX bytes). */
+static json_t *jbytes(uint64_t v)
+{
+    return v > INT64_MAX ? json_real((double)v) : json_integer((json_int_t)v);
+}
+
+static json_t *stack_json(const struct cuheap_trace *t, uint32_t id)
+{
+    json_t *a = json_array();
+    const struct cuheap_trace_stack *s = cuheap_trace_stack(t, id);
+    char buf[700];
+    for (size_t i = 0; s && i < NR_FRAMES && cuheap_trace_frame(s, i, buf, sizeof(buf)); i++)
+        json_array_append_new(a, text(buf));
+    return a;
+}
+
+static json_t *site_json(const struct cuheap_trace *t, uint32_t id)
+{
+    char name[700];
+    return text(cuheap_trace_site(t, id, name, sizeof(name)));
+}
+
+struct bucket {
+    uint64_t latest_t; /* time of the latest event in it; UINT64_MAX: none yet */
+    uint64_t live_min, live_max, live_last;
+    uint64_t res_min, res_max, res_last;
+    uint64_t site[NR_TOP_SITES]; /* live bytes of each top site after the latest event */
 };
 
-/* The device's curve, thinned to at most NR_POINTS keeping each bucket's maximum. */
-static size_t curve(const struct cuheap_trace *t, int device, struct point *out)
+static void note(struct bucket *b, uint64_t t, uint64_t live, uint64_t res, const uint64_t *site)
 {
-    uint64_t live = 0, reserved = 0, end = 1;
-    for (size_t i = 0; i < t->nr_events; i++)
-        if (t->events[i].t > end)
-            end = t->events[i].t;
-    size_t n = 0;
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
-        if (e->device != device)
+    if (b->latest_t == UINT64_MAX) {
+        b->live_min = b->live_max = live;
+        b->res_min = b->res_max = res;
+    }
+    if (live < b->live_min)
+        b->live_min = live;
+    if (live > b->live_max)
+        b->live_max = live;
+    if (res < b->res_min)
+        b->res_min = res;
+    if (res > b->res_max)
+        b->res_max = res;
+    /* events come in seq order, which is not time order across threads: "last" is the
+     * state after the event latest in time */
+    if (b->latest_t == UINT64_MAX || t >= b->latest_t) {
+        b->latest_t = t;
+        b->live_last = live;
+        b->res_last = res;
+        memcpy(b->site, site, sizeof(b->site));
+    }
+}
+
+static json_t *u64_array(const struct bucket *b, size_t n, size_t offset)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, jbytes(*(const uint64_t *)((const char *)&b[i] + offset)));
+    return a;
+}
+
+/* One GPU of one trace: its curves, top sites, markers and refusals for the page. */
+static json_t *device_json(const struct cuheap_trace *t, const struct trace_summary *s,
+                           const struct device_summary *d, uint64_t offset_ns, uint64_t end_ns)
+{
+    struct bucket *b = malloc(NR_BUCKETS * sizeof(*b));
+    if (!b)
+        return NULL;
+    for (size_t i = 0; i < NR_BUCKETS; i++)
+        b[i].latest_t = UINT64_MAX;
+    struct site *sites;
+    size_t nr_sites = collect_sites(t, s, SITES_AT_PEAK, d->device, &sites);
+    size_t nr_top = nr_sites < NR_TOP_SITES ? nr_sites : NR_TOP_SITES;
+    uint64_t site_live[NR_TOP_SITES] = {0};
+    json_t *marks = json_array(), *ooms = json_array();
+    size_t nr_marks = 0;
+    struct live_set live_set;
+    live_set_init(&live_set);
+    uint64_t live = 0, res = 0;
+    double per_bucket = (double)(end_ns ? end_ns : 1) / NR_BUCKETS;
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it)) {
+        uint64_t at = e->t + offset_ns;
+        if (e->type == CUHEAP_EV_MARK) {
+            /* marks carry the thread's device (0 when it had none): shown on every GPU */
+            if (e->label && strcmp(e->label, "nvtx pop") && nr_marks++ < NR_MAX_MARKS)
+                json_array_append_new(marks, json_pack("[I,o]", (json_int_t)at, text(e->label)));
+            continue;
+        }
+        if (e->device != d->device)
             continue;
         bool mem = counts_as_device_memory(e);
         if (e->type == CUHEAP_EV_ALLOC && mem) {
             live += e->size;
-            reserved += e->pooled ? 0 : e->actual;
+            res += e->pooled ? 0 : e->actual;
+            struct live_alloc a = {.ptr = e->ptr, .size = e->size, .stack = e->stack};
+            live_set_put(&live_set, &a);
+            for (size_t k = 0; k < nr_top; k++)
+                if (sites[k].stack == e->stack)
+                    site_live[k] += e->size;
         } else if (e->type == CUHEAP_EV_FREE && mem) {
             live -= e->size < live ? e->size : live;
-            reserved -= !e->pooled && e->actual < reserved ? e->actual : (e->pooled ? 0 : reserved);
+            if (!e->pooled)
+                res -= e->actual < res ? e->actual : res;
+            struct live_alloc a;
+            if (live_set_take(&live_set, e->ptr, &a))
+                for (size_t k = 0; k < nr_top; k++)
+                    if (sites[k].stack == a.stack)
+                        site_live[k] -= a.size < site_live[k] ? a.size : site_live[k];
         } else if (e->type == CUHEAP_EV_ARENA_GROW) {
-            reserved += e->size;
+            res += e->size;
         } else if (e->type == CUHEAP_EV_ARENA_RELEASE) {
-            reserved -= e->size < reserved ? e->size : reserved;
+            res -= e->size < res ? e->size : res;
+        } else if (e->type == CUHEAP_EV_OOM || e->type == CUHEAP_EV_LIMIT) {
+            if (json_array_size(ooms) < NR_OOM_ROWS) {
+                bool limit = e->type == CUHEAP_EV_LIMIT;
+                json_array_append_new(
+                    ooms,
+                    json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "t", (json_int_t)at,
+                              "kind", limit ? "limit" : "oom", "size", jbytes(e->size), "live",
+                              jbytes(live), "reserved", jbytes(res),
+                              limit ? "limit" : "driver_free", jbytes(limit ? e->aux2 : e->aux),
+                              "site", site_json(t, e->stack), "stack", stack_json(t, e->stack)));
+            }
+            continue;
         } else {
             continue;
         }
-        size_t bucket = (size_t)((double)e->t / (double)end * (NR_POINTS - 1));
-        if (n && out[n - 1].t == bucket) {
-            if (live > out[n - 1].live)
-                out[n - 1].live = live;
-            if (reserved > out[n - 1].reserved)
-                out[n - 1].reserved = reserved;
-        } else {
-            out[n++] = (struct point){bucket, live, reserved};
-        }
+        size_t k = (size_t)((double)at / per_bucket);
+        note(&b[k < NR_BUCKETS ? k : NR_BUCKETS - 1], at, live, res, site_live);
     }
-    return n;
-}
-
-static void chart(FILE *f, const struct point *p, size_t n, uint64_t top)
-{
-    fprintf(f,
-            "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">"
-            "<rect width=\"100%%\" height=\"100%%\" fill=\"#fafafa\" stroke=\"#ccc\"/>",
-            CHART_W, CHART_H + 20, CHART_W, CHART_H + 20);
-    const char *color[2] = {"#d62728", "#1f77b4"};
-    for (int s = 0; s < 2; s++) {
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
-                color[s]);
-        for (size_t i = 0; i < n; i++) {
-            uint64_t v = s ? p[i].live : p[i].reserved;
-            double x = (double)p[i].t / (NR_POINTS - 1) * (CHART_W - 10) + 5;
-            double y = CHART_H - (top ? (double)v / (double)top * (CHART_H - 10) : 0) + 5;
-            fprintf(f, "%.1f,%.1f ", x, y);
+    cuheap_trace_iter_end(&it);
+    live_set_free(&live_set);
+    /* buckets without events hold the value before them; before the first event, nothing */
+    struct bucket prev = {.latest_t = 0};
+    for (size_t i = 0; i < NR_BUCKETS; i++) {
+        if (b[i].latest_t != UINT64_MAX) {
+            prev = b[i];
+            continue;
         }
-        fputs("\"/>", f);
+        b[i] = prev;
+        b[i].live_min = b[i].live_max = prev.live_last;
+        b[i].res_min = b[i].res_max = prev.res_last;
     }
-    char b[32];
-    fprintf(f,
-            "<text x=\"8\" y=\"16\" font-size=\"12\">%s</text>"
-            "<text x=\"8\" y=\"%d\" font-size=\"12\" fill=\"#1f77b4\">live</text>"
-            "<text x=\"48\" y=\"%d\" font-size=\"12\" fill=\"#d62728\">reserved</text></svg>\n",
-            human_bytes(top, b, sizeof(b)), CHART_H + 16, CHART_H + 16);
+    json_t *top = json_array();
+    for (size_t k = 0; k < nr_top; k++) {
+        json_t *values = json_array();
+        for (size_t i = 0; i < NR_BUCKETS; i++)
+            json_array_append_new(values, jbytes(b[i].site[k]));
+        json_array_append_new(top, json_pack("{s:o, s:o, s:o, s:o}", "site",
+                                             site_json(t, sites[k].stack), "bytes",
+                                             jbytes(sites[k].bytes), "stack",
+                                             stack_json(t, sites[k].stack), "values", values));
+    }
+    free(sites);
+    const char *name = "?";
+    for (unsigned k = 0; k < t->nr_devices; k++)
+        if (t->devices[k].ordinal == d->device)
+            name = t->devices[k].name;
+    json_t *dev = json_pack(
+        "{s:i, s:o, s:o, s:o, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I}", "device",
+        d->device, "name", text(name), "peak_live", jbytes(d->peak_live), "peak_reserved",
+        jbytes(d->peak_reserved), "peak_t", (json_int_t)(d->peak_live_t + offset_ns), "live_min",
+        u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_min)), "live_max",
+        u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_max)), "live_last",
+        u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_last)), "res_min",
+        u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_min)), "res_max",
+        u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_max)), "res_last",
+        u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_last)), "sites", top, "marks", marks,
+        "ooms", ooms, "marks_left_out",
+        (json_int_t)(nr_marks > NR_MAX_MARKS ? nr_marks - NR_MAX_MARKS : 0));
+    free(b);
+    return dev;
 }
 
 static void stack_details(FILE *f, const struct cuheap_trace *t, uint32_t id)
@@ -136,74 +271,335 @@ static void site_table(FILE *f, const struct cuheap_trace *t, struct site *sites
     fputs("</table>\n", f);
 }
 
-int export_html(const struct cuheap_trace *t, FILE *f)
+/* The refusals, each as what happened: the driver out of memory, or CUHEAP_LIMIT. */
+static void oom_table(FILE *f, const struct cuheap_trace *t, const struct device_summary *d)
 {
-    struct trace_summary s;
-    summarize(t, &s);
-    const char *exe = json_string_value(json_object_get(t->header, "exe"));
-    fputs("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>cuheap report</title>"
-          "<style>body{font:14px sans-serif;margin:2em;max-width:1100px}"
-          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ddd;"
-          "padding:4px 8px;text-align:left;vertical-align:top}pre{margin:0;font-size:12px}"
-          "</style></head><body>\n<h1>cuheap report</h1>\n<p>",
-          f);
-    esc(f, t->path);
-    fprintf(f, ": pid %ld", t->pid);
-    if (t->rank >= 0)
-        fprintf(f, ", rank %ld", t->rank);
-    fputs(", ", f);
-    esc(f, exe ? exe : "?");
-    fprintf(f, ", %.3f s, %zu events%s</p>\n", (double)s.duration_ns / 1e9, t->nr_events,
-            t->truncated ? " (incomplete: the run did not finish writing)" : "");
-    if (t->footer && json_integer_value(json_object_get(t->footer, "dropped")))
-        fprintf(f, "<p><b>%lld events were dropped (ring full): figures undercount.</b></p>\n",
-                (long long)json_integer_value(json_object_get(t->footer, "dropped")));
-    struct point *pts = malloc(NR_POINTS * sizeof(*pts));
-    for (unsigned i = 0; i < s.nr_dev; i++) {
-        struct device_summary *d = &s.dev[i];
-        char b1[32], b2[32], b3[32];
-        fprintf(f,
-                "<h2>GPU %d</h2>\n<p>peak live <b>%s</b> at %.3f s, peak reserved <b>%s</b>, "
-                "fragmentation %.2f, %" PRIu64 " allocations (%" PRIu64 " from the pool), %s "
-                "allocated in all",
-                d->device, human_bytes(d->peak_live, b1, sizeof(b1)), (double)d->peak_live_t / 1e9,
-                human_bytes(d->peak_reserved, b2, sizeof(b2)),
-                d->peak_live ? (double)d->peak_reserved / (double)d->peak_live : 0.0, d->nr_allocs,
-                d->nr_pooled, human_bytes(d->bytes_allocated, b3, sizeof(b3)));
-        if (d->nr_ooms || d->nr_limit)
-            fprintf(f, ", <b>%" PRIu64 " out-of-memory, %" PRIu64 " refused by the limit</b>",
-                    d->nr_ooms, d->nr_limit);
-        fputs("</p>\n", f);
-        size_t n = curve(t, d->device, pts);
-        chart(f, pts, n, d->peak_reserved > d->peak_live ? d->peak_reserved : d->peak_live);
-        struct site *sites;
-        size_t nr = collect_sites(t, &s, SITES_AT_PEAK, d->device, &sites);
-        fputs("<h3>Live at the peak, by call site</h3>\n", f);
-        site_table(f, t, sites, nr, "blocks");
-        free(sites);
-    }
-    free(pts);
-    struct site *leaks;
-    size_t nr = collect_sites(t, &s, SITES_LEAKED, -1, &leaks);
-    fputs("<h2>Never freed</h2>\n", f);
-    site_table(f, t, leaks, nr, "blocks");
-    free(leaks);
-    fputs("<h2>Out of memory</h2>\n<table><tr><th>time</th><th>GPU</th><th>request</th>"
-          "<th>driver free / total</th><th>call site</th></tr>\n",
-          f);
-    for (size_t i = 0; i < t->nr_events; i++) {
-        const struct cuheap_trace_event *e = &t->events[i];
+    if (!d->nr_ooms && !d->nr_limit)
+        return; /* no need to read the trace again */
+    int device = d->device;
+    size_t n = 0;
+    uint64_t live = 0, res = 0;
+    char b1[32], b2[32], b3[32], b4[32], name[700];
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it)) {
+        if (e->device != device)
+            continue;
+        bool mem = counts_as_device_memory(e);
+        if (e->type == CUHEAP_EV_ALLOC && mem) {
+            live += e->size;
+            res += e->pooled ? 0 : e->actual;
+        } else if (e->type == CUHEAP_EV_FREE && mem) {
+            live -= e->size < live ? e->size : live;
+            if (!e->pooled)
+                res -= e->actual < res ? e->actual : res;
+        } else if (e->type == CUHEAP_EV_ARENA_GROW) {
+            res += e->size;
+        } else if (e->type == CUHEAP_EV_ARENA_RELEASE) {
+            res -= e->size < res ? e->size : res;
+        }
         if (e->type != CUHEAP_EV_OOM && e->type != CUHEAP_EV_LIMIT)
             continue;
-        char b1[32], b2[32], b3[32], name[700];
-        fprintf(f, "<tr><td>%.3f s</td><td>%d</td><td>%s%s</td><td>%s / %s</td><td>",
-                (double)e->t / 1e9, e->device, human_bytes(e->size, b1, sizeof(b1)),
-                e->type == CUHEAP_EV_LIMIT ? " (limit)" : "", human_bytes(e->aux, b2, sizeof(b2)),
-                human_bytes(e->aux2, b3, sizeof(b3)));
+        if (!n++)
+            fputs("<h3>Out of memory and limit refusals</h3>\n<table><tr><th>time</th>"
+                  "<th>request</th><th>what happened</th><th>live / reserved then</th>"
+                  "<th>call site</th></tr>\n",
+                  f);
+        if (n > NR_OOM_ROWS)
+            continue;
+        fprintf(f, "<tr><td>%.3f s</td><td>%s</td><td>", (double)e->t / 1e9,
+                human_bytes(e->size, b1, sizeof(b1)));
+        if (e->type == CUHEAP_EV_LIMIT)
+            fprintf(f, "refused by CUHEAP_LIMIT (limit %s)", human_bytes(e->aux2, b2, sizeof(b2)));
+        else
+            fprintf(f, "the driver ran out of memory (%s free of %s)",
+                    human_bytes(e->aux, b2, sizeof(b2)), human_bytes(e->aux2, b3, sizeof(b3)));
+        fprintf(f, "</td><td>%s / %s</td><td>", human_bytes(live, b3, sizeof(b3)),
+                human_bytes(res, b4, sizeof(b4)));
         esc(f, cuheap_trace_site(t, e->stack, name, sizeof(name)));
         stack_details(f, t, e->stack);
         fputs("</td></tr>\n", f);
     }
-    fputs("</table>\n</body></html>\n", f);
+    cuheap_trace_iter_end(&it);
+    if (n > NR_OOM_ROWS)
+        fprintf(f, "<tr><td colspan=\"5\">%zu more not shown</td></tr>\n", n - NR_OOM_ROWS);
+    if (n)
+        fputs("</table>\n", f);
+}
+
+static const char STYLE[] =
+    "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}"
+    "h1{font-size:1.5em}h2{font-size:1.25em;margin-top:1.5em}h3{font-size:1.05em}"
+    "table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ddd;"
+    "padding:3px 8px;text-align:left;vertical-align:top}pre{margin:0;font-size:12px}"
+    ".chart{position:relative;user-select:none}.chart svg{display:block}"
+    ".tip{position:absolute;pointer-events:none;background:#fff;border:1px solid #999;"
+    "padding:4px 6px;font-size:12px;white-space:pre;display:none;z-index:2;max-width:560px;"
+    "overflow:hidden}.axis{font-size:11px;fill:#444}.note{color:#666;font-size:12px}"
+    ".legend span{display:inline-block;margin-right:1em;font-size:12px}"
+    ".legend i{display:inline-block;width:10px;height:10px;margin-right:4px}";
+
+/* The page's chart code, in pieces. It reads the JSON under #cuheap-data and draws one SVG per GPU;
+ * it uses nothing outside this file. */
+static const char *const SCRIPT[] = {
+    "'use strict';\n",
+    "const DATA=JSON.parse(document.getElementById('cuheap-data').textContent);\n",
+    "const NS='http://www.w3.org/2000/svg',W=1000,H=300,L=78,R=12,T=22,B=34;\n",
+    "const COLORS=['#4e79a7','#f28e2c','#59a14f','#b07aa1','#edc949','#76b7b2'];\n",
+    "function el(n,a,p){const e=document.createElementNS(NS,n);"
+    "for(const k in a)e.setAttribute(k,a[k]);if(p)p.appendChild(e);return e;}\n",
+    "function bytes(v){const u=['B','KiB','MiB','GiB','TiB'];let i=0;"
+    "while(v>=1024&&i<4){v/=1024;i++;}return (i?v.toFixed(2):v)+' '+u[i];}\n",
+    "function secs(ns,step){const d=step?Math.max(0,Math.min(9,-Math.floor(Math.log10("
+    "step/1e9)))):(ns<1e7?6:3);return (ns/1e9).toFixed(d)+' s';}\n",
+    "function nice(max,n){const raw=max/n,p=Math.pow(10,Math.floor(Math.log10(raw)));"
+    "for(const m of[1,2,5,10])if(m*p>=raw)return m*p;return 10*p;}\n",
+    "const UNITS=[1,1024,1048576,1073741824,1099511627776],UNAMES=['B','KiB','MiB','GiB','TiB'];\n"
+    "/* ticks in the largest unit the top reaches, labelled in it: 0.2 MiB, not 204.80 KiB */\n"
+    "function byteTicks(max){let i=0;while(i<4&&max/UNITS[i+1]>=1)i++;"
+    "const s=nice(max/UNITS[i],5),d=Math.max(0,-Math.floor(Math.log10(s)));const t=[];"
+    "for(let k=0;k*s<=max/UNITS[i]*1.0001;k++)t.push([k*s*UNITS[i],(k*s).toFixed(d)+' '+"
+    "UNAMES[i]]);return t;}\n",
+    "function draw(box,g,view){\n",
+    " box.textContent='';const n=g.live_max.length,span=DATA.end_ns/n;\n",
+    " const a=Math.max(0,Math.floor(view[0]/span)),b=Math.min(n,Math.ceil(view[1]/span));\n",
+    " const cols=W-L-R,plotH=H-T-B;let top=1;\n",
+    " for(let i=a;i<b;i++)top=Math.max(top,g.live_max[i],g.res_max[i]);\n",
+    " const yt=byteTicks(top);top=Math.max(top,yt[yt.length-1][0]);\n",
+    " const x=t=>L+(t-view[0])/(view[1]-view[0])*cols,y=v=>T+plotH-v/top*plotH;\n",
+    " const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,role:'img'},box);\n",
+    " el('rect',{x:L,y:T,width:cols,height:plotH,fill:'#fcfcfc',stroke:'#ccc'},svg);\n",
+    " /* pixel columns: each the min..max of its buckets, and the last value */\n",
+    " const col=[];for(let c=0;c<cols;c++){const t0=view[0]+(view[1]-view[0])*c/cols,"
+    "t1=view[0]+(view[1]-view[0])*(c+1)/cols;let i0=Math.floor(t0/span),"
+    "i1=Math.max(i0+1,Math.ceil(t1/span));i0=Math.max(0,i0);i1=Math.min(n,i1);"
+    "if(i0>=i1){col.push(null);continue;}"
+    "const o={lmin:Infinity,lmax:0,rmin:Infinity,rmax:0,l:g.live_last[i1-1],"
+    "r:g.res_last[i1-1],s:g.sites.map(s=>s.values[i1-1])};"
+    "for(let i=i0;i<i1;i++){o.lmin=Math.min(o.lmin,g.live_min[i]);"
+    "o.lmax=Math.max(o.lmax,g.live_max[i]);o.rmin=Math.min(o.rmin,g.res_min[i]);"
+    "o.rmax=Math.max(o.rmax,g.res_max[i]);}col.push(o);}\n",
+    " box._col=col; /* for #selftest */\n",
+    " /* stacked areas of the top call sites, under the live curve */\n",
+    " let base=col.map(()=>0);g.sites.forEach((s,k)=>{let d='';const up=[];"
+    "col.forEach((o,c)=>{if(!o)return;const v=base[c]+o.s[k];up.push([c,v]);});"
+    "if(!up.length)return;d='M'+(L+up[0][0])+','+y(base[up[0][0]]);"
+    "for(const[c,v]of up)d+='L'+(L+c)+','+y(v)+'L'+(L+c+1)+','+y(v);"
+    "for(let j=up.length-1;j>=0;j--){const c=up[j][0];d+='L'+(L+c+1)+','+y(base[c])+"
+    "'L'+(L+c)+','+y(base[c]);}"
+    "const p=el('path',{d:d+'Z',fill:COLORS[k%6],'fill-opacity':0.45,stroke:'none'},svg);"
+    "el('title',{},p).textContent=s.site+'\\n'+bytes(s.bytes)+' at the peak\\n\\n'+"
+    "s.stack.join('\\n');"
+    "for(const[c,v]of up)base[c]=v;});\n",
+    " /* min..max bands, then step lines through the last values */\n",
+    " for(const[key,cl,lo,hi]of[['r','#d62728','rmin','rmax'],['l','#1f77b4','lmin','lmax']]){"
+    "let band='',step='',prev=null;col.forEach((o,c)=>{if(!o)return;"
+    "if(o[hi]>o[lo])band+='M'+(L+c+0.5)+','+y(o[lo])+'V'+y(o[hi]);"
+    "const yy=y(o[key]);step+=prev===null?'M'+(L+c)+','+yy:'V'+yy;step+='H'+(L+c+1);"
+    "prev=yy;});el('path',{d:band,stroke:cl,'stroke-opacity':0.35,fill:'none'},svg);"
+    "el('path',{d:step,stroke:cl,'stroke-width':1.5,fill:'none',class:'line-'+key},svg);}\n",
+    " /* axes: bytes on the left, time below */\n",
+    " for(const[v,lab]of yt){el('line',{x1:L-4,x2:L+cols,y1:y(v),y2:y(v),stroke:'#eee'},svg);"
+    "el('text',{x:L-6,y:y(v)+4,'text-anchor':'end',class:'axis'},svg).textContent=lab;}\n",
+    " const ts=nice((view[1]-view[0])||1,8);for(let t=Math.ceil(view[0]/ts)*ts;"
+    "t<=view[1];t+=ts){el('line',{x1:x(t),x2:x(t),y1:T+plotH,y2:T+plotH+4,stroke:'#444'},"
+    "svg);el('text',{x:x(t),y:T+plotH+16,'text-anchor':'middle',class:'axis'},svg)"
+    ".textContent=secs(t,ts);}\n",
+    " el('text',{x:L+cols/2,y:H-3,'text-anchor':'middle',class:'axis'},svg).textContent="
+    "'time since the first process started';\n",
+    " el('text',{x:12,y:T+plotH/2,'text-anchor':'middle',class:'axis',transform:"
+    "'rotate(-90 12 '+(T+plotH/2)+')'},svg).textContent='bytes';\n",
+    " /* markers and refusals */\n",
+    " const shown=g.marks.filter(m=>m[0]>=view[0]&&m[0]<=view[1]);"
+    "shown.forEach((m,i)=>{const mx=x(m[0]);"
+    "const ln=el('line',{x1:mx,x2:mx,y1:T,y2:T+plotH,stroke:'#999','stroke-dasharray':'3 3',"
+    "class:'mark'},svg);el('title',{},ln).textContent=m[1]+' at '+secs(m[0]);"
+    "if(shown.length<=24)el('text',{x:mx+2,y:T-4-(i%2)*9,class:'axis'},svg).textContent="
+    "m[1].slice(0,24);});\n",
+    " for(const o of g.ooms){if(o.t<view[0]||o.t>view[1])continue;const ox=x(o.t);"
+    "const p=el('path',{d:'M'+(ox-6)+','+T+'L'+(ox+6)+','+T+'L'+ox+','+(T+10)+'Z',"
+    "fill:o.kind=='oom'?'#d62728':'#ff7f0e',class:'oom'},svg);"
+    "el('line',{x1:ox,x2:ox,y1:T,y2:T+plotH,stroke:'#d62728','stroke-opacity':0.5},svg);"
+    "el('title',{},p).textContent=(o.kind=='oom'?'out of memory: ':'refused by CUHEAP_LIMIT ('+"
+    "bytes(o.limit)+'): ')+bytes(o.size)+' requested at '+secs(o.t)+'\\nlive '+bytes(o.live)+"
+    "', reserved '+bytes(o.reserved)+'\\n'+o.site+'\\n'+o.stack.join('\\n');}\n",
+    " /* hover: the values under the cursor; drag: zoom into a time range */\n",
+    " const cur=el('line',{y1:T,y2:T+plotH,stroke:'#444',visibility:'hidden'},svg);\n",
+    " const sel=el('rect',{y:T,height:plotH,fill:'#1f77b4','fill-opacity':0.15,"
+    "visibility:'hidden'},svg);\n",
+    " const over=el('rect',{x:L,y:T,width:cols,height:plotH,fill:'transparent'},svg);\n",
+    " const tip=document.createElement('div');tip.className='tip';box.appendChild(tip);\n",
+    " let from=null;const at=ev=>Math.max(0,Math.min(cols-1,Math.floor(ev.offsetX-L)));\n",
+    " over.addEventListener('mousemove',ev=>{const c=at(ev),o=col[c];cur.setAttribute('x1',"
+    "L+c+0.5);cur.setAttribute('x2',L+c+0.5);cur.setAttribute('visibility','visible');"
+    "if(from!==null){sel.setAttribute('x',L+Math.min(from,c));sel.setAttribute('width',"
+    "Math.abs(c-from)+1);sel.setAttribute('visibility','visible');}"
+    "if(!o){tip.style.display='none';return;}"
+    "let s=secs(view[0]+(view[1]-view[0])*c/cols)+'\\nlive '+bytes(o.l)+' (column max '+"
+    "bytes(o.lmax)+')\\nreserved '+bytes(o.r);g.sites.forEach((st,k)=>{if(o.s[k])"
+    "s+='\\n'+bytes(o.s[k])+'  '+st.site;});"
+    /* under the cursor: the site whose band it is in (with its stack), the refusals and
+     * markers within 3 pixels */
+    "const v=(T+plotH-ev.offsetY)/plotH*top;let cum=0;for(let k=0;k<g.sites.length;k++){"
+    "cum+=o.s[k];if(v<cum){s+='\\n\\n'+g.sites[k].site+'\\n  '+g.sites[k].stack.join("
+    "'\\n  ');break;}}"
+    "const near=t=>Math.abs(x(t)-(L+c+0.5))<=3;"
+    "for(const m of g.marks)if(near(m[0]))s+='\\n\\nmarker: '+m[1];"
+    "for(const r of g.ooms)if(near(r.t))s+='\\n\\n'+(r.kind=='oom'?'out of memory: ':"
+    "'refused by CUHEAP_LIMIT ('+bytes(r.limit)+'): ')+bytes(r.size)+' requested; live '+"
+    "bytes(r.live)+', reserved '+bytes(r.reserved)+'\\n'+r.site+'\\n  '+r.stack.join("
+    "'\\n  ');"
+    "tip.textContent=s;tip.style.display='block';"
+    "tip.style.left=Math.min(ev.offsetX+14,W-300)+'px';tip.style.top=(ev.offsetY+10)+'px';});\n",
+    " over.addEventListener('mouseleave',()=>{tip.style.display='none';"
+    "cur.setAttribute('visibility','hidden');});\n",
+    " over.addEventListener('mousedown',ev=>{from=at(ev);});\n",
+    " over.addEventListener('mouseup',ev=>{const c=at(ev);if(from!==null&&Math.abs(c-from)>2){"
+    "const t0=view[0]+(view[1]-view[0])*Math.min(from,c)/cols,"
+    "t1=view[0]+(view[1]-view[0])*(Math.max(from,c)+1)/cols;from=null;"
+    "draw(box,g,[t0,t1]);return;}from=null;sel.setAttribute('visibility','hidden');});\n",
+    " over.addEventListener('dblclick',()=>draw(box,g,[0,DATA.end_ns]));\n",
+    " const lg=document.createElement('div');lg.className='legend';box.appendChild(lg);\n",
+    " const item=(c,t)=>{const s=document.createElement('span');const i=document."
+    "createElement('i');i.style.background=c;s.appendChild(i);s.appendChild(document."
+    "createTextNode(t));lg.appendChild(s);};\n",
+    " item('#1f77b4','live');item('#d62728','reserved');g.sites.forEach((s,k)=>"
+    "item(COLORS[k%6],s.site));\n",
+    "}\n",
+    "for(const box of document.querySelectorAll('.chart')){const g=DATA.processes"
+    "[+box.dataset.process].gpus[+box.dataset.gpu];if(g)draw(box,g,[0,DATA.end_ns||1]);}\n",
+    /* #selftest (the tests open the page so): hover and zoom each chart by synthetic mouse
+     * events and leave what they showed in data- attributes */
+    "if(location.hash=='#selftest')for(const box of document.querySelectorAll('.chart')){"
+    "const ov=()=>box.querySelector('svg rect[fill=transparent]');let "
+    "r=ov().getBoundingClientRect();"
+    "const ev=(type,fx,fy)=>ov().dispatchEvent(new MouseEvent(type,{bubbles:true,"
+    "clientX:r.left+r.width*fx,clientY:r.top+r.height*fy}));"
+    /* hover where the largest site is at its highest, near the bottom of the chart: inside
+     * its band whatever the run's timing */
+    "const cs=box._col;let best=0;cs.forEach((o,c)=>{if(o&&o.s.length&&o.s[0]>"
+    "((cs[best]&&cs[best].s[0])||0))best=c;});"
+    "ev('mousemove',(best+0.5)/r.width,0.97);"
+    "box.dataset.hover=box.querySelector('.tip').textContent;"
+    "ev('mousedown',0.25,0.5);ev('mousemove',0.5,0.5);ev('mouseup',0.5,0.5);"
+    "box.dataset.zoomed=[...box.querySelectorAll('text.axis')].map(t=>t.textContent)"
+    ".filter(t=>t.endsWith(' s')).join(' | ');}\n",
+    NULL,
+};
+
+int export_html(struct cuheap_trace *traces, const struct trace_summary *sums, size_t nr, FILE *f)
+{
+    /* one time axis for every process: offsets from the earliest start */
+    uint64_t t0 = UINT64_MAX, end = 1;
+    for (size_t i = 0; i < nr; i++) {
+        uint64_t s =
+            (uint64_t)json_integer_value(json_object_get(traces[i].header, "start_unix_ns"));
+        t0 = s < t0 ? s : t0;
+    }
+    uint64_t *offsets = calloc(nr ? nr : 1, sizeof(*offsets));
+    if (!offsets)
+        return -1;
+    uint64_t longest = 0, latest_start = 0;
+    for (size_t i = 0; i < nr; i++) {
+        offsets[i] =
+            (uint64_t)json_integer_value(json_object_get(traces[i].header, "start_unix_ns")) - t0;
+        longest = sums[i].duration_ns > longest ? sums[i].duration_ns : longest;
+        latest_start = offsets[i] > latest_start ? offsets[i] : latest_start;
+    }
+    /* Traces of runs made at different times (not ranks of one job) would leave most of the
+     * axis empty: then each is drawn from its own start. */
+    bool apart = latest_start > 10 * longest + 60000000000ull;
+    for (size_t i = 0; i < nr; i++) {
+        if (apart)
+            offsets[i] = 0;
+        if (traces[i].nr_events && traces[i].max_t + offsets[i] > end)
+            end = traces[i].max_t + offsets[i];
+    }
+    json_t *processes = json_array();
+    for (size_t i = 0; i < nr; i++) {
+        json_t *gpus = json_array();
+        for (unsigned d = 0; d < sums[i].nr_dev; d++) {
+            json_t *g = device_json(&traces[i], &sums[i], &sums[i].dev[d], offsets[i], end);
+            json_array_append_new(gpus, g ? g : json_null());
+        }
+        json_array_append_new(processes, json_pack("{s:o}", "gpus", gpus));
+    }
+    json_t *data = json_pack("{s:I, s:o}", "end_ns", (json_int_t)end, "processes", processes);
+
+    fprintf(f,
+            "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>cuheap report</title>"
+            "<style>%s</style></head><body>\n<h1>cuheap report</h1>\n",
+            STYLE);
+    fputs("<noscript><p>The charts need JavaScript; the tables below do not.</p></noscript>\n", f);
+    if (apart)
+        fputs("<p class=\"note\">These traces were not recorded at the same time: each is drawn "
+              "from its own start.</p>\n",
+              f);
+    for (size_t i = 0; i < nr; i++) {
+        const struct cuheap_trace *t = &traces[i];
+        const struct trace_summary *s = &sums[i];
+        const char *exe = json_string_value(json_object_get(t->header, "exe"));
+        fputs("<h2>", f);
+        esc(f, exe ? exe : "?");
+        if (t->rank >= 0)
+            fprintf(f, ", rank %ld", t->rank);
+        fprintf(f, " (pid %ld)</h2>\n<p class=\"note\">", t->pid);
+        esc(f, t->path);
+        fprintf(f, ": %.3f s, %zu events%s</p>\n", (double)s->duration_ns / 1e9, t->nr_events,
+                t->truncated ? " (incomplete: the run did not finish writing)" : "");
+        if (t->footer && json_integer_value(json_object_get(t->footer, "dropped")))
+            fprintf(f, "<p><b>%lld events were dropped (ring full): figures undercount.</b></p>\n",
+                    (long long)json_integer_value(json_object_get(t->footer, "dropped")));
+        if (!s->nr_dev)
+            fputs("<p>No device memory was allocated.</p>\n", f);
+        for (unsigned d = 0; d < s->nr_dev; d++) {
+            const struct device_summary *dv = &s->dev[d];
+            char b1[32], b2[32], b3[32];
+            fprintf(f,
+                    "<h3>GPU %d</h3>\n<p>peak live <b>%s</b> at %.3f s, peak reserved <b>%s</b>, "
+                    "fragmentation %.2f, %" PRIu64 " allocations (%" PRIu64
+                    " from the pool), %s allocated in all",
+                    dv->device, human_bytes(dv->peak_live, b1, sizeof(b1)),
+                    (double)dv->peak_live_t / 1e9, human_bytes(dv->peak_reserved, b2, sizeof(b2)),
+                    dv->peak_live ? (double)dv->peak_reserved / (double)dv->peak_live : 0.0,
+                    dv->nr_allocs, dv->nr_pooled, human_bytes(dv->bytes_allocated, b3, sizeof(b3)));
+            if (dv->nr_ooms)
+                fprintf(f, ", <b>%" PRIu64 " out of memory</b>", dv->nr_ooms);
+            if (dv->nr_limit)
+                fprintf(f, ", <b>%" PRIu64 " refused by CUHEAP_LIMIT</b>", dv->nr_limit);
+            fputs("</p>\n", f);
+            fprintf(f,
+                    "<div class=\"chart\" data-process=\"%zu\" data-gpu=\"%u\"></div>\n"
+                    "<p class=\"note\">Hover for values; drag across the chart to zoom into a "
+                    "time range, double-click to see all of it.</p>\n",
+                    i, d);
+            struct site *sites;
+            size_t nr_sites = collect_sites(t, s, SITES_AT_PEAK, dv->device, &sites);
+            if (nr_sites) {
+                fputs("<h3>Live at the peak, by call site</h3>\n", f);
+                site_table(f, t, sites, nr_sites, "blocks");
+            }
+            free(sites);
+            oom_table(f, t, dv);
+        }
+        struct site *leaks;
+        size_t nr_leaks = collect_sites(t, s, SITES_LEAKED, -1, &leaks);
+        if (nr_leaks) {
+            fputs("<h3>Never freed</h3>\n", f);
+            site_table(f, t, leaks, nr_leaks, "blocks");
+        } else if (s->nr_dev) {
+            fputs("<p>Everything allocated was freed.</p>\n", f);
+        }
+        free(leaks);
+    }
+    /* the data as JSON; "/" escaped so no "</script>" can end the element early */
+    fputs("<script type=\"application/json\" id=\"cuheap-data\">", f);
+    json_dumpf(data, f, JSON_COMPACT | JSON_ESCAPE_SLASH);
+    fputs("</script>\n<script>", f);
+    for (size_t i = 0; SCRIPT[i]; i++) /* pieces: C compilers bound a string's length */
+        fputs(SCRIPT[i], f);
+    fputs("</script>\n</body></html>\n", f);
+    json_decref(data);
+    free(offsets);
     return ferror(f) ? -1 : 0;
 }

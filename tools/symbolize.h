@@ -3,7 +3,9 @@
  * Offline symbolization for the tool: native frames the recorder could only name by
  * module + offset (static functions, stripped dynamic symbols) get a function name and,
  * where debug information exists, file and line, read with elfutils' libdwfl from the
- * modules on this machine. Frames whose module is missing here keep what the trace has.
+ * modules on this machine; functions inlined at a frame's address become frames of their own
+ * ("inlined": true), each at its line. Frames whose module is missing here keep what the
+ * trace has.
  */
 #ifndef CUHEAP_SYMBOLIZE_H
 #define CUHEAP_SYMBOLIZE_H

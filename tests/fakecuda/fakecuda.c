@@ -111,6 +111,7 @@ struct fake_stream {
     pthread_t thread;
     struct work *head, *tail;
     unsigned long long submitted, completed;
+    struct fake_stream *dead_next; /* on g_dead_streams once destroyed */
 };
 
 #define CTX_MAGIC    0xC0C0C0C0u
@@ -125,6 +126,7 @@ static struct fake_device g_devices[NR_MAX_DEVICES];
 static struct fake_alloc *g_allocs; /* sorted by ptr; guarded by g_lock */
 static size_t g_nr_allocs, g_cap_allocs;
 static struct fake_stream *g_streams[NR_MAX_STREAMS];
+static struct fake_stream *g_dead_streams; /* destroyed, kept for dependencies on them */
 static unsigned long long g_next_buffer_id = 1;
 static unsigned g_alloc_us, g_free_us;
 static _Thread_local struct fake_ctx *tls_ctx;
@@ -1356,7 +1358,15 @@ FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
     pthread_cond_broadcast(&g_progress);
     pthread_mutex_unlock(&g_lock);
     pthread_join(s->thread, NULL);
-    free(s);
+    /* Not freed but kept on a list: work queued earlier on other streams (the legacy stream's,
+     * say) may still name this stream among its dependencies, and reads its completed count;
+     * all of its work is done, so that count satisfies them. Freeing it here made such work
+     * wait on freed memory, forever under MALLOC_PERTURB_ (a hang of the integration tests,
+     * 1 run in ~40). */
+    pthread_mutex_lock(&g_lock);
+    s->dead_next = g_dead_streams;
+    g_dead_streams = s;
+    pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
 

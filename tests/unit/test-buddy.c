@@ -188,6 +188,53 @@ static void test_random_other_min_block(void **state)
     random_run(64ull << 20, 4096, 3, 50000, 100);
 }
 
+/* The scored allocation goes where the score says (a vmm pool: where memory is mapped), in
+ * any order that fits, and leaves a buddy that checks out. */
+static uintptr_t liked_lo, liked_hi;
+
+static uint64_t like_range(void *arg, uintptr_t addr, uint64_t len)
+{
+    (void)arg;
+    uintptr_t lo = addr > liked_lo ? addr : liked_lo;
+    uintptr_t hi = addr + len < liked_hi ? addr + len : liked_hi;
+    return hi > lo ? hi - lo : 0;
+}
+
+static void test_scored_alloc_goes_where_liked(void **state)
+{
+    (void)state;
+    struct cuheap_buddy b;
+    const uintptr_t base = 1ull << 40;
+    assert_int_equal(cuheap_buddy_init(&b, base, 1ull << 30, 512), 0);
+    /* a free 64 MiB block at the start, a larger free block whose third quarter is liked */
+    uintptr_t first, second;
+    unsigned order;
+    assert_int_equal(cuheap_buddy_alloc(&b, 64 << 20, &first, &order), 0);
+    assert_int_equal(cuheap_buddy_alloc(&b, 64 << 20, &second, &order), 0);
+    assert_int_equal(cuheap_buddy_free(&b, first), 26);
+    liked_lo = base + (512u << 20) + (256u << 20);
+    liked_hi = liked_lo + (64u << 20);
+    uintptr_t got;
+    assert_int_equal(cuheap_buddy_alloc_scored(&b, 48 << 20, like_range, NULL, 8, &got, &order), 0);
+    assert_int_equal(order, 26);
+    assert_int_equal(got, liked_lo); /* not the free 64 MiB block the plain alloc would give */
+    char why[256];
+    if (cuheap_buddy_check(&b, why, sizeof(why)))
+        fail_msg("%s", why);
+    /* nothing liked: the same block the plain allocation gives */
+    liked_lo = liked_hi = 0;
+    uintptr_t head = base + ((uintptr_t)b.free_area[26].head << b.min_order), plain;
+    assert_int_equal(cuheap_buddy_alloc_scored(&b, 64 << 20, like_range, NULL, 8, &plain, &order),
+                     0);
+    assert_int_equal(plain, head);
+    assert_int_equal(cuheap_buddy_free(&b, plain), 26);
+    assert_int_equal(cuheap_buddy_free(&b, got), 26);
+    assert_int_equal(cuheap_buddy_free(&b, second), 26);
+    assert_int_equal(cuheap_buddy_free(&b, first), -22); /* freed at the start already */
+    assert_true(cuheap_buddy_empty(&b));
+    cuheap_buddy_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -195,6 +242,7 @@ int main(void)
         cmocka_unit_test(test_split_and_merge),
         cmocka_unit_test(test_exhaustion_and_whole_arena),
         cmocka_unit_test(test_block_of_finds_interior_pointers),
+        cmocka_unit_test(test_scored_alloc_goes_where_liked),
         cmocka_unit_test(test_random_small_arena),
         cmocka_unit_test(test_random_large_arena),
         cmocka_unit_test(test_random_other_min_block),

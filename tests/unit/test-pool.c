@@ -669,6 +669,24 @@ static void test_vmm_pending_granules_stay(void **state)
     release(f, b, 0);
     release(f, c, 0);
     teardown(f);
+
+    /* While a stream captures, no fence can be recorded and none is waited for: the pending
+     * block's granules must still stay where they are (the pool takes new ones). */
+    f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    a = alloc(f, 16 * MIB, 0);
+    c = alloc(f, 16 * MIB, 0);
+    release(f, a, 0);
+    cuheap_pool_capture(&f->pool, 1);
+    mark = f->dev.nr_log;
+    b = alloc(f, 32 * MIB, 0x99); /* the pluggable allocator allocates during capture */
+    for (unsigned i = mark; i < f->dev.nr_log; i++)
+        if (f->dev.log_op[i] == 'U' && f->dev.log_va[i] >= a && f->dev.log_va[i] < a + 16 * MIB)
+            fail_msg("during a capture, a granule of a pending block was unmapped");
+    cuheap_pool_capture(&f->pool, -1);
+    check_invariants(f);
+    release(f, b, 0x99);
+    release(f, c, 0);
+    teardown(f);
 }
 
 /* Out of device memory: what waits for a fence is waited for, then the driver's answer. */

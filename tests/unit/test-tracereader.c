@@ -109,6 +109,180 @@ static void test_bad_lines_are_counted(void **state)
     unlink(path);
 }
 
+/* Values that are there but unusable are counted, with the first one's line and name; lines
+ * that are no record say why; kinds from a newer cuheap are counted apart. */
+static void test_malformed_fields_are_counted(void **state)
+{
+    (void)state;
+    char buf[2048];
+    snprintf(buf, sizeof(buf),
+             "%s[1, 2]\n"
+             "{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\","
+             "\"device\":0,\"tid\":1,\"ptr\":\"0x1000\",\"size\":100,\"actual\":512,"
+             "\"pooled\":true}\n"
+             "{\"type\":\"event\",\"seq\":2,\"t\":20,\"event\":\"free\",\"api\":\"cuMemAlloc\","
+             "\"device\":\"zero\",\"tid\":1,\"ptr\":\"0x10zz\",\"size\":-5,\"actual\":512}\n"
+             "{\"type\":\"event\",\"seq\":3,\"t\":30,\"event\":\"teleport\"}\n"
+             "{\"type\":\"event\",\"t\":40,\"event\":\"alloc\"}\n"
+             "{\"type\":\"stack\",\"id\":\"one\",\"frames\":[]}\n"
+             "{\"type\":\"footer\",\"events\":4,\"written\":4,\"dropped\":0}\n",
+             HEADER);
+    char *path = write_tmp(buf);
+    struct cuheap_trace t;
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, &t, err, sizeof(err)), 0);
+    assert_int_equal(t.nr_events, 2);
+    assert_int_equal(t.nr_bad_fields, 3); /* device, ptr, size of the free */
+    assert_int_equal(t.first_bad_field_line, 4);
+    assert_string_equal(t.bad_field, "ptr");
+    assert_int_equal(t.nr_unknown_events, 1);
+    assert_int_equal(t.nr_bad_lines, 3); /* the array, the event without seq, the stack */
+    assert_int_equal(t.first_bad_line, 2);
+    assert_string_equal(t.bad_line_why, "not a JSON object");
+    assert_int_equal(t.nr_lines, 8);
+    cuheap_trace_free(&t);
+    unlink(path);
+}
+
+/* Event lines go through a fast scanner unless they hold something only jansson reads; both
+ * ways must give the same events and the same complaints. Each line is read once as it is
+ * and once with a nested field added, which sends it to jansson. */
+static void read_lines(const char *const *lines, size_t n, const char *extra,
+                       struct cuheap_trace *ret)
+{
+    char buf[8192];
+    size_t used = (size_t)snprintf(buf, sizeof(buf), "%s", HEADER);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(lines[i]);
+        assert_true(used + len + strlen(extra) + 2 < sizeof(buf));
+        memcpy(buf + used, lines[i], len - 1); /* without the closing brace */
+        used += len - 1;
+        used += (size_t)snprintf(buf + used, sizeof(buf) - used, "%s}\n", extra);
+    }
+    char *path = write_tmp(buf);
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, ret, err, sizeof(err)), 0);
+    unlink(path);
+}
+
+static void test_fast_scanner_reads_as_jansson_does(void **state)
+{
+    (void)state;
+    static const char *const lines[] = {
+        "{\"type\":\"event\",\"seq\":1,\"t\":10,\"event\":\"alloc\",\"api\":\"cuMemAlloc\","
+        "\"device\":0,\"tid\":7,\"ptr\":\"0x7f0000001000\",\"size\":100,\"actual\":512,"
+        "\"pooled\":true,\"stream\":\"0x55\",\"stack\":3}",
+        "{ \"type\" : \"event\" , \"event\":\"free\", \"seq\": 2 ,\"t\":20,\"device\":-1,"
+        "\"ptr\":\"0x10\",\"size\":\"0x20\",\"actual\":\"48\",\"pooled\":null }",
+        "{\"type\":\"event\",\"seq\":3,\"t\":30,\"event\":\"alloc\",\"size\":1,\"size\":2,"
+        "\"ptr\":\"lots\",\"tid\":-4}",
+        "{\"type\":\"event\",\"seq\":4,\"t\":1.5,\"event\":\"oom\",\"size\":1e3,"
+        "\"driver_free\":5,\"driver_total\":6}",
+        "{\"type\":\"event\",\"seq\":5,\"t\":50,\"event\":\"mark\",\"label\":\"step \\\"5\\\"\"}",
+        "{\"type\":\"event\",\"seq\":6,\"t\":123456789012345678901,\"event\":\"alloc\"}",
+        "{\"type\":\"event\",\"seq\":7,\"t\":70,\"event\":\"limit\",\"size\":9,\"limit\":8,"
+        "\"driver_free\":07}",
+        "{\"type\":\"event\",\"seq\":8,\"t\":80,\"event\":\"fence\",\"blocks\":2,\"bytes\":1024,"
+        "\"device\":\"zero\"}",
+        "{\"type\":\"event\",\"seq\":9,\"t\":90,\"event\":\"mark\",\"label\":\"caf\xc3\xa9\"}",
+    };
+    size_t n = sizeof(lines) / sizeof(lines[0]);
+    struct cuheap_trace fast, slow;
+    read_lines(lines, n, "", &fast);
+    read_lines(lines, n, ",\"x\":[1]", &slow);
+    assert_int_equal(fast.nr_events, slow.nr_events);
+    assert_int_equal(fast.nr_events, 7); /* the 21-digit number and the leading zero: bad lines */
+    assert_int_equal(fast.nr_bad_lines, slow.nr_bad_lines);
+    assert_int_equal(fast.nr_bad_fields, slow.nr_bad_fields);
+    assert_int_equal(fast.first_bad_field_line, slow.first_bad_field_line);
+    assert_string_equal(fast.bad_field, slow.bad_field);
+    for (size_t i = 0; i < fast.nr_events; i++) {
+        struct cuheap_trace_event a = fast.events[i], b = slow.events[i];
+        if (a.label || b.label) {
+            assert_string_equal(a.label, b.label);
+            a.label = b.label = NULL;
+        }
+        if (memcmp(&a, &b, sizeof(a)))
+            fail_msg("event %zu (seq %llu) differs", i, (unsigned long long)a.seq);
+    }
+    assert_int_equal(fast.events[0].ptr, 0x7f0000001000);
+    assert_int_equal(fast.events[0].stream, 0x55);
+    assert_int_equal(fast.events[1].size, 0x20);
+    assert_int_equal(fast.events[1].actual, 48);
+    assert_int_equal(fast.events[1].device, -1);
+    assert_int_equal(fast.events[2].size, 2); /* the last of equal keys */
+    assert_string_equal(fast.events[4].label, "step \"5\"");
+    assert_int_equal(fast.nr_bad_fields, 3); /* ptr "lots", tid -4, device "zero" */
+    cuheap_trace_free(&fast);
+    cuheap_trace_free(&slow);
+}
+
+/* n events whose seqs are shuffled across the whole file (far) or swapped in pairs (near,
+ * as a drain leaves them), every fifth a mark, the last line cut off. */
+static char *shuffled_trace(unsigned n, bool far)
+{
+    static char buf[1 << 16];
+    size_t used = (size_t)snprintf(buf, sizeof(buf), "%s", HEADER);
+    for (unsigned i = 0; i < n; i++) {
+        unsigned seq = far ? (i * 7919u) % n + 1 : (i ^ 1) + 1; /* 7919 is prime to n */
+        used += (size_t)snprintf(buf + used, sizeof(buf) - used,
+                                 "{\"type\":\"event\",\"seq\":%u,\"t\":%u,\"event\":\"%s\","
+                                 "\"device\":0,\"ptr\":\"0x%x\",\"size\":%u%s}\n",
+                                 seq, i, i % 5 ? "alloc" : "mark", 0x1000 + i, i,
+                                 i % 5 ? "" : ",\"label\":\"m\"");
+    }
+    used += (size_t)snprintf(buf + used, sizeof(buf) - used, "{\"type\":\"event\",\"se");
+    return write_tmp(buf);
+}
+
+static void expect_same_events(const char *path, bool want_streamed)
+{
+    struct cuheap_trace a, b;
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, &a, err, sizeof(err)), 0);
+    assert_int_equal(cuheap_trace_open(path, &b, err, sizeof(err)), 0);
+    assert_int_equal(b.streamed, want_streamed);
+    assert_int_equal(a.nr_events, b.nr_events);
+    assert_int_equal(a.max_t, b.max_t);
+    assert_int_equal(a.truncated, b.truncated);
+    for (int pass = 0; pass < 2; pass++) { /* the file is read again each time */
+        struct cuheap_trace_iter it;
+        size_t i = 0;
+        for (const struct cuheap_trace_event *e = cuheap_trace_first(&b, &it); e;
+             e = cuheap_trace_next(&it), i++) {
+            assert_true(i < a.nr_events);
+            assert_int_equal(e->seq, a.events[i].seq);
+            assert_int_equal(e->ptr, a.events[i].ptr);
+            assert_int_equal(!e->label, !a.events[i].label);
+            if (e->label)
+                assert_string_equal(e->label, a.events[i].label);
+        }
+        cuheap_trace_iter_end(&it);
+        assert_int_equal(i, a.nr_events);
+    }
+    cuheap_trace_free(&a);
+    cuheap_trace_free(&b);
+}
+
+/* cuheap_trace_open() streams a trace whose events are near seq order (a window reorders
+ * them) and gives the same events in the same order as reading it into memory; one whose
+ * events stray further than the window is read into memory instead. */
+static void test_streaming_gives_the_same_events(void **state)
+{
+    (void)state;
+    char *path = shuffled_trace(200, false);
+    cuheap_trace_set_window(4); /* pairs swapped: a window of 4 puts them right */
+    expect_same_events(path, true);
+    unlink(path);
+    path = shuffled_trace(200, true);
+    cuheap_trace_set_window(256); /* wider than the whole file */
+    expect_same_events(path, true);
+    cuheap_trace_set_window(4); /* events stray ~200 places: read into memory */
+    expect_same_events(path, false);
+    cuheap_trace_set_window(0);
+    unlink(path);
+}
+
 static void test_not_a_trace(void **state)
 {
     (void)state;
@@ -141,6 +315,9 @@ int main(void)
         cmocka_unit_test(test_reads_a_trace),
         cmocka_unit_test(test_truncated_trace_keeps_its_prefix),
         cmocka_unit_test(test_bad_lines_are_counted),
+        cmocka_unit_test(test_malformed_fields_are_counted),
+        cmocka_unit_test(test_fast_scanner_reads_as_jansson_does),
+        cmocka_unit_test(test_streaming_gives_the_same_events),
         cmocka_unit_test(test_not_a_trace),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);

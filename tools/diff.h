@@ -1,0 +1,13 @@
+/* SPDX-License-Identifier: MIT */
+/* `cuheap diff`: what changed between two runs (see diff.c). */
+#ifndef CUHEAP_DIFF_H
+#define CUHEAP_DIFF_H
+
+#include "analysis.h"
+#include "tracereader.h"
+
+/* Print, on stdout, A against B: per GPU the figures and the call sites at the peak whose
+ * bytes changed (at most limit rows, largest change first), then the leaks that changed. */
+void diff_traces(const struct cuheap_trace *a, const struct cuheap_trace *b, size_t limit);
+
+#endif
