@@ -16,10 +16,14 @@ rm -rf "$b"
 mkdir -p "$b"
 cp "$dir/src/libcuheap.so" "$dir/tools/cuheap" "$dir/tests/test-gpu" "$dir/bench/bench-alloc" \
    "$dir/tests/programs/door-procaddr" "$dir/tests/programs/door-dlsym" \
-   "$dir/tests/programs/cuheap-demo" "$b/"
+   "$dir/tests/programs/cuheap-demo" "$dir/tests/programs/audit-door" "$b/"
 lib=$(dirname "$(readlink -f /usr/lib/x86_64-linux-gnu/libunwind.so.8)")
 cp -L "$lib/libunwind.so.8" "$lib/libcmocka.so.0" "$b/"
 if [ -e "$lib/liblzma.so.5" ]; then cp -L "$lib/liblzma.so.5" "$b/"; fi
+# CUPTI for `gpu-run.sh audit` (CUHEAP_AUDIT=path): the toolkit's copy this bundle was built with
+for c in /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda/lib64; do
+    if [ -e "$c/libcupti.so.13" ]; then cp -L "$c/libcupti.so.13" "$b/"; break; fi
+done
 nvcc -O2 -arch=sm_90 -cudart static -o "$b/cuda-static" tests/gpu/cuda_client.cu -ldl
 nvcc -O2 -arch=sm_90 -cudart shared -o "$b/cuda-shared" tests/gpu/cuda_client.cu -ldl
 git describe --always --dirty >"$b/COMMIT" 2>/dev/null || true

@@ -7,6 +7,8 @@
 #   scripts/gpu-run.sh clients   real clients with and without cuheap, pool off and on
 #   scripts/gpu-run.sh bench     benchmarks (bench/run-gpu.sh)
 #   scripts/gpu-run.sh record    the GPT job's allocation sequences, for the replay benchmark
+#   scripts/gpu-run.sh audit     CUHEAP_AUDIT on the CUDA clients, PyTorch (caching on and
+#                                off), pool off and on, and a deliberate miss (audit-door)
 #   scripts/gpu-run.sh all       all three
 set -u
 cd "$(dirname "$0")/.."
@@ -195,6 +197,57 @@ run_record() {
     done
 }
 
+# CUHEAP_AUDIT: CUPTI's record of the driver's memory operations against what the hooks saw.
+# Every client must say "all seen"; audit-door's "miss" run must name its dlvsym allocation.
+# CUHEAP_VERBOSE=1 adds how each door matched (what CUPTI reports for VMM, sizes). The CUDA
+# clients use the bundled CUPTI (CUPTI=... overrides); PyTorch searches (its own copy).
+run_audit() {
+    local cupti=${CUPTI:-$B/libcupti.so.13} log=$OUT/audit.log
+    exec 3>>"$log"
+    say "audit (CUHEAP_AUDIT; the exit line of each run):"
+    one() { # name, then the command with its environment
+        local name=$1
+        shift
+        local out
+        out=$(env CUHEAP_VERBOSE=1 CUHEAP_OUTPUT="$T/audit-$name-%p.jsonl" LD_PRELOAD=$PRE \
+            "$@" 2>&1)
+        echo "### $name: $*"$'\n'"$out" >&3
+        say "  $name: $(grep -E '^cuheap: audit: ([0-9]+ driver|CUPTI|cannot|no |needs|.*failed)' <<<"$out" | head -1 | cut -c1-400)"
+        grep -E '^cuheap: audit: (on,|matched by door|[0-9]+ operations matched|incomplete)' <<<"$out" |
+            sed 's/^/      /' | tee -a "$OUT/summary.txt" >/dev/null
+        grep -E '^(missed|checksum|losses)' <<<"$out" | head -2 | sed 's/^/      /' |
+            tee -a "$OUT/summary.txt" >/dev/null
+    }
+    for pool in 0 1; do
+        for prog in cuda-static cuda-shared; do
+            wanted cuda || continue
+            one "$prog-pool$pool" CUHEAP_AUDIT="$cupti" CUHEAP_POOL=$pool timeout 120 "$B/$prog"
+        done
+        one "door-pool$pool" CUHEAP_AUDIT="$cupti" CUHEAP_POOL=$pool timeout 120 "$B/audit-door"
+        one "door-miss-pool$pool" CUHEAP_AUDIT="$cupti" CUHEAP_POOL=$pool timeout 120 \
+            "$B/audit-door" miss
+        wanted torch || continue
+        one "torch-default-pool$pool" CUHEAP_AUDIT=1 CUHEAP_POOL=$pool timeout 300 \
+            python3 tests/gpu/torch_client.py default
+        one "torch-nocache-pool$pool" CUHEAP_AUDIT=1 CUHEAP_POOL=$pool \
+            PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 python3 tests/gpu/torch_client.py nocache
+    done
+    # the vmm pool's granules and PyTorch's expandable segments: what CUPTI says of VMM
+    one "door-vmm" CUHEAP_AUDIT="$cupti" CUHEAP_BACKING=vmm timeout 120 "$B/audit-door"
+    wanted torch && one "torch-expandable" CUHEAP_AUDIT=1 \
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 300 \
+        python3 tests/gpu/torch_client.py expandable
+    # cost: the nocache GPT loop's step time, audit off and on
+    for a in 0 1; do
+        wanted torch || continue
+        out=$(env PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_AUDIT=$a \
+            CUHEAP_OUTPUT="$T/audit-cost$a-%p.jsonl" timeout 300 python3 bench/torch_gpt.py 30 2>&1)
+        echo "### cost audit=$a"$'\n'"$out" >&3
+        say "  cost, GPT nocache+pool, CUHEAP_AUDIT=$a: $(grep -E '^step_ms' <<<"$out" | paste -sd' ')"
+    done
+    exec 3>&-
+}
+
 # The memory_viz export read by PyTorch's own torch/cuda/_memory_viz.py (the module behind
 # https://pytorch.org/memory_viz): a recorded GPT run under the pool, legacy and vmm.
 run_viewers() {
@@ -217,6 +270,7 @@ run_viewers() {
 
 case $what in
 tests) run_tests ;;
+audit) run_audit ;;
 viewers) run_viewers ;;
 record) run_record ;;
 clients) run_clients ;;
@@ -227,7 +281,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|audit|all" >&2
     exit 2
     ;;
 esac

@@ -187,6 +187,24 @@ static int parse_mode(const struct option *opt, const char *v, struct cuheap_con
     return 0;
 }
 
+/* CUHEAP_AUDIT: on/off like a boolean, or the path of the libcupti.so to use (which turns the
+ * audit on): a machine can hold several CUDA versions, and the copy the program already uses
+ * is the one to take. */
+static int parse_audit(const struct option *opt, const char *v, struct cuheap_config *cfg)
+{
+    if (v[0] == '/') {
+        if (strlen(v) >= sizeof(cfg->audit_cupti))
+            return -EINVAL;
+        memcpy(cfg->audit_cupti, v, strlen(v) + 1);
+        cfg->audit = true;
+        return 0;
+    }
+    if (parse_bool(opt, v, cfg))
+        return -EINVAL;
+    cfg->audit_cupti[0] = 0;
+    return 0;
+}
+
 static const char *const reuse_names[] = {"fence", "sync", "immediate", NULL};
 static const char *const release_names[] = {"oom", "empty", "never", NULL};
 static const char *const format_names[] = {"jsonl", "chrome", NULL};
@@ -244,6 +262,10 @@ static const struct option options[] = {
      0, NULL},
     {"CUHEAP_FLUSH_MS", "200", "how often the trace is flushed to disk", parse_uint,
      FIELD(flush_ms), 1, 60000, NULL},
+    {"CUHEAP_AUDIT", "0",
+     "check coverage: match the driver's memory operations (CUPTI) against what the hooks saw; "
+     "1, or the path of the libcupti.so to use",
+     parse_audit, FIELD(audit), 0, 0, NULL},
 };
 
 #define NR_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -323,6 +345,7 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_FORMAT=%s", format_names[cfg->format]);
     EMIT("CUHEAP_SUMMARY=%d", cfg->summary);
     EMIT("CUHEAP_FLUSH_MS=%u", cfg->flush_ms);
+    EMIT("CUHEAP_AUDIT=%s", cfg->audit_cupti[0] ? cfg->audit_cupti : cfg->audit ? "1" : "0");
 #undef EMIT
 }
 

@@ -65,6 +65,8 @@ struct cuheap_config {
     bool summary;      /* print the exit summary on stderr */
     bool verbose;      /* print the effective settings at start */
     unsigned flush_ms; /* trace flush interval */
+    bool audit;        /* compare the driver's memory operations (CUPTI) with what hooks saw */
+    char audit_cupti[CUHEAP_PATH_MAX]; /* the libcupti.so to use; "" = search for one */
 };
 
 /* How to read one variable (NULL when unset) and where to put a warning line. */

@@ -10,6 +10,7 @@ static const char *const type_names[CUHEAP_NR_EVENT_TYPES] = {
     [CUHEAP_EV_ARENA_GROW] = "arena_grow", [CUHEAP_EV_ARENA_RELEASE] = "arena_release",
     [CUHEAP_EV_FENCE] = "fence",           [CUHEAP_EV_OOM] = "oom",
     [CUHEAP_EV_LIMIT] = "limit",           [CUHEAP_EV_MARK] = "mark",
+    [CUHEAP_EV_AUDIT] = "audit",
 };
 
 static const char *const api_names[CUHEAP_NR_APIS] = {

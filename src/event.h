@@ -23,6 +23,7 @@ enum cuheap_event_type {
     CUHEAP_EV_OOM,           /* CUDA_ERROR_OUT_OF_MEMORY went back to the program */
     CUHEAP_EV_LIMIT,         /* a request was refused by CUHEAP_LIMIT */
     CUHEAP_EV_MARK,          /* cuheap_mark() */
+    CUHEAP_EV_AUDIT,         /* CUHEAP_AUDIT: a driver operation no hook saw, or the verdict */
     CUHEAP_NR_EVENT_TYPES
 };
 
@@ -43,6 +44,7 @@ enum cuheap_api {
 enum cuheap_event_flags {
     CUHEAP_EVF_POOLED = 1 << 0,  /* served by / returned to cuheap's pool */
     CUHEAP_EVF_CAPTURE = 1 << 1, /* during stream capture */
+    CUHEAP_EVF_SUMMARY = 1 << 2, /* an audit event holding the verdict (else one missed op) */
 };
 
 enum cuheap_unwinder {
@@ -63,8 +65,10 @@ struct cuheap_event {
     uint64_t size;    /* bytes requested by the program (arena bytes for arena events) */
     uint64_t actual;  /* bytes reserved for it (block size, rounded driver size) */
     uint64_t stream;  /* CUstream where known, else 0 */
-    uint64_t aux;     /* OOM/LIMIT: driver free bytes; FENCE: blocks released */
-    uint64_t aux2;    /* OOM/LIMIT: driver total bytes or the limit; FENCE: bytes released */
+    uint64_t aux;     /* OOM/LIMIT: driver free bytes; FENCE: blocks released; AUDIT: the
+                         correlation id of a missed operation, or operations audited */
+    uint64_t aux2;    /* OOM/LIMIT: driver total bytes or the limit; FENCE: bytes released;
+                         AUDIT: identical operations missed, or all operations missed */
     uint32_t tid;     /* kernel thread id */
     int32_t result;   /* CUresult returned, for failures */
     int16_t device;   /* device ordinal, -1 when unknown (host memory) */
@@ -76,7 +80,7 @@ struct cuheap_event {
     uint8_t nr_py;
     union {
         uint64_t frames[CUHEAP_MAX_STACK_DEPTH]; /* return addresses, innermost first */
-        char label[CUHEAP_LABEL_MAX];            /* CUHEAP_EV_MARK */
+        char label[CUHEAP_LABEL_MAX];            /* CUHEAP_EV_MARK, CUHEAP_EV_AUDIT */
     };
     struct cuheap_py_frame py[CUHEAP_MAX_PY_DEPTH]; /* innermost first */
 };

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "chrome.h"
+#include "cupti_audit.h"
 #include "log.h"
 #include "pool.h"
 #include "pyframes.h"
@@ -124,6 +125,9 @@ bool cuheap_recorder_idle_child(void)
 
 void cuheap_record(const struct cuheap_rec *r)
 {
+    /* the audit's view of the hooks: every event, before the ring can drop it */
+    if (atomic_load_explicit(&cuheap_auditing, memory_order_relaxed))
+        cuheap_audit_note(r);
     if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed))
         return;
     if (!atomic_load_explicit(&accepting, memory_order_relaxed)) {
@@ -154,7 +158,7 @@ void cuheap_record(const struct cuheap_rec *r)
     ev->unwinder = (uint8_t)unwinder;
     ev->nr_frames = 0;
     ev->nr_py = 0;
-    if (r->type == CUHEAP_EV_MARK) {
+    if (r->type == CUHEAP_EV_MARK || r->type == CUHEAP_EV_AUDIT) {
         /* cut at the limit between characters, so a long label keeps its text */
         const char *l = r->label ? r->label : "";
         size_t n = strnlen(l, sizeof(ev->label));
@@ -400,10 +404,19 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
     case CUHEAP_EV_ARENA_RELEASE:
         n += put_bytes(line + n, sizeof(line) - (size_t)n, "reserved", ev->aux);
         break;
+    case CUHEAP_EV_AUDIT:
+        if (ev->flags & CUHEAP_EVF_SUMMARY) {
+            n += put_bytes(line + n, sizeof(line) - (size_t)n, "operations", ev->aux);
+            n += put_bytes(line + n, sizeof(line) - (size_t)n, "missed", ev->aux2);
+        } else {
+            n += put_bytes(line + n, sizeof(line) - (size_t)n, "correlation", ev->aux);
+            n += put_bytes(line + n, sizeof(line) - (size_t)n, "count", ev->aux2);
+        }
+        break;
     default:
         break;
     }
-    if (ev->type == CUHEAP_EV_MARK) {
+    if (ev->type == CUHEAP_EV_MARK || ev->type == CUHEAP_EV_AUDIT) {
         json_t *l = json_text(ev->label);
         char *label = l ? json_dumps(l, JSON_ENCODE_ANY) : NULL;
         json_decref(l);
@@ -419,7 +432,7 @@ static void write_event(const struct cuheap_event *ev)
     uint32_t stack_id = 0;
     bool is_new = false;
     unsigned nr_frames = ev->nr_frames, nr_py = ev->nr_py;
-    if (ev->type == CUHEAP_EV_MARK)
+    if (ev->type == CUHEAP_EV_MARK || ev->type == CUHEAP_EV_AUDIT)
         nr_frames = nr_py = 0; /* the frames union holds the label */
     if (cuheap_stacktab_intern(&stacks, ev->frames, nr_frames, ev->py, nr_py, &stack_id, &is_new) ==
             0 &&

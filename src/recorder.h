@@ -24,7 +24,7 @@ struct cuheap_rec {
     uint64_t seq; /* 0: take the next one now */
     uint64_t ptr, size, actual, stream, aux, aux2;
     int32_t result;
-    const char *label; /* CUHEAP_EV_MARK */
+    const char *label; /* CUHEAP_EV_MARK, CUHEAP_EV_AUDIT */
 };
 
 /* Start recording per cfg (ring, unwinder, Python, writer thread, trace file). Failure to

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cupti_audit.h"
 #include "event.h"
 #include "log.h"
 #include "pyframes.h"
@@ -57,6 +58,7 @@ static void at_exit(void)
     if (!atomic_load(&booted))
         return;
     bool idle_child = cuheap_recorder_idle_child();
+    cuheap_audit_stop(); /* its misses and verdict go into the trace before it closes */
     cuheap_recorder_stop();
     if (cuheap_cfg.summary && !idle_child)
         summary();
@@ -94,6 +96,7 @@ static void fork_child(void)
     atomic_store(&cuheap_nr_frees, 0);
     atomic_store(&cuheap_nr_passthrough, 0);
     atomic_store(&cuheap_nr_ooms, 0);
+    cuheap_audit_atfork_child();
     cuheap_recorder_atfork_child();
 }
 
@@ -112,6 +115,9 @@ static void boot(void)
     pthread_atfork(fork_prepare, fork_parent, fork_child);
     atexit(at_exit);
     atomic_store(&booted, true);
+    /* After booted: CUPTI's set-up may start threads that reach a hook, which must not wait
+     * for this pthread_once to finish. */
+    cuheap_audit_start(&cuheap_cfg);
 }
 
 /* fn() with every signal blocked: a handler that calls into cuheap cannot run on this thread

@@ -222,7 +222,8 @@ static int cmp_stack(const void *a, const void *b)
 /* clang-format off */
 #define EVENT_FIELDS(X) \
     X(seq) X(t) X(event) X(api) X(device) X(tid) X(ptr) X(size) X(actual) X(pooled) X(stream) \
-    X(stack) X(label) X(driver_free) X(driver_total) X(limit) X(blocks) X(bytes) X(reserved)
+    X(stack) X(label) X(driver_free) X(driver_total) X(limit) X(blocks) X(bytes) X(reserved) \
+    X(operations) X(missed) X(correlation) X(count)
 /* clang-format on */
 
 struct event_fields {
@@ -282,7 +283,7 @@ static bool parse_event(struct cuheap_trace *t, const struct fields *f, size_t l
 /* clang-format off */
 #define X(name) check_field(t, ef.name, #name, lineno);
     X(seq) X(t) X(ptr) X(size) X(actual) X(stack) X(tid) X(stream) X(limit) X(driver_free)
-    X(driver_total) X(blocks) X(bytes) X(reserved)
+    X(driver_total) X(blocks) X(bytes) X(reserved) X(operations) X(missed) X(correlation) X(count)
 #undef X
         /* clang-format on */
         if (ef.device.kind != V_NONE && ef.device.kind != V_INT) /* -1 is a device: host memory */
@@ -315,6 +316,12 @@ static bool parse_event(struct cuheap_trace *t, const struct fields *f, size_t l
     case CUHEAP_EV_ARENA_RELEASE:
         e->aux = number(ef.reserved);
         break;
+    case CUHEAP_EV_AUDIT:
+        /* a verdict holds operations/missed, a missed operation correlation/count */
+        e->verdict = ef.operations.kind != V_NONE;
+        e->aux = number(e->verdict ? ef.operations : ef.correlation);
+        e->aux2 = number(e->verdict ? ef.missed : ef.count);
+        /* fall through - the label too */
     case CUHEAP_EV_MARK:
         e->label = strdup(ef.label.kind == V_STR ? ef.label.s : "");
         break;

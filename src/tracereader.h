@@ -25,7 +25,9 @@ struct cuheap_trace_event {
     uint8_t type; /* enum cuheap_event_type */
     uint8_t api;  /* enum cuheap_api */
     bool pooled;
-    char *label; /* marks */
+    bool verdict; /* audit events: the verdict (aux operations, aux2 missed); else aux is the
+                     missed operation's correlation id, aux2 how many */
+    char *label;  /* marks, audit events */
 };
 
 struct cuheap_trace_stack {

@@ -37,14 +37,16 @@ struct command {
 static const struct command commands[] = {
     {"run",
      "cuheap run [-o PATH] [-f jsonl|chrome] [--no-pool] [--reuse P] [--limit SIZE] "
-     "[--stack-depth N] [--] PROGRAM [ARGS]",
+     "[--stack-depth N] [--audit] [--] PROGRAM [ARGS]",
      "Run PROGRAM with libcuheap.so preloaded (found next to the tool, or CUHEAP_LIBRARY).\n"
      "  -o, --output PATH     trace path (%p pid, %r rank, %h host); CUHEAP_OUTPUT\n"
      "  -f, --format FMT      jsonl (default) or chrome; CUHEAP_FORMAT\n"
      "  --no-pool             record only: every allocation goes to the driver; CUHEAP_POOL=0\n"
      "  --reuse P             fence (default), sync or immediate; CUHEAP_REUSE\n"
      "  --limit SIZE          per-device limit, bytes (K/M/G/T) or a percentage; CUHEAP_LIMIT\n"
-     "  --stack-depth N       native frames per event, 0 to 64; CUHEAP_STACK_DEPTH\n"},
+     "  --stack-depth N       native frames per event, 0 to 64; CUHEAP_STACK_DEPTH\n"
+     "  --audit               check with CUPTI that every driver memory operation was seen;\n"
+     "                        CUHEAP_AUDIT=1 (a CUHEAP_AUDIT=/path/libcupti.so given stays)\n"},
     {"report", "cuheap report TRACE...",
      "Per process and GPU: peak live and when, peak reserved, fragmentation, counts by API,\n"
      "OOMs, the call sites live at the peak, what was never freed.\n"},
@@ -272,10 +274,15 @@ static int find_library(char *out, size_t size)
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'}, {"format", required_argument, NULL, 'f'},
-        {"no-pool", no_argument, NULL, 'P'},      {"reuse", required_argument, NULL, 'R'},
-        {"limit", required_argument, NULL, 'L'},  {"stack-depth", required_argument, NULL, 'D'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+        {"output", required_argument, NULL, 'o'},
+        {"format", required_argument, NULL, 'f'},
+        {"no-pool", no_argument, NULL, 'P'},
+        {"reuse", required_argument, NULL, 'R'},
+        {"limit", required_argument, NULL, 'L'},
+        {"stack-depth", required_argument, NULL, 'D'},
+        {"audit", no_argument, NULL, 'A'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
@@ -313,6 +320,9 @@ static int cmd_run(int argc, char **argv)
             setenv("CUHEAP_STACK_DEPTH", optarg, 1);
             break;
         }
+        case 'A':
+            setenv("CUHEAP_AUDIT", "1", 0); /* a CUHEAP_AUDIT=/path/libcupti.so given stays */
+            break;
         case 'h':
             return command_help(find_command("run"));
         default:
@@ -546,6 +556,56 @@ static int cmd_sites(int argc, char **argv, bool leaks)
     return 0;
 }
 
+/* CUHEAP_AUDIT's verdict and the driver operations no hook saw (src/cupti_audit.c), from a
+ * second pass over the events: only for traces of audited runs, so a large ordinary trace is
+ * read once. */
+static void report_audit(const struct cuheap_trace *t)
+{
+    const char *audit =
+        json_string_value(json_object_get(json_object_get(t->header, "config"), "CUHEAP_AUDIT"));
+    if (!audit || !strcmp(audit, "0"))
+        return;
+    enum { NR_LISTED = 20 };
+    char *listed[NR_LISTED];
+    uint64_t counts[NR_LISTED], operations = 0, missed = 0;
+    size_t nr_missed = 0;
+    bool verdict = false;
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it)) {
+        if (e->type != CUHEAP_EV_AUDIT)
+            continue;
+        if (e->verdict) {
+            verdict = true;
+            operations = e->aux;
+            missed = e->aux2;
+        } else if (nr_missed < NR_LISTED) {
+            listed[nr_missed] = strdup(e->label ? e->label : "?");
+            counts[nr_missed++] = e->aux2;
+        } else {
+            nr_missed++;
+        }
+    }
+    cuheap_trace_iter_end(&it);
+    if (verdict && !missed)
+        printf("\naudit: %" PRIu64 " driver operations, all seen\n", operations);
+    else if (verdict)
+        printf("\naudit: %" PRIu64 " driver operations, %" PRIu64 " not seen by cuheap:\n",
+               operations, missed);
+    else
+        printf("\naudit: no verdict (the run did not reach its exit)%s\n",
+               nr_missed ? "; not seen by cuheap so far:" : "");
+    for (size_t i = 0; i < nr_missed && i < NR_LISTED; i++) {
+        printf("  %s", listed[i] ? listed[i] : "?");
+        if (counts[i] > 1)
+            printf(" x%" PRIu64, counts[i]);
+        printf("\n");
+        free(listed[i]);
+    }
+    if (nr_missed > NR_LISTED)
+        printf("  ... and %zu more in the trace\n", nr_missed - NR_LISTED);
+}
+
 static int cmd_report(int argc, char **argv)
 {
     if (argc < 2)
@@ -556,6 +616,7 @@ static int cmd_report(int argc, char **argv)
         if (load_summarized(argv[i], &t, &s))
             return 2;
         report_one(&t, &s);
+        report_audit(&t);
         summary_free(&s);
         cuheap_trace_free(&t);
         if (i + 1 < argc)

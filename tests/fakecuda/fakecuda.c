@@ -182,6 +182,38 @@ static struct fake_alloc *find_alloc_locked(uintptr_t p)
     return NULL;
 }
 
+/* A CUPTI stand-in (tests/fakecupti) listening, as CUPTI's memory records listen to the real
+ * driver: told of every allocation and release the fake makes, whichever call made it. */
+static _Atomic(fakecuda_memop_fn) g_memop_observer;
+static _Thread_local const char *tls_api; /* the entry point this thread is in, if it says */
+static int device_of_ptr(uintptr_t p);
+
+FAKE_EXPORT void fakecuda_set_memory_observer(fakecuda_memop_fn fn)
+{
+    atomic_store(&g_memop_observer, fn);
+}
+
+static void tell_observer(const struct fake_alloc *a, bool release)
+{
+    fakecuda_memop_fn fn = atomic_load(&g_memop_observer);
+    if (!fn || a->kind == KIND_VMM_PHYS)
+        return;
+    int dev = device_of_ptr(a->ptr);
+    struct fakecuda_memop op = {
+        .release = release,
+        .kind = a->kind == KIND_HOST      ? FAKECUDA_MEM_HOST
+                : a->kind == KIND_MANAGED ? FAKECUDA_MEM_MANAGED
+                : a->kind == KIND_ASYNC   ? FAKECUDA_MEM_ASYNC
+                                          : FAKECUDA_MEM_DEVICE,
+        .device = dev,
+        .ptr = a->ptr,
+        .bytes = a->requested,
+        .pool = a->kind == KIND_ASYNC && dev >= 0 ? g_devices[dev].base : 0,
+        .api = tls_api,
+    };
+    fn(&op);
+}
+
 static int insert_alloc_locked(struct fake_alloc a)
 {
     if (g_nr_allocs == g_cap_allocs) {
@@ -198,11 +230,13 @@ static int insert_alloc_locked(struct fake_alloc a)
     memmove(&g_allocs[i + 1], &g_allocs[i], (g_nr_allocs - i) * sizeof(*g_allocs));
     g_allocs[i] = a;
     g_nr_allocs++;
+    tell_observer(&a, false);
     return 0;
 }
 
 static void remove_alloc_locked(struct fake_alloc *a)
 {
+    tell_observer(a, true);
     size_t i = (size_t)(a - g_allocs);
     memmove(&g_allocs[i], &g_allocs[i + 1], (g_nr_allocs - i - 1) * sizeof(*g_allocs));
     g_nr_allocs--;
@@ -744,7 +778,10 @@ FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 {
     atomic_fetch_add(&g_calls[FAKECUDA_CALL_MEM_ALLOC], 1);
     spin_us(g_alloc_us);
-    return alloc_current(dptr, n, KIND_DEVICE);
+    tls_api = "cuMemAlloc_v2";
+    CUresult r = alloc_current(dptr, n, KIND_DEVICE);
+    tls_api = NULL;
+    return r;
 }
 
 FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
@@ -799,7 +836,9 @@ FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     }
     /* Like the real driver: the free waits for all work on the device. */
     device_sync_locked(device_of_ptr(a->ptr));
+    tls_api = "cuMemFree_v2";
     free_range_locked((uintptr_t)dptr);
+    tls_api = NULL;
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }

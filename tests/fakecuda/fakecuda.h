@@ -34,6 +34,27 @@ unsigned long fakecuda_calls(enum fakecuda_counter c);
 size_t fakecuda_live_allocations(void);
 unsigned long long fakecuda_ipc_handle_base(const struct CUipcMemHandle_st *h);
 
+/* One allocation or release the simulated driver made, for a CUPTI stand-in. */
+enum fakecuda_mem_kind {
+    FAKECUDA_MEM_DEVICE,
+    FAKECUDA_MEM_ASYNC,
+    FAKECUDA_MEM_MANAGED,
+    FAKECUDA_MEM_HOST
+};
+struct fakecuda_memop {
+    int release; /* 0: allocated, 1: released */
+    int kind;    /* enum fakecuda_mem_kind */
+    int device;  /* -1 for host memory */
+    unsigned long long ptr, bytes;
+    unsigned long long pool; /* stream-ordered: the base of the device's pool */
+    const char *api;         /* the entry point, when the fake knows it (cuMemAlloc_v2,
+                                cuMemFree_v2), else NULL */
+};
+typedef void (*fakecuda_memop_fn)(const struct fakecuda_memop *op);
+/* Called (under the fake's lock, on the allocating or freeing thread) for each one; NULL
+ * stops it. */
+void fakecuda_set_memory_observer(fakecuda_memop_fn fn);
+
 typedef unsigned long (*fakecuda_calls_fn)(enum fakecuda_counter c);
 typedef size_t (*fakecuda_live_allocations_fn)(void);
 

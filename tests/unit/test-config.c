@@ -173,6 +173,40 @@ static void test_output_mode(void **state)
     }
 }
 
+static void audit_line(const char *line, void *arg)
+{
+    if (!strncmp(line, "CUHEAP_AUDIT=", 13))
+        snprintf(arg, 600, "%s", line);
+}
+
+/* The audit is opt-in; a path names the CUPTI to use and turns it on; the effective setting
+ * shows in the dump the trace header holds. */
+static void test_audit(void **state)
+{
+    (void)state;
+    struct fake_env e = {0};
+    struct cuheap_config c;
+    cuheap_config_parse(&c, get, warn, &e);
+    assert_false(c.audit);
+    assert_string_equal(c.audit_cupti, "");
+    struct fake_env on = {.vars = {{"CUHEAP_AUDIT", "1"}}};
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &on), 0);
+    assert_true(c.audit);
+    assert_string_equal(c.audit_cupti, "");
+    struct fake_env path = {.vars = {{"CUHEAP_AUDIT", "/opt/cuda/lib64/libcupti.so.13"}}};
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &path), 0);
+    assert_true(c.audit);
+    assert_string_equal(c.audit_cupti, "/opt/cuda/lib64/libcupti.so.13");
+    char line[600] = "";
+    cuheap_config_dump(&c, audit_line, line);
+    assert_string_equal(line, "CUHEAP_AUDIT=/opt/cuda/lib64/libcupti.so.13");
+    /* a relative name would be looked up who knows where: warned, the default kept */
+    struct fake_env bad = {.vars = {{"CUHEAP_AUDIT", "libcupti.so"}}};
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &bad), 1);
+    assert_true(warned(&bad, "CUHEAP_AUDIT"));
+    assert_false(c.audit);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -183,6 +217,7 @@ int main(void)
         cmocka_unit_test(test_pool_max_capped_by_arena),
         cmocka_unit_test(test_sizes_and_paths),
         cmocka_unit_test(test_output_mode),
+        cmocka_unit_test(test_audit),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
