@@ -852,7 +852,8 @@ static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t 
             if (!poll_oldest_locked(p))
                 wait_oldest_locked(p);
         }
-        return_block_locked(p, *arena, *ptr);
+        /* back to the buddy, not a quick list: the list would hand this very block out again */
+        merge_block_locked(p, *arena, *ptr);
         if (take_block_locked(p, size, ptr, block, arena))
             cuheap_assert(!"a block just given back could not be taken again");
     }
