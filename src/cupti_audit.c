@@ -415,6 +415,11 @@ static void give_up(const char *what, CUptiResult r)
     pthread_mutex_unlock(&match_lock);
 }
 
+static void audit_at_exit(void)
+{
+    cuheap_audit_stop();
+}
+
 void cuheap_audit_start(const struct cuheap_config *cfg)
 {
     if (!cfg->audit)
@@ -460,6 +465,10 @@ void cuheap_audit_start(const struct cuheap_config *cfg)
     if (cupti.cuptiActivityFlushPeriod)
         cupti.cuptiActivityFlushPeriod(FLUSH_MS);
     enable_name_callbacks();
+    /* CUPTI registers exit handlers of its own while it starts; after them its calls crash
+     * (a CUDA program segfaulted at exit on the H200). Handlers run last-registered first, so
+     * this one, registered after CUPTI's, flushes and reports while CUPTI still works. */
+    atexit(audit_at_exit);
     verbose = cfg->verbose;
     if (verbose)
         cuheap_log("audit: on, CUPTI from %s", cupti_path);

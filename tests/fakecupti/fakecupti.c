@@ -10,6 +10,7 @@
  */
 #include <cupti.h>
 #include <dlfcn.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -89,8 +90,31 @@ EXPORT CUptiResult cuptiGetResultString(CUptiResult r, const char **str)
     return CUPTI_SUCCESS;
 }
 
+/* Like the real CUPTI (seen on an H200): it registers an exit handler of its own when a
+ * subscriber arrives, and activity calls made after that handler ran crash. The stand-in
+ * aborts instead, so a client that calls it too late at exit fails its test. */
+static bool torn_down;
+
+static void cupti_at_exit(void)
+{
+    torn_down = true;
+}
+
+static void check_alive(const char *what)
+{
+    if (torn_down) {
+        fprintf(stderr, "fakecupti: %s called after CUPTI's exit handler ran\n", what);
+        abort();
+    }
+}
+
 EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *ret, CUpti_CallbackFunc fn, void *arg)
 {
+    static bool registered;
+    if (!registered) {
+        registered = true;
+        atexit(cupti_at_exit);
+    }
     const char *held = getenv("FAKECUPTI_HELD");
     pthread_mutex_lock(&lock);
     bool busy = subscribed || (held && held[0] == '1');
@@ -200,6 +224,7 @@ EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind)
 
 EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind)
 {
+    check_alive("cuptiActivityDisable");
     (void)kind;
     pthread_mutex_lock(&lock);
     enabled = false;
@@ -209,6 +234,7 @@ EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind)
 
 EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag)
 {
+    check_alive("cuptiActivityFlushAll");
     (void)flag;
     pthread_mutex_lock(&lock);
     uint8_t *buf = buffer;
