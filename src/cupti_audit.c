@@ -28,7 +28,7 @@
 #include "driver.h"
 #include "event.h"
 #include "log.h"
-#include "runtime.h"
+#include "guard.h"
 
 atomic_bool cuheap_auditing;
 

@@ -14,6 +14,7 @@
 #include "addrmap.h"
 #include "config.h"
 #include "driver.h"
+#include "guard.h"
 #include "pool.h"
 
 #define CUHEAP_NR_MAX_DEVICES       32
@@ -46,12 +47,6 @@ extern struct cuheap_addrmap cuheap_passthru;
 
 /* Counters the public stats report. */
 extern _Atomic uint64_t cuheap_nr_allocs, cuheap_nr_frees, cuheap_nr_passthrough, cuheap_nr_ooms;
-
-/* Set while this thread works inside cuheap outside a hook (cuheap_mark, an NVTX callback):
- * the re-entry guard of those paths. A hook reached meanwhile on the same thread (a signal
- * handler that allocates) finds cuheap_boot() false and goes straight to the driver, as a
- * re-entered hook does, instead of waiting for a lock this thread holds. */
-extern __thread int cuheap_busy __attribute__((tls_model("initial-exec")));
 
 /* Start everything once (driver, settings, recorder). Returns true when hooks may do their
  * work; false means: call the driver and nothing else (cuheap did not start, or the thread
