@@ -24,6 +24,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "slurp.h"
+
 static char build[PATH_MAX], tmp[PATH_MAX];
 
 /* One expected event: ptr 0 and api "-" match anything. */
@@ -100,21 +102,6 @@ static bool matches(const struct expected *e, const struct trace_event *t)
 {
     return !strcmp(e->event, t->event) && (!strcmp(e->api, "-") || !strcmp(e->api, t->api)) &&
            (!e->ptr || e->ptr == t->ptr) && e->size == t->size && e->capture == t->capture;
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    buf[got] = 0;
-    fclose(f);
-    return buf;
 }
 
 /* Run the door's program under cuheap; returns its exit status, stdout in *ret_out. */

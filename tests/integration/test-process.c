@@ -23,23 +23,10 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "slurp.h"
+
 static char build[PATH_MAX], source[PATH_MAX], tmp[PATH_MAX], env_base[4 * PATH_MAX];
 static const char *python;
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    buf[got] = 0;
-    fclose(f);
-    return buf;
-}
 
 /* A file of the test's folder, for failure messages (never freed: the test ends). */
 static char *slurp_in_tmp(const char *name)
