@@ -34,16 +34,17 @@ struct cuheap_backend {
     void (*forget)(void *ctx);
 
     /* Virtual memory (CUHEAP_BACKING=vmm); granule is 0 when the device has none.
-     * va_reserve takes address space only; phys_create one physical granule (CUHEAP_BE_OOM
-     * when the device is full); phys_map maps a granule at va and makes it accessible to the
-     * device (and its peers); phys_unmap undoes that; the handle stays valid until released. */
+     * va_reserve takes address space only; phys_create physical memory of size bytes (a
+     * multiple of granule; CUHEAP_BE_OOM when the device is full); phys_map maps all of it at
+     * va and makes it accessible to the device (and its peers); phys_unmap undoes that; the
+     * handle stays valid until released. */
     uint64_t granule;
     int (*va_reserve)(void *ctx, uint64_t size, uint64_t *ret_va);
     void (*va_free)(void *ctx, uint64_t va, uint64_t size);
-    int (*phys_create)(void *ctx, uint64_t *ret_handle);
+    int (*phys_create)(void *ctx, uint64_t size, uint64_t *ret_handle);
     void (*phys_release)(void *ctx, uint64_t handle);
-    int (*phys_map)(void *ctx, uint64_t va, uint64_t handle);
-    void (*phys_unmap)(void *ctx, uint64_t va);
+    int (*phys_map)(void *ctx, uint64_t va, uint64_t size, uint64_t handle);
+    void (*phys_unmap)(void *ctx, uint64_t va, uint64_t size);
 };
 
 #endif

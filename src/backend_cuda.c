@@ -251,12 +251,12 @@ static void va_free(void *ctx, uint64_t va, uint64_t size)
     cuheap_drv.cuMemAddressFree(va, size);
 }
 
-static int phys_create(void *ctx, uint64_t *ret_handle)
+static int phys_create(void *ctx, uint64_t size, uint64_t *ret_handle)
 {
     struct cuheap_device *d = ctx;
     CUmemAllocationProp prop = granule_prop(d);
     CUmemGenericAllocationHandle h;
-    CUresult r = cuheap_drv.cuMemCreate(&h, d->granule, &prop, 0);
+    CUresult r = cuheap_drv.cuMemCreate(&h, size, &prop, 0);
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
         return CUHEAP_BE_OOM;
     if (r != CUDA_SUCCESS)
@@ -271,29 +271,28 @@ static void phys_release(void *ctx, uint64_t handle)
     cuheap_drv.cuMemRelease((CUmemGenericAllocationHandle)handle);
 }
 
-/* Map one granule and make it readable and writable by the device. */
-static int phys_map(void *ctx, uint64_t va, uint64_t handle)
+/* Map physical memory whole and make it readable and writable by the device. */
+static int phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t handle)
 {
     struct cuheap_device *d = ctx;
-    if (cuheap_drv.cuMemMap(va, d->granule, 0, (CUmemGenericAllocationHandle)handle, 0) !=
-        CUDA_SUCCESS)
+    if (cuheap_drv.cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)handle, 0) != CUDA_SUCCESS)
         return -5;
     CUmemAccessDesc access;
     memset(&access, 0, sizeof(access));
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = d->ordinal;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (cuheap_drv.cuMemSetAccess(va, d->granule, &access, 1) != CUDA_SUCCESS) {
-        cuheap_drv.cuMemUnmap(va, d->granule);
+    if (cuheap_drv.cuMemSetAccess(va, size, &access, 1) != CUDA_SUCCESS) {
+        cuheap_drv.cuMemUnmap(va, size);
         return -5;
     }
     return 0;
 }
 
-static void phys_unmap(void *ctx, uint64_t va)
+static void phys_unmap(void *ctx, uint64_t va, uint64_t size)
 {
-    struct cuheap_device *d = ctx;
-    cuheap_drv.cuMemUnmap(va, d->granule);
+    (void)ctx;
+    cuheap_drv.cuMemUnmap(va, size);
 }
 
 /* The device's granularity when it and the driver support virtual memory management, else 0

@@ -149,11 +149,11 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
     uint64_t want = size ? size : 1;
     uint32_t best = b->free_area[found].head;
     unsigned best_order = found;
-    uint64_t best_score = 0;
+    int64_t best_score = 0;
     bool have = false;
     /* every order that fits, its first max_candidates free blocks, each judged by the best place
      * a greedy split would reach in it */
-    for (unsigned o = found; o <= b->max_order && !(have && best_score >= want); o++) {
+    for (unsigned o = found; o <= b->max_order && !(have && best_score >= (int64_t)want); o++) {
         if (!(b->free_bitmap & (1ull << o)))
             continue;
         unsigned n = 0;
@@ -164,17 +164,18 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
                 high--;
                 uint32_t upper = unit + units_of(b, high);
                 uint64_t half = high == order ? want : 1ull << high;
-                if (score(arg, addr_of(b, upper), half) > score(arg, addr_of(b, unit), half))
+                if (score(arg, addr_of(b, upper), half, want) >
+                    score(arg, addr_of(b, unit), half, want))
                     unit = upper;
             }
-            uint64_t s = score(arg, addr_of(b, unit), want);
+            int64_t s = score(arg, addr_of(b, unit), want, want);
             if (!have || s > best_score) {
                 have = true;
                 best = u;
                 best_order = o;
                 best_score = s;
             }
-            if (s >= want)
+            if (s >= (int64_t)want)
                 break;
         }
     }
@@ -185,7 +186,7 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
         high--;
         uint32_t upper = unit + units_of(b, high);
         uint64_t half = high == order ? (size ? size : 1) : 1ull << high;
-        if (score(arg, addr_of(b, upper), half) > score(arg, addr_of(b, unit), half)) {
+        if (score(arg, addr_of(b, upper), half, want) > score(arg, addr_of(b, unit), half, want)) {
             list_add(b, unit, high);
             unit = upper;
         } else {

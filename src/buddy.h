@@ -58,9 +58,11 @@ unsigned cuheap_buddy_order_for(const struct cuheap_buddy *b, uint64_t size);
 int cuheap_buddy_alloc(struct cuheap_buddy *b, uint64_t size, uintptr_t *ret_addr,
                        unsigned *ret_order);
 
-/* How much the caller likes the len bytes at addr (for vmm pools: how many of them have memory
- * mapped already). Higher is better; len means all of it. */
-typedef uint64_t (*cuheap_buddy_score_fn)(void *arg, uintptr_t addr, uint64_t len);
+/* How much the caller likes the len bytes at addr as a place, or a region to look for a place,
+ * for a block of size bytes (for vmm pools: how many of them have memory mapped that such a
+ * block should use). Higher is better; len or more is as good as it gets; below 0 is worse
+ * than a place the caller does not care about. */
+typedef int64_t (*cuheap_buddy_score_fn)(void *arg, uintptr_t addr, uint64_t len, uint64_t size);
 
 /* Like cuheap_buddy_alloc, but where the block comes from is chosen by score: the first
  * max_candidates free blocks of every order that fits are each split greedily (at each level

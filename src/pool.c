@@ -167,7 +167,8 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
     }
     size_t n = a->buddy.nr_units;
     uint32_t nr_granules = p->vmm ? (uint32_t)(size >> p->granule_shift) : 0;
-    a->meta_bytes = 4 * n * sizeof(uint64_t) + nr_granules * sizeof(struct cuheap_granule);
+    a->meta_bytes = 4 * n * sizeof(uint64_t) +
+                    nr_granules * (sizeof(struct cuheap_granule) + sizeof(struct cuheap_chunk));
     void *m = mmap(NULL, a->meta_bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
@@ -180,11 +181,8 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
     a->link = a->buffer_id + n;
     a->extent = a->link + n;
     a->granules = nr_granules ? (struct cuheap_granule *)(a->extent + n) : NULL;
+    a->chunks = nr_granules ? (struct cuheap_chunk *)(a->granules + nr_granules) : NULL;
     a->nr_granules = nr_granules;
-    for (uint32_t g = 0; g < nr_granules; g++) {
-        a->granules[g].index = g;
-        a->granules[g].arena = a;
-    }
     a->pool = p;
     return a;
 }
@@ -194,6 +192,7 @@ static void arena_retire(struct cuheap_arena *a)
     munmap(a->block_size, a->meta_bytes);
     a->block_size = a->buffer_id = a->link = a->extent = NULL;
     a->granules = NULL;
+    a->chunks = NULL;
     cuheap_buddy_destroy(&a->buddy); /* size becomes 0 */
 }
 
@@ -223,6 +222,8 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->vmm = cfg->backing == CUHEAP_BACKING_VMM && be->granule && be->va_reserve && be->va_free &&
              be->phys_create && be->phys_release && be->phys_map && be->phys_unmap;
     p->granule_shift = p->vmm ? 63u - (unsigned)__builtin_clzll(be->granule) : 0;
+    p->chunk_max =
+        p->vmm && cfg->vmm_chunk > be->granule ? (uint32_t)(cfg->vmm_chunk >> p->granule_shift) : 1;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     return 0;
 }
@@ -315,33 +316,45 @@ static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_
     return base;
 }
 
-/* ---- physical granules (CUHEAP_BACKING=vmm) ---- */
+/* ---- physical memory: granules and chunks (CUHEAP_BACKING=vmm) ---- */
 
 static uint64_t granule_bytes(const struct cuheap_pool *p)
 {
     return 1ull << p->granule_shift;
 }
 
-static uint64_t granule_va(const struct cuheap_granule *gr)
+static uint64_t granule_va(const struct cuheap_arena *a, uint32_t g)
 {
-    return gr->arena->buddy.base + ((uint64_t)gr->index << gr->arena->pool->granule_shift);
+    return a->buddy.base + ((uint64_t)g << a->pool->granule_shift);
 }
 
-static void idle_push_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
+static uint64_t chunk_va(const struct cuheap_chunk *c)
 {
-    gr->idle_prev = p->idle.idle_prev;
-    gr->idle_next = &p->idle;
-    p->idle.idle_prev->idle_next = gr;
-    p->idle.idle_prev = gr;
+    return granule_va(c->arena, c->first);
+}
+
+static uint64_t chunk_bytes(const struct cuheap_pool *p, const struct cuheap_chunk *c)
+{
+    return (uint64_t)c->nr << p->granule_shift;
+}
+
+static void idle_push_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
+{
+    c->idle_prev = p->idle.idle_prev;
+    c->idle_next = &p->idle;
+    p->idle.idle_prev->idle_next = c;
+    p->idle.idle_prev = c;
     p->nr_idle++;
+    p->idle_bytes += chunk_bytes(p, c);
 }
 
-static void idle_remove_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
+static void idle_remove_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
 {
-    gr->idle_prev->idle_next = gr->idle_next;
-    gr->idle_next->idle_prev = gr->idle_prev;
-    gr->idle_prev = gr->idle_next = NULL;
+    c->idle_prev->idle_next = c->idle_next;
+    c->idle_next->idle_prev = c->idle_prev;
+    c->idle_prev = c->idle_next = NULL;
     p->nr_idle--;
+    p->idle_bytes -= chunk_bytes(p, c);
 }
 
 /* The granules [*ret_first, *ret_last] that the first bytes of the block at ptr reach into. */
@@ -353,13 +366,21 @@ static void granule_span(const struct cuheap_pool *p, const struct cuheap_arena 
     *ret_last = (uint32_t)((off + bytes - 1) >> p->granule_shift);
 }
 
-/* A granule no block uses stays mapped, at the back of the idle list: the block that is
- * handed out at its address next needs no driver call. */
+/* One more block uses a mapped granule; its chunk stops being idle. */
+static void hold_granule_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
+{
+    cuheap_assert(gr->chunk);
+    if (gr->nr_users++ == 0 && gr->chunk->nr_busy++ == 0)
+        idle_remove_locked(p, gr->chunk);
+}
+
+/* A chunk none of whose granules is used stays mapped, at the back of the idle list: the
+ * block handed out at its address next needs no driver call. */
 static void drop_granule_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
 {
-    cuheap_assert(gr->nr_users > 0 && gr->handle);
-    if (--gr->nr_users == 0)
-        idle_push_locked(p, gr);
+    cuheap_assert(gr->nr_users > 0 && gr->chunk);
+    if (--gr->nr_users == 0 && --gr->chunk->nr_busy == 0)
+        idle_push_locked(p, gr->chunk);
 }
 
 /* The block at ptr is free again (its fence has passed): it lets go of its granules. */
@@ -374,47 +395,67 @@ static void unuse_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a,
     a->extent[u] = 0;
 }
 
-/* Unmap an idle granule; returns its physical memory, for the caller to map elsewhere or
- * release. */
-static uint64_t unmap_idle_locked(struct cuheap_pool *p, struct cuheap_granule *gr)
+/* Put physical memory (handle, nr granules) at granule first of arena a, already mapped
+ * there by the caller; the chunk is idle until a block holds one of its granules. */
+static void place_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
+                               uint32_t nr, uint64_t handle)
 {
-    idle_remove_locked(p, gr);
-    uint64_t h = gr->handle;
-    p->be.phys_unmap(p->be.ctx, granule_va(gr));
-    gr->handle = 0;
-    gr->arena->nr_mapped--;
+    struct cuheap_chunk *c = &a->chunks[first];
+    *c = (struct cuheap_chunk){.handle = handle, .first = first, .nr = nr, .arena = a};
+    for (uint32_t g = first; g < first + nr; g++)
+        a->granules[g].chunk = c;
+    a->nr_mapped += nr;
+    idle_push_locked(p, c);
+}
+
+/* Unmap an idle chunk; returns its physical memory, for the caller to map elsewhere or
+ * release. Its slot is empty afterwards. */
+static uint64_t unmap_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
+{
+    cuheap_assert(!c->nr_busy);
+    idle_remove_locked(p, c);
+    uint64_t h = c->handle;
+    p->be.phys_unmap(p->be.ctx, chunk_va(c), chunk_bytes(p, c));
+    for (uint32_t g = c->first; g < c->first + c->nr; g++)
+        c->arena->granules[g].chunk = NULL;
+    c->arena->nr_mapped -= c->nr;
+    c->handle = 0;
     return h;
 }
 
-/* Give idle granules back to the driver, oldest first, while the pool holds more than keep
- * bytes. Returns the bytes released. */
+/* Give an idle chunk back to the driver. Returns its bytes. */
+static uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
+{
+    uint64_t va = chunk_va(c), bytes = chunk_bytes(p, c);
+    p->be.phys_release(p->be.ctx, unmap_idle_locked(p, c));
+    p->st.reserved -= bytes;
+    atomic_fetch_sub(p->device_reserved, bytes);
+    note(p, CUHEAP_EV_ARENA_RELEASE, va, bytes, p->st.reserved, 0);
+    return bytes;
+}
+
+/* Give idle chunks back to the driver, oldest first, while the pool holds more than keep
+ * bytes without them. Returns the bytes released. */
 static uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
 {
-    uint64_t g = granule_bytes(p), released = 0;
-    while (p->nr_idle && p->st.reserved >= keep + g) {
-        struct cuheap_granule *gr = p->idle.idle_next;
-        uint64_t va = granule_va(gr);
-        p->be.phys_release(p->be.ctx, unmap_idle_locked(p, gr));
-        p->st.reserved -= g;
-        atomic_fetch_sub(p->device_reserved, g);
-        released += g;
-        note(p, CUHEAP_EV_ARENA_RELEASE, va, g, p->st.reserved, 0);
-    }
+    uint64_t released = 0;
+    while (p->nr_idle && p->st.reserved >= keep + chunk_bytes(p, p->idle.idle_next))
+        released += release_chunk_locked(p, p->idle.idle_next);
     return released;
 }
 
-/* A new granule from the driver, within the limit. Returns 0, CUHEAP_BE_OOM or -EDQUOT. */
-static int create_granule_locked(struct cuheap_pool *p, uint64_t *ret_handle)
+/* New physical memory from the driver, within the limit. Returns 0, CUHEAP_BE_OOM or
+ * -EDQUOT. */
+static int create_chunk_locked(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle)
 {
-    uint64_t g = granule_bytes(p);
-    if (p->limit && atomic_load(p->device_reserved) + g > p->limit)
+    if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
         return -EDQUOT;
-    int r = p->be.phys_create(p->be.ctx, ret_handle);
+    int r = p->be.phys_create(p->be.ctx, bytes, ret_handle);
     if (r)
         return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
-    p->st.reserved += g;
+    p->st.reserved += bytes;
     p->st.nr_creates++;
-    atomic_fetch_add(p->device_reserved, g);
+    atomic_fetch_add(p->device_reserved, bytes);
     return 0;
 }
 
@@ -459,18 +500,29 @@ static unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
     return 64u - (unsigned)__builtin_clzll(size - 1);
 }
 
-/* vmm: bytes of [addr, addr + len) that have memory mapped (len when all of it has): the
- * buddy prefers such places, so blocks come back where their granules are, not where granules
- * would have to be moved (66 us each on an H200). */
-static uint64_t mapped_bytes(void *arg, uintptr_t addr, uint64_t len)
+/* vmm: how good [addr, addr + len) is for a block of size bytes: the bytes of it that have
+ * memory mapped the block should use (len when all of it has), less those of idle chunks it
+ * should not. A place where memory is mapped needs no driver call; but a chunk is mapped and
+ * released whole, so a block put into an idle chunk much larger than itself keeps all of it
+ * busy: a 4 KiB block in a 64 MiB chunk holds 64 MiB. Busy chunks, and idle ones up to a
+ * quarter larger than the block's granules, are good; larger idle ones are avoided, kept
+ * whole for a block of their size. */
+static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t size)
 {
     const struct cuheap_arena *a = arg;
     unsigned shift = a->pool->granule_shift;
     uint64_t off = addr - a->buddy.base, first = off >> shift, last = (off + len - 1) >> shift;
-    uint64_t n = 0;
-    for (uint64_t g = first; g <= last; g++)
-        n += a->granules[g].handle != 0;
-    return n == last - first + 1 ? len : n << shift;
+    uint64_t fits = ((size + (1ull << shift) - 1) >> shift) * 5 / 4, good = 0, bad = 0;
+    for (uint64_t g = first; g <= last; g++) {
+        const struct cuheap_chunk *c = a->granules[g].chunk;
+        if (c && (c->nr_busy || c->nr <= fits))
+            good++;
+        else if (c)
+            bad++;
+    }
+    if (good == last - first + 1)
+        return (int64_t)len;
+    return (int64_t)(good << shift) - (int64_t)(bad << shift);
 }
 
 #define CUHEAP_VMM_CANDIDATES 8 /* free blocks of one order looked at for a mapped one */
@@ -496,7 +548,7 @@ static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret
         struct cuheap_arena *a = p->arenas[i];
         uintptr_t addr;
         unsigned got;
-        int r = p->vmm ? cuheap_buddy_alloc_scored(&a->buddy, size, mapped_bytes, a,
+        int r = p->vmm ? cuheap_buddy_alloc_scored(&a->buddy, size, place_score, a,
                                                    CUHEAP_VMM_CANDIDATES, &addr, &got)
                        : cuheap_buddy_alloc(&a->buddy, size, &addr, &got);
         if (r == 0) {
@@ -713,25 +765,113 @@ static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, ui
     return create ? empty : NULL;
 }
 
-/* ---- physical granules: where a block gets them (vmm) ---- */
+/* ---- physical memory: where a block gets it (vmm) ---- */
+
+/* Granules the pool may hold beyond the most its blocks have used at once. */
+#define CUHEAP_IDLE_CUSHION 8
 
 struct acquire {
     bool fenced; /* the open epoch was closed for this allocation already */
 };
 
-/* Physical memory for one granule: an idle granule moved here; else memory that blocks
- * waiting for a fence will free (waiting beats growing: the driver's own free waits for the
- * whole device every time); else a new granule from the driver. Returns 0 with the handle
- * (*ret_from: the address it was moved from, 0 for a new one), CUHEAP_BE_OOM or -EDQUOT. */
-static int get_physical_locked(struct cuheap_pool *p, struct acquire *acq, uint64_t *ret_handle,
-                               uint64_t *ret_from)
+/* New physical memory mapped at the unmapped granules [first, first + nr) of arena a, as one
+ * (idle) chunk. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+static int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
+                            uint32_t nr)
 {
+    uint64_t h, va = granule_va(a, first), bytes = (uint64_t)nr << p->granule_shift;
+    int r = create_chunk_locked(p, bytes, &h);
+    if (r)
+        return r;
+    if (p->be.phys_map(p->be.ctx, va, bytes, h)) {
+        /* cannot map it here: give it back to the driver rather than hold it unmapped */
+        p->be.phys_release(p->be.ctx, h);
+        p->st.reserved -= bytes;
+        atomic_fetch_sub(p->device_reserved, bytes);
+        return -EIO;
+    }
+    place_chunk_locked(p, a, first, nr, h);
+    note(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
+    return 0;
+}
+
+/* An idle chunk of exactly nr granules, oldest first (the first 64 looked at). */
+static struct cuheap_chunk *idle_of_size_locked(struct cuheap_pool *p, uint32_t nr)
+{
+    unsigned n = 0;
+    for (struct cuheap_chunk *c = p->idle.idle_next; c != &p->idle && n < 64; c = c->idle_next, n++)
+        if (c->nr == nr)
+            return c;
+    return NULL;
+}
+
+/* Move an idle chunk whole to the unmapped granules [first, first + c->nr) of arena a. */
+static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuheap_arena *a,
+                             uint32_t first)
+{
+    uint32_t nr = c->nr;
+    uint64_t from = chunk_va(c), bytes = chunk_bytes(p, c), va = granule_va(a, first);
+    uint64_t h = unmap_idle_locked(p, c);
+    note(p, CUHEAP_EV_ARENA_RELEASE, from, bytes, p->st.reserved, 0);
+    if (p->be.phys_map(p->be.ctx, va, bytes, h)) {
+        p->be.phys_release(p->be.ctx, h);
+        p->st.reserved -= bytes;
+        atomic_fetch_sub(p->device_reserved, bytes);
+        return -EIO;
+    }
+    place_chunk_locked(p, a, first, nr, h);
+    p->st.nr_moves++;
+    note(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
+    return 0;
+}
+
+/* Physical memory for the unmapped granules [first, first + nr) of arena a, as one chunk:
+ * an idle chunk of that size moved here (one unmap, one map); else a new chunk, within the
+ * pool's budget: the most memory its blocks have used at once so far, plus a small cushion.
+ * Idle chunks past the budget go back to the driver first, oldest first, so the pool holds
+ * about what the job needs at its peak, and off-peak idle chunks stay where they are for the
+ * blocks that come back to them. Growing past the budget is what waiting beats (the driver's
+ * own free waits for the whole device every time): blocks that wait for a fence are waited
+ * for first, and the question asked again. When the device or the limit is full, idle chunks
+ * go, then pending ones are waited for. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
+                          uint32_t nr, struct acquire *acq)
+{
+    uint64_t need = (uint64_t)nr << p->granule_shift;
     for (;;) {
+        struct cuheap_chunk *c = idle_of_size_locked(p, nr);
+        if (c)
+            return move_chunk_locked(p, c, a, first);
+        uint64_t budget = p->peak_busy + CUHEAP_IDLE_CUSHION * granule_bytes(p);
+        bool waiting = p->ep_head != p->ep_tail;
+        if (p->st.reserved + need > budget && p->st.reserved + need - budget > p->idle_bytes) {
+            /* past the job's high-water mark: blocks that wait for a fence first */
+            if (reclaim_locked(p))
+                continue;
+            if (!acq->fenced) {
+                acq->fenced = true;
+                flush_stream_caches_locked(p);
+                close_epoch_locked(p);
+                if (poll_oldest_locked(p))
+                    continue;
+                waiting = p->ep_head != p->ep_tail;
+            }
+            if (waiting && p->st.pending >= granule_bytes(p)) {
+                wait_oldest_locked(p);
+                continue;
+            }
+        }
+        while (p->nr_idle && p->st.reserved + need > budget) {
+            release_chunk_locked(p, p->idle.idle_next);
+            p->st.nr_releases++;
+        }
+        int r = new_chunk_locked(p, a, first, nr);
+        if (r == 0 || r == -EIO)
+            return r;
+        /* the device or the limit is full: idle memory goes first, then what is pending */
         if (p->nr_idle) {
-            struct cuheap_granule *gr = p->idle.idle_next;
-            *ret_from = granule_va(gr);
-            *ret_handle = unmap_idle_locked(p, gr);
-            return 0;
+            release_idle_locked(p, 0);
+            continue;
         }
         if (reclaim_locked(p))
             continue;
@@ -739,61 +879,18 @@ static int get_physical_locked(struct cuheap_pool *p, struct acquire *acq, uint6
             acq->fenced = true;
             flush_stream_caches_locked(p);
             close_epoch_locked(p);
-            if (poll_oldest_locked(p))
-                continue;
-        }
-        bool waiting = p->ep_head != p->ep_tail;
-        if (waiting && p->st.pending >= granule_bytes(p)) {
-            wait_oldest_locked(p);
             continue;
         }
-        *ret_from = 0;
-        int r = create_granule_locked(p, ret_handle);
-        if (r == 0 || !waiting)
+        if (p->ep_head == p->ep_tail)
             return r;
-        wait_oldest_locked(p); /* the driver is full: what is pending is all that is left */
+        wait_oldest_locked(p);
     }
-}
-
-/* Make the granule a block reaches into usable: already in use, idle at this address, moved
- * here, or new. */
-static int hold_granule_locked(struct cuheap_pool *p, struct cuheap_granule *gr,
-                               struct acquire *acq)
-{
-    if (gr->nr_users++)
-        return 0;
-    if (gr->handle) {
-        idle_remove_locked(p, gr);
-        return 0;
-    }
-    uint64_t h, from, va = granule_va(gr), g = granule_bytes(p);
-    int r = get_physical_locked(p, acq, &h, &from);
-    if (r == 0 && p->be.phys_map(p->be.ctx, va, h)) {
-        /* cannot map it here: give it back to the driver rather than keep it unmapped */
-        p->be.phys_release(p->be.ctx, h);
-        p->st.reserved -= g;
-        atomic_fetch_sub(p->device_reserved, g);
-        if (from)
-            note(p, CUHEAP_EV_ARENA_RELEASE, from, g, p->st.reserved, 0);
-        r = -EIO;
-    }
-    if (r) {
-        gr->nr_users--;
-        return r;
-    }
-    gr->handle = h;
-    gr->arena->nr_mapped++;
-    if (from) {
-        p->st.nr_moves++;
-        note(p, CUHEAP_EV_ARENA_RELEASE, from, g, p->st.reserved, 0);
-    }
-    note(p, CUHEAP_EV_ARENA_GROW, va, g, p->st.reserved, 0);
-    return 0;
 }
 
 /* The block at ptr is about to hold size bytes: hold the granules they reach into, beyond
- * those it holds already (a block reused on the same stream keeps its granules). On failure
- * nothing new is held. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+ * those it holds already (a block reused on the same stream keeps its granules), mapping
+ * each run of unmapped ones as one chunk. On failure nothing new is held. Returns 0,
+ * CUHEAP_BE_OOM, -EDQUOT or -EIO. */
 static int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
                                uint64_t size, struct acquire *acq)
 {
@@ -806,15 +903,31 @@ static int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
         granule_span(p, a, ptr, old, &held_first, &held_last);
         first = held_last + 1;
     }
-    for (uint32_t g = first; g <= last; g++) {
-        int r = hold_granule_locked(p, &a->granules[g], acq);
+    /* what is mapped first: its chunks are then busy, and making room cannot give them back */
+    for (uint32_t g = first; g <= last; g++)
+        if (a->granules[g].chunk)
+            hold_granule_locked(p, &a->granules[g]);
+    for (uint32_t g = first; g <= last;) {
+        if (a->granules[g].chunk) {
+            g++;
+            continue;
+        }
+        uint32_t end = g;
+        while (end < last && !a->granules[end + 1].chunk && end + 1 - g < p->chunk_max)
+            end++;
+        int r = map_run_locked(p, a, g, end - g + 1, acq);
         if (r) {
-            while (g-- > first)
-                drop_granule_locked(p, &a->granules[g]);
+            for (uint32_t h = first; h <= last; h++)
+                if (a->granules[h].chunk) /* below g all, beyond it those held above */
+                    drop_granule_locked(p, &a->granules[h]);
             return r;
         }
+        for (; g <= end; g++)
+            hold_granule_locked(p, &a->granules[g]);
     }
     a->extent[u] = size;
+    if (p->st.reserved - p->idle_bytes > p->peak_busy)
+        p->peak_busy = p->st.reserved - p->idle_bytes;
     return 0;
 }
 
@@ -825,7 +938,7 @@ static bool block_mapped_locked(struct cuheap_pool *p, struct cuheap_arena *a, u
     uint32_t first, last;
     granule_span(p, a, ptr, size, &first, &last);
     for (uint32_t g = first; g <= last; g++)
-        if (!a->granules[g].handle)
+        if (!a->granules[g].chunk)
             return false;
     return true;
 }
@@ -1163,30 +1276,18 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     return released;
 }
 
-/* CUHEAP_POOL_INIT under vmm: granules mapped idle at the start of the first arena. */
+/* CUHEAP_POOL_INIT under vmm: idle granules mapped at the start of the first arena, each its
+ * own chunk, so that blocks of any size can use them (one driver call each, once). */
 static int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
 {
-    if (!p->nr_arenas && grow_va_locked(p, granule_bytes(p)))
+    if (!p->nr_arenas && grow_va_locked(p, bytes))
         return -ENOMEM;
     struct cuheap_arena *a = p->arenas[0];
-    for (uint32_t g = 0; g < a->nr_granules && p->st.reserved < bytes; g++) {
-        struct cuheap_granule *gr = &a->granules[g];
-        uint64_t h;
-        if (gr->handle)
-            continue;
-        if (create_granule_locked(p, &h))
+    for (uint32_t g = 0; g < a->nr_granules && p->st.reserved < bytes; g++)
+        if (!a->granules[g].chunk && new_chunk_locked(p, a, g, 1))
             return -ENOMEM;
-        if (p->be.phys_map(p->be.ctx, granule_va(gr), h)) {
-            p->be.phys_release(p->be.ctx, h);
-            p->st.reserved -= granule_bytes(p);
-            atomic_fetch_sub(p->device_reserved, granule_bytes(p));
-            return -ENOMEM;
-        }
-        gr->handle = h;
-        a->nr_mapped++;
-        idle_push_locked(p, gr);
-        note(p, CUHEAP_EV_ARENA_GROW, granule_va(gr), granule_bytes(p), p->st.reserved, 0);
-    }
+    if (p->st.reserved > p->peak_busy)
+        p->peak_busy = p->st.reserved; /* asked for: not to be given back to make room */
     return p->st.reserved >= bytes ? 0 : -ENOMEM;
 }
 
@@ -1271,13 +1372,27 @@ static int check_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, 
     int r = 0;
     for (uint32_t g = 0; g < a->nr_granules && !r; g++) {
         const struct cuheap_granule *gr = &a->granules[g];
-        mapped += gr->handle != 0;
-        bool idle = gr->idle_next != NULL;
-        if (gr->nr_users != users[g] || (gr->nr_users && !gr->handle) ||
-            idle != (gr->handle && !gr->nr_users)) {
-            snprintf(why, why_size, "granule %u at %#lx: %u users (counted %u), mapped %d, idle %d",
-                     g, (unsigned long)granule_va(gr), gr->nr_users, users[g], gr->handle != 0,
-                     idle);
+        const struct cuheap_chunk *c = gr->chunk;
+        mapped += c != NULL;
+        if (gr->nr_users != users[g] || (gr->nr_users && !c) ||
+            (c && (!c->handle || c->arena != a || &a->chunks[c->first] != c || g < c->first ||
+                   g >= c->first + c->nr))) {
+            snprintf(why, why_size, "granule %u at %#lx: %u users (counted %u), mapped %d", g,
+                     (unsigned long)granule_va(a, g), gr->nr_users, users[g], c != NULL);
+            r = -EFAULT;
+        }
+    }
+    for (uint32_t g = 0; g < a->nr_granules && !r; g++) {
+        const struct cuheap_chunk *c = &a->chunks[g];
+        if (!c->handle)
+            continue;
+        uint32_t busy = 0;
+        for (uint32_t k = c->first; k < c->first + c->nr && k < a->nr_granules; k++)
+            busy += a->granules[k].nr_users > 0;
+        bool idle = c->idle_next != NULL;
+        if (c->first != g || busy != c->nr_busy || idle != !busy) {
+            snprintf(why, why_size, "chunk at %#lx: %u granules, %u busy (counted %u), idle %d",
+                     (unsigned long)granule_va(a, g), c->nr, c->nr_busy, busy, idle);
             r = -EFAULT;
         }
     }
@@ -1379,13 +1494,15 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
              (unsigned long)quick);
     if (pending != p->st.pending)
         FAIL("pending %lu, lists hold %lu", (unsigned long)p->st.pending, (unsigned long)pending);
-    uint64_t nr_idle = 0;
-    for (struct cuheap_granule *gr = p->idle.idle_next; p->vmm && gr != &p->idle;
-         gr = gr->idle_next)
+    uint64_t nr_idle = 0, idle_bytes = 0;
+    for (struct cuheap_chunk *c = p->idle.idle_next; p->vmm && c != &p->idle; c = c->idle_next) {
         nr_idle++;
-    if (p->vmm && nr_idle != p->nr_idle)
-        FAIL("idle list holds %lu granules, nr_idle %lu", (unsigned long)nr_idle,
-             (unsigned long)p->nr_idle);
+        idle_bytes += chunk_bytes(p, c);
+    }
+    if (p->vmm && (nr_idle != p->nr_idle || idle_bytes != p->idle_bytes))
+        FAIL("idle list holds %lu chunks of %lu bytes, counted %lu of %lu",
+             (unsigned long)p->nr_idle, (unsigned long)p->idle_bytes, (unsigned long)nr_idle,
+             (unsigned long)idle_bytes);
     pthread_mutex_unlock(&p->lock);
     return 0;
 failed:
@@ -1401,13 +1518,13 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
         struct cuheap_arena *a = p->arenas[i];
         uint64_t base = a->buddy.base, size = a->buddy.size;
         if (p->vmm) {
-            /* the granules died with the context: one release per mapped granule */
+            /* the chunks died with the context: one release per chunk */
             for (uint32_t g = 0; g < a->nr_granules; g++)
-                if (a->granules[g].handle) {
-                    atomic_fetch_sub(p->device_reserved, granule_bytes(p));
-                    p->st.reserved -= granule_bytes(p);
-                    note(p, CUHEAP_EV_ARENA_RELEASE, granule_va(&a->granules[g]), granule_bytes(p),
-                         p->st.reserved, 0);
+                if (a->chunks[g].handle) {
+                    uint64_t bytes = chunk_bytes(p, &a->chunks[g]);
+                    atomic_fetch_sub(p->device_reserved, bytes);
+                    p->st.reserved -= bytes;
+                    note(p, CUHEAP_EV_ARENA_RELEASE, granule_va(a, g), bytes, p->st.reserved, 0);
                 }
         } else {
             atomic_fetch_sub(p->device_reserved, size);
@@ -1421,7 +1538,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     p->nr_empty = 0;
     p->hint = 0;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
-    p->nr_idle = 0;
+    p->nr_idle = p->idle_bytes = 0;
     uint64_t keep_hits = p->st.nr_hits, keep_misses = p->st.nr_misses;
     memset(&p->st, 0, sizeof(p->st));
     p->st.nr_hits = keep_hits;
@@ -1446,7 +1563,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->nr_arenas = 0;
     p->nr_empty = 0;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
-    p->nr_idle = 0;
+    p->nr_idle = p->idle_bytes = 0;
     memset(&p->st, 0, sizeof(p->st));
     memset(p->epochs, 0, sizeof(p->epochs));
     memset(p->caches, 0, sizeof(p->caches));

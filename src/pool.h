@@ -11,11 +11,13 @@
  * block's rounding up to a power of two costs device memory. vmm: each arena is address space
  * only (cuMemAddressReserve, 4 GiB and up), and physical memory comes in granules (2 MiB on
  * current GPUs) mapped under the bytes that live and pending blocks use: a 20 MiB request in
- * a 32 MiB block holds 10 granules. A granule no block uses stays mapped (idle), so a block
- * reused at the same address needs no driver call; when a block needs a granule, an idle one
- * is moved to it (unmapped, mapped again) before waiting for a fence, and new ones are taken
- * from the driver only when neither gives one. A granule under a pending block (freed, fence
- * not passed) is in use: it never moves while work queued before the free may touch it.
+ * a 32 MiB block holds 20 MiB. The granules a block needs are mapped in chunks, one per run of
+ * unmapped granules (struct cuheap_chunk). A chunk no block uses stays mapped (idle), so a
+ * block reused at the same address needs no driver call; when a block needs memory, an idle
+ * chunk of the same size moves to it, else idle chunks go back to the driver to make room
+ * for a new one, so the pool holds about what is used. Blocks that wait for a fence are
+ * waited for before the pool grows. A granule under a pending block (freed, fence not passed)
+ * is in use: it never moves while work queued before the free may touch it.
  *
  * Locking: one mutex per pool (p->lock) guards everything in struct cuheap_pool and its
  * arenas. Driver calls that may block for long (arena allocation and release, device syncs)
@@ -42,13 +44,25 @@
 struct cuheap_pool;
 struct cuheap_arena;
 
-/* One granule of a vmm arena's address range. */
-struct cuheap_granule {
-    uint64_t handle;   /* physical memory mapped here, 0 = nothing mapped */
-    uint32_t nr_users; /* live or pending blocks whose used bytes reach into this granule */
-    uint32_t index;    /* in its arena */
+/* Physical memory mapped as one piece at granules [first, first + nr) of its arena: one
+ * cuMemCreate, one cuMemMap and one cuMemSetAccess whatever its size. On an H200 those cost
+ * about 40 us for 2 MiB and for 256 MiB alike (bench/probe-vmm.c), so a 64 MiB block gets one
+ * chunk, not 32 granules. A chunk is idle while no block uses any of its granules; an idle
+ * chunk stays mapped, so a block handed out at its address again needs no driver call.
+ * cuMemMap cannot map part of a handle (offsets are not supported), so a chunk is mapped,
+ * moved and released whole. */
+struct cuheap_chunk {
+    uint64_t handle; /* 0 = this slot holds no chunk */
+    uint32_t first, nr;
+    uint32_t nr_busy; /* of its granules, those some block uses */
     struct cuheap_arena *arena;
-    struct cuheap_granule *idle_prev, *idle_next; /* on pool->idle while mapped and unused */
+    struct cuheap_chunk *idle_prev, *idle_next; /* on pool->idle while mapped and unused */
+};
+
+/* One granule of a vmm arena's address range (2 MiB on current GPUs). */
+struct cuheap_granule {
+    struct cuheap_chunk *chunk; /* the physical memory mapped here, NULL = none */
+    uint32_t nr_users;          /* live or pending blocks whose used bytes reach into it */
 };
 
 /* A vmm arena's address range: 4 GiB, or the next power of two above a larger request. */
@@ -64,6 +78,7 @@ struct cuheap_arena {
     uint64_t *extent;     /* per unit (vmm): bytes from a block start whose granules it holds */
     size_t meta_bytes;
     struct cuheap_granule *granules; /* vmm: one per granule of the range */
+    struct cuheap_chunk *chunks;     /* vmm: per granule, the chunk that starts there */
     uint32_t nr_granules;
     uint32_t nr_mapped; /* granules with physical memory mapped */
 };
@@ -99,10 +114,11 @@ struct cuheap_pool_stats {
     uint64_t nr_hits;
     uint64_t nr_misses;
     uint64_t nr_arenas;
-    uint64_t nr_fences;  /* fences recorded */
-    uint64_t nr_waits;   /* times an allocation waited for a fence */
-    uint64_t nr_moves;   /* vmm: idle granules moved to where a block needed them */
-    uint64_t nr_creates; /* vmm: granules taken from the driver */
+    uint64_t nr_fences;   /* fences recorded */
+    uint64_t nr_waits;    /* times an allocation waited for a fence */
+    uint64_t nr_moves;    /* vmm: idle chunks moved whole to where a block needed them */
+    uint64_t nr_creates;  /* vmm: chunks taken from the driver */
+    uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one */
 };
 
 /* Something the pool did that a trace should show; seq is taken under the pool lock. */
@@ -137,8 +153,10 @@ struct cuheap_pool {
     unsigned min_order;   /* log2 of CUHEAP_MIN_BLOCK */
     bool vmm;             /* CUHEAP_BACKING=vmm and the device has it */
     unsigned granule_shift;
-    struct cuheap_granule idle; /* list head: mapped granules no block uses, oldest first */
-    uint64_t nr_idle;
+    uint32_t chunk_max;       /* granules per chunk at most (CUHEAP_VMM_CHUNK) */
+    struct cuheap_chunk idle; /* list head: mapped chunks no block uses, oldest first */
+    uint64_t nr_idle, idle_bytes;
+    uint64_t peak_busy; /* most bytes of busy chunks so far: what the job has shown it needs */
     uint64_t next_buffer_id;
     struct cuheap_pool_stats st;
 };

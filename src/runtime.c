@@ -400,9 +400,10 @@ static void summary(void)
             d->ordinal, pl, pr, peak_live ? (double)peak_res / (double)peak_live : 0.0,
             tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits, tries);
         if (d->pool.vmm)
-            cuheap_log_always("GPU %d: vmm: %" PRIu64 " granules taken from the driver, %" PRIu64
-                              " moved, %" PRIu64 " fence waits",
-                              d->ordinal, ps.nr_creates, ps.nr_moves, ps.nr_waits);
+            cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
+                              " moved, %" PRIu64 " given back to make room, %" PRIu64
+                              " fence waits",
+                              d->ordinal, ps.nr_creates, ps.nr_moves, ps.nr_releases, ps.nr_waits);
     }
     cuheap_log_always(
         "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64

@@ -1264,6 +1264,8 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     struct fake_phys *ph = (struct fake_phys *)(uintptr_t)h;
     if (!ptr || !ph || flags || ph->released || offset + size > ph->size)
         return CUDA_ERROR_INVALID_VALUE;
+    if (offset) /* as on the H200's driver (bench/probe-vmm.c): a handle maps whole or not */
+        return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&g_lock);
     int slot = -1;
     for (int i = 0; i < 4096; i++)

@@ -192,12 +192,13 @@ static void test_random_other_min_block(void **state)
  * any order that fits, and leaves a buddy that checks out. */
 static uintptr_t liked_lo, liked_hi;
 
-static uint64_t like_range(void *arg, uintptr_t addr, uint64_t len)
+static int64_t like_range(void *arg, uintptr_t addr, uint64_t len, uint64_t size)
 {
     (void)arg;
+    (void)size;
     uintptr_t lo = addr > liked_lo ? addr : liked_lo;
     uintptr_t hi = addr + len < liked_hi ? addr + len : liked_hi;
-    return hi > lo ? hi - lo : 0;
+    return hi > lo ? (int64_t)(hi - lo) : 0;
 }
 
 static void test_scored_alloc_goes_where_liked(void **state)

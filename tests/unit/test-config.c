@@ -51,6 +51,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.arena_size, 256ull << 20);
     assert_int_equal(c.min_block, 512);
     assert_int_equal(c.pool_max, 64ull << 20);
+    assert_int_equal(c.vmm_chunk, 8ull << 20);
     assert_int_equal(c.reuse, CUHEAP_REUSE_FENCE);
     assert_int_equal(c.release, CUHEAP_RELEASE_OOM);
     assert_int_equal(c.limit_bytes, 0);
@@ -65,6 +66,7 @@ static void test_values(void **state)
     struct fake_env e = {.vars = {{"CUHEAP_POOL", "off"},
                                   {"CUHEAP_ARENA_SIZE", "1G"},
                                   {"CUHEAP_POOL_MAX", "128MiB"},
+                                  {"CUHEAP_VMM_CHUNK", "64M"},
                                   {"CUHEAP_REUSE", "immediate"},
                                   {"CUHEAP_RELEASE", "empty"},
                                   {"CUHEAP_LIMIT", "1.5G"},
@@ -76,6 +78,7 @@ static void test_values(void **state)
     assert_false(c.pool);
     assert_int_equal(c.arena_size, 1ull << 30);
     assert_int_equal(c.pool_max, 128ull << 20);
+    assert_int_equal(c.vmm_chunk, 64ull << 20);
     assert_int_equal(c.reuse, CUHEAP_REUSE_IMMEDIATE);
     assert_int_equal(c.release, CUHEAP_RELEASE_EMPTY);
     assert_int_equal(c.limit_bytes, (uint64_t)(1.5 * (1ull << 30)));
