@@ -28,5 +28,6 @@ done
 gcc -O2 -I/usr/local/cuda/include -o "$b/probe-vmm" bench/probe-vmm.c -L/usr/local/cuda/lib64/stubs -lcuda
 nvcc -O2 -arch=sm_90 -cudart static -o "$b/cuda-static" tests/gpu/cuda_client.cu -ldl
 nvcc -O2 -arch=sm_90 -cudart shared -o "$b/cuda-shared" tests/gpu/cuda_client.cu -ldl
+nvcc -O2 -arch=sm_90 -o "$b/peer-client" tests/gpu/peer_client.cu
 git describe --always --dirty >"$b/COMMIT" 2>/dev/null || true
 du -sh "$b"

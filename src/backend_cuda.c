@@ -8,6 +8,7 @@
  * Fence slots live in struct cuheap_device and are touched only under the pool lock.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "backend.h"
@@ -271,18 +272,40 @@ static void phys_release(void *ctx, uint64_t handle)
     cuheap_drv.cuMemRelease((CUmemGenericAllocationHandle)handle);
 }
 
-/* Map physical memory whole and make it readable and writable by the device. */
-static int phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t handle)
+/* Devices that may access each device's pooled memory besides itself, one bit per ordinal
+ * (cuCtxEnablePeerAccess). Kept by ordinal, not by context record: peer access may be
+ * enabled before the owner's pool exists. */
+static _Atomic uint64_t peers_of[64];
+
+void cuheap_backend_cuda_add_peer(int owner, int accessor)
+{
+    if (owner >= 0 && owner < 64 && accessor >= 0 && accessor < 64)
+        atomic_fetch_or(&peers_of[owner], 1ull << accessor);
+}
+
+/* Make [va, va + size) readable and writable by the device and every peer given access. */
+static int phys_access(void *ctx, uint64_t va, uint64_t size)
 {
     struct cuheap_device *d = ctx;
+    CUmemAccessDesc access[64];
+    uint64_t devices = d->ordinal < 64 ? atomic_load(&peers_of[d->ordinal]) : 0;
+    size_t n = 0;
+    memset(access, 0, sizeof(access));
+    for (int dev = 0; dev < 64; dev++)
+        if (dev == d->ordinal || (devices >> dev & 1)) {
+            access[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            access[n].location.id = dev;
+            access[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        }
+    return cuheap_drv.cuMemSetAccess(va, size, access, n) == CUDA_SUCCESS ? 0 : -5;
+}
+
+/* Map physical memory whole and make it accessible as phys_access() does. */
+static int phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t handle)
+{
     if (cuheap_drv.cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)handle, 0) != CUDA_SUCCESS)
         return -5;
-    CUmemAccessDesc access;
-    memset(&access, 0, sizeof(access));
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = d->ordinal;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (cuheap_drv.cuMemSetAccess(va, size, &access, 1) != CUDA_SUCCESS) {
+    if (phys_access(ctx, va, size)) {
         cuheap_drv.cuMemUnmap(va, size);
         return -5;
     }
@@ -334,5 +357,6 @@ void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *re
         .phys_release = phys_release,
         .phys_map = phys_map,
         .phys_unmap = phys_unmap,
+        .phys_access = phys_access,
     };
 }

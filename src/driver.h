@@ -46,6 +46,7 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuStreamEndCapture_ptsz, (CUstream, CUgraph *))                                              \
     X(cuDevicePrimaryCtxReset_v2, (CUdevice))                                                      \
     X(cuCtxDestroy_v2, (CUcontext))                                                                \
+    X(cuCtxEnablePeerAccess, (CUcontext, unsigned int))                                            \
     X(cuGetProcAddress, (const char *, void **, int, cuuint64_t))                                  \
     X(cuGetProcAddress_v2,                                                                         \
       (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))                  \

@@ -60,6 +60,7 @@
     X(cuStreamEndCapture_ptsz)                                                                     \
     X(cuDevicePrimaryCtxReset_v2)                                                                  \
     X(cuCtxDestroy_v2)                                                                             \
+    X(cuCtxEnablePeerAccess)                                                                       \
     X(cuGetProcAddress)                                                                            \
     X(cuGetProcAddress_v2)
 
@@ -788,6 +789,34 @@ CUHEAP_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (d)
         cuheap_device_gone(d, true);
     LEAVE(cuheap_drv.cuCtxDestroy_v2(ctx));
+}
+
+/* Peer access covers what cuMemAlloc gave; pooled memory under CUHEAP_BACKING=vmm is mapped
+ * by cuheap, and a mapping is accessible only to the devices its cuMemSetAccess named. So the
+ * peer's pool grants the current device access on every chunk it has mapped, and on every
+ * chunk it maps from now on. */
+CUHEAP_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    ENTER(cuCtxEnablePeerAccess);
+    CUresult r = cuheap_drv.cuCtxEnablePeerAccess(peer, flags);
+    CUdevice accessor, owner;
+    CUcontext popped;
+    if (!active || (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) ||
+        cuheap_drv.cuCtxGetDevice(&accessor) != CUDA_SUCCESS)
+        LEAVE(r);
+    if (cuheap_drv.cuCtxPushCurrent_v2(peer) != CUDA_SUCCESS)
+        LEAVE(r);
+    CUresult got = cuheap_drv.cuCtxGetDevice(&owner);
+    cuheap_drv.cuCtxPopCurrent_v2(&popped);
+    if (got != CUDA_SUCCESS)
+        LEAVE(r);
+    cuheap_backend_cuda_add_peer(owner, accessor);
+    struct cuheap_device *d = cuheap_device_by_ctx(peer);
+    if (d && cuheap_pool_grant_access(&d->pool))
+        cuheap_log_once("could not give device %d access to pooled memory of device %d: "
+                        "kernels there that read it will fault; run with CUHEAP_BACKING=legacy",
+                        (int)accessor, (int)owner);
+    LEAVE(r);
 }
 
 /* ---- the lookup doors ---- */

@@ -1324,6 +1324,21 @@ void cuheap_pool_capture(struct cuheap_pool *p, int delta)
     pthread_mutex_unlock(&p->lock);
 }
 
+int cuheap_pool_grant_access(struct cuheap_pool *p)
+{
+    int r = 0;
+    pthread_mutex_lock(&p->lock);
+    for (unsigned i = 0; p->vmm && p->be.phys_access && i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        for (uint32_t g = 0; g < a->nr_granules; g++)
+            if (a->chunks[g].handle &&
+                p->be.phys_access(p->be.ctx, granule_va(a, g), chunk_bytes(p, &a->chunks[g])))
+                r = -EIO;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
 void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
 {
     pthread_mutex_lock(&p->lock);

@@ -203,6 +203,11 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes);
 /* Stream capture began (+1) or ended (-1) somewhere in the process. */
 void cuheap_pool_capture(struct cuheap_pool *p, int delta);
 
+/* vmm: a peer was given access to this pool's device: make every mapped chunk accessible to
+ * the device's peers as the backend now knows them (chunks mapped later get it when mapped).
+ * Returns 0, or -EIO when the driver refused a chunk. */
+int cuheap_pool_grant_access(struct cuheap_pool *p);
+
 void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret);
 
 /* Check every invariant of every arena and the pending lists. Returns 0 or -EFAULT with a

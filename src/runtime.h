@@ -78,6 +78,11 @@ void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved);
 /* Set up d->pool's backend over the real driver (backend_cuda.c). */
 void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *ret);
 
+/* cuCtxEnablePeerAccess succeeded: device `accessor` may now use memory of device `owner`.
+ * Memory the pool maps for owner from now on is made accessible to accessor too; the hook
+ * then has the pool grant it on what is mapped already (cuheap_pool_grant_access). */
+void cuheap_backend_cuda_add_peer(int owner, int accessor);
+
 /* Non-blocking streams the fences must cover (backend_cuda.c). */
 void cuheap_streams_add(CUcontext ctx, CUstream s);
 void cuheap_streams_remove(CUstream s);

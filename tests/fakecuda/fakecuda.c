@@ -122,6 +122,7 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_progress = PTHREAD_COND_INITIALIZER;
 static bool g_initialized;
 static int g_nr_devices;
+static bool g_peer[NR_MAX_DEVICES][NR_MAX_DEVICES]; /* [a][b]: device a may access b's memory */
 static struct fake_device g_devices[NR_MAX_DEVICES];
 static struct fake_alloc *g_allocs; /* sorted by ptr; guarded by g_lock */
 static size_t g_nr_allocs, g_cap_allocs;
@@ -640,6 +641,23 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* The current context's device may access memory of the peer's device from now on. */
+FAKE_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    CHECK_CTX();
+    struct fake_ctx *c = (struct fake_ctx *)peer;
+    if (flags || !c || c->magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    int a = current_ctx()->device, b = c->device;
+    if (a == b)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = g_peer[a][b] ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+    g_peer[a][b] = true;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
 FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     CHECK_INIT();
@@ -1136,6 +1154,7 @@ struct fake_map {
     uintptr_t va;
     size_t size;
     struct fake_phys *ph;
+    unsigned access; /* devices that may read and write it (cuMemSetAccess), one bit each */
 };
 static struct fake_map g_maps[4096];
 
@@ -1280,7 +1299,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    g_maps[slot] = (struct fake_map){ptr, size, ph};
+    g_maps[slot] = (struct fake_map){ptr, size, ph, 0};
     ph->mapped++;
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
@@ -1292,8 +1311,60 @@ FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
     CHECK_INIT();
     if (!ptr || !desc || !count)
         return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++)
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+            desc[i].location.id >= g_nr_devices)
+            return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    bool any = false;
+    for (int m = 0; m < 4096; m++) {
+        struct fake_map *fm = &g_maps[m];
+        if (!fm->va || fm->va < ptr || fm->va + fm->size > ptr + size)
+            continue;
+        any = true;
+        for (size_t i = 0; i < count; i++) {
+            unsigned bit = 1u << desc[i].location.id;
+            fm->access = desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE ? fm->access & ~bit
+                                                                         : fm->access | bit;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (!any)
+        return CUDA_ERROR_INVALID_VALUE;
     return mprotect((void *)ptr, size, PROT_READ | PROT_WRITE) ? CUDA_ERROR_INVALID_VALUE
                                                                : CUDA_SUCCESS;
+}
+
+/* Whether a device may read and write ptr: for mapped VMM memory, what cuMemSetAccess
+ * granted; for cuMemAlloc memory (which the real driver does not answer for here), its own
+ * device, and devices given peer access to it: so a test asks one question whatever the
+ * memory is. */
+FAKE_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
+                                    CUdeviceptr ptr)
+{
+    CHECK_INIT();
+    if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        location->id < 0 || location->id >= g_nr_devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned bit = 1u << location->id;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (int m = 0; m < 4096; m++)
+        if (g_maps[m].va && ptr >= g_maps[m].va && ptr < g_maps[m].va + g_maps[m].size) {
+            *flags = g_maps[m].access & bit ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                            : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+            r = CUDA_SUCCESS;
+        }
+    for (int dev = 0; r != CUDA_SUCCESS && dev < g_nr_devices; dev++)
+        if (ptr >= g_devices[dev].base && ptr < g_devices[dev].base + g_devices[dev].size &&
+            find_alloc_locked(ptr)) {
+            *flags = dev == location->id || g_peer[location->id][dev]
+                         ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                         : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+            r = CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return r;
 }
 
 FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
@@ -1720,6 +1791,8 @@ static const struct proc_entry g_procs[] = {
     P("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2),
     P("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState),
     P("cuCtxDestroy", cuCtxDestroy_v2),
+    P("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess),
+    P("cuMemGetAccess", cuMemGetAccess),
     P("cuCtxSetCurrent", cuCtxSetCurrent),
     P("cuCtxGetCurrent", cuCtxGetCurrent),
     P("cuCtxPushCurrent", cuCtxPushCurrent_v2),

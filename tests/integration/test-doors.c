@@ -196,6 +196,25 @@ static void test_every_hook_other_policies(void **state)
     check_door("procaddr-v1", "CUHEAP_REUSE=immediate", "--no-streams");
 }
 
+/* Peer access through every door, pool on (both backings) and off: device 0 can use device
+ * 1's pooled memory once cuCtxEnablePeerAccess said so. */
+static void test_peer_access(void **state)
+{
+    (void)state;
+    const char *settings[] = {"CUHEAP_POOL=1", "CUHEAP_BACKING=vmm", "CUHEAP_POOL=0"};
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 3; k++) {
+            char env[128], *out;
+            snprintf(env, sizeof(env), "FAKECUDA_DEVICE_COUNT=2 %s", settings[k]);
+            int status = run_door(doors[i], env, "--peer", &out);
+            if (status != 0 || !strstr(out, "check cuCtxEnablePeerAccess ok"))
+                print_error("%s (%s): %s", doors[i], env, out);
+            assert_int_equal(status, 0);
+            assert_non_null(strstr(out, "check cuCtxEnablePeerAccess ok"));
+            free(out);
+        }
+}
+
 static int fresh_dir(void **state)
 {
     (void)state;
@@ -221,6 +240,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_hook_pool_on, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_every_hook_pool_off, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_every_hook_other_policies, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_peer_access, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

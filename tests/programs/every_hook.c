@@ -265,6 +265,43 @@ static void contexts(void)
         check("cuCtxDestroy_v2", reserved_now() == 0, "the pool kept its arenas");
 }
 
+/* cuCtxEnablePeerAccess (run alone, with --peer, on two simulated devices): device 0 may then
+ * read and write device 1's memory, pooled or not, whether it was mapped before access was
+ * enabled or after. */
+static void peer_access(void)
+{
+    int n = 0;
+    CHECK(d.cuDeviceGetCount(&n));
+    if (n < 2) {
+        check("cuCtxEnablePeerAccess", false, "needs FAKECUDA_DEVICE_COUNT=2");
+        return;
+    }
+    CUdevice dev1;
+    CUcontext c0, c1;
+    CUdeviceptr before, after;
+    CHECK(d.cuCtxGetCurrent(&c0));
+    CHECK(d.cuDeviceGet(&dev1, 1));
+    CHECK(d.cuDevicePrimaryCtxRetain(&c1, dev1));
+    CHECK(d.cuCtxSetCurrent(c1));
+    CHECK(d.cuMemAlloc_v2(&before, 3u << 20));
+    CHECK(d.cuCtxSetCurrent(c0));
+    CHECK(d.cuCtxEnablePeerAccess(c1, 0));
+    CHECK(d.cuCtxSetCurrent(c1));
+    CHECK(d.cuMemAlloc_v2(&after, 5u << 20));
+    CHECK(d.cuCtxSetCurrent(c0));
+    CUmemLocation dev0 = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    unsigned long long fb = 0, fa = 0;
+    CHECK(d.cuMemGetAccess(&fb, &dev0, before + (3u << 20) - 1));
+    CHECK(d.cuMemGetAccess(&fa, &dev0, after));
+    check("cuCtxEnablePeerAccess",
+          fb == CU_MEM_ACCESS_FLAGS_PROT_READWRITE && fa == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+          "device 0 cannot use device 1's memory");
+    CHECK(d.cuCtxSetCurrent(c1));
+    CHECK(d.cuMemFree_v2(before));
+    CHECK(d.cuMemFree_v2(after));
+    CHECK(d.cuCtxSetCurrent(c0));
+}
+
 int main(int argc, char **argv)
 {
     if (driver_api_start(&d, 0)) {
@@ -277,6 +314,10 @@ int main(int argc, char **argv)
     const char *pool = getenv("CUHEAP_POOL");
     pool_on = under_cuheap && !(pool && !strcmp(pool, "0"));
     printf("door %s\n", door_name);
+    if (argc > 1 && !strcmp(argv[1], "--peer")) {
+        peer_access();
+        return failures ? 1 : 0;
+    }
     allocations();
     pluggable();
     capture();
