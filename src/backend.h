@@ -23,6 +23,10 @@ struct cuheap_backend {
     int (*fence_query)(void *ctx, void *fence);
     int (*fence_wait)(void *ctx, void *fence);
     void (*fence_destroy)(void *ctx, void *fence);
+    /* Keep a fence valid until one more fence_destroy (optional: without it, a destroyed
+     * fence must stay safe to query and wait for). The pool holds the fence it waits for
+     * while it lets other threads go on, which may destroy it meanwhile. */
+    void (*fence_hold)(void *ctx, void *fence);
     /* A fence on one stream only (pluggable allocator frees). */
     int (*stream_fence_record)(void *ctx, uint64_t stream, void **ret_fence);
     /* Wait for the whole device, as the driver's free does. */
@@ -36,8 +40,8 @@ struct cuheap_backend {
     /* Virtual memory (CUHEAP_BACKING=vmm); granule is 0 when the device has none.
      * va_reserve takes address space only; phys_create physical memory of size bytes (a
      * multiple of granule; CUHEAP_BE_OOM when the device is full); phys_map maps all of it at
-     * va and makes it accessible to the device and the peers given access; phys_unmap undoes that; the
-     * handle stays valid until released. */
+     * va and makes it accessible to the device and the peers given access; phys_unmap undoes that;
+     * the handle stays valid until released. */
     uint64_t granule;
     int (*va_reserve)(void *ctx, uint64_t size, uint64_t *ret_va);
     void (*va_free)(void *ctx, uint64_t va, uint64_t size);

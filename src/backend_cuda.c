@@ -110,6 +110,7 @@ static struct cuheap_fence *fence_slot(struct cuheap_device *d)
     for (unsigned i = 0; i < CUHEAP_NR_FENCES; i++)
         if (!d->fences[i].in_use) {
             d->fences[i].in_use = true;
+            d->fences[i].refs = 1;
             d->fences[i].nr = 0;
             return &d->fences[i];
         }
@@ -160,11 +161,20 @@ static int fence_wait(void *ctx, void *fence)
     return r;
 }
 
+/* Fences are slots of the device record, guarded by the pool's lock; a slot is taken again
+ * (its events recorded anew) only once nobody holds it. */
+static void fence_hold(void *ctx, void *fence)
+{
+    (void)ctx;
+    ((struct cuheap_fence *)fence)->refs++;
+}
+
 static void fence_destroy(void *ctx, void *fence)
 {
     (void)ctx;
     struct cuheap_fence *f = fence;
-    f->in_use = false; /* events stay created for the next fence */
+    if (--f->refs == 0)
+        f->in_use = false; /* events stay created for the next fence */
 }
 
 static int stream_fence_record(void *ctx, uint64_t stream, void **ret_fence)
@@ -346,6 +356,7 @@ void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *re
         .fence_query = fence_query,
         .fence_wait = fence_wait,
         .fence_destroy = fence_destroy,
+        .fence_hold = fence_hold,
         .stream_fence_record = stream_fence_record,
         .device_sync = device_sync,
         .mem_info = mem_info,

@@ -665,15 +665,39 @@ static unsigned reclaim_locked(struct cuheap_pool *p)
     return n;
 }
 
-/* Wait for the oldest closed epoch's fence (lock held: only on the slow paths). */
+/* The oldest closed epoch's fence, kept valid while p->lock is dropped to wait for it
+ * (NULL when no epoch is closed). Give it back with unpin_fence_locked(). */
+static void *pin_oldest_locked(struct cuheap_pool *p)
+{
+    if (p->ep_head == p->ep_tail)
+        return NULL;
+    void *fence = p->epochs[p->ep_head % CUHEAP_NR_EPOCHS].fence;
+    if (p->be.fence_hold)
+        p->be.fence_hold(p->be.ctx, fence);
+    return fence;
+}
+
+static void unpin_fence_locked(struct cuheap_pool *p, void *fence)
+{
+    if (p->be.fence_hold)
+        p->be.fence_destroy(p->be.ctx, fence);
+}
+
+/* Wait for the oldest closed epoch's fence and give its blocks back. Only the slow paths wait,
+ * and never with p->lock held: other threads allocate and free meanwhile (and may reclaim
+ * that epoch themselves). */
 static void wait_oldest_locked(struct cuheap_pool *p)
 {
-    struct cuheap_epoch *e = &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS];
+    void *fence = pin_oldest_locked(p);
+    if (!fence)
+        return;
     p->st.nr_waits++;
-    if (p->be.fence_wait(p->be.ctx, e->fence) != 0)
+    pthread_mutex_unlock(&p->lock);
+    if (p->be.fence_wait(p->be.ctx, fence) != 0)
         p->be.device_sync(p->be.ctx);
-    release_epoch_locked(p, e);
-    p->ep_head++;
+    pthread_mutex_lock(&p->lock);
+    unpin_fence_locked(p, fence);
+    reclaim_locked(p);
 }
 
 static uint64_t mono_ns(void)
@@ -683,38 +707,37 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* An idle GPU passes a fence within microseconds: poll the oldest one briefly before taking
- * more memory from the driver, so a tight alloc/free loop reuses its blocks instead of
- * growing the pool. A busy GPU (long kernels in flight) makes us grow, as the rules say.
- * Returns whether an epoch was reclaimed. */
+/* An idle GPU passes a fence within microseconds: poll the oldest one briefly (p->lock
+ * dropped) before taking more memory from the driver, so a tight alloc/free loop reuses its
+ * blocks instead of growing the pool. A busy GPU (long kernels in flight) makes us grow, as
+ * the rules say. Returns whether an epoch was reclaimed. */
 #define CUHEAP_FENCE_POLL_NS 50000
 
 static bool poll_oldest_locked(struct cuheap_pool *p)
 {
-    if (p->ep_head == p->ep_tail)
+    void *fence = pin_oldest_locked(p);
+    if (!fence)
         return false;
-    struct cuheap_epoch *e = &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS];
     uint64_t deadline = mono_ns() + CUHEAP_FENCE_POLL_NS;
-    do {
-        if (p->be.fence_query(p->be.ctx, e->fence)) {
-            release_epoch_locked(p, e);
-            p->ep_head++;
-            return true;
-        }
+    pthread_mutex_unlock(&p->lock);
+    bool done;
+    while (!(done = p->be.fence_query(p->be.ctx, fence)) && mono_ns() < deadline)
         sched_yield();
-    } while (mono_ns() < deadline);
-    return false;
+    pthread_mutex_lock(&p->lock);
+    unpin_fence_locked(p, fence);
+    return done && reclaim_locked(p);
 }
 
 /* Close the open epoch behind a new fence. While a stream captures, recording would disturb
  * the capture: the epoch stays open unless force (then the device is synced instead). */
 static void close_epoch_locked(struct cuheap_pool *p)
 {
+    while (p->ep_tail - p->ep_head == CUHEAP_NR_EPOCHS - 1 && open_epoch(p)->nr_blocks &&
+           !p->nr_capturing)
+        wait_oldest_locked(p); /* drops the lock: the open epoch may change meanwhile */
     struct cuheap_epoch *e = open_epoch(p);
     if (!e->nr_blocks || p->nr_capturing)
         return;
-    if (p->ep_tail - p->ep_head == CUHEAP_NR_EPOCHS - 1)
-        wait_oldest_locked(p);
     void *fence = NULL;
     if (p->be.fence_record(p->be.ctx, &fence) != 0) {
         /* No fence to be had: fall back to what the driver's own free does. */

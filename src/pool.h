@@ -20,10 +20,11 @@
  * is in use: it never moves while work queued before the free may touch it.
  *
  * Locking: one mutex per pool (p->lock) guards everything in struct cuheap_pool and its
- * arenas. Driver calls that may block for long (arena allocation and release, device syncs)
- * are made with the lock dropped; fence waits and the VMM calls of the slow paths (map, unmap,
- * create, release) are made with it held. The address map (arena lookup by pointer) is global
- * and read without locks.
+ * arenas. Driver calls that may block for long (arena allocation and release, device syncs,
+ * fence waits and polls) are made with the lock dropped: other threads allocate and free
+ * meanwhile, and the slow path looks at the pool afresh afterwards. The VMM calls of the vmm
+ * slow path (create, map, unmap, release: tens of microseconds each) are made with it held. The
+ * address map (arena lookup by pointer) is global and read without locks.
  */
 #ifndef CUHEAP_POOL_H
 #define CUHEAP_POOL_H

@@ -23,7 +23,8 @@
 
 /* One device fence: an event on the legacy stream and on every non-blocking stream. */
 struct cuheap_fence {
-    unsigned nr; /* events recorded */
+    unsigned nr;   /* events recorded */
+    unsigned refs; /* the epoch that owns it, and waiters holding it; free at 0 */
     bool in_use;
     CUevent events[CUHEAP_NR_MAX_FENCE_STREAMS]; /* created on first use, then reused */
 };

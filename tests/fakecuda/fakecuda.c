@@ -1325,7 +1325,7 @@ FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
         for (size_t i = 0; i < count; i++) {
             unsigned bit = 1u << desc[i].location.id;
             fm->access = desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE ? fm->access & ~bit
-                                                                         : fm->access | bit;
+                                                                        : fm->access | bit;
         }
     }
     pthread_mutex_unlock(&g_lock);
@@ -1343,8 +1343,8 @@ FAKE_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocati
                                     CUdeviceptr ptr)
 {
     CHECK_INIT();
-    if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
-        location->id < 0 || location->id >= g_nr_devices)
+    if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE || location->id < 0 ||
+        location->id >= g_nr_devices)
         return CUDA_ERROR_INVALID_VALUE;
     unsigned bit = 1u << location->id;
     CUresult r = CUDA_ERROR_INVALID_VALUE;

@@ -58,7 +58,8 @@
     X(cuCtxGetCurrent, (CUcontext *), "cuCtxGetCurrent")                                           \
     X(cuCtxDestroy_v2, (CUcontext), "cuCtxDestroy")                                                \
     X(cuCtxEnablePeerAccess, (CUcontext, unsigned int), "cuCtxEnablePeerAccess")                   \
-    X(cuMemGetAccess, (unsigned long long *, const CUmemLocation *, CUdeviceptr), "cuMemGetAccess") \
+    X(cuMemGetAccess, (unsigned long long *, const CUmemLocation *, CUdeviceptr),                  \
+      "cuMemGetAccess")                                                                            \
     X(cuDevicePrimaryCtxReset_v2, (CUdevice), "cuDevicePrimaryCtxReset")                           \
     X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice), "cuDeviceGetDefaultMemPool")          \
     X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream),                    \

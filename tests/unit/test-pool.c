@@ -8,10 +8,12 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "event.h"
@@ -28,6 +30,9 @@ struct host_device {
     int nr_allocs, nr_frees, nr_syncs, nr_waits;
     int nr_fences;
     bool fences_done[4096];
+    /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked) */
+    bool gated, waiting;
+    pthread_cond_t gate;
     uint64_t sizes[4096]; /* by (addr - base) / 2 MiB: for frees */
     /* vmm: physical memory in multiples of 2 MiB, and a log of what happened in order */
     uint64_t next_va, next_handle;
@@ -172,6 +177,10 @@ static int hd_fence_wait(void *ctx, void *f)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    while (d->gated) {
+        d->waiting = true;
+        pthread_cond_wait(&d->gate, &d->lock);
+    }
     d->fences_done[(uintptr_t)f - 1] = true;
     d->nr_waits++;
     hd_log(d, 'W', 0, 0);
@@ -915,6 +924,70 @@ static void *storm_thread(void *arg)
     return NULL;
 }
 
+/* A thread that waits for a fence does not hold the pool: others allocate and free meanwhile
+ * (a GPU wait can last as long as the longest kernel in flight). */
+struct waiter_arg {
+    struct fixture *f;
+    _Atomic bool done;
+};
+
+static void *trim_thread(void *arg)
+{
+    struct waiter_arg *w = arg;
+    cuheap_pool_trim(&w->f->pool, false); /* waits for every fence */
+    atomic_store(&w->done, true);
+    return NULL;
+}
+
+static void *alloc_thread(void *arg)
+{
+    struct waiter_arg *w = arg;
+    uint64_t ptr, block, seq, size, bsize;
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(cuheap_pool_alloc(&w->f->pool, 4096, 0, &ptr, &block, &seq), 0);
+        assert_int_equal(cuheap_pool_free(&w->f->pool, ptr, 0, &size, &bsize, &seq), 0);
+    }
+    atomic_store(&w->done, true);
+    return NULL;
+}
+
+static void test_fence_wait_leaves_pool_unlocked(void **state)
+{
+    (void)state;
+    for (int backing = 0; backing < 2; backing++) {
+        struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0)
+                                    : setup(CUHEAP_REUSE_FENCE, 1ull << 30, 16 * MIB, 0);
+        pthread_cond_init(&f->dev.gate, NULL);
+        release(f, alloc(f, 1 * MIB, 0), 0);
+        f->dev.gated = true;
+        struct waiter_arg waiter = {f, false}, other = {f, false};
+        pthread_t tw, to;
+        pthread_create(&tw, NULL, trim_thread, &waiter);
+        for (int i = 0; i < 2000; i++) { /* until the trim blocks in its fence wait */
+            pthread_mutex_lock(&f->dev.lock);
+            bool w = f->dev.waiting;
+            pthread_mutex_unlock(&f->dev.lock);
+            if (w)
+                break;
+            usleep(1000);
+        }
+        pthread_create(&to, NULL, alloc_thread, &other);
+        for (int i = 0; i < 2000 && !atomic_load(&other.done); i++)
+            usleep(1000);
+        bool others_went_on = atomic_load(&other.done), trim_waited = !atomic_load(&waiter.done);
+        pthread_mutex_lock(&f->dev.lock);
+        f->dev.gated = false;
+        pthread_cond_broadcast(&f->dev.gate);
+        pthread_mutex_unlock(&f->dev.lock);
+        pthread_join(tw, NULL);
+        pthread_join(to, NULL);
+        assert_true(trim_waited);
+        assert_true(others_went_on);
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
 static void test_threaded_storm(void **state)
 {
     (void)state;
@@ -966,6 +1039,7 @@ int main(void)
         cmocka_unit_test(test_vmm_trim_and_reserve),
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
+        cmocka_unit_test(test_fence_wait_leaves_pool_unlocked),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
