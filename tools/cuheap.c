@@ -934,13 +934,15 @@ static int cmd_diff(int argc, char **argv)
     if (argc - optind != 2)
         return fail("diff: expected two trace files (cuheap diff A B)");
     struct cuheap_trace a, b;
-    if (load(argv[optind], &a))
+    struct trace_summary s[2]; /* taken while each trace is read */
+    if (load_summarized(argv[optind], &a, &s[0]))
         return 2;
-    if (load(argv[optind + 1], &b)) {
+    if (load_summarized(argv[optind + 1], &b, &s[1])) {
+        summary_free(&s[0]);
         cuheap_trace_free(&a);
         return 2;
     }
-    diff_traces(&a, &b, n);
+    diff_traces(&a, &b, s, n);
     cuheap_trace_free(&a);
     cuheap_trace_free(&b);
     return close_out(stdout, "-");
