@@ -266,6 +266,20 @@ run_viewers() {
             say "memory_viz $cmd ($backing): exit $? $(head -c 300 "$out" | tr '\n' ' ')"
         done
     done
+    # The pages come back to be opened with scripts/check-memviz-page.py (headless Chromium,
+    # offline): trace_plot and segment_plot of each backing, and PyTorch's MemoryViz.js when
+    # its install has one (the pages otherwise load it from a CDN).
+    mkdir -p "$OUT/memviz-pages"
+    for backing in legacy vmm; do
+        for cmd in trace_plot segment_plot; do
+            [ -f "$T/viz-$backing-$cmd.out.html" ] &&
+                cp "$T/viz-$backing-$cmd.out.html" "$OUT/memviz-pages/$backing-$cmd.html"
+        done
+    done
+    local viz
+    viz=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "utils", "viz", "MemoryViz.js"))' 2>/dev/null)
+    [ -n "$viz" ] && [ -f "$viz" ] && cp "$viz" "$OUT/memviz-pages/MemoryViz.js"
+    say "memory_viz pages: $(cd "$OUT/memviz-pages" && ls | tr '\n' ' ')($(du -sh "$OUT/memviz-pages" | cut -f1)); $(grep -l 'cdn.jsdelivr.net' "$OUT"/memviz-pages/*.html 2>/dev/null | wc -l) of them load MemoryViz.js from the network"
 }
 
 case $what in

@@ -36,12 +36,21 @@ struct fields {
     struct value vals[NR_MAX_FLAT];
 };
 
+/* strcmp() == 0 for the short names of a trace line, inline (a call per key of every event
+ * line was a sixth of the reader's time). */
+static inline bool same(const char *a, const char *b)
+{
+    while (*a && *a == *b)
+        a++, b++;
+    return *a == *b;
+}
+
 static struct value get(const struct fields *f, const char *key)
 {
     struct value v = {V_NONE, 0, 0, NULL};
     if (!f->obj) {
         for (int k = f->nr - 1; k >= 0; k--) /* the last of equal keys, as jansson keeps */
-            if (!strcmp(f->keys[k], key))
+            if (same(f->keys[k], key))
                 return f->vals[k];
         return v;
     }
@@ -77,29 +86,63 @@ static struct value get(const struct fields *f, const char *key)
     return v;
 }
 
-/* Whether a present value is not a byte count or id this reader can use: a negative number,
- * or a string that is not entirely a number ("0x..." and decimal strings are, for what an
- * int64 cannot hold). */
-static bool bad_number(struct value v)
+/* A number field: an integer, or a string of one ("0x..." and decimal strings are, for what
+ * an int64 cannot hold) into *ret; anything else reads as 0. Returns false when the value is
+ * there but is not a byte count or id this reader can use: a negative number, or a string that
+ * is not entirely a number. Addresses ("0x" and up to 16 hex digits) take a short path. */
+static bool read_number(struct value v, uint64_t *ret)
 {
-    if (v.kind == V_NONE || (v.kind == V_INT && v.i >= 0) || (v.kind == V_REAL && v.r >= 0))
-        return false;
-    if (v.kind == V_STR) {
-        char *end;
-        (void)strtoull(v.s, &end, 0);
-        return end == v.s || *end || *v.s == '-';
+    *ret = 0;
+    if (v.kind == V_NONE)
+        return true;
+    if (v.kind == V_INT) {
+        if (v.i < 0)
+            return false;
+        *ret = (uint64_t)v.i;
+        return true;
     }
+    if (v.kind == V_REAL)
+        return v.r >= 0;
+    if (v.kind != V_STR)
+        return false;
+    const char *s = v.s;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X') && s[2]) {
+        uint64_t n = 0;
+        size_t i = 2;
+        for (; i < 18; i++) {
+            unsigned c = (unsigned char)s[i], d;
+            if (c - '0' < 10)
+                d = c - '0';
+            else if ((c | 0x20) - 'a' < 6)
+                d = (c | 0x20) - 'a' + 10;
+            else
+                break;
+            n = n << 4 | d;
+        }
+        if (!s[i]) {
+            *ret = n;
+            return true;
+        }
+    }
+    char *end;
+    uint64_t n = strtoull(s, &end, 0);
+    if (end == s || *end || *s == '-')
+        return false;
+    *ret = n;
     return true;
 }
 
-/* A number field: an integer, or a string of one; anything else reads as 0. */
+static bool bad_number(struct value v)
+{
+    uint64_t n;
+    return !read_number(v, &n);
+}
+
 static uint64_t number(struct value v)
 {
-    if (v.kind == V_INT)
-        return (uint64_t)v.i;
-    if (v.kind == V_STR && !bad_number(v))
-        return strtoull(v.s, NULL, 0);
-    return 0;
+    uint64_t n;
+    (void)read_number(v, &n);
+    return n;
 }
 
 /* Event lines are most of a trace, and jansson builds a whole object for each. The
@@ -155,7 +198,8 @@ static bool scan_flat(char *line, size_t len, struct fields *f)
             while (i < len && line[i] >= '0' && line[i] <= '9' && i - b < 18)
                 n = n * 10 + (line[i++] - '0');
             if (i == b || (line[b] == '0' && i - b > 1) ||
-                (i < len && strchr(".eE0123456789", line[i])))
+                (i < len && (line[i] == '.' || line[i] == 'e' || line[i] == 'E' ||
+                             (line[i] >= '0' && line[i] <= '9'))))
                 return false; /* a fraction, an exponent, 19+ digits, a leading zero */
             v->kind = V_INT;
             v->i = neg ? -n : n;
@@ -232,6 +276,72 @@ struct event_fields {
 #undef X
 };
 
+/* Where a key's value goes, or NULL for a key events do not have: a switch on the first
+ * letter, then at most three comparisons (this runs for every field of every event). */
+static struct value *field_slot(struct event_fields *ef, const char *k)
+{
+#define IS(name)                                                                                   \
+    if (same(k, #name))                                                                            \
+    return &ef->name
+    switch (k[0]) {
+    case 'a':
+        IS(api);
+        IS(actual);
+        break;
+    case 'b':
+        IS(blocks);
+        IS(bytes);
+        break;
+    case 'c':
+        IS(correlation);
+        IS(count);
+        break;
+    case 'd':
+        IS(device);
+        IS(driver_free);
+        IS(driver_total);
+        break;
+    case 'e':
+        IS(event);
+        break;
+    case 'l':
+        IS(label);
+        IS(limit);
+        break;
+    case 'm':
+        IS(missed);
+        break;
+    case 'o':
+        IS(operations);
+        break;
+    case 'p':
+        IS(ptr);
+        IS(pooled);
+        break;
+    case 'r':
+        IS(reserved);
+        break;
+    case 's':
+        if (k[1] == 'e') {
+            IS(seq);
+        } else if (k[1] == 'i') {
+            IS(size);
+        } else {
+            IS(stream);
+            IS(stack);
+        }
+        break;
+    case 't':
+        IS(t);
+        IS(tid);
+        break;
+    default:
+        break;
+    }
+#undef IS
+    return NULL;
+}
+
 static void event_fields(const struct fields *f, struct event_fields *ef)
 {
     memset(ef, 0, sizeof(*ef));
@@ -242,13 +352,9 @@ static void event_fields(const struct fields *f, struct event_fields *ef)
         return;
     }
     for (int k = 0; k < f->nr; k++) { /* in order: the last of equal keys wins, as in jansson */
-#define X(name)                                                                                    \
-    if (f->keys[k][0] == #name[0] && !strcmp(f->keys[k], #name)) {                                 \
-        ef->name = f->vals[k];                                                                     \
-        continue;                                                                                  \
-    }
-        EVENT_FIELDS(X)
-#undef X
+        struct value *slot = field_slot(ef, f->keys[k]);
+        if (slot)
+            *slot = f->vals[k];
     }
 }
 
@@ -260,6 +366,35 @@ static void check_field(struct cuheap_trace *t, struct value v, const char *key,
         t->first_bad_field_line = lineno;
         snprintf(t->bad_field, sizeof(t->bad_field), "%s", key);
     }
+}
+
+/* Event kind and API names, with the last two answers of each tried first (events alternate
+ * between a few kinds): cuheap_*_from_name() compare with every name. */
+static _Thread_local int recent_types[2], recent_apis[2];
+
+static int recent(int *memo, const char *name, const char *(*name_of)(unsigned),
+                  int (*from_name)(const char *))
+{
+    for (int k = 0; k < 2; k++)
+        if (memo[k] > 0 && same(name_of((unsigned)memo[k]), name))
+            return memo[k];
+    int r = from_name(name);
+    if (r > 0 && r != memo[0]) {
+        memo[1] = memo[0];
+        memo[0] = r;
+    }
+    return r;
+}
+
+/* A number field's value, counting it in t when it is unusable. */
+static uint64_t num(struct cuheap_trace *t, struct value v, const char *key, size_t lineno)
+{
+    uint64_t n;
+    if (!read_number(v, &n) && !t->nr_bad_fields++) {
+        t->first_bad_field_line = lineno;
+        snprintf(t->bad_field, sizeof(t->bad_field), "%s", key);
+    }
+    return n;
 }
 
 /* An event line into *e; what was wrong with it is counted in t. Returns whether it gave an
@@ -275,29 +410,42 @@ static bool parse_event(struct cuheap_trace *t, const struct fields *f, size_t l
                                         : "an event without \"event\"");
         return false;
     }
-    int type = cuheap_event_type_from_name(ef.event.s);
+    int type =
+        recent(recent_types, ef.event.s, cuheap_event_type_name, cuheap_event_type_from_name);
     if (type < 0) {
         t->nr_unknown_events++; /* an event kind from a newer cuheap: skip it */
         return false;
     }
-/* clang-format off */
-#define X(name) check_field(t, ef.name, #name, lineno);
-    X(seq) X(t) X(ptr) X(size) X(actual) X(stack) X(tid) X(stream) X(limit) X(driver_free)
-    X(driver_total) X(blocks) X(bytes) X(reserved) X(operations) X(missed) X(correlation) X(count)
-#undef X
-        /* clang-format on */
-        if (ef.device.kind != V_NONE && ef.device.kind != V_INT) /* -1 is a device: host memory */
-        check_field(t, ef.device, "device", lineno);
-    int api = cuheap_api_from_name(ef.api.kind == V_STR ? ef.api.s : "none");
     memset(e, 0, sizeof(*e));
-    e->seq = number(ef.seq);
-    e->t = number(ef.t);
-    e->ptr = number(ef.ptr);
-    e->size = number(ef.size);
-    e->actual = number(ef.actual);
-    e->stream = number(ef.stream);
-    e->stack = (uint32_t)number(ef.stack);
-    e->tid = (uint32_t)number(ef.tid);
+    /* each number read once; unusable values counted, in this order, then the rest */
+    e->seq = num(t, ef.seq, "seq", lineno);
+    e->t = num(t, ef.t, "t", lineno);
+    e->ptr = num(t, ef.ptr, "ptr", lineno);
+    e->size = num(t, ef.size, "size", lineno);
+    e->actual = num(t, ef.actual, "actual", lineno);
+    e->stack = (uint32_t)num(t, ef.stack, "stack", lineno);
+    e->tid = (uint32_t)num(t, ef.tid, "tid", lineno);
+    e->stream = num(t, ef.stream, "stream", lineno);
+    const struct {
+        const struct value *v;
+        const char *name;
+    } rest[] = {{&ef.limit, "limit"},
+                {&ef.driver_free, "driver_free"},
+                {&ef.driver_total, "driver_total"},
+                {&ef.blocks, "blocks"},
+                {&ef.bytes, "bytes"},
+                {&ef.reserved, "reserved"},
+                {&ef.operations, "operations"},
+                {&ef.missed, "missed"},
+                {&ef.correlation, "correlation"},
+                {&ef.count, "count"}};
+    for (size_t k = 0; k < sizeof(rest) / sizeof(rest[0]); k++)
+        if (rest[k].v->kind != V_NONE)
+            check_field(t, *rest[k].v, rest[k].name, lineno);
+    if (ef.device.kind != V_NONE && ef.device.kind != V_INT) /* -1 is a device: host memory */
+        check_field(t, ef.device, "device", lineno);
+    int api = recent(recent_apis, ef.api.kind == V_STR ? ef.api.s : "none", cuheap_api_name,
+                     cuheap_api_from_name);
     e->device = (int16_t)(ef.device.kind == V_INT ? ef.device.i : -1);
     e->type = (uint8_t)type;
     e->api = (uint8_t)(api < 0 ? 0 : api);
@@ -375,6 +523,16 @@ static struct cuheap_trace_event heap_pop(struct cuheap_trace_event *h, size_t *
     return top;
 }
 
+/* Whether the window's first event is the one after the last that went out (seq 1 first): no
+ * event still to come can go before it, so it goes out now rather than a window later. Most
+ * traces have no gaps in seq, and their events pass the window at once (a heap of the whole
+ * window costs a cache miss per level). After a gap, the window fills, then drains again. The
+ * first read and every later one follow the same rule, so they give the same order. */
+static bool in_turn(const struct cuheap_trace_event *heap, bool any_out, uint64_t last)
+{
+    return heap[0].seq <= (any_out ? last + 1 : 1);
+}
+
 /* What the first read does with its events: puts them through the window, to learn whether
  * it keeps them in order, and hands them to a visitor while it does. */
 struct order_check {
@@ -400,7 +558,7 @@ static void order_out(struct order_check *w, struct cuheap_trace_event e)
 static void order_in(struct order_check *w, const struct cuheap_trace_event *e)
 {
     heap_push(w->heap, &w->nr, e);
-    if (w->nr == window)
+    while (w->nr == window || (w->nr && in_turn(w->heap, w->any_out, w->last)))
         order_out(w, heap_pop(w->heap, &w->nr));
 }
 
@@ -653,7 +811,8 @@ const struct cuheap_trace_event *cuheap_trace_next(struct cuheap_trace_iter *it)
         return NULL;
     char scratch[1024];
     ssize_t len;
-    while (it->nr_heap < window && !it->eof) {
+    while (it->nr_heap < window && !it->eof &&
+           !(it->nr_heap && in_turn(it->heap, it->any_out, it->last))) {
         if ((len = getline(&it->line, &it->line_cap, it->f)) < 0 || it->line[len - 1] != '\n') {
             it->eof = true; /* the end, or a last line cut off: the first read stopped there */
             break;
@@ -682,6 +841,8 @@ const struct cuheap_trace_event *cuheap_trace_next(struct cuheap_trace_iter *it)
     if (!it->nr_heap)
         return NULL;
     it->cur = heap_pop(it->heap, &it->nr_heap);
+    it->last = it->cur.seq;
+    it->any_out = true;
     return &it->cur;
 }
 

@@ -105,6 +105,8 @@ struct cuheap_trace_iter {
     struct cuheap_trace_event *heap; /* the reordering window, a min-heap by seq */
     size_t nr_heap;
     struct cuheap_trace_event cur;
+    uint64_t last; /* seq of the last event out, when any_out */
+    bool any_out;
     struct cuheap_trace *counters; /* what this read finds wrong (the first read said it) */
     bool eof, failed;
 };

@@ -158,6 +158,8 @@ static void forget(struct trace_summary *s, struct live_set *live, uint64_t ptr)
     struct site_acc *a = site_of(s, old.stack, old.device);
     if (d)
         touch(a, d);
+    if (s->nr_changed < 2)
+        s->changed[s->nr_changed++] = (uint32_t)(a - s->sites);
     a->live -= old.size < a->live ? old.size : a->live;
     a->nr_live -= a->nr_live ? 1 : 0;
 }
@@ -181,6 +183,7 @@ void summarize_event(struct trace_summary *s, const struct cuheap_trace_event *e
 {
     size_t i = s->nr_seen++;
     struct live_set *live = &s->live;
+    s->nr_changed = 0;
     if (e->t > s->duration_ns)
         s->duration_ns = e->t;
     if (e->api < 16 && e->type == CUHEAP_EV_ALLOC)
@@ -213,6 +216,7 @@ void summarize_event(struct trace_summary *s, const struct cuheap_trace_event *e
         forget(s, live, e->ptr); /* its free was lost: it is gone now */
         struct site_acc *a = site_of(s, e->stack, e->device);
         touch(a, d);
+        s->changed[s->nr_changed++] = (uint32_t)(a - s->sites);
         a->live += e->size;
         a->nr_live++;
         a->total += e->size;

@@ -71,6 +71,8 @@ struct trace_summary {
     size_t nr_index_slots;
     struct live_set live; /* while summarizing: allocations live now, for each free's site */
     size_t nr_seen;       /* while summarizing: events so far */
+    uint32_t changed[2];  /* after summarize_event(): indexes into sites whose live bytes the */
+    unsigned nr_changed;  /* event changed (an allocation's, one freed or replaced) */
 };
 
 /* Whether an event's bytes count toward a device's live memory. */

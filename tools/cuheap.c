@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "analysis.h"
@@ -191,14 +192,20 @@ static void visit_summary(const struct cuheap_trace_event *e, void *ctx)
 
 /* Read a trace; with s, summarize it during the same read where the trace streams (one
  * pass), else afterwards. Says in one line each what the reader had to skip. */
-static int load_summarized(const char *path, struct cuheap_trace *t, struct trace_summary *s)
+static int load_visiting(const char *path, struct cuheap_trace *t, struct trace_summary *s,
+                         cuheap_trace_visit_fn visit, void *ctx, bool *ret_visited)
 {
     char err[600];
     bool visited = false;
     if (s)
         summarize_begin(s);
-    int r =
-        cuheap_trace_open_visit(path, t, err, sizeof(err), s ? visit_summary : NULL, s, &visited);
+    if (s && !visit) {
+        visit = visit_summary;
+        ctx = s;
+    }
+    int r = cuheap_trace_open_visit(path, t, err, sizeof(err), visit, ctx, &visited);
+    if (ret_visited)
+        *ret_visited = visited;
     if (s) {
         summarize_end(s);
         if (r || !visited) /* read into memory: what the visitor saw does not count */
@@ -218,6 +225,11 @@ static int load_summarized(const char *path, struct cuheap_trace *t, struct trac
                 path);
     symbolize_trace(t);
     return 0;
+}
+
+static int load_summarized(const char *path, struct cuheap_trace *t, struct trace_summary *s)
+{
+    return load_visiting(path, t, s, NULL, NULL, NULL);
 }
 
 static int load(const char *path, struct cuheap_trace *t)
@@ -669,6 +681,46 @@ static void free_all(struct cuheap_trace *ts, size_t nr)
     free(ts);
 }
 
+/* Before a trace is read: its start (header) and, from its footer, the time of its end and
+ * whether it holds events. False when the footer is not there (a run that did not finish)
+ * or the file is not readable (the read says why). */
+static bool peek_span(const char *path, uint64_t *ret_start, uint64_t *ret_last, bool *ret_any)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    char *line = NULL, tail[4096];
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, f);
+    json_t *h = n > 0 ? json_loadb(line, (size_t)n, 0, NULL) : NULL;
+    free(line);
+    json_t *foot = NULL;
+    struct stat st;
+    if (h && !fstat(fileno(f), &st) && st.st_size > 0) {
+        off_t from =
+            st.st_size > (off_t)sizeof(tail) - 1 ? st.st_size - (off_t)sizeof(tail) + 1 : 0;
+        size_t got = fseeko(f, from, SEEK_SET) ? 0 : fread(tail, 1, sizeof(tail) - 1, f);
+        while (got && tail[got - 1] == '\n')
+            got--;
+        tail[got] = 0;
+        char *nl = strrchr(tail, '\n');
+        if (nl)
+            foot = json_loads(nl + 1, 0, NULL);
+    }
+    fclose(f);
+    const char *type = json_string_value(json_object_get(foot, "type"));
+    bool ok = json_is_integer(json_object_get(h, "start_unix_ns")) && type &&
+              !strcmp(type, "footer") && json_is_integer(json_object_get(foot, "t"));
+    if (ok) {
+        *ret_start = (uint64_t)json_integer_value(json_object_get(h, "start_unix_ns"));
+        *ret_last = (uint64_t)json_integer_value(json_object_get(foot, "t"));
+        *ret_any = json_integer_value(json_object_get(foot, "events")) > 0;
+    }
+    json_decref(h);
+    json_decref(foot);
+    return ok;
+}
+
 /* `html [-o OUT] TRACE...`: several traces (ranks) into one file, stdout unless -o. */
 static int cmd_html(int argc, char **argv)
 {
@@ -685,25 +737,84 @@ static int cmd_html(int argc, char **argv)
     size_t nr = (size_t)(argc - optind), loaded = 0;
     struct cuheap_trace *ts = calloc(nr, sizeof(*ts));
     struct trace_summary *sums = calloc(nr, sizeof(*sums));
-    if (!ts || !sums) {
-        free(ts);
-        free(sums);
-        return fail("html: out of memory");
+    struct html_chart **charts = calloc(nr, sizeof(*charts));
+    uint64_t *start = calloc(nr, sizeof(*start)), *last = calloc(nr, sizeof(*last));
+    uint64_t *offsets = calloc(nr, sizeof(*offsets)), *est_offsets = calloc(nr, sizeof(*offsets));
+    bool *any = calloc(nr, sizeof(*any)), *visited = calloc(nr, sizeof(*visited));
+    int r = 0;
+    if (!ts || !sums || !charts || !start || !last || !offsets || !est_offsets || !any ||
+        !visited) {
+        r = fail("html: out of memory");
+        goto out;
     }
-    while (loaded < nr && !load_summarized(argv[optind + (int)loaded], &ts[loaded], &sums[loaded]))
-        loaded++;
-    FILE *f = loaded == nr ? open_out(out_path) : NULL;
-    int r = f ? export_html(ts, sums, nr, f) : 0;
+    /* The charts are drawn during the one read of each trace, on a time axis taken from
+     * the footers; where that axis turns out wrong (no footer, an event past it), or a trace
+     * could not be charted in one read, it is charted again in a second read. */
+    bool est_ok = true, est_apart = false;
+    uint64_t est_end = 1;
+    for (size_t i = 0; i < nr && est_ok; i++)
+        est_ok = peek_span(argv[optind + (int)i], &start[i], &last[i], &any[i]);
+    if (est_ok)
+        est_apart = html_axis(nr, start, last, any, est_offsets, &est_end);
+    for (; loaded < nr; loaded++) {
+        charts[loaded] =
+            est_ok ? html_chart_begin(&sums[loaded], est_offsets[loaded], est_end) : NULL;
+        if (load_visiting(argv[optind + (int)loaded], &ts[loaded], &sums[loaded],
+                          charts[loaded] ? html_chart_event : NULL, charts[loaded],
+                          &visited[loaded]))
+            break;
+    }
+    if (loaded < nr) {
+        r = 2;
+        goto out;
+    }
+    for (size_t i = 0; i < nr; i++) {
+        start[i] = (uint64_t)json_integer_value(json_object_get(ts[i].header, "start_unix_ns"));
+        last[i] = ts[i].max_t;
+        any[i] = ts[i].nr_events > 0;
+    }
+    uint64_t end;
+    bool apart = html_axis(nr, start, last, any, offsets, &end);
+    bool same_axis = est_ok && apart == est_apart && end <= est_end;
+    for (size_t i = 0; i < nr && same_axis; i++)
+        same_axis = offsets[i] == est_offsets[i];
+    if (same_axis)
+        end = est_end; /* the footer's time: the run went on a little after its last event */
+    for (size_t i = 0; i < nr; i++) {
+        if (same_axis && visited[i] && charts[i] && !html_chart_end(charts[i]))
+            continue;
+        html_chart_free(charts[i]);
+        charts[i] = html_chart_again(&ts[i], &sums[i], offsets[i], end);
+        if (!charts[i]) {
+            r = fail("html: out of memory");
+            goto out;
+        }
+    }
+    FILE *f = open_out(out_path);
+    if (!f) {
+        r = 2;
+        goto out;
+    }
+    r = export_html(ts, sums, charts, nr, end, apart, f);
+    int closed = close_out(f, out_path);
+    r = r ? fail("html: out of memory") : closed;
+out:
     for (size_t i = 0; i < loaded; i++) {
         summary_free(&sums[i]);
         cuheap_trace_free(&ts[i]);
     }
+    for (size_t i = 0; charts && i < nr; i++)
+        html_chart_free(charts[i]);
+    free(charts);
+    free(start);
+    free(last);
+    free(offsets);
+    free(est_offsets);
+    free(any);
+    free(visited);
     free(sums);
     free(ts);
-    if (!f)
-        return 2;
-    int closed = close_out(f, out_path);
-    return r ? fail("html: out of memory") : closed;
+    return r;
 }
 
 static int parse_seconds(const char *s, const char *what, uint64_t *ret)
@@ -823,13 +934,15 @@ static int cmd_diff(int argc, char **argv)
     if (argc - optind != 2)
         return fail("diff: expected two trace files (cuheap diff A B)");
     struct cuheap_trace a, b;
-    if (load(argv[optind], &a))
+    struct trace_summary s[2]; /* taken while each trace is read */
+    if (load_summarized(argv[optind], &a, &s[0]))
         return 2;
-    if (load(argv[optind + 1], &b)) {
+    if (load_summarized(argv[optind + 1], &b, &s[1])) {
+        summary_free(&s[0]);
         cuheap_trace_free(&a);
         return 2;
     }
-    diff_traces(&a, &b, n);
+    diff_traces(&a, &b, s, n);
     cuheap_trace_free(&a);
     cuheap_trace_free(&b);
     return close_out(stdout, "-");

@@ -138,14 +138,10 @@ static void print_sites(struct named_set *s, size_t limit)
         printf("  (no change)\n");
 }
 
-void diff_traces(const struct cuheap_trace *a, const struct cuheap_trace *b, size_t limit)
+void diff_traces(const struct cuheap_trace *a, const struct cuheap_trace *b,
+                 struct trace_summary *s, size_t limit)
 {
     const struct cuheap_trace *t[2] = {a, b};
-    struct trace_summary *s = calloc(2, sizeof(*s));
-    if (!s)
-        abort();
-    summarize(a, &s[0]);
-    summarize(b, &s[1]);
     printf("A: %s (pid %ld, %.3f s, %zu events)\nB: %s (pid %ld, %.3f s, %zu events)\n", a->path,
            a->pid, (double)s[0].duration_ns / 1e9, a->nr_events, b->path, b->pid,
            (double)s[1].duration_ns / 1e9, b->nr_events);
@@ -207,5 +203,4 @@ void diff_traces(const struct cuheap_trace *a, const struct cuheap_trace *b, siz
     free(leaks.v);
     summary_free(&s[0]);
     summary_free(&s[1]);
-    free(s);
 }

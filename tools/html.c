@@ -92,10 +92,10 @@ struct bucket {
     uint64_t latest_t; /* time of the latest event in it; UINT64_MAX: none yet */
     uint64_t live_min, live_max, live_last;
     uint64_t res_min, res_max, res_last;
-    uint64_t site[NR_TOP_SITES]; /* live bytes of each top site after the latest event */
+    uint64_t site[NR_TOP_SITES]; /* live bytes of each top site when the events left it */
 };
 
-static void note(struct bucket *b, uint64_t t, uint64_t live, uint64_t res, const uint64_t *site)
+static void note(struct bucket *b, uint64_t t, uint64_t live, uint64_t res)
 {
     if (b->latest_t == UINT64_MAX) {
         b->live_min = b->live_max = live;
@@ -115,7 +115,6 @@ static void note(struct bucket *b, uint64_t t, uint64_t live, uint64_t res, cons
         b->latest_t = t;
         b->live_last = live;
         b->res_last = res;
-        memcpy(b->site, site, sizeof(b->site));
     }
 }
 
@@ -127,82 +126,274 @@ static json_t *u64_array(const struct bucket *b, size_t n, size_t offset)
     return a;
 }
 
+/* ---- the charts, built while the trace is read ----
+ *
+ * Each GPU's buckets get their minimum, maximum and last live and reserved bytes as the
+ * events go by. The largest call sites at the peak are known only at the end, so the values
+ * of every call site are logged sparsely instead: when the events move on to another bucket,
+ * the sites changed since the last move are written down with their bytes, under the bucket
+ * they leave (a header entry, site NO_SITE, opens each bucket's group). Replaying the log
+ * for the few top sites gives each bucket their bytes at its end. The log holds at most
+ * NR_MAX_LOG entries; past that (a trace with very many call sites, or threads whose clocks
+ * interleave bucket by bucket) the chart is built again in a second read that logs only the
+ * top sites. */
+#define NO_BUCKET  UINT32_MAX
+#define NO_SITE    UINT32_MAX
+#define NR_MAX_LOG ((size_t)1 << 22) /* 64 MiB */
+
+struct log_entry {
+    uint32_t bucket, site; /* site: index into the summary's sites, or NO_SITE */
+    uint64_t value;
+};
+
+struct oom_row {
+    uint64_t t, size, aux, aux2, live, res; /* t: since the trace's start */
+    uint32_t stack;
+    bool limit;
+};
+
+struct chart_dev {
+    struct bucket *b; /* NR_BUCKETS, from the device's first event on */
+    uint32_t cur;     /* bucket of the latest event that set a bucket's last value */
+    uint32_t *dirty;  /* sites changed since the last move to another bucket */
+    size_t nr_dirty, cap_dirty;
+    struct log_entry *log;
+    size_t nr_log, cap_log;
+    struct oom_row ooms[NR_OOM_ROWS];
+    size_t nr_ooms;             /* seen, including those past NR_OOM_ROWS */
+    uint32_t top[NR_TOP_SITES]; /* a second read: the only stacks logged */
+    size_t nr_top;
+};
+
+struct html_chart {
+    struct trace_summary *s;                           /* summarized along with the chart */
+    uint64_t offset_ns;                                /* of this trace on the common time axis */
+    double per_bucket;                                 /* ns */
+    struct chart_dev dev[CUHEAP_TRACE_NR_MAX_DEVICES]; /* as s->dev */
+    uint8_t *is_dirty;                                 /* per site */
+    size_t cap_is_dirty;
+    bool filtered;             /* a second read: only the top sites are logged, without a bound */
+    bool overflow;             /* the log went past NR_MAX_LOG: read again */
+    bool failed;               /* out of memory */
+    struct trace_summary *own; /* html_chart_again()'s summary */
+    json_t *marks;
+    size_t nr_marks;
+};
+
+static bool grow(void **p, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return true;
+    size_t n = *cap ? *cap : 64;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, n * size);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = n;
+    return true;
+}
+
+static void log_put(struct html_chart *c, struct chart_dev *cd, uint32_t bucket, uint32_t site,
+                    uint64_t value)
+{
+    if (!c->filtered && cd->nr_log >= NR_MAX_LOG) {
+        c->overflow = true;
+        return;
+    }
+    if (!grow((void **)&cd->log, &cd->cap_log, cd->nr_log + 1, sizeof(*cd->log))) {
+        c->failed = true;
+        return;
+    }
+    cd->log[cd->nr_log++] = (struct log_entry){bucket, site, value};
+}
+
+/* The events move on from bucket cd->cur: its sites' bytes as they are now. */
+static void flush(struct html_chart *c, struct chart_dev *cd)
+{
+    if (cd->cur != NO_BUCKET && !c->overflow)
+        log_put(c, cd, cd->cur, NO_SITE, 0);
+    for (size_t k = 0; k < cd->nr_dirty; k++) {
+        uint32_t site = cd->dirty[k];
+        c->is_dirty[site] = 0;
+        if (cd->cur != NO_BUCKET && !c->overflow)
+            log_put(c, cd, cd->cur, site, c->s->sites[site].live);
+    }
+    cd->nr_dirty = 0;
+}
+
+struct html_chart *html_chart_begin(struct trace_summary *s, uint64_t offset_ns, uint64_t end_ns)
+{
+    struct html_chart *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    c->s = s;
+    c->offset_ns = offset_ns;
+    c->per_bucket = (double)(end_ns ? end_ns : 1) / NR_BUCKETS;
+    c->marks = json_array();
+    for (size_t d = 0; d < CUHEAP_TRACE_NR_MAX_DEVICES; d++)
+        c->dev[d].cur = NO_BUCKET;
+    return c;
+}
+
+/* For a second read: log only these stacks of that device (the top sites at its peak). */
+static void chart_only(struct html_chart *c, size_t dev, const struct site *sites, size_t nr)
+{
+    c->filtered = true;
+    struct chart_dev *cd = &c->dev[dev];
+    for (cd->nr_top = 0; cd->nr_top < nr && cd->nr_top < NR_TOP_SITES; cd->nr_top++)
+        cd->top[cd->nr_top] = sites[cd->nr_top].stack;
+}
+
+/* The chart of a device the summary has met, or NULL (as the summary's, never adding one). */
+static struct chart_dev *chart_dev_of(struct html_chart *c, int device)
+{
+    for (unsigned i = 0; i < c->s->nr_dev; i++)
+        if (c->s->dev[i].device == device)
+            return &c->dev[i];
+    return NULL;
+}
+
+void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
+{
+    struct html_chart *c = ctx;
+    struct trace_summary *s = c->s;
+    uint64_t at = e->t + c->offset_ns;
+    if (e->type == CUHEAP_EV_MARK) {
+        summarize_event(s, e);
+        /* marks carry the thread's device (0 when it had none): shown on every GPU */
+        if (e->label && strcmp(e->label, "nvtx pop") && c->nr_marks++ < NR_MAX_MARKS)
+            json_array_append_new(c->marks, json_pack("[I,o]", (json_int_t)at, text(e->label)));
+        return;
+    }
+    bool mem = counts_as_device_memory(e);
+    bool moves = (e->type == CUHEAP_EV_ALLOC && mem) || (e->type == CUHEAP_EV_FREE && mem) ||
+                 e->type == CUHEAP_EV_ARENA_GROW || e->type == CUHEAP_EV_ARENA_RELEASE;
+    /* clamped before the conversion: an event past the end (a damaged trace) would not fit
+     * a size_t (found by fuzzing) */
+    double q = (double)at / c->per_bucket;
+    size_t k = q < (double)NR_BUCKETS ? (size_t)q : NR_BUCKETS - 1;
+    struct chart_dev *cd = chart_dev_of(c, e->device);
+    if (cd && moves && cd->b && k != cd->cur &&
+        (cd->b[k].latest_t == UINT64_MAX || at >= cd->b[k].latest_t)) {
+        flush(c, cd); /* before this event's change: the state the bucket left */
+        cd->cur = (uint32_t)k;
+    }
+    summarize_event(s, e);
+    if (!cd && e->device >= 0) /* the summary may have just met the device */
+        cd = chart_dev_of(c, e->device);
+    if (cd && moves && !cd->b) {
+        cd->b = malloc(NR_BUCKETS * sizeof(*cd->b));
+        if (!cd->b) {
+            c->failed = true;
+            return;
+        }
+        for (size_t i = 0; i < NR_BUCKETS; i++)
+            cd->b[i].latest_t = UINT64_MAX;
+        cd->cur = (uint32_t)k;
+    }
+    /* the sites it changed, each logged at the next move by its own device */
+    for (unsigned i = 0; i < s->nr_changed; i++) {
+        uint32_t site = s->changed[i];
+        const struct site_acc *a = &s->sites[site];
+        struct chart_dev *acd = chart_dev_of(c, a->device);
+        if (!acd)
+            continue;
+        if (c->filtered) {
+            size_t j = 0;
+            while (j < acd->nr_top && acd->top[j] != a->stack)
+                j++;
+            if (j == acd->nr_top)
+                continue;
+        }
+        size_t had = c->cap_is_dirty;
+        if (!grow((void **)&c->is_dirty, &c->cap_is_dirty, (size_t)site + 1, 1)) {
+            c->failed = true;
+            continue;
+        }
+        memset(c->is_dirty + had, 0, c->cap_is_dirty - had);
+        if (c->is_dirty[site])
+            continue;
+        if (!grow((void **)&acd->dirty, &acd->cap_dirty, acd->nr_dirty + 1, sizeof(*acd->dirty))) {
+            c->failed = true;
+            continue;
+        }
+        c->is_dirty[site] = 1;
+        acd->dirty[acd->nr_dirty++] = site;
+    }
+    if (!cd)
+        return;
+    const struct device_summary *d = &s->dev[cd - c->dev];
+    if (moves) {
+        note(&cd->b[k], at, d->live, d->reserved);
+    } else if (e->type == CUHEAP_EV_OOM || e->type == CUHEAP_EV_LIMIT) {
+        if (cd->nr_ooms < NR_OOM_ROWS)
+            cd->ooms[cd->nr_ooms] =
+                (struct oom_row){e->t,    e->size,     e->aux,   e->aux2,
+                                 d->live, d->reserved, e->stack, e->type == CUHEAP_EV_LIMIT};
+        cd->nr_ooms++;
+    }
+}
+
+/* At the end of the events: the last buckets' sites. Returns -1 when the chart cannot be
+ * drawn from what it kept (out of memory, or the log overflowed: read again). */
+int html_chart_end(struct html_chart *c)
+{
+    for (size_t d = 0; d < CUHEAP_TRACE_NR_MAX_DEVICES; d++)
+        if (c->dev[d].b)
+            flush(c, &c->dev[d]);
+    return c->failed || c->overflow ? -1 : 0;
+}
+
+void html_chart_free(struct html_chart *c)
+{
+    if (!c)
+        return;
+    for (size_t d = 0; d < CUHEAP_TRACE_NR_MAX_DEVICES; d++) {
+        free(c->dev[d].b);
+        free(c->dev[d].dirty);
+        free(c->dev[d].log);
+    }
+    free(c->is_dirty);
+    json_decref(c->marks);
+    if (c->own) {
+        summary_free(c->own);
+        free(c->own);
+    }
+    free(c);
+}
+
 /* One GPU of one trace: its curves, top sites, markers and refusals for the page. */
 static json_t *device_json(const struct cuheap_trace *t, const struct trace_summary *s,
-                           const struct device_summary *d, uint64_t offset_ns, uint64_t end_ns)
+                           const struct device_summary *d, struct html_chart *c)
 {
-    struct bucket *b = malloc(NR_BUCKETS * sizeof(*b));
+    struct chart_dev *cd = &c->dev[d - s->dev];
+    const struct trace_summary *cs = c->s; /* the summary the log's site indexes are in */
+    struct bucket *b = cd->b;
     if (!b)
         return NULL;
-    for (size_t i = 0; i < NR_BUCKETS; i++)
-        b[i].latest_t = UINT64_MAX;
     struct site *sites;
     size_t nr_sites = collect_sites(t, s, SITES_AT_PEAK, d->device, &sites);
     size_t nr_top = nr_sites < NR_TOP_SITES ? nr_sites : NR_TOP_SITES;
-    uint64_t site_live[NR_TOP_SITES] = {0};
-    json_t *marks = json_array(), *ooms = json_array();
-    size_t nr_marks = 0;
-    struct live_set live_set;
-    live_set_init(&live_set);
-    uint64_t live = 0, res = 0;
-    double per_bucket = (double)(end_ns ? end_ns : 1) / NR_BUCKETS;
-    struct cuheap_trace_iter it;
-    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
-         e = cuheap_trace_next(&it)) {
-        uint64_t at = e->t + offset_ns;
-        if (e->type == CUHEAP_EV_MARK) {
-            /* marks carry the thread's device (0 when it had none): shown on every GPU */
-            if (e->label && strcmp(e->label, "nvtx pop") && nr_marks++ < NR_MAX_MARKS)
-                json_array_append_new(marks, json_pack("[I,o]", (json_int_t)at, text(e->label)));
+    /* the log, replayed for the top sites: each group sets its bucket's values */
+    uint64_t vals[NR_TOP_SITES] = {0};
+    uint32_t group = NO_BUCKET;
+    for (size_t i = 0; i <= cd->nr_log; i++) {
+        const struct log_entry *l = i < cd->nr_log ? &cd->log[i] : NULL;
+        if ((!l || l->site == NO_SITE) && group != NO_BUCKET)
+            memcpy(b[group].site, vals, sizeof(vals));
+        if (!l)
+            break;
+        if (l->site == NO_SITE) {
+            group = l->bucket;
             continue;
         }
-        if (e->device != d->device)
-            continue;
-        bool mem = counts_as_device_memory(e);
-        if (e->type == CUHEAP_EV_ALLOC && mem) {
-            live += e->size;
-            res += e->pooled ? 0 : e->actual;
-            struct live_alloc a = {.ptr = e->ptr, .size = e->size, .stack = e->stack};
-            live_set_put(&live_set, &a);
-            for (size_t k = 0; k < nr_top; k++)
-                if (sites[k].stack == e->stack)
-                    site_live[k] += e->size;
-        } else if (e->type == CUHEAP_EV_FREE && mem) {
-            live -= e->size < live ? e->size : live;
-            if (!e->pooled)
-                res -= e->actual < res ? e->actual : res;
-            struct live_alloc a;
-            if (live_set_take(&live_set, e->ptr, &a))
-                for (size_t k = 0; k < nr_top; k++)
-                    if (sites[k].stack == a.stack)
-                        site_live[k] -= a.size < site_live[k] ? a.size : site_live[k];
-        } else if (e->type == CUHEAP_EV_ARENA_GROW) {
-            res += e->size;
-        } else if (e->type == CUHEAP_EV_ARENA_RELEASE) {
-            res -= e->size < res ? e->size : res;
-        } else if (e->type == CUHEAP_EV_OOM || e->type == CUHEAP_EV_LIMIT) {
-            if (json_array_size(ooms) < NR_OOM_ROWS) {
-                bool limit = e->type == CUHEAP_EV_LIMIT;
-                json_array_append_new(
-                    ooms,
-                    json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "t", (json_int_t)at,
-                              "kind", limit ? "limit" : "oom", "size", jbytes(e->size), "live",
-                              jbytes(live), "reserved", jbytes(res),
-                              limit ? "limit" : "driver_free", jbytes(limit ? e->aux2 : e->aux),
-                              "site", site_json(t, e->stack), "stack", stack_json(t, e->stack)));
-            }
-            continue;
-        } else {
-            continue;
-        }
-        /* clamped before the conversion: an event past the end (a damaged trace) would not
-         * fit a size_t (found by fuzzing) */
-        double q = (double)at / per_bucket;
-        size_t k = q < (double)NR_BUCKETS ? (size_t)q : NR_BUCKETS - 1;
-        note(&b[k], at, live, res, site_live);
+        const struct site_acc *a = &cs->sites[l->site];
+        for (size_t k = 0; k < nr_top; k++)
+            if (a->stack == sites[k].stack && a->device == d->device)
+                vals[k] = l->value;
     }
-    cuheap_trace_iter_end(&it);
-    live_set_free(&live_set);
     /* buckets without events hold the value before them; before the first event, nothing */
     struct bucket prev = {.latest_t = 0};
     for (size_t i = 0; i < NR_BUCKETS; i++) {
@@ -225,23 +416,33 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
                                              stack_json(t, sites[k].stack), "values", values));
     }
     free(sites);
+    json_t *ooms = json_array();
+    for (size_t i = 0; i < cd->nr_ooms && i < NR_OOM_ROWS; i++) {
+        const struct oom_row *o = &cd->ooms[i];
+        json_array_append_new(
+            ooms,
+            json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "t",
+                      (json_int_t)(o->t + c->offset_ns), "kind", o->limit ? "limit" : "oom", "size",
+                      jbytes(o->size), "live", jbytes(o->live), "reserved", jbytes(o->res),
+                      o->limit ? "limit" : "driver_free", jbytes(o->limit ? o->aux2 : o->aux),
+                      "site", site_json(t, o->stack), "stack", stack_json(t, o->stack)));
+    }
     const char *name = "?";
     for (unsigned k = 0; k < t->nr_devices; k++)
         if (t->devices[k].ordinal == d->device)
             name = t->devices[k].name;
     json_t *dev = json_pack(
-        "{s:i, s:o, s:o, s:o, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I}", "device",
+        "{s:i, s:o, s:o, s:o, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:O, s:o, s:I}", "device",
         d->device, "name", text(name), "peak_live", jbytes(d->peak_live), "peak_reserved",
-        jbytes(d->peak_reserved), "peak_t", (json_int_t)(d->peak_live_t + offset_ns), "live_min",
+        jbytes(d->peak_reserved), "peak_t", (json_int_t)(d->peak_live_t + c->offset_ns), "live_min",
         u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_min)), "live_max",
         u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_max)), "live_last",
         u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_last)), "res_min",
         u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_min)), "res_max",
         u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_max)), "res_last",
-        u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_last)), "sites", top, "marks", marks,
-        "ooms", ooms, "marks_left_out",
-        (json_int_t)(nr_marks > NR_MAX_MARKS ? nr_marks - NR_MAX_MARKS : 0));
-    free(b);
+        u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_last)), "sites", top, "marks",
+        c->marks, "ooms", ooms, "marks_left_out",
+        (json_int_t)(c->nr_marks > NR_MAX_MARKS ? c->nr_marks - NR_MAX_MARKS : 0));
     return dev;
 }
 
@@ -275,55 +476,30 @@ static void site_table(FILE *f, const struct cuheap_trace *t, struct site *sites
 }
 
 /* The refusals, each as what happened: the driver out of memory, or CUHEAP_LIMIT. */
-static void oom_table(FILE *f, const struct cuheap_trace *t, const struct device_summary *d)
+static void oom_table(FILE *f, const struct cuheap_trace *t, const struct chart_dev *cd)
 {
-    if (!d->nr_ooms && !d->nr_limit)
-        return; /* no need to read the trace again */
-    int device = d->device;
-    size_t n = 0;
-    uint64_t live = 0, res = 0;
+    size_t n = cd->nr_ooms;
     char b1[32], b2[32], b3[32], b4[32], name[700];
-    struct cuheap_trace_iter it;
-    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
-         e = cuheap_trace_next(&it)) {
-        if (e->device != device)
-            continue;
-        bool mem = counts_as_device_memory(e);
-        if (e->type == CUHEAP_EV_ALLOC && mem) {
-            live += e->size;
-            res += e->pooled ? 0 : e->actual;
-        } else if (e->type == CUHEAP_EV_FREE && mem) {
-            live -= e->size < live ? e->size : live;
-            if (!e->pooled)
-                res -= e->actual < res ? e->actual : res;
-        } else if (e->type == CUHEAP_EV_ARENA_GROW) {
-            res += e->size;
-        } else if (e->type == CUHEAP_EV_ARENA_RELEASE) {
-            res -= e->size < res ? e->size : res;
-        }
-        if (e->type != CUHEAP_EV_OOM && e->type != CUHEAP_EV_LIMIT)
-            continue;
-        if (!n++)
-            fputs("<h3>Out of memory and limit refusals</h3>\n<table><tr><th>time</th>"
-                  "<th>request</th><th>what happened</th><th>live / reserved then</th>"
-                  "<th>call site</th></tr>\n",
-                  f);
-        if (n > NR_OOM_ROWS)
-            continue;
-        fprintf(f, "<tr><td>%.3f s</td><td>%s</td><td>", (double)e->t / 1e9,
-                human_bytes(e->size, b1, sizeof(b1)));
-        if (e->type == CUHEAP_EV_LIMIT)
-            fprintf(f, "refused by CUHEAP_LIMIT (limit %s)", human_bytes(e->aux2, b2, sizeof(b2)));
+    if (n)
+        fputs("<h3>Out of memory and limit refusals</h3>\n<table><tr><th>time</th>"
+              "<th>request</th><th>what happened</th><th>live / reserved then</th>"
+              "<th>call site</th></tr>\n",
+              f);
+    for (size_t i = 0; i < n && i < NR_OOM_ROWS; i++) {
+        const struct oom_row *o = &cd->ooms[i];
+        fprintf(f, "<tr><td>%.3f s</td><td>%s</td><td>", (double)o->t / 1e9,
+                human_bytes(o->size, b1, sizeof(b1)));
+        if (o->limit)
+            fprintf(f, "refused by CUHEAP_LIMIT (limit %s)", human_bytes(o->aux2, b2, sizeof(b2)));
         else
             fprintf(f, "the driver ran out of memory (%s free of %s)",
-                    human_bytes(e->aux, b2, sizeof(b2)), human_bytes(e->aux2, b3, sizeof(b3)));
-        fprintf(f, "</td><td>%s / %s</td><td>", human_bytes(live, b3, sizeof(b3)),
-                human_bytes(res, b4, sizeof(b4)));
-        esc(f, cuheap_trace_site(t, e->stack, name, sizeof(name)));
-        stack_details(f, t, e->stack);
+                    human_bytes(o->aux, b2, sizeof(b2)), human_bytes(o->aux2, b3, sizeof(b3)));
+        fprintf(f, "</td><td>%s / %s</td><td>", human_bytes(o->live, b3, sizeof(b3)),
+                human_bytes(o->res, b4, sizeof(b4)));
+        esc(f, cuheap_trace_site(t, o->stack, name, sizeof(name)));
+        stack_details(f, t, o->stack);
         fputs("</td></tr>\n", f);
     }
-    cuheap_trace_iter_end(&it);
     if (n > NR_OOM_ROWS)
         fprintf(f, "<tr><td colspan=\"5\">%zu more not shown</td></tr>\n", n - NR_OOM_ROWS);
     if (n)
@@ -490,39 +666,75 @@ static const char *const SCRIPT[] = {
     NULL,
 };
 
-int export_html(struct cuheap_trace *traces, const struct trace_summary *sums, size_t nr, FILE *f)
+bool html_axis(size_t nr, const uint64_t *start_unix_ns, const uint64_t *last_t,
+               const bool *any_events, uint64_t *ret_offsets, uint64_t *ret_end)
 {
     /* one time axis for every process: offsets from the earliest start */
-    uint64_t t0 = UINT64_MAX, end = 1;
+    uint64_t t0 = UINT64_MAX, end = 1, longest = 0, latest_start = 0;
+    for (size_t i = 0; i < nr; i++)
+        t0 = start_unix_ns[i] < t0 ? start_unix_ns[i] : t0;
     for (size_t i = 0; i < nr; i++) {
-        uint64_t s =
-            (uint64_t)json_integer_value(json_object_get(traces[i].header, "start_unix_ns"));
-        t0 = s < t0 ? s : t0;
-    }
-    uint64_t *offsets = calloc(nr ? nr : 1, sizeof(*offsets));
-    if (!offsets)
-        return -1;
-    uint64_t longest = 0, latest_start = 0;
-    for (size_t i = 0; i < nr; i++) {
-        offsets[i] =
-            (uint64_t)json_integer_value(json_object_get(traces[i].header, "start_unix_ns")) - t0;
-        longest = sums[i].duration_ns > longest ? sums[i].duration_ns : longest;
-        latest_start = offsets[i] > latest_start ? offsets[i] : latest_start;
+        ret_offsets[i] = start_unix_ns[i] - t0;
+        longest = last_t[i] > longest ? last_t[i] : longest;
+        latest_start = ret_offsets[i] > latest_start ? ret_offsets[i] : latest_start;
     }
     /* Traces of runs made at different times (not ranks of one job) would leave most of the
      * axis empty: then each is drawn from its own start. */
     bool apart = latest_start > 10 * longest + 60000000000ull;
     for (size_t i = 0; i < nr; i++) {
         if (apart)
-            offsets[i] = 0;
-        if (traces[i].nr_events && traces[i].max_t + offsets[i] > end)
-            end = traces[i].max_t + offsets[i];
+            ret_offsets[i] = 0;
+        if (any_events[i] && last_t[i] + ret_offsets[i] > end)
+            end = last_t[i] + ret_offsets[i];
     }
+    *ret_end = end;
+    return apart;
+}
+
+/* A second read of the trace for its chart, logging only the top sites, with a summary of its
+ * own (the log's site indexes are in it). */
+struct html_chart *html_chart_again(const struct cuheap_trace *t, const struct trace_summary *s,
+                                    uint64_t offset_ns, uint64_t end_ns)
+{
+    struct trace_summary *own = malloc(sizeof(*own));
+    if (!own)
+        return NULL;
+    summarize_begin(own);
+    struct html_chart *c = html_chart_begin(own, offset_ns, end_ns);
+    if (!c) {
+        summarize_end(own);
+        free(own);
+        return NULL;
+    }
+    c->own = own;
+    for (unsigned d = 0; d < s->nr_dev; d++) {
+        struct site *sites;
+        size_t nr = collect_sites(t, s, SITES_AT_PEAK, s->dev[d].device, &sites);
+        chart_only(c, d, sites, nr);
+        free(sites);
+    }
+    c->filtered = true;
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e;
+         e = cuheap_trace_next(&it))
+        html_chart_event(e, c);
+    cuheap_trace_iter_end(&it);
+    summarize_end(own);
+    if (html_chart_end(c)) {
+        html_chart_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+int export_html(struct cuheap_trace *traces, const struct trace_summary *sums,
+                struct html_chart *const *charts, size_t nr, uint64_t end, bool apart, FILE *f)
+{
     json_t *processes = json_array();
     for (size_t i = 0; i < nr; i++) {
         json_t *gpus = json_array();
         for (unsigned d = 0; d < sums[i].nr_dev; d++) {
-            json_t *g = device_json(&traces[i], &sums[i], &sums[i].dev[d], offsets[i], end);
+            json_t *g = device_json(&traces[i], &sums[i], &sums[i].dev[d], charts[i]);
             json_array_append_new(gpus, g ? g : json_null());
         }
         json_array_append_new(processes, json_pack("{s:o}", "gpus", gpus));
@@ -583,7 +795,7 @@ int export_html(struct cuheap_trace *traces, const struct trace_summary *sums, s
                 site_table(f, t, sites, nr_sites, "blocks");
             }
             free(sites);
-            oom_table(f, t, dv);
+            oom_table(f, t, &charts[i]->dev[d]);
         }
         struct site *leaks;
         size_t nr_leaks = collect_sites(t, s, SITES_LEAKED, -1, &leaks);
@@ -603,6 +815,5 @@ int export_html(struct cuheap_trace *traces, const struct trace_summary *sums, s
         fputs(SCRIPT[i], f);
     fputs("</script>\n</body></html>\n", f);
     json_decref(data);
-    free(offsets);
     return ferror(f) ? -1 : 0;
 }

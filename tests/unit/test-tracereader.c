@@ -218,13 +218,16 @@ static void test_fast_scanner_reads_as_jansson_does(void **state)
 }
 
 /* n events whose seqs are shuffled across the whole file (far) or swapped in pairs (near,
- * as a drain leaves them), every fifth a mark, the last line cut off. */
-static char *shuffled_trace(unsigned n, bool far)
+ * as a drain leaves them), every fifth a mark, the last line cut off. With gaps, seqs past
+ * 100 skip every other number (dropped events, seqs taken by what was not written). */
+static char *shuffled_trace(unsigned n, bool far, bool gaps)
 {
     static char buf[1 << 16];
     size_t used = (size_t)snprintf(buf, sizeof(buf), "%s", HEADER);
     for (unsigned i = 0; i < n; i++) {
         unsigned seq = far ? (i * 7919u) % n + 1 : (i ^ 1) + 1; /* 7919 is prime to n */
+        if (gaps && seq > 100)
+            seq *= 2;
         used += (size_t)snprintf(buf + used, sizeof(buf) - used,
                                  "{\"type\":\"event\",\"seq\":%u,\"t\":%u,\"event\":\"%s\","
                                  "\"device\":0,\"ptr\":\"0x%x\",\"size\":%u%s}\n",
@@ -270,11 +273,16 @@ static void expect_same_events(const char *path, bool want_streamed)
 static void test_streaming_gives_the_same_events(void **state)
 {
     (void)state;
-    char *path = shuffled_trace(200, false);
+    char *path = shuffled_trace(200, false, false);
     cuheap_trace_set_window(4); /* pairs swapped: a window of 4 puts them right */
     expect_same_events(path, true);
     unlink(path);
-    path = shuffled_trace(200, true);
+    /* the window lets events through as soon as they are next in seq; after a gap it must
+     * hold them until it is full */
+    path = shuffled_trace(200, false, true);
+    expect_same_events(path, true);
+    unlink(path);
+    path = shuffled_trace(200, true, false);
     cuheap_trace_set_window(256); /* wider than the whole file */
     expect_same_events(path, true);
     cuheap_trace_set_window(4); /* events stray ~200 places: read into memory */
