@@ -45,17 +45,21 @@ for case in micro:
     print("| %s | %s | %s | %s |" % (label, " | ".join(cells), r1, r2))
 
 print("\n### PyTorch GPT training loop (median step, peak memory, losses vs caching allocator)\n")
-print("| allocator | median step ms (runs) | vs caching | peak live MiB | peak reserved MiB | reserved/live | losses |")
-print("|---|---|---|---|---|---|---|")
+print("| allocator | median step ms (runs) | vs caching | peak live MiB | peak reserved MiB | reserved/live | device used MiB | vs caching | losses |")
+print("|---|---|---|---|---|---|---|---|---|")
 ref = gpt.get("caching", {})
 for c in order:
     g = gpt[c]
     if "step_ms" not in g:
-        print("| %s | failed | | | | | |" % c)
+        print("| %s | failed | | | | | | | |" % c)
         continue
     step = statistics.median(g["runs"])
     ref_step = statistics.median(ref.get("runs") or [0])
     same = "identical" if g.get("losses") == ref.get("losses") else "DIFFER"
-    print("| %s | %.2f (%s) | %.3f | %.0f | %.0f | %.2f | %s |" % (
+    used = int(g.get("device_used", 0)) / 2**20
+    ref_used = int(ref.get("device_used", 0)) / 2**20
+    print("| %s | %.2f (%s) | %.3f | %.0f | %.0f | %.2f | %s | %s | %s |" % (
         c, step, ", ".join("%.2f" % r for r in g["runs"]), step / ref_step if ref_step else 0,
-        int(g["peak_live"]) / 2**20, int(g["peak_reserved"]) / 2**20, float(g["frag"]), same))
+        int(g["peak_live"]) / 2**20, int(g["peak_reserved"]) / 2**20, float(g["frag"]),
+        "%.0f" % used if used else "", "%.3f" % (used / ref_used) if used and ref_used else "",
+        same))

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: MIT
 """GPT-style training loop written with torch.nn only (no downloads): token embedding, causal
 self-attention blocks, bf16 autocast, AdamW. Prints the median step time, peak live and peak
-reserved bytes, and the losses as exact hex floats (they must match across allocators).
+reserved bytes, the most device memory the process held (the driver's count, sampled after
+each backward pass and step, less what it held before the model), and the losses as exact hex
+floats (they must match across allocators).
 
   python torch_gpt.py [STEPS]
 
@@ -72,6 +74,15 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
+def device_used():
+    # what the process holds on the device now, as the driver counts it (whatever allocator)
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+torch.cuda.init()
+used_at_start = device_used()
+used_peak = 0
 model = GPT().to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 gen = torch.Generator(device=dev).manual_seed(1)
@@ -85,10 +96,12 @@ for step in range(STEPS):
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    used_peak = max(used_peak, device_used())
     opt.step()
     losses.append(loss.item())
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
+    used_peak = max(used_peak, device_used())
 
 try:
     peak_live = torch.cuda.max_memory_allocated()
@@ -106,7 +119,7 @@ try:
 except (AttributeError, OSError):
     pass
 warm = times[5:] if len(times) > 10 else times
-print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f" % (
+print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f device_used=%d" % (
     1000 * statistics.median(warm), peak_live, peak_reserved, source,
-    peak_reserved / peak_live if peak_live else 0))
+    peak_reserved / peak_live if peak_live else 0, used_peak - used_at_start))
 print("losses", " ".join(float(v).hex() for v in losses))
