@@ -682,7 +682,7 @@ static void stream_created(CUresult r, CUstream *ph, unsigned flags)
         return;
     CUcontext ctx = NULL;
     cuheap_drv.cuCtxGetCurrent(&ctx);
-    cuheap_streams_add(ctx, *ph);
+    cuheap_streams_changed(ctx, *ph, true);
 }
 
 CUHEAP_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
@@ -727,7 +727,7 @@ CUHEAP_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
     ENTER(cuStreamDestroy_v2);
     if (active && drain_stream(s))
-        cuheap_streams_remove(s);
+        cuheap_streams_changed(NULL, s, false);
     LEAVE(cuheap_drv.cuStreamDestroy_v2(s));
 }
 

@@ -689,6 +689,34 @@ static void device_sync_locked(int dev)
             wait_stream_locked(s, s->submitted);
 }
 
+/* ---- fork ----
+ * The simulated driver survives fork (the real one refuses a child of a parent that used it;
+ * tests want to see what cuheap does there). The lock is taken around fork so no thread holds
+ * it in the child, and the child, which has no threads but its own, gets a worker again for
+ * every stream that has one in the parent, destroyed streams still draining included. */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&g_lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void fork_child(void)
+{
+    pthread_mutex_init(&g_lock, NULL);
+    pthread_cond_init(&g_progress, NULL);
+    for (int i = 0; i < NR_MAX_STREAMS; i++)
+        if (g_streams[i] &&
+            pthread_create(&g_streams[i]->thread, NULL, stream_worker, g_streams[i]))
+            g_streams[i]->stop = true;
+    for (struct fake_stream *s = g_dead_streams; s; s = s->dead_next)
+        if (s->completed < s->submitted && !pthread_create(&s->thread, NULL, stream_worker, s))
+            pthread_detach(s->thread);
+}
+
 /* ---- init, devices, contexts ---- */
 
 FAKE_EXPORT CUresult cuInit(unsigned int flags)
@@ -723,6 +751,7 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
             g_devices[i].ctx = (struct fake_ctx){CTX_MAGIC, i};
             g_devices[i].legacy = stream_new_locked(i, 0, true);
         }
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
         g_initialized = true;
     }
     pthread_mutex_unlock(&g_lock);
