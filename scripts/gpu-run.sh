@@ -282,11 +282,82 @@ run_viewers() {
     say "memory_viz pages: $(cd "$OUT/memviz-pages" && ls | tr '\n' ' ')($(du -sh "$OUT/memviz-pages" | cut -f1)); $(grep -l 'cdn.jsdelivr.net' "$OUT"/memviz-pages/*.html 2>/dev/null | wc -l) of them load MemoryViz.js from the network"
 }
 
+# Soak (issue 12; `gpu-run.sh soak`): the GPT loop for SOAK_S seconds (default 330) under
+# cuheap, recording on (stacks and Python frames, the defaults), PyTorch's caching allocator
+# off so every tensor goes through cuheap's pool (SOAK_CACHING=1 keeps it on); the same steps
+# without cuheap run alongside on the same GPU, for the losses (bit for bit). Both processes'
+# resident memory is sampled every SOAK_EVERY seconds (default 5) into $OUT/soak-rss.txt; the
+# trace must pass `cuheap check` with nothing dropped. One command of about SOAK_S + 90 s.
+soak_rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+run_soak() {
+    local secs=${SOAK_S:-330} every=${SOAK_EVERY:-5} log=$OUT/soak.log envs=()
+    [ "${SOAK_CACHING:-0}" = 1 ] || envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    # steps for $secs under cuheap, from a short run with the same settings
+    local cal ms steps
+    cal=$(env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/soak-cal.jsonl" \
+        timeout 300 python3 bench/torch_gpt.py 40 2>&1)
+    rm -f "$T"/soak-cal.jsonl*
+    ms=$(sed -n 's/^step_ms=\([0-9.]*\).*/\1/p' <<<"$cal")
+    if [ -z "$ms" ]; then
+        say "soak: the calibration run failed: $(tail -3 <<<"$cal" | tr '\n' ' ')"
+        return
+    fi
+    steps=$(python3 -c "import math; print(max(100, math.ceil($secs * 1000 / $ms)))")
+    say "soak: $steps GPT steps (${ms} ms a step under cuheap: ${secs} s), caching ${SOAK_CACHING:-0}"
+    (exec env "${envs[@]}" python3 bench/torch_gpt.py "$steps" >"$T/soak-plain.out" 2>&1) &
+    local plain=$!
+    (exec env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/soak.jsonl" \
+        python3 bench/torch_gpt.py "$steps" >"$T/soak-cuheap.out" 2>"$T/soak-cuheap.err") &
+    local with=$! t0=$SECONDS
+    echo "t_s rss_kib_cuheap rss_kib_plain" >"$OUT/soak-rss.txt"
+    while kill -0 $with 2>/dev/null || kill -0 $plain 2>/dev/null; do
+        echo "$((SECONDS - t0)) $(soak_rss $with) $(soak_rss $plain)" >>"$OUT/soak-rss.txt"
+        if ((SECONDS - t0 > 3 * secs)); then
+            kill $with $plain 2>/dev/null
+            say "soak: killed after $((SECONDS - t0)) s (three times the plan)"
+        fi
+        sleep "$every"
+    done
+    wait $with
+    local rc_with=$?
+    wait $plain
+    local rc_plain=$?
+    local wall=$((SECONDS - t0)) check
+    check=$("$B/cuheap" check "$T/soak.jsonl" 2>&1)
+    {
+        echo "### calibration"$'\n'"$cal"
+        echo "### with cuheap (exit $rc_with)"; grep -v '^losses' "$T/soak-cuheap.out"; cat "$T/soak-cuheap.err"
+        echo "### without (exit $rc_plain)"; grep -v '^losses' "$T/soak-plain.out"
+        echo "### cuheap check"$'\n'"$check"
+    } >"$log"
+    grep '^losses' "$T/soak-cuheap.out" >"$OUT/soak-losses-cuheap.txt"
+    grep '^losses' "$T/soak-plain.out" >"$OUT/soak-losses-plain.txt"
+    rm -f "$T"/soak.jsonl* # gigabytes: the check's verdict is kept, not the trace
+    say "  exit: with cuheap $rc_with, without $rc_plain; $wall s"
+    say "  $(grep -E '^step_ms' "$T/soak-cuheap.out") (with cuheap)"
+    say "  $(grep -E '^step_ms' "$T/soak-plain.out") (without)"
+    if [ -s "$OUT/soak-losses-plain.txt" ] && cmp -s "$OUT/soak-losses-plain.txt" "$OUT/soak-losses-cuheap.txt"; then
+        say "  losses: identical, $(($(wc -w <"$OUT/soak-losses-plain.txt") - 1)) steps bit for bit"
+    else
+        say "  losses: DIFFERENT (or missing): $OUT/soak-losses-*.txt"
+    fi
+    say "  trace: $check"
+    say "  $(grep -E '^cuheap: [0-9]+ allocations' "$T/soak-cuheap.err")"
+    grep -E '^cuheap: (events were dropped|.*came after recording)' "$T/soak-cuheap.err" | sed 's/^/  /' |
+        tee -a "$OUT/summary.txt"
+    # resident memory: after a minute's warm-up, and at the end, each process
+    awk -v every="$every" 'NR > 1 && $2 > 0 { if (!w && $1 >= 60) { w = 1; c0 = $2; p0 = $3 } if (w) { c1 = $2; if ($3 > 0) p1 = $3 } }
+        END { if (w) printf "  host RSS (KiB) from 60 s to the end: with cuheap %d -> %d (%+d), without %d -> %d (%+d)\n", c0, c1, c1 - c0, p0, p1, p1 - p0;
+              else print "  host RSS: the run ended before the warm-up minute" }' "$OUT/soak-rss.txt" |
+        tee -a "$OUT/summary.txt"
+}
+
 case $what in
 tests) run_tests ;;
 audit) run_audit ;;
 viewers) run_viewers ;;
 record) run_record ;;
+soak) run_soak ;;
 clients) run_clients ;;
 bench) bash bench/run-gpu.sh "$B" "$OUT" "$T" ;;
 all)

@@ -683,7 +683,7 @@ static void stream_created(CUresult r, CUstream *ph, unsigned flags)
         return;
     CUcontext ctx = NULL;
     cuheap_drv.cuCtxGetCurrent(&ctx);
-    cuheap_streams_add(ctx, *ph);
+    cuheap_streams_changed(ctx, *ph, true);
 }
 
 CUHEAP_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
@@ -704,11 +704,31 @@ CUHEAP_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int fla
     LEAVE(r);
 }
 
+/* Work queued on a stream still runs after the stream is destroyed, but fences recorded after
+ * it left the known streams no longer wait for it: a block freed while that work may read it
+ * would come back too early. So the stream's work is waited for first (an event, as the
+ * driver's own fences are), then the stream is forgotten. Only when fences are what keeps
+ * reuse safe; if the wait cannot be set up, the stream stays known (a fence on a destroyed
+ * stream fails, and the pool then waits for the device). */
+static bool drain_stream(CUstream s)
+{
+    if (!cuheap_cfg.pool || cuheap_cfg.reuse != CUHEAP_REUSE_FENCE || !s || s == CU_STREAM_LEGACY ||
+        s == CU_STREAM_PER_THREAD)
+        return true;
+    CUevent ev = NULL;
+    if (cuheap_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return false;
+    bool done = cuheap_drv.cuEventRecord(ev, s) == CUDA_SUCCESS &&
+                cuheap_drv.cuEventSynchronize(ev) == CUDA_SUCCESS;
+    cuheap_drv.cuEventDestroy_v2(ev);
+    return done;
+}
+
 CUHEAP_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
     ENTER(cuStreamDestroy_v2);
-    if (active)
-        cuheap_streams_remove(s);
+    if (active && drain_stream(s))
+        cuheap_streams_changed(NULL, s, false);
     LEAVE(cuheap_drv.cuStreamDestroy_v2(s));
 }
 

@@ -64,14 +64,38 @@ static void at_exit(void)
         summary();
 }
 
+pthread_mutex_t cuheap_streams_gate = PTHREAD_MUTEX_INITIALIZER;
+
+void cuheap_streams_changed(CUcontext ctx, CUstream s, bool added)
+{
+    pthread_mutex_lock(&cuheap_streams_gate);
+    if (added)
+        cuheap_streams_add(ctx, s);
+    else
+        cuheap_streams_remove(s);
+    pthread_mutex_unlock(&cuheap_streams_gate);
+}
+
+/* Around fork: nobody may be inside the known-stream list's lock (runtime.h), so the gate and
+ * every pool lock are held, in that order (a pool lock is never held while waiting for the
+ * gate). Devices are only ever appended, so the count read here stays valid. */
+static unsigned forking_devices;
+
 static void fork_prepare(void)
 {
+    pthread_mutex_lock(&cuheap_streams_gate);
+    forking_devices = atomic_load(&nr_devices);
+    for (unsigned i = 0; i < forking_devices; i++)
+        pthread_mutex_lock(&devices[i].pool.lock);
     cuheap_recorder_atfork_prepare();
 }
 
 static void fork_parent(void)
 {
     cuheap_recorder_atfork_parent();
+    for (unsigned i = forking_devices; i-- > 0;)
+        pthread_mutex_unlock(&devices[i].pool.lock);
+    pthread_mutex_unlock(&cuheap_streams_gate);
 }
 
 /* The child cannot use the parent's device memory (CUDA does not survive fork): forget the
@@ -91,6 +115,7 @@ static void fork_child(void)
     }
     pthread_mutex_init(&devices_lock, NULL);
     pthread_mutex_init(&capture_lock, NULL);
+    pthread_mutex_init(&cuheap_streams_gate, NULL); /* pool locks: cuheap_pool_forget() */
     pthread_mutex_init(&cuheap_passthru.lock, NULL);
     atomic_store(&cuheap_nr_allocs, 0);
     atomic_store(&cuheap_nr_frees, 0);

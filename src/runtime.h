@@ -88,6 +88,13 @@ void cuheap_backend_cuda_add_peer(int owner, int accessor);
 void cuheap_streams_add(CUcontext ctx, CUstream s);
 void cuheap_streams_remove(CUstream s);
 
+/* The known-stream list's lock (backend_cuda.c) must be free when the process forks: it is
+ * taken by the fences, under a pool lock, and by these two, which the hooks call only through
+ * cuheap_streams_changed() under cuheap_streams_gate. fork holds the gate and every pool lock,
+ * so no thread is inside that lock when the child is made. */
+extern pthread_mutex_t cuheap_streams_gate;
+void cuheap_streams_changed(CUcontext ctx, CUstream s, bool added);
+
 /* Stream capture began or ended: tell every pool. */
 void cuheap_capture_changed(CUstream s, bool begin);
 bool cuheap_capturing(void);

@@ -14,7 +14,8 @@
  *
  * Settings: FAKECUDA_DEVICE_COUNT (default 1), FAKECUDA_DEVICE_MEM (bytes per device,
  * K/M/G suffixes, default 4G), FAKECUDA_ALLOC_US / FAKECUDA_FREE_US (simulated cost of
- * cuMemAlloc_v2 / cuMemFree_v2 in microseconds, default 0).
+ * cuMemAlloc_v2 / cuMemFree_v2 in microseconds, default 0), FAKECUDA_FAIL (fault injection,
+ * below).
  *
  * One global mutex guards all state: this is a test double, clarity beats speed.
  */
@@ -164,6 +165,203 @@ static void spin_us(unsigned us)
         return;
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
     nanosleep(&ts, NULL);
+}
+
+/* ---- fault injection (FAKECUDA_FAIL) ----
+ *
+ * FAKECUDA_FAIL=RULE,RULE,...,seed=N makes chosen entry points fail, as a driver under memory
+ * pressure or with a broken context would, without doing anything. A RULE is NAME:WHEN[=ERROR]:
+ *   NAME   an entry point's base name (cuMemCreate, cuEventRecord; the _ptsz twins and the
+ *          wrappers that call it count as it) or a prefix ending in '*' (cuMem*, *);
+ *   WHEN   a chance per call (0.05), the Nth matching call (@3), or that call and every later
+ *          one (@3+);
+ *   ERROR  the CUresult to give, by name (CUDA_ERROR_LAUNCH_FAILED, or LAUNCH_FAILED) or
+ *          number; by default the one the real driver gives for that failure: out of memory
+ *          for allocations, VMM calls, event and stream creation, a launch failure for the
+ *          rest.
+ *   !NAME  (no WHEN) spares the entry points NAME matches from every rule after it.
+ * The random draws come from seed (default 1) and a call counter, so a single-threaded run is
+ * repeated exactly. Only faultable entry points (those with FAULT() at their top) ever fail.
+ * At exit the fake prints "fakecuda: N faults injected in M calls (NAME n, ...)" on stderr
+ * when FAKECUDA_FAIL was set; fakecuda_faults_injected() gives N to tests.
+ * FAKECUDA_FAIL_VERBOSE=1 adds a line per fault (the entry point, its call number, the error).
+ *
+ * A failed call has no effect. This layer is one function (fault()) called first by each
+ * faultable entry point: it touches nothing else here. */
+#define NR_MAX_FAULT_RULES 32
+
+struct fault_rule {
+    char name[48];          /* entry point, or a prefix when it ends in '*' */
+    double chance;          /* per matching call, 0 = none */
+    unsigned long nth;      /* fail the nth matching call (1-based), 0 = none */
+    bool from_nth;          /* and every one after it */
+    CUresult error;         /* 0: the call's own default */
+    atomic_ulong nr_calls;  /* matching calls so far */
+    atomic_ulong nr_faults; /* faults this rule injected */
+};
+
+static struct fault_rule g_rules[NR_MAX_FAULT_RULES];
+static int g_nr_rules;
+static unsigned long long g_fault_seed = 1;
+static atomic_ullong g_fault_draws;
+static atomic_ulong g_nr_faults, g_nr_faultable;
+static pthread_once_t g_fault_once = PTHREAD_ONCE_INIT;
+static bool g_fault_verbose; /* FAKECUDA_FAIL_VERBOSE=1: a line on stderr per fault */
+
+static const struct {
+    const char *name;
+    CUresult value;
+} g_error_names[] = {
+    {"CUDA_ERROR_OUT_OF_MEMORY", CUDA_ERROR_OUT_OF_MEMORY},
+    {"CUDA_ERROR_INVALID_VALUE", CUDA_ERROR_INVALID_VALUE},
+    {"CUDA_ERROR_INVALID_CONTEXT", CUDA_ERROR_INVALID_CONTEXT},
+    {"CUDA_ERROR_INVALID_HANDLE", CUDA_ERROR_INVALID_HANDLE},
+    {"CUDA_ERROR_LAUNCH_FAILED", CUDA_ERROR_LAUNCH_FAILED},
+    {"CUDA_ERROR_NOT_READY", CUDA_ERROR_NOT_READY},
+    {"CUDA_ERROR_NOT_INITIALIZED", CUDA_ERROR_NOT_INITIALIZED},
+    {"CUDA_ERROR_NOT_SUPPORTED", CUDA_ERROR_NOT_SUPPORTED},
+    {"CUDA_ERROR_UNKNOWN", CUDA_ERROR_UNKNOWN},
+};
+
+static CUresult parse_error(const char *s)
+{
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (end != s && !*end)
+        return (CUresult)v;
+    for (size_t i = 0; i < sizeof(g_error_names) / sizeof(g_error_names[0]); i++)
+        if (!strcmp(s, g_error_names[i].name) || !strcmp(s, g_error_names[i].name + 11))
+            return g_error_names[i].value;
+    return 0;
+}
+
+static void fault_summary(void)
+{
+    char line[1024];
+    int n = snprintf(line, sizeof(line), "fakecuda: %lu faults injected in %lu calls",
+                     atomic_load(&g_nr_faults), atomic_load(&g_nr_faultable));
+    for (int i = 0; i < g_nr_rules && n > 0 && (size_t)n < sizeof(line) - 64; i++)
+        n += snprintf(line + n, sizeof(line) - (size_t)n, "%s%s %lu", i ? ", " : " (",
+                      g_rules[i].name, atomic_load(&g_rules[i].nr_faults));
+    if (n > 0 && (size_t)n < sizeof(line) - 2)
+        n += snprintf(line + n, sizeof(line) - (size_t)n, "%s\n", g_nr_rules ? ")" : "");
+    if (n > 0)
+        (void)!write(2, line, strlen(line));
+}
+
+static void fault_parse(void)
+{
+    const char *env = getenv("FAKECUDA_FAIL"), *verbose = getenv("FAKECUDA_FAIL_VERBOSE");
+    if (!env || !*env)
+        return;
+    g_fault_verbose = verbose && strcmp(verbose, "0");
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", env);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (!strncmp(tok, "seed=", 5)) {
+            g_fault_seed = strtoull(tok + 5, NULL, 0);
+            continue;
+        }
+        char *colon = strchr(tok, ':');
+        if (tok[0] == '!' && !colon && g_nr_rules < NR_MAX_FAULT_RULES &&
+            strlen(tok) < sizeof(g_rules[0].name)) {
+            snprintf(g_rules[g_nr_rules++].name, sizeof(g_rules[0].name), "%s", tok);
+            continue;
+        }
+        if (!colon || g_nr_rules == NR_MAX_FAULT_RULES ||
+            (size_t)(colon - tok) >= sizeof(g_rules[0].name)) {
+            fprintf(stderr, "fakecuda: FAKECUDA_FAIL: cannot use '%s'\n", tok);
+            continue;
+        }
+        struct fault_rule *r = &g_rules[g_nr_rules];
+        memcpy(r->name, tok, (size_t)(colon - tok));
+        r->name[colon - tok] = '\0';
+        size_t len = strlen(r->name); /* cuMemAlloc_v2 is cuMemAlloc */
+        if (len > 3 && !strcmp(r->name + len - 3, "_v2"))
+            r->name[len - 3] = '\0';
+        char *when = colon + 1, *eq = strchr(when, '=');
+        if (eq) {
+            *eq = '\0';
+            r->error = parse_error(eq + 1);
+        }
+        if (*when == '@') {
+            r->nth = strtoul(when + 1, NULL, 10);
+            r->from_nth = strchr(when, '+') != NULL;
+        } else {
+            r->chance = strtod(when, NULL);
+        }
+        if ((r->nth || r->chance > 0) && (!eq || r->error))
+            g_nr_rules++;
+        else
+            fprintf(stderr, "fakecuda: FAKECUDA_FAIL: cannot use '%s'\n", tok);
+    }
+    atexit(fault_summary);
+}
+
+static bool rule_matches(const struct fault_rule *r, const char *name)
+{
+    const char *rn = r->name[0] == '!' ? r->name + 1 : r->name;
+    size_t n = strlen(rn);
+    if (n && rn[n - 1] == '*')
+        return !strncmp(rn, name, n - 1);
+    return !strcmp(rn, name);
+}
+
+/* A uniform draw in [0, 1): splitmix64 of the seed and a global call counter. */
+static double fault_draw(void)
+{
+    unsigned long long z =
+        g_fault_seed + 0x9E3779B97F4A7C15ull * (atomic_fetch_add(&g_fault_draws, 1) + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+/* Called first by every faultable entry point: CUDA_SUCCESS to go on, else the error the
+ * call must return at once (dflt unless the rule names one). */
+static CUresult fault(const char *name, CUresult dflt)
+{
+    pthread_once(&g_fault_once, fault_parse);
+    if (!g_nr_rules)
+        return CUDA_SUCCESS;
+    atomic_fetch_add(&g_nr_faultable, 1);
+    for (int i = 0; i < g_nr_rules; i++) {
+        struct fault_rule *r = &g_rules[i];
+        if (!rule_matches(r, name))
+            continue;
+        if (r->name[0] == '!')
+            return CUDA_SUCCESS; /* spared */
+        unsigned long call = atomic_fetch_add(&r->nr_calls, 1) + 1;
+        bool hit =
+            r->nth ? call == r->nth || (r->from_nth && call > r->nth) : fault_draw() < r->chance;
+        if (hit) {
+            atomic_fetch_add(&r->nr_faults, 1);
+            atomic_fetch_add(&g_nr_faults, 1);
+            CUresult e = r->error ? r->error : dflt;
+            if (g_fault_verbose) {
+                char line[160];
+                snprintf(line, sizeof(line), "fakecuda: %s call %lu fails with %d (rule %s)\n",
+                         name, call, (int)e, r->name);
+                (void)!write(2, line, strlen(line));
+            }
+            return e;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+#define FAULT(name, dflt)                                                                          \
+    do {                                                                                           \
+        CUresult fault_ = fault(name, dflt);                                                       \
+        if (fault_ != CUDA_SUCCESS)                                                                \
+            return fault_;                                                                         \
+    } while (0)
+
+FAKE_EXPORT unsigned long fakecuda_faults_injected(void)
+{
+    return atomic_load(&g_nr_faults);
 }
 
 /* ---- allocations (g_lock held) ---- */
@@ -447,6 +645,10 @@ static void enqueue_locked(struct fake_stream *s, struct work *w)
             if (o && o != s && o->device == s->device && !(o->flags & CU_STREAM_NON_BLOCKING))
                 w->deps[w->nr_deps++] = (struct dep){o, o->submitted};
         }
+        for (struct fake_stream *o = g_dead_streams; o && w->nr_deps < 64; o = o->dead_next)
+            if (o->device == s->device && !(o->flags & CU_STREAM_NON_BLOCKING) &&
+                o->completed < o->submitted)
+                w->deps[w->nr_deps++] = (struct dep){o, o->submitted};
     } else if (!(s->flags & CU_STREAM_NON_BLOCKING)) {
         struct fake_stream *l = g_devices[s->device].legacy;
         w->deps[w->nr_deps++] = (struct dep){l, l->submitted};
@@ -482,6 +684,38 @@ static void device_sync_locked(int dev)
         if (s && s->device == dev)
             wait_stream_locked(s, s->submitted);
     }
+    /* work of destroyed streams still runs, and the device waits for it */
+    for (struct fake_stream *s = g_dead_streams; s; s = s->dead_next)
+        if (s->device == dev)
+            wait_stream_locked(s, s->submitted);
+}
+
+/* ---- fork ----
+ * The simulated driver survives fork (the real one refuses a child of a parent that used it;
+ * tests want to see what cuheap does there). The lock is taken around fork so no thread holds
+ * it in the child, and the child, which has no threads but its own, gets a worker again for
+ * every stream that has one in the parent, destroyed streams still draining included. */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&g_lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void fork_child(void)
+{
+    pthread_mutex_init(&g_lock, NULL);
+    pthread_cond_init(&g_progress, NULL);
+    for (int i = 0; i < NR_MAX_STREAMS; i++)
+        if (g_streams[i] &&
+            pthread_create(&g_streams[i]->thread, NULL, stream_worker, g_streams[i]))
+            g_streams[i]->stop = true;
+    for (struct fake_stream *s = g_dead_streams; s; s = s->dead_next)
+        if (s->completed < s->submitted && !pthread_create(&s->thread, NULL, stream_worker, s))
+            pthread_detach(s->thread);
 }
 
 /* ---- init, devices, contexts ---- */
@@ -518,6 +752,7 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
             g_devices[i].ctx = (struct fake_ctx){CTX_MAGIC, i};
             g_devices[i].legacy = stream_new_locked(i, 0, true);
         }
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
         g_initialized = true;
     }
     pthread_mutex_unlock(&g_lock);
@@ -589,6 +824,7 @@ FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+    FAULT("cuDevicePrimaryCtxRetain", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
@@ -673,6 +909,7 @@ FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 FAKE_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
+    FAULT("cuCtxSetCurrent", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_INIT();
     struct fake_ctx *c = (struct fake_ctx *)ctx;
     if (c && c->magic != CTX_MAGIC)
@@ -686,6 +923,7 @@ static _Thread_local int tls_depth;
 
 FAKE_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
+    FAULT("cuCtxPushCurrent", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_INIT();
     struct fake_ctx *c = (struct fake_ctx *)ctx;
     if (!c || c->magic != CTX_MAGIC)
@@ -699,6 +937,7 @@ FAKE_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
 FAKE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
+    FAULT("cuCtxPopCurrent", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_INIT();
     if (!tls_ctx)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -710,6 +949,7 @@ FAKE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 
 FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
+    FAULT("cuCtxGetCurrent", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_INIT();
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
@@ -719,6 +959,7 @@ FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 
 FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 {
+    FAULT("cuCtxGetDevice", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_CTX();
     if (!dev)
         return CUDA_ERROR_INVALID_VALUE;
@@ -728,6 +969,7 @@ FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 
 FAKE_EXPORT CUresult cuCtxSynchronize(void)
 {
+    FAULT("cuCtxSynchronize", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     pthread_mutex_lock(&g_lock);
     device_sync_locked(current_ctx()->device);
@@ -764,6 +1006,12 @@ FAKE_EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
     case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
         *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
         break;
+    case CUDA_ERROR_LAUNCH_FAILED:
+        *s = "CUDA_ERROR_LAUNCH_FAILED";
+        break;
+    case CUDA_ERROR_INVALID_HANDLE:
+        *s = "CUDA_ERROR_INVALID_HANDLE";
+        break;
     default:
         *s = "CUDA_ERROR_UNKNOWN";
         return CUDA_ERROR_INVALID_VALUE;
@@ -794,6 +1042,7 @@ static CUresult alloc_current(CUdeviceptr *dptr, size_t n, enum alloc_kind kind)
 
 FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 {
+    FAULT("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
     atomic_fetch_add(&g_calls[FAKECUDA_CALL_MEM_ALLOC], 1);
     spin_us(g_alloc_us);
     tls_api = "cuMemAlloc_v2";
@@ -805,6 +1054,7 @@ FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
                                         size_t height, unsigned int elem)
 {
+    FAULT("cuMemAllocPitch", CUDA_ERROR_OUT_OF_MEMORY);
     if (!pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
     if (width > SIZE_MAX - 511 || height > SIZE_MAX / ((width + 511) & ~(size_t)511))
@@ -818,6 +1068,7 @@ FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 
 FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
 {
+    FAULT("cuMemAllocManaged", CUDA_ERROR_OUT_OF_MEMORY);
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
         return CUDA_ERROR_INVALID_VALUE;
     return alloc_current(dptr, n, KIND_MANAGED);
@@ -836,6 +1087,7 @@ static void free_range_locked(uintptr_t p)
 
 FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+    FAULT("cuMemFree", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     atomic_fetch_add(&g_calls[FAKECUDA_CALL_MEM_FREE], 1);
     spin_us(g_free_us);
@@ -863,6 +1115,7 @@ FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 
 FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream h)
 {
+    FAULT("cuMemAllocAsync", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_CTX();
     pthread_mutex_lock(&g_lock);
     struct fake_stream *s;
@@ -904,6 +1157,7 @@ FAKE_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, C
 
 FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
 {
+    FAULT("cuMemFreeAsync", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     pthread_mutex_lock(&g_lock);
     struct fake_stream *s;
@@ -937,6 +1191,7 @@ FAKE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream h)
 
 FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
+    FAULT("cuMemGetInfo", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     if (!free_bytes || !total)
         return CUDA_ERROR_INVALID_VALUE;
@@ -967,6 +1222,7 @@ FAKE_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CU
 
 FAKE_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t n)
 {
+    FAULT("cuMemAllocHost", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_CTX();
     if (!pp || !n)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1213,6 +1469,7 @@ FAKE_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocat
 FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
                                          CUdeviceptr addr, unsigned long long flags)
 {
+    FAULT("cuMemAddressReserve", CUDA_ERROR_OUT_OF_MEMORY);
     (void)align;
     (void)addr;
     (void)flags;
@@ -1228,6 +1485,7 @@ FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t a
 
 FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
+    FAULT("cuMemAddressFree", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     if (!ptr || munmap((void *)ptr, size))
         return CUDA_ERROR_INVALID_VALUE;
@@ -1237,6 +1495,7 @@ FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
+    FAULT("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
     if (!h || !prop || flags || !size || size % FAKE_VMM_GRANULE || prop->location.id < 0 ||
         prop->location.id >= g_nr_devices)
@@ -1265,6 +1524,7 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 
 FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
+    FAULT("cuMemRelease", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     struct fake_phys *ph = (struct fake_phys *)(uintptr_t)h;
     if (!ph || ph->released)
@@ -1279,6 +1539,7 @@ FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                               CUmemGenericAllocationHandle h, unsigned long long flags)
 {
+    FAULT("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
     struct fake_phys *ph = (struct fake_phys *)(uintptr_t)h;
     if (!ptr || !ph || flags || ph->released || offset + size > ph->size)
@@ -1308,6 +1569,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                     size_t count)
 {
+    FAULT("cuMemSetAccess", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
     if (!ptr || !desc || !count)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1369,6 +1631,7 @@ FAKE_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocati
 
 FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    FAULT("cuMemUnmap", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     pthread_mutex_lock(&g_lock);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
@@ -1391,6 +1654,7 @@ FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 FAKE_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
 {
+    FAULT("cuStreamCreate", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_CTX();
     if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
@@ -1421,25 +1685,22 @@ FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
         pthread_mutex_unlock(&g_lock);
         return r;
     }
-    /* Like the driver, pending work still completes; the handle dies now. */
-    wait_stream_locked(s, s->submitted);
+    /* Like the driver, the handle dies now and the call returns at once; work queued before
+     * still runs to its end (the worker drains the queue, then exits on its own). */
     s->stop = true;
     s->magic = 0;
     for (int i = 0; i < NR_MAX_STREAMS; i++)
         if (g_streams[i] == s)
             g_streams[i] = NULL;
     pthread_cond_broadcast(&g_progress);
-    pthread_mutex_unlock(&g_lock);
-    pthread_join(s->thread, NULL);
     /* Not freed but kept on a list: work queued earlier on other streams (the legacy stream's,
-     * say) may still name this stream among its dependencies, and reads its completed count;
-     * all of its work is done, so that count satisfies them. Freeing it here made such work
-     * wait on freed memory, forever under MALLOC_PERTURB_ (a hang of the integration tests,
-     * 1 run in ~40). */
-    pthread_mutex_lock(&g_lock);
+     * say) may still name this stream among its dependencies, and reads its completed count.
+     * Freeing it made such work wait on freed memory, forever under MALLOC_PERTURB_ (a hang
+     * of the integration tests, 1 run in ~40). The worker runs on, detached. */
     s->dead_next = g_dead_streams;
     g_dead_streams = s;
     pthread_mutex_unlock(&g_lock);
+    pthread_detach(s->thread);
     return CUDA_SUCCESS;
 }
 
@@ -1463,6 +1724,7 @@ static CUresult enqueue_on(CUstream h, struct work *w)
 
 FAKE_EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *arg)
 {
+    FAULT("cuLaunchHostFunc", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     if (!fn)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1482,6 +1744,7 @@ FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *arg)
 
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
 {
+    FAULT("cuStreamSynchronize", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     struct work *w = calloc(1, sizeof(*w));
     if (!w)
@@ -1511,6 +1774,7 @@ FAKE_EXPORT CUresult cuStreamQuery(CUstream h)
 
 FAKE_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 {
+    FAULT("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY);
     (void)flags;
     CHECK_CTX();
     if (!ph)
@@ -1541,6 +1805,7 @@ FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent h)
 
 FAKE_EXPORT CUresult cuEventRecord(CUevent h, CUstream st)
 {
+    FAULT("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     struct fake_event *e = (struct fake_event *)h;
     if (!e || e->magic != EVENT_MAGIC)
@@ -1576,6 +1841,7 @@ FAKE_EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream st)
 
 FAKE_EXPORT CUresult cuEventQuery(CUevent h)
 {
+    FAULT("cuEventQuery", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     struct fake_event *e = (struct fake_event *)h;
     if (!e || e->magic != EVENT_MAGIC)
@@ -1588,6 +1854,7 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent h)
 
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent h)
 {
+    FAULT("cuEventSynchronize", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     struct fake_event *e = (struct fake_event *)h;
     if (!e || e->magic != EVENT_MAGIC)
@@ -1682,10 +1949,20 @@ static bool range_ok_locked(uintptr_t p, size_t n)
     struct fake_alloc *a = find_alloc_locked(p);
     if (a)
         return p + n <= a->ptr + a->size;
-    for (int i = 0; i < 4096; i++)
-        if (g_maps[i].va && p >= g_maps[i].va && p + n <= g_maps[i].va + g_maps[i].size)
-            return true;
-    return false;
+    /* VMM: the range may cross from one mapping into the next (a block over several granules
+     * mapped one by one), as long as every byte of it is mapped */
+    uintptr_t end = p + n;
+    for (bool found = true; found && p < end;) {
+        found = false;
+        for (int i = 0; i < 4096 && !found; i++)
+            if (g_maps[i].va && p >= g_maps[i].va && p < g_maps[i].va + g_maps[i].size) {
+                p = g_maps[i].va + g_maps[i].size;
+                found = true;
+            }
+        if (!found)
+            return false;
+    }
+    return true;
 }
 
 static CUresult copy_or_set(CUstream h, bool sync, enum work_kind kind, void *dst, const void *src,
@@ -1894,6 +2171,16 @@ FAKE_EXPORT size_t fakecuda_live_allocations(void)
     size_t n = 0;
     for (size_t i = 0; i < g_nr_allocs; i++)
         n += g_allocs[i].kind != KIND_HOST;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Bytes the simulated device has handed out (rounded allocations and VMM physical memory),
+ * for tests that compare it with what cuheap says it holds; 0 for a device that is not there. */
+FAKE_EXPORT size_t fakecuda_device_used(int dev)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t n = dev >= 0 && dev < g_nr_devices ? g_devices[dev].used : 0;
     pthread_mutex_unlock(&g_lock);
     return n;
 }

@@ -33,6 +33,10 @@ CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g);
 unsigned long fakecuda_calls(enum fakecuda_counter c);
 size_t fakecuda_live_allocations(void);
 unsigned long long fakecuda_ipc_handle_base(const struct CUipcMemHandle_st *h);
+/* Faults FAKECUDA_FAIL injected so far (fakecuda.c documents the variable). */
+unsigned long fakecuda_faults_injected(void);
+/* Bytes device dev has handed out: rounded allocations and VMM physical memory. */
+size_t fakecuda_device_used(int dev);
 
 /* One allocation or release the simulated driver made, for a CUPTI stand-in. */
 enum fakecuda_mem_kind {

@@ -333,6 +333,16 @@ static void test_race_non_blocking_stream(void **state)
     assert_int_equal(cu.cuStreamDestroy_v2(s), CUDA_SUCCESS);
 }
 
+/* A stream destroyed right after the free while its kernel still reads the block: the work
+ * runs on, and fences recorded later must still wait for it (issue 12, fault runs). */
+static void test_race_destroyed_stream(void **state)
+{
+    (void)state;
+    CUstream s;
+    assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    expect_race_outcome("destroyed non-blocking stream", race_run(&cu, s, true));
+}
+
 static void test_race_priority_stream(void **state)
 {
     (void)state;
@@ -670,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_ipc_never_shares_wrong_bytes),
         cmocka_unit_test(test_mem_info),
         cmocka_unit_test(test_race_non_blocking_stream),
+        cmocka_unit_test(test_race_destroyed_stream),
         cmocka_unit_test(test_race_priority_stream),
         cmocka_unit_test(test_race_per_thread_default_stream),
         cmocka_unit_test(test_race_blocking_stream),

@@ -55,8 +55,10 @@ struct race_result {
 };
 
 /* Run the race with the reader queued on `reader_stream` (a stream handle, CU_STREAM_LEGACY or
- * CU_STREAM_PER_THREAD). */
-static struct race_result race_on_stream(const struct driver_api *cu, CUstream reader_stream)
+ * CU_STREAM_PER_THREAD). With destroy, the program destroys the reader's stream right after
+ * the free, as one does when done with a stream: its queued work still runs. */
+static struct race_result race_run(const struct driver_api *cu, CUstream reader_stream,
+                                   bool destroy)
 {
     struct race_result res = {0, 0, false};
     CUdeviceptr small[RACE_NR_SMALL], reuse[RACE_NR_REUSE], a;
@@ -75,6 +77,8 @@ static struct race_result race_on_stream(const struct driver_api *cu, CUstream r
                                  false};
     RACE_TRY(cu->cuLaunchHostFunc(reader_stream, race_read, &reader));
     RACE_TRY(cu->cuMemFree_v2(a));
+    if (destroy)
+        RACE_TRY(cu->cuStreamDestroy_v2(reader_stream));
     /* The free joins a fence batch; these close it (and the next) behind a fence. */
     while (nr_small > 0)
         RACE_TRY(cu->cuMemFree_v2(small[--nr_small]));
@@ -93,7 +97,7 @@ static struct race_result race_on_stream(const struct driver_api *cu, CUstream r
             break;
         }
     }
-    RACE_TRY(cu->cuStreamSynchronize(reader_stream));
+    RACE_TRY(destroy ? cu->cuCtxSynchronize() : cu->cuStreamSynchronize(reader_stream));
     res.changed = reader.changed;
 out:
     cu->cuCtxSynchronize();
@@ -103,6 +107,11 @@ out:
         cu->cuMemFree_v2(small[--nr_small]);
     return res;
 #undef RACE_TRY
+}
+
+static struct race_result race_on_stream(const struct driver_api *cu, CUstream reader_stream)
+{
+    return race_run(cu, reader_stream, false);
 }
 
 #endif

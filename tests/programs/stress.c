@@ -1,0 +1,350 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Stress for cuheap on the simulated driver (scripts/stress.sh, test-process's stress cases).
+ * Each subcommand prints one result line and exits 0 when what it checks held, 1 when not.
+ *   threads T N         T threads over every device, N alloc/free pairs each with a mark
+ *                       every 16th; checks cuheap's counts (allocs + frees = events written
+ *                       + dropped) and prints them
+ *   fork-streams N      one thread creates and destroys non-blocking streams, another
+ *                       allocates and frees (fences record on every known stream), while the
+ *                       main thread forks N children; each child must create a stream and
+ *                       allocate within 10 s (issue 12: the known-stream lock held at fork)
+ *   fork-storm N        threads allocate while the main thread forks N children that each
+ *                       allocate, free and exit; every child must exit 0 in time
+ *   signals N           N alloc/free pairs while a 100 us timer's handler puts a mark in the
+ *                       trace (cuheap_mark, which takes cuheap's locks) and counts
+ *   rss N               N alloc/free pairs (sizes vary, marks, streams come and go); prints
+ *                       resident memory (KiB) every N/10 pairs: "rss: A B C ..."
+ *   allocs N MS         N pairs, "ready", then sleeps MS (to be killed)
+ *   release-fails       the pool must give memory back for a large request, and the driver
+ *                       fails that (FAKECUDA_FAIL): cuheap's and the device's accounts must
+ *                       still agree (known bugs in the pool, tests/RELIABILITY.md)
+ */
+#include <cuda.h>
+#include <cuheap/cuheap.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fakecuda.h"
+
+static int nr_devices = 1;
+static CUcontext ctxs[8];
+
+static int start(void)
+{
+    if (cuInit(0) || cuDeviceGetCount(&nr_devices) || nr_devices < 1)
+        return 1;
+    if (nr_devices > 8)
+        nr_devices = 8;
+    for (int d = 0; d < nr_devices; d++) {
+        CUdevice dev;
+        if (cuDeviceGet(&dev, d) || cuDevicePrimaryCtxRetain(&ctxs[d], dev))
+            return 1;
+    }
+    return cuCtxSetCurrent(ctxs[0]) != CUDA_SUCCESS;
+}
+
+static void (*mark_fn(void))(const char *)
+{
+    void (*fn)(const char *);
+    *(void **)&fn = dlsym(RTLD_DEFAULT, "cuheap_mark");
+    return fn;
+}
+
+static int (*stats_fn(void))(struct cuheap_stats *, size_t)
+{
+    int (*fn)(struct cuheap_stats *, size_t);
+    *(void **)&fn = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
+    return fn;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts))
+        ;
+}
+
+static long rss_kib(void)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+            resident = 0;
+        fclose(f);
+    }
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static int pairs(long n, size_t size)
+{
+    for (long i = 0; i < n; i++) {
+        CUdeviceptr p;
+        if (cuMemAlloc(&p, size + (size_t)(i % 7) * 512) || cuMemFree(p))
+            return 1;
+    }
+    return 0;
+}
+
+/* ---- threads ---- */
+
+struct thread_arg {
+    int id;
+    long n;
+    int failed;
+};
+
+static void *thread_pairs(void *arg)
+{
+    struct thread_arg *t = arg;
+    void (*mark)(const char *) = mark_fn();
+    if (cuCtxSetCurrent(ctxs[t->id % nr_devices])) {
+        t->failed = 1;
+        return NULL;
+    }
+    for (long i = 0; i < t->n && !t->failed; i++) {
+        CUdeviceptr p;
+        t->failed = cuMemAlloc(&p, 256 + (size_t)(i % 64) * 1024) || cuMemFree(p);
+        if (mark && i % 16 == 0)
+            mark("stress");
+    }
+    return NULL;
+}
+
+static int cmd_threads(int nt, long n)
+{
+    pthread_t th[64];
+    struct thread_arg args[64];
+    if (nt < 1 || nt > 64)
+        return 2;
+    for (int i = 0; i < nt; i++) {
+        args[i] = (struct thread_arg){i, n, 0};
+        pthread_create(&th[i], NULL, thread_pairs, &args[i]);
+    }
+    int failed = 0;
+    for (int i = 0; i < nt; i++) {
+        pthread_join(th[i], NULL);
+        failed |= args[i].failed;
+    }
+    int (*stats)(struct cuheap_stats *, size_t) = stats_fn();
+    struct cuheap_stats s = {0};
+    if (stats)
+        stats(&s, sizeof(s));
+    uint64_t marks = (uint64_t)nt * (uint64_t)((n + 15) / 16);
+    printf("threads: %d threads x %ld pairs on %d devices: %s; allocs %llu frees %llu events "
+           "%llu dropped %llu marks %llu live %llu\n",
+           nt, n, nr_devices, failed ? "a call failed" : "all succeeded",
+           (unsigned long long)s.nr_allocs, (unsigned long long)s.nr_frees,
+           (unsigned long long)s.nr_events, (unsigned long long)s.nr_dropped,
+           (unsigned long long)marks, (unsigned long long)s.live_bytes);
+    bool counts = !stats || (s.nr_allocs == (uint64_t)nt * (uint64_t)n &&
+                             s.nr_frees == (uint64_t)nt * (uint64_t)n && s.live_bytes == 0);
+    return failed || !counts;
+}
+
+/* ---- fork while streams and fences change ---- */
+
+static atomic_bool stop;
+
+static void *stream_churn(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(ctxs[0]);
+    CUstream s[64] = {0};
+    for (unsigned i = 0; !atomic_load(&stop); i++) {
+        CUstream *slot = &s[i % 64];
+        if (*slot)
+            cuStreamDestroy(*slot);
+        *slot = NULL;
+        cuStreamCreate(slot, CU_STREAM_NON_BLOCKING);
+    }
+    for (int i = 0; i < 64; i++)
+        if (s[i])
+            cuStreamDestroy(s[i]);
+    return NULL;
+}
+
+static void *alloc_churn(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(ctxs[0]);
+    while (!atomic_load(&stop))
+        pairs(64, 4096); /* 64 frees close a fence batch: a fence on every known stream */
+    return NULL;
+}
+
+static int child_work(bool stream)
+{
+    alarm(10);
+    if (cuCtxSetCurrent(ctxs[0]))
+        return 3;
+    if (stream) {
+        CUstream s;
+        if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || cuStreamDestroy(s))
+            return 4;
+    }
+    return pairs(130, 8192) ? 5 : 0;
+}
+
+static int fork_under_load(long n, bool streams, const char *what)
+{
+    pthread_t a, b;
+    pthread_create(&a, NULL, alloc_churn, NULL);
+    if (streams)
+        pthread_create(&b, NULL, stream_churn, NULL);
+    long hung = 0, failed = 0;
+    for (long i = 0; i < n; i++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0)
+            exit(child_work(streams)); /* exit, not _exit: cuheap's exit handler ends the trace */
+        int st = 0;
+        waitpid(pid, &st, 0);
+        if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
+            hung++;
+        else if (!WIFEXITED(st) || WEXITSTATUS(st))
+            failed++;
+    }
+    atomic_store(&stop, true);
+    pthread_join(a, NULL);
+    if (streams)
+        pthread_join(b, NULL);
+    printf("%s: %ld children, %ld hung, %ld failed\n", what, n, hung, failed);
+    return hung || failed;
+}
+
+/* ---- signals ---- */
+
+static atomic_long nr_handled;
+static void (*g_mark)(const char *);
+
+static void on_timer(int sig)
+{
+    (void)sig;
+    if (g_mark)
+        g_mark("signal");
+    atomic_fetch_add(&nr_handled, 1);
+}
+
+static int cmd_signals(long n)
+{
+    g_mark = mark_fn();
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_timer;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 100}, {0, 100}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    int r = pairs(n, 65536);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    printf("signals: %ld pairs %s, %ld handlers ran\n", n, r ? "FAILED" : "done",
+           atomic_load(&nr_handled));
+    return r;
+}
+
+/* ---- resident memory over a long run ---- */
+
+static int cmd_rss(long n)
+{
+    void (*mark)(const char *) = mark_fn();
+    long step = n / 10 > 0 ? n / 10 : 1;
+    printf("rss:");
+    CUdeviceptr keep[32] = {0};
+    for (long i = 0; i < n; i++) {
+        CUdeviceptr p;
+        if (cuMemAlloc(&p, 512 + (size_t)(i * 7919 % 4096) * 256))
+            return 1;
+        CUdeviceptr *k = &keep[i % 32];
+        if (*k && cuMemFree(*k))
+            return 1;
+        *k = p;
+        if (mark && i % 64 == 0)
+            mark("step");
+        if (i % 1000 == 0) {
+            CUstream s;
+            if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS)
+                cuStreamDestroy(s);
+        }
+        if (i % step == step - 1) {
+            printf(" %ld", rss_kib());
+            fflush(stdout);
+        }
+    }
+    for (int i = 0; i < 32; i++)
+        if (keep[i])
+            cuMemFree(keep[i]);
+    printf("\n");
+    return 0;
+}
+
+/* ---- the pool gives memory back and the driver fails the call ---- */
+
+/* A pooled block is freed, then a request larger than the pool's cap (so the driver's) does
+ * not fit until the pool gives its memory back; FAKECUDA_FAIL fails that release. What the
+ * device still has handed out must be what cuheap says it holds. */
+static int cmd_release_fails(void)
+{
+    CUdeviceptr p;
+    size_t free_b = 0, total = 0;
+    if (cuMemAlloc(&p, 1 << 20) || cuMemFree(p) || cuCtxSynchronize() ||
+        cuMemGetInfo(&free_b, &total))
+        return 2;
+    CUresult r = cuMemAlloc(&p, free_b + (1 << 20)); /* fits only once the pool trims */
+    if (r == CUDA_SUCCESS)
+        cuMemFree(p);
+    int (*stats)(struct cuheap_stats *, size_t) = stats_fn();
+    struct cuheap_stats st = {0};
+    if (stats)
+        stats(&st, sizeof(st));
+    size_t used = fakecuda_device_used(0);
+    printf("release-fails: large request %d; the device has %zu bytes handed out, cuheap says it "
+           "holds %llu\n",
+           (int)r, used, (unsigned long long)st.reserved_bytes);
+    return stats && used != st.reserved_bytes;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || start()) {
+        fprintf(stderr, "usage: stress threads|fork-streams|fork-storm|signals|rss|allocs ...\n");
+        return 2;
+    }
+    long n = argc > 2 ? atol(argv[2]) : 1000;
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "threads") && argc > 3)
+        return cmd_threads(atoi(argv[2]), atol(argv[3]));
+    if (!strcmp(cmd, "fork-streams"))
+        return fork_under_load(n, true, "fork-streams");
+    if (!strcmp(cmd, "fork-storm"))
+        return fork_under_load(n, false, "fork-storm");
+    if (!strcmp(cmd, "signals"))
+        return cmd_signals(n);
+    if (!strcmp(cmd, "rss"))
+        return cmd_rss(n);
+    if (!strcmp(cmd, "release-fails"))
+        return cmd_release_fails();
+    if (!strcmp(cmd, "allocs") && argc > 3) {
+        if (pairs(n, 4096))
+            return 1;
+        printf("ready\n");
+        fflush(stdout);
+        sleep_ms(atol(argv[3]));
+        return 0;
+    }
+    fprintf(stderr, "stress: unknown command %s\n", cmd);
+    return 2;
+}
