@@ -41,14 +41,15 @@ struct cuheap_backend {
      * va_reserve takes address space only; phys_create physical memory of size bytes (a
      * multiple of granule; CUHEAP_BE_OOM when the device is full); phys_map maps all of it at
      * va and makes it accessible to the device and the peers given access; phys_unmap undoes that;
-     * the handle stays valid until released. */
+     * the handle stays valid until released. phys_release and phys_unmap return 0, or
+     * non-zero when the driver refused (the memory is then still held, or still mapped). */
     uint64_t granule;
     int (*va_reserve)(void *ctx, uint64_t size, uint64_t *ret_va);
     void (*va_free)(void *ctx, uint64_t va, uint64_t size);
     int (*phys_create)(void *ctx, uint64_t size, uint64_t *ret_handle);
-    void (*phys_release)(void *ctx, uint64_t handle);
+    int (*phys_release)(void *ctx, uint64_t handle);
     int (*phys_map)(void *ctx, uint64_t va, uint64_t size, uint64_t handle);
-    void (*phys_unmap)(void *ctx, uint64_t va, uint64_t size);
+    int (*phys_unmap)(void *ctx, uint64_t va, uint64_t size);
     /* Make a mapped range accessible again to the device and every peer it now has (optional:
      * peers given access after the range was mapped). */
     int (*phys_access)(void *ctx, uint64_t va, uint64_t size);

@@ -276,10 +276,10 @@ static int phys_create(void *ctx, uint64_t size, uint64_t *ret_handle)
     return 0;
 }
 
-static void phys_release(void *ctx, uint64_t handle)
+static int phys_release(void *ctx, uint64_t handle)
 {
     (void)ctx;
-    cuheap_drv.cuMemRelease((CUmemGenericAllocationHandle)handle);
+    return cuheap_drv.cuMemRelease((CUmemGenericAllocationHandle)handle) == CUDA_SUCCESS ? 0 : -5;
 }
 
 /* Devices that may access each device's pooled memory besides itself, one bit per ordinal
@@ -322,10 +322,10 @@ static int phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t handle)
     return 0;
 }
 
-static void phys_unmap(void *ctx, uint64_t va, uint64_t size)
+static int phys_unmap(void *ctx, uint64_t va, uint64_t size)
 {
     (void)ctx;
-    cuheap_drv.cuMemUnmap(va, size);
+    return cuheap_drv.cuMemUnmap(va, size) == CUDA_SUCCESS ? 0 : -5;
 }
 
 /* The device's granularity when it and the driver support virtual memory management, else 0

@@ -316,6 +316,35 @@ static uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_
     return base;
 }
 
+/* Give unlinked legacy arenas back to the driver (p->lock not held). One the driver refuses
+ * to free (cuMemFree fails, for example during a stream capture) is still device memory the
+ * process holds: it comes back into the pool, counted, and goes at a later trim. */
+static void free_arenas_unlocked(struct cuheap_pool *p, const uint64_t *bases,
+                                 const uint64_t *sizes, unsigned nr)
+{
+    for (unsigned i = 0; i < nr; i++) {
+        if (p->be.mem_free(p->be.ctx, bases[i]) == 0)
+            continue;
+        pthread_mutex_lock(&p->lock);
+        struct cuheap_arena *a =
+            p->nr_arenas < CUHEAP_NR_MAX_ARENAS ? arena_new(p, bases[i], sizes[i]) : NULL;
+        if (a && map_update(a, true) == 0) {
+            p->arenas[p->nr_arenas++] = a;
+            p->st.nr_arenas++;
+            p->nr_empty++;
+        } else if (a) {
+            arena_retire(a);
+        }
+        /* counted either way: the driver still holds it for this process */
+        p->st.reserved += sizes[i];
+        atomic_fetch_add(p->device_reserved, sizes[i]);
+        if (!a)
+            p->st.lost += sizes[i];
+        note(p, CUHEAP_EV_ARENA_GROW, bases[i], sizes[i], p->st.reserved, 0);
+        pthread_mutex_unlock(&p->lock);
+    }
+}
+
 /* ---- physical memory: granules and chunks (CUHEAP_BACKING=vmm) ---- */
 
 static uint64_t granule_bytes(const struct cuheap_pool *p)
@@ -408,38 +437,69 @@ static void place_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     idle_push_locked(p, c);
 }
 
-/* Unmap an idle chunk; returns its physical memory, for the caller to map elsewhere or
- * release. Its slot is empty afterwards. */
-static uint64_t unmap_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
+/* Unmap an idle chunk: its physical memory goes to *ret_handle, for the caller to map
+ * elsewhere or give back, and its slot is empty afterwards. Returns 0, or -EIO when the
+ * driver refused (the chunk then stays mapped and idle, at the back of the list). */
+static int unmap_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c, uint64_t *ret_handle)
 {
     cuheap_assert(!c->nr_busy);
     idle_remove_locked(p, c);
-    uint64_t h = c->handle;
-    p->be.phys_unmap(p->be.ctx, chunk_va(c), chunk_bytes(p, c));
+    if (p->be.phys_unmap(p->be.ctx, chunk_va(c), chunk_bytes(p, c))) {
+        idle_push_locked(p, c);
+        return -EIO;
+    }
+    *ret_handle = c->handle;
     for (uint32_t g = c->first; g < c->first + c->nr; g++)
         c->arena->granules[g].chunk = NULL;
     c->arena->nr_mapped -= c->nr;
     c->handle = 0;
-    return h;
+    return 0;
 }
 
-/* Give an idle chunk back to the driver. Returns its bytes. */
+/* Physical memory no mapping uses goes back to the driver. When the driver refuses, the
+ * process still holds it: it stays counted, and a later trim tries again. */
+static void give_back_locked(struct cuheap_pool *p, uint64_t handle, uint64_t bytes)
+{
+    if (p->be.phys_release(p->be.ctx, handle) == 0) {
+        p->st.reserved -= bytes;
+        atomic_fetch_sub(p->device_reserved, bytes);
+    } else if (p->nr_stuck < CUHEAP_NR_STUCK) {
+        p->stuck[p->nr_stuck].handle = handle;
+        p->stuck[p->nr_stuck++].bytes = bytes;
+    } else {
+        p->st.lost += bytes;
+    }
+}
+
+/* Give an idle chunk back to the driver. Returns its bytes, 0 when it could not be unmapped. */
 static uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
 {
-    uint64_t va = chunk_va(c), bytes = chunk_bytes(p, c);
-    p->be.phys_release(p->be.ctx, unmap_idle_locked(p, c));
-    p->st.reserved -= bytes;
-    atomic_fetch_sub(p->device_reserved, bytes);
+    uint64_t va = chunk_va(c), bytes = chunk_bytes(p, c), h;
+    if (unmap_idle_locked(p, c, &h))
+        return 0;
+    give_back_locked(p, h, bytes);
     note(p, CUHEAP_EV_ARENA_RELEASE, va, bytes, p->st.reserved, 0);
     return bytes;
 }
 
 /* Give idle chunks back to the driver, oldest first, while the pool holds more than keep
- * bytes without them. Returns the bytes released. */
+ * bytes without them; first, memory the driver refused to take back before. Returns the
+ * bytes released. */
 static uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
 {
     uint64_t released = 0;
-    while (p->nr_idle && p->st.reserved >= keep + chunk_bytes(p, p->idle.idle_next))
+    for (unsigned i = 0; i < p->nr_stuck;) {
+        if (p->be.phys_release(p->be.ctx, p->stuck[i].handle) == 0) {
+            p->st.reserved -= p->stuck[i].bytes;
+            atomic_fetch_sub(p->device_reserved, p->stuck[i].bytes);
+            released += p->stuck[i].bytes;
+            p->stuck[i] = p->stuck[--p->nr_stuck];
+            continue;
+        }
+        i++;
+    }
+    for (uint64_t n = p->nr_idle;
+         n && p->nr_idle && p->st.reserved >= keep + chunk_bytes(p, p->idle.idle_next); n--)
         released += release_chunk_locked(p, p->idle.idle_next);
     return released;
 }
@@ -808,9 +868,7 @@ static int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint3
         return r;
     if (p->be.phys_map(p->be.ctx, va, bytes, h)) {
         /* cannot map it here: give it back to the driver rather than hold it unmapped */
-        p->be.phys_release(p->be.ctx, h);
-        p->st.reserved -= bytes;
-        atomic_fetch_sub(p->device_reserved, bytes);
+        give_back_locked(p, h, bytes);
         return -EIO;
     }
     place_chunk_locked(p, a, first, nr, h);
@@ -828,18 +886,18 @@ static struct cuheap_chunk *idle_of_size_locked(struct cuheap_pool *p, uint32_t 
     return NULL;
 }
 
-/* Move an idle chunk whole to the unmapped granules [first, first + c->nr) of arena a. */
+/* Move an idle chunk whole to the unmapped granules [first, first + c->nr) of arena a.
+ * Returns 0, -EAGAIN when the driver would not unmap it (it stays where it is), or -EIO. */
 static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuheap_arena *a,
                              uint32_t first)
 {
     uint32_t nr = c->nr;
-    uint64_t from = chunk_va(c), bytes = chunk_bytes(p, c), va = granule_va(a, first);
-    uint64_t h = unmap_idle_locked(p, c);
+    uint64_t from = chunk_va(c), bytes = chunk_bytes(p, c), va = granule_va(a, first), h;
+    if (unmap_idle_locked(p, c, &h))
+        return -EAGAIN;
     note(p, CUHEAP_EV_ARENA_RELEASE, from, bytes, p->st.reserved, 0);
     if (p->be.phys_map(p->be.ctx, va, bytes, h)) {
-        p->be.phys_release(p->be.ctx, h);
-        p->st.reserved -= bytes;
-        atomic_fetch_sub(p->device_reserved, bytes);
+        give_back_locked(p, h, bytes);
         return -EIO;
     }
     place_chunk_locked(p, a, first, nr, h);
@@ -861,10 +919,16 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
                           uint32_t nr, struct acquire *acq)
 {
     uint64_t need = (uint64_t)nr << p->granule_shift;
+    bool moves = true;
     for (;;) {
-        struct cuheap_chunk *c = idle_of_size_locked(p, nr);
-        if (c)
-            return move_chunk_locked(p, c, a, first);
+        struct cuheap_chunk *c = moves ? idle_of_size_locked(p, nr) : NULL;
+        if (c) {
+            int m = move_chunk_locked(p, c, a, first);
+            if (m != -EAGAIN)
+                return m;
+            moves = false; /* the driver would not unmap it: make a new one instead */
+            continue;
+        }
         uint64_t budget = p->peak_busy + CUHEAP_IDLE_CUSHION * granule_bytes(p);
         bool waiting = p->ep_head != p->ep_tail;
         if (p->st.reserved + need > budget && p->st.reserved + need - budget > p->idle_bytes) {
@@ -884,18 +948,15 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
                 continue;
             }
         }
-        while (p->nr_idle && p->st.reserved + need > budget) {
-            release_chunk_locked(p, p->idle.idle_next);
-            p->st.nr_releases++;
-        }
+        for (uint64_t n = p->nr_idle; n && p->nr_idle && p->st.reserved + need > budget; n--)
+            if (release_chunk_locked(p, p->idle.idle_next))
+                p->st.nr_releases++;
         int r = new_chunk_locked(p, a, first, nr);
         if (r == 0 || r == -EIO)
             return r;
         /* the device or the limit is full: idle memory goes first, then what is pending */
-        if (p->nr_idle) {
-            release_idle_locked(p, 0);
+        if (release_idle_locked(p, 0))
             continue;
-        }
         if (reclaim_locked(p))
             continue;
         if (!acq->fenced) {
@@ -1018,12 +1079,12 @@ static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t 
 static unsigned release_empty_unlocked(struct cuheap_pool *p)
 {
     flush_quick_locked(p);
-    uint64_t bases[CUHEAP_NR_MAX_ARENAS];
+    uint64_t bases[CUHEAP_NR_MAX_ARENAS], sizes[CUHEAP_NR_MAX_ARENAS];
     unsigned nr = 0;
     for (unsigned i = 0; i < p->nr_arenas;) {
         if (p->arenas[i]->nr_live == 0) {
-            uint64_t size;
-            bases[nr++] = unlink_arena_locked(p, i, &size);
+            bases[nr] = unlink_arena_locked(p, i, &sizes[nr]);
+            nr++;
             continue;
         }
         i++;
@@ -1031,8 +1092,7 @@ static unsigned release_empty_unlocked(struct cuheap_pool *p)
     if (!nr)
         return 0;
     pthread_mutex_unlock(&p->lock);
-    for (unsigned i = 0; i < nr; i++)
-        p->be.mem_free(p->be.ctx, bases[i]);
+    free_arenas_unlocked(p, bases, sizes, nr);
     pthread_mutex_lock(&p->lock);
     return nr;
 }
@@ -1042,7 +1102,7 @@ static unsigned release_empty_unlocked(struct cuheap_pool *p)
  * One empty arena stays as a cushion, so a loop that allocates and frees a small block does
  * not take an arena from the driver and give it back every time, and so does what keeps
  * CUHEAP_POOL_INIT reserved. Returns how many were unlinked. */
-static unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases)
+static unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases, uint64_t *sizes)
 {
     if (p->vmm && p->cfg->release == CUHEAP_RELEASE_EMPTY) {
         /* idle granules go back at once, but for a cushion of 8 against churn */
@@ -1056,8 +1116,8 @@ static unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases)
     for (unsigned i = 0; i < p->nr_arenas && nr < CUHEAP_NR_SPARE_MAX;) {
         struct cuheap_arena *a = p->arenas[i];
         if (a->nr_live == 0 && cushion && p->st.reserved - a->buddy.size >= p->cfg->pool_init) {
-            uint64_t size;
-            bases[nr++] = unlink_arena_locked(p, i, &size);
+            bases[nr] = unlink_arena_locked(p, i, &sizes[nr]);
+            nr++;
             continue; /* slot i now holds another arena */
         }
         cushion |= a->nr_live == 0;
@@ -1232,11 +1292,10 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         if (p->cfg->release == CUHEAP_RELEASE_EMPTY)
             reclaim_locked(p);
     }
-    uint64_t bases[CUHEAP_NR_SPARE_MAX];
-    unsigned nr = spare_empty_locked(p, bases);
+    uint64_t bases[CUHEAP_NR_SPARE_MAX], sizes[CUHEAP_NR_SPARE_MAX];
+    unsigned nr = spare_empty_locked(p, bases, sizes);
     pthread_mutex_unlock(&p->lock);
-    for (unsigned i = 0; i < nr; i++)
-        p->be.mem_free(p->be.ctx, bases[i]);
+    free_arenas_unlocked(p, bases, sizes, nr);
     debug_check(p);
     return 0;
 }
@@ -1279,23 +1338,24 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
         pthread_mutex_unlock(&p->lock);
         return released;
     }
-    uint64_t bases[CUHEAP_NR_MAX_ARENAS];
+    uint64_t bases[CUHEAP_NR_MAX_ARENAS], sizes[CUHEAP_NR_MAX_ARENAS];
     unsigned nr = 0;
-    uint64_t released = 0;
+    uint64_t released = 0, before = p->st.reserved;
     for (unsigned i = 0; i < p->nr_arenas;) {
         struct cuheap_arena *a = p->arenas[i];
         if (a->nr_live == 0 &&
             (!keep_init || p->st.reserved - a->buddy.size >= p->cfg->pool_init)) {
-            uint64_t size;
-            bases[nr++] = unlink_arena_locked(p, i, &size);
-            released += size;
+            bases[nr] = unlink_arena_locked(p, i, &sizes[nr]);
+            nr++;
             continue; /* slot i now holds another arena */
         }
         i++;
     }
     pthread_mutex_unlock(&p->lock);
-    for (unsigned i = 0; i < nr; i++)
-        p->be.mem_free(p->be.ctx, bases[i]);
+    free_arenas_unlocked(p, bases, sizes, nr);
+    pthread_mutex_lock(&p->lock);
+    released = before > p->st.reserved ? before - p->st.reserved : 0;
+    pthread_mutex_unlock(&p->lock);
     return released;
 }
 
@@ -1487,6 +1547,9 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
         empty += p->arenas[i]->nr_live == 0;
     if (empty != p->nr_empty)
         FAIL("nr_empty %u, counted %u", p->nr_empty, empty);
+    for (unsigned i = 0; i < p->nr_stuck; i++)
+        reserved += p->stuck[i].bytes;
+    reserved += p->st.lost;
     if (reserved != p->st.reserved)
         FAIL("reserved %lu, arenas add up to %lu", (unsigned long)p->st.reserved,
              (unsigned long)reserved);
@@ -1577,6 +1640,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     p->hint = 0;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     p->nr_idle = p->idle_bytes = 0;
+    p->nr_stuck = 0;
     uint64_t keep_hits = p->st.nr_hits, keep_misses = p->st.nr_misses;
     memset(&p->st, 0, sizeof(p->st));
     p->st.nr_hits = keep_hits;
@@ -1602,6 +1666,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->nr_empty = 0;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     p->nr_idle = p->idle_bytes = 0;
+    p->nr_stuck = 0;
     memset(&p->st, 0, sizeof(p->st));
     memset(p->epochs, 0, sizeof(p->epochs));
     memset(p->caches, 0, sizeof(p->caches));

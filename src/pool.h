@@ -41,6 +41,7 @@
 #define CUHEAP_NR_MAX_ARENAS    4096
 #define CUHEAP_NR_EPOCHS        64
 #define CUHEAP_NR_STREAM_CACHES 16
+#define CUHEAP_NR_STUCK         64
 
 struct cuheap_pool;
 struct cuheap_arena;
@@ -120,6 +121,8 @@ struct cuheap_pool_stats {
     uint64_t nr_moves;    /* vmm: idle chunks moved whole to where a block needed them */
     uint64_t nr_creates;  /* vmm: chunks taken from the driver */
     uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one */
+    uint64_t lost; /* bytes the driver would not take back and the pool could not keep track of
+                      (counted in reserved for good) */
 };
 
 /* Something the pool did that a trace should show; seq is taken under the pool lock. */
@@ -157,6 +160,10 @@ struct cuheap_pool {
     uint32_t chunk_max;       /* granules per chunk at most (CUHEAP_VMM_CHUNK) */
     struct cuheap_chunk idle; /* list head: mapped chunks no block uses, oldest first */
     uint64_t nr_idle, idle_bytes;
+    struct {
+        uint64_t handle, bytes;
+    } stuck[CUHEAP_NR_STUCK]; /* vmm: unmapped memory the driver would not take back yet */
+    unsigned nr_stuck;
     uint64_t peak_busy; /* most bytes of busy chunks so far: what the job has shown it needs */
     uint64_t next_buffer_id;
     struct cuheap_pool_stats st;

@@ -18,7 +18,7 @@
  *   allocs N MS         N pairs, "ready", then sleeps MS (to be killed)
  *   release-fails       the pool must give memory back for a large request, and the driver
  *                       fails that (FAKECUDA_FAIL): cuheap's and the device's accounts must
- *                       still agree (known bugs in the pool, tests/RELIABILITY.md)
+ *                       still agree (tests/RELIABILITY.md)
  */
 #include <cuda.h>
 #include <cuheap/cuheap.h>

@@ -95,7 +95,7 @@ static int hd_phys_create(void *ctx, uint64_t size, uint64_t *ret)
     return 0;
 }
 
-static void hd_phys_release(void *ctx, uint64_t h)
+static int hd_phys_release(void *ctx, uint64_t h)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
@@ -104,6 +104,7 @@ static void hd_phys_release(void *ctx, uint64_t h)
     d->handle_size[h] = 0;
     d->nr_releases++;
     pthread_mutex_unlock(&d->lock);
+    return 0;
 }
 
 static int hd_phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t h)
@@ -117,13 +118,14 @@ static int hd_phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t h)
     return 0;
 }
 
-static void hd_phys_unmap(void *ctx, uint64_t va, uint64_t size)
+static int hd_phys_unmap(void *ctx, uint64_t va, uint64_t size)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
     d->nr_unmaps++;
     hd_log(d, 'U', va, size);
     pthread_mutex_unlock(&d->lock);
+    return 0;
 }
 
 static int hd_alloc(void *ctx, uint64_t size, uint64_t *ret)
