@@ -53,6 +53,8 @@ struct cuheap_backend {
     /* Make a mapped range accessible again to the device and every peer it now has (optional:
      * peers given access after the range was mapped). */
     int (*phys_access)(void *ctx, uint64_t va, uint64_t size);
+    /* A file descriptor for physical memory, for another process to import (optional). */
+    int (*phys_export)(void *ctx, uint64_t handle, int *ret_fd);
 };
 
 #endif

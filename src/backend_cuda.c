@@ -262,12 +262,25 @@ static void va_free(void *ctx, uint64_t va, uint64_t size)
     cuheap_drv.cuMemAddressFree(va, size);
 }
 
+/* Physical memory is created exportable as a POSIX file descriptor, so that a pooled block
+ * can be shared with another process (cuIpcGetMemHandle, src/ipc.c); a device or driver that
+ * refuses that gets plain memory from then on (and IPC is refused for it). */
 static int phys_create(void *ctx, uint64_t size, uint64_t *ret_handle)
 {
     struct cuheap_device *d = ctx;
     CUmemAllocationProp prop = granule_prop(d);
     CUmemGenericAllocationHandle h;
-    CUresult r = cuheap_drv.cuMemCreate(&h, size, &prop, 0);
+    CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+    if (!atomic_load(&d->not_shareable)) {
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        r = cuheap_drv.cuMemCreate(&h, size, &prop, 0);
+        if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED)
+            atomic_store(&d->not_shareable, true);
+    }
+    if (atomic_load(&d->not_shareable)) {
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        r = cuheap_drv.cuMemCreate(&h, size, &prop, 0);
+    }
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
         return CUHEAP_BE_OOM;
     if (r != CUDA_SUCCESS)
@@ -322,6 +335,18 @@ static int phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t handle)
     return 0;
 }
 
+static int phys_export(void *ctx, uint64_t handle, int *ret_fd)
+{
+    struct cuheap_device *d = ctx;
+    if (atomic_load(&d->not_shareable) || !cuheap_drv.cuMemExportToShareableHandle)
+        return -5;
+    return cuheap_drv.cuMemExportToShareableHandle(ret_fd, (CUmemGenericAllocationHandle)handle,
+                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                   0) == CUDA_SUCCESS
+               ? 0
+               : -5;
+}
+
 static int phys_unmap(void *ctx, uint64_t va, uint64_t size)
 {
     (void)ctx;
@@ -369,5 +394,6 @@ void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *re
         .phys_map = phys_map,
         .phys_unmap = phys_unmap,
         .phys_access = phys_access,
+        .phys_export = phys_export,
     };
 }

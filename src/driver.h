@@ -37,6 +37,8 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuPointerGetAttribute, (void *, CUpointer_attribute, CUdeviceptr))                           \
     X(cuPointerGetAttributes, (unsigned int, CUpointer_attribute *, void **, CUdeviceptr))         \
     X(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))                                          \
+    X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, CUipcMemHandle, unsigned int))                        \
+    X(cuIpcCloseMemHandle, (CUdeviceptr))                                                          \
     X(cuStreamCreate, (CUstream *, unsigned int))                                                  \
     X(cuStreamCreateWithPriority, (CUstream *, unsigned int, int))                                 \
     X(cuStreamDestroy_v2, (CUstream))                                                              \
@@ -72,7 +74,11 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
       (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                   \
     X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))       \
     X(cuMemAddressFree, (CUdeviceptr, size_t))                                                     \
-    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))
+    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                      \
+    X(cuMemExportToShareableHandle,                                                                \
+      (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))       \
+    X(cuMemImportFromShareableHandle,                                                              \
+      (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))
 
 struct cuheap_driver {
     void *handle;               /* libcuda.so.1, from dlopen */

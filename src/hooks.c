@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "driver.h"
+#include "ipc.h"
 #include "event.h"
 #include "log.h"
 #include "recorder.h"
@@ -51,6 +52,8 @@
     X(cuPointerGetAttribute)                                                                       \
     X(cuPointerGetAttributes)                                                                      \
     X(cuIpcGetMemHandle)                                                                           \
+    X(cuIpcOpenMemHandle_v2)                                                                       \
+    X(cuIpcCloseMemHandle)                                                                         \
     X(cuStreamCreate)                                                                              \
     X(cuStreamCreateWithPriority)                                                                  \
     X(cuStreamDestroy_v2)                                                                          \
@@ -659,20 +662,54 @@ CUHEAP_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribut
     LEAVE(r);
 }
 
+/* Legacy IPC shares a driver allocation. A vmm pool shares a block through cuheap's own
+ * handle (src/ipc.c); a legacy arena can share only a block at its start (the driver exports
+ * the whole arena, whose start the importer gets). */
 CUHEAP_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr ptr)
 {
     ENTER(cuIpcGetMemHandle);
-    struct cuheap_pool *p = active ? cuheap_pool_of(ptr) : NULL;
+    struct cuheap_pool *p = active && h ? cuheap_pool_of(ptr) : NULL;
+    if (p && p->vmm) {
+        struct cuheap_device *d =
+            (struct cuheap_device *)((char *)p - offsetof(struct cuheap_device, pool));
+        int r = cuheap_ipc_export(d, ptr, h);
+        if (r)
+            cuheap_log_once("cuIpcGetMemHandle on a pooled block: %s",
+                            r == -EINVAL ? "no live block holds that address"
+                                         : "this process cannot serve IPC handles (a Unix "
+                                           "socket could not be opened); run with "
+                                           "CUHEAP_POOL_MAX below the shared buffers' size");
+        LEAVE(r ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
+    }
     if (p) {
         uint64_t b, s, id, arena;
         if (cuheap_pool_block_range(p, ptr, &b, &s, &id, &arena) || b != arena) {
             cuheap_log_once("cuIpcGetMemHandle on a pooled block: legacy IPC would share the "
                             "whole pool arena, not this block, so it is refused. Run with "
-                            "CUHEAP_POOL=0, or CUHEAP_POOL_MAX below the shared buffers' size");
+                            "CUHEAP_BACKING=vmm (the default), CUHEAP_POOL=0, or "
+                            "CUHEAP_POOL_MAX below the shared buffers' size");
             LEAVE(CUDA_ERROR_INVALID_VALUE);
         }
     }
     LEAVE(cuheap_drv.cuIpcGetMemHandle(h, ptr));
+}
+
+/* A cuheap handle is opened by cuheap (the exporter runs it); any other by the driver. */
+CUHEAP_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h,
+                                             unsigned int flags)
+{
+    ENTER(cuIpcOpenMemHandle_v2);
+    if (active && pdptr && cuheap_ipc_is_ours(&h))
+        LEAVE(cuheap_ipc_open(pdptr, &h));
+    LEAVE(cuheap_drv.cuIpcOpenMemHandle_v2(pdptr, h, flags));
+}
+
+CUHEAP_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr ptr)
+{
+    ENTER(cuIpcCloseMemHandle);
+    if (active && cuheap_ipc_close(ptr))
+        LEAVE(CUDA_SUCCESS);
+    LEAVE(cuheap_drv.cuIpcCloseMemHandle(ptr));
 }
 
 /* ---- streams: the fences must know every non-blocking stream ---- */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -1320,6 +1321,50 @@ int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_b
             r = 0;
         }
     }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+int cuheap_pool_share(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
+                      struct cuheap_share *pieces, unsigned max)
+{
+    pthread_mutex_lock(&p->lock);
+    struct cuheap_arena *a = p->vmm && p->be.phys_export ? map_lookup(block) : NULL;
+    int r = -EINVAL;
+    uintptr_t start;
+    unsigned order;
+    bool allocated;
+    if (!a || a->pool != p || cuheap_buddy_block_of(&a->buddy, block, &start, &order, &allocated) ||
+        !allocated || start != block || !a->block_size[unit_of(a, block)] ||
+        a->buffer_id[unit_of(a, block)] != buffer_id)
+        goto out; /* freed (or taken again) since it was exported */
+    uint32_t u = unit_of(a, block), first, last;
+    granule_span(p, a, block, a->extent[u], &first, &last);
+    unsigned n = 0;
+    for (uint32_t g = first; g <= last; g++) {
+        struct cuheap_chunk *c = a->granules[g].chunk;
+        if (!c || (n && pieces[n - 1].chunk == c))
+            continue;
+        if (n == max) {
+            r = -ENOSPC;
+            goto undo;
+        }
+        int fd;
+        if (p->be.phys_export(p->be.ctx, c->handle, &fd)) {
+            r = -EIO;
+            goto undo;
+        }
+        pieces[n++] = (struct cuheap_share){.chunk = c,
+                                            .offset = (int64_t)(chunk_va(c) - block),
+                                            .bytes = chunk_bytes(p, c),
+                                            .fd = fd};
+    }
+    r = (int)n;
+    goto out;
+undo:
+    while (n)
+        close(pieces[--n].fd);
+out:
     pthread_mutex_unlock(&p->lock);
     return r;
 }

@@ -211,6 +211,23 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes);
 /* Stream capture began (+1) or ended (-1) somewhere in the process. */
 void cuheap_pool_capture(struct cuheap_pool *p, int delta);
 
+/* One piece of physical memory under a shared block: a chunk exported as a file descriptor,
+ * at offset bytes from the block's start (negative when it begins before the block). */
+struct cuheap_share {
+    const void *chunk; /* to tell pieces apart; not for use */
+    int64_t offset;
+    uint64_t bytes;
+    int fd; /* the caller closes it */
+};
+
+/* vmm: the physical memory under the live block at `block` (whose buffer id, from
+ * cuheap_pool_block_range(), says it is still the block that was shared), as at most max
+ * pieces exported as file descriptors, for another process to map (cuIpcOpenMemHandle).
+ * Returns the number of pieces, -EINVAL when the block is gone or the pool has no vmm,
+ * -ENOSPC when more than max pieces, -EIO when the driver would not export one. */
+int cuheap_pool_share(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
+                      struct cuheap_share *pieces, unsigned max);
+
 /* vmm: a peer was given access to this pool's device: make every mapped chunk accessible to
  * the device's peers as the backend now knows them (chunks mapped later get it when mapped).
  * Returns 0, or -EIO when the driver refused a chunk. */

@@ -32,11 +32,12 @@ struct cuheap_fence {
 struct cuheap_device {
     _Atomic(CUcontext) ctx; /* NULL until the record is complete */
     int ordinal;
-    uint64_t total;            /* bytes on the device */
-    uint64_t limit;            /* CUHEAP_LIMIT in bytes, 0 = none */
-    uint64_t granule;          /* VMM granularity, 0 = the device has no VMM */
-    _Atomic uint64_t reserved; /* bytes held from the driver through cuheap */
-    _Atomic uint64_t live;     /* bytes the program holds (requested sizes) */
+    uint64_t total;             /* bytes on the device */
+    uint64_t limit;             /* CUHEAP_LIMIT in bytes, 0 = none */
+    uint64_t granule;           /* VMM granularity, 0 = the device has no VMM */
+    _Atomic bool not_shareable; /* VMM memory cannot be exported as file descriptors here */
+    _Atomic uint64_t reserved;  /* bytes held from the driver through cuheap */
+    _Atomic uint64_t live;      /* bytes the program holds (requested sizes) */
     _Atomic uint64_t peak_live;
     _Atomic uint64_t peak_reserved;
     struct cuheap_pool pool;

@@ -21,6 +21,7 @@
  */
 #include <cuda.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -1386,6 +1388,13 @@ FAKE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, uns
     return CUDA_ERROR_NOT_SUPPORTED;       /* separate processes do not share fake memory */
 }
 
+FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+    (void)p;
+    CHECK_CTX();
+    return CUDA_ERROR_INVALID_VALUE; /* nothing was ever opened (see above) */
+}
+
 /* ---- VMM ---- */
 
 struct fake_phys {
@@ -1394,15 +1403,59 @@ struct fake_phys {
     int device;
     int mapped; /* number of live mappings */
     bool released;
+    bool imported; /* another process's memory (cuMemImportFromShareableHandle) */
 };
 
 static void phys_put_locked(struct fake_phys *ph)
 {
     if (ph->released && ph->mapped == 0) {
         close(ph->fd);
-        g_devices[ph->device].used -= ph->size;
+        if (!ph->imported)
+            g_devices[ph->device].used -= ph->size;
         free(ph);
     }
+}
+
+/* POSIX file descriptor handles: the physical memory's memfd, so that another process that
+ * imports it maps the same bytes (as the driver's shareable handles do). */
+FAKE_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h,
+                                                  CUmemAllocationHandleType type,
+                                                  unsigned long long flags)
+{
+    CHECK_INIT();
+    FAULT("cuMemExportToShareableHandle", CUDA_ERROR_INVALID_VALUE);
+    struct fake_phys *ph = (struct fake_phys *)(uintptr_t)h;
+    if (!shareable || !ph || ph->released || flags ||
+        type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl(ph->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *osHandle,
+                                                    CUmemAllocationHandleType type)
+{
+    CHECK_CTX();
+    FAULT("cuMemImportFromShareableHandle", CUDA_ERROR_INVALID_VALUE);
+    struct stat st;
+    int fd = (int)(intptr_t)osHandle;
+    if (!h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &st) ||
+        st.st_size <= 0 || st.st_size % FAKE_VMM_GRANULE)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_phys *ph = calloc(1, sizeof(*ph));
+    int own = ph ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (own < 0) {
+        free(ph);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    /* the exporter's memory: this process's device use does not grow */
+    *ph = (struct fake_phys){
+        .fd = own, .size = (size_t)st.st_size, .device = current_ctx()->device, .imported = true};
+    *h = (CUmemGenericAllocationHandle)(uintptr_t)ph;
+    return CUDA_SUCCESS;
 }
 
 /* Mapped ranges: which handle backs [va, va+size). */
@@ -2095,6 +2148,9 @@ static const struct proc_entry g_procs[] = {
     P("cuPointerGetAttributes", cuPointerGetAttributes),
     P("cuIpcGetMemHandle", cuIpcGetMemHandle),
     P("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2),
+    P("cuIpcCloseMemHandle", cuIpcCloseMemHandle),
+    P("cuMemExportToShareableHandle", cuMemExportToShareableHandle),
+    P("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle),
     P("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity),
     P("cuMemAddressReserve", cuMemAddressReserve),
     P("cuMemAddressFree", cuMemAddressFree),

@@ -67,6 +67,8 @@
     X(cuPointerGetAttributes, (unsigned, CUpointer_attribute *, void **, CUdeviceptr),             \
       "cuPointerGetAttributes")                                                                    \
     X(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr), "cuIpcGetMemHandle")                     \
+    X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, CUipcMemHandle, unsigned int), "cuIpcOpenMemHandle")  \
+    X(cuIpcCloseMemHandle, (CUdeviceptr), "cuIpcCloseMemHandle")                                   \
     X(cuStreamCreateWithPriority, (CUstream *, unsigned, int), "cuStreamCreateWithPriority")       \
     X(cuStreamBeginCapture_v2, (CUstream, CUstreamCaptureMode), "cuStreamBeginCapture")            \
     X(cuStreamEndCapture, (CUstream, CUgraph *), "cuStreamEndCapture")
