@@ -96,6 +96,7 @@ static struct {
     uint64_t write_ns;             /* writer: the rest of write_event() */
     uint64_t writer_cpu_ns;        /* writer thread's CPU time, read when it ends */
     uint64_t wall_ns;              /* recording's wall time, at stop */
+    uint64_t clock_ns;             /* one clock read, measured at start: taken off each interval */
 } tm;
 
 static void add(_Atomic uint64_t *c, uint64_t v)
@@ -809,6 +810,12 @@ void cuheap_recorder_start(const struct cuheap_config *config)
     }
     python = cfg->python && cuheap_py_init();
     timing = cfg->record_timing;
+    if (timing) {
+        uint64_t t = now_ns();
+        for (int i = 0; i < 1000; i++)
+            now_ns();
+        tm.clock_ns = (now_ns() - t) / 1001;
+    }
     cuheap_unwind_set_cache(cfg->stack_cache);
     cuheap_py_set_memo(cfg->stack_cache);
     stack_depth = cfg->stack_depth;
@@ -914,19 +921,20 @@ void cuheap_recorder_get_timing(struct cuheap_recorder_timing *ret)
 #define PER(num, den) ((den) ? (double)(num) / (double)(den) : 0.0)
     uint64_t nr = atomic_load(&tm.nr_events), nr_native = atomic_load(&tm.nr_native),
              nr_python = atomic_load(&tm.nr_python);
+    ret->clock_ns = (double)tm.clock_ns;
     ret->nr_events = nr;
-    ret->ring_ns = PER(atomic_load(&tm.ring_ns), nr);
+    ret->ring_ns = PER(atomic_load(&tm.ring_ns), nr) - (double)tm.clock_ns;
     ret->nr_native = nr_native;
-    ret->unwind_ns = PER(atomic_load(&tm.unwind_ns), nr_native);
+    ret->unwind_ns = PER(atomic_load(&tm.unwind_ns), nr_native) - (double)tm.clock_ns;
     ret->frames = PER(atomic_load(&tm.nr_frames), nr_native);
     ret->nr_slow = atomic_load(&tm.nr_slow);
     ret->nr_rewalks = cuheap_unwind_nr_rewalks();
     ret->nr_python = nr_python;
-    ret->python_ns = PER(atomic_load(&tm.python_ns), nr_python);
+    ret->python_ns = PER(atomic_load(&tm.python_ns), nr_python) - (double)tm.clock_ns;
     ret->py_frames = PER(atomic_load(&tm.nr_py_frames), nr_python);
     ret->nr_written = tm.nr_written;
-    ret->intern_ns = PER(tm.intern_ns, tm.nr_written);
-    ret->write_ns = PER(tm.write_ns - tm.intern_ns, tm.nr_written);
+    ret->intern_ns = PER(tm.intern_ns, tm.nr_written) - (double)tm.clock_ns;
+    ret->write_ns = PER(tm.write_ns - tm.intern_ns, tm.nr_written) - 2.0 * (double)tm.clock_ns;
     ret->writer_cpu_s = (double)tm.writer_cpu_ns / 1e9;
     ret->wall_s = (double)tm.wall_ns / 1e9;
 #undef PER

@@ -80,6 +80,7 @@ void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);
  * with timing off). Complete after cuheap_recorder_stop(). */
 struct cuheap_recorder_timing {
     bool on;
+    double clock_ns;     /* one clock read; taken off every figure below */
     uint64_t nr_events;  /* events timed on the hooked threads */
     double ring_ns;      /* per event: claiming, filling, committing a ring slot */
     uint64_t nr_native;  /* events with a native walk */
