@@ -30,3 +30,17 @@ c=$(grep -m1 '^summary:' /tmp/cuheap-cg.40000 | awk '{print $2}')
 echo "instructions_per_pair=$(( (c - a) / (8 * 20000) ))"
 echo "## ring and stacks"
 "$b/bench/bench-ring"
+echo "## recording, part by part (bench-record parts: full walk and shortcut side by side)"
+"$b/bench/bench-record" parts
+echo "## the recorder whole: threads, events a second asked for, seconds"
+for args in "1 70000 3" "16 70000 3" "16 200000 3" "16 400000 3" "16 0 3"; do
+    "$b/bench/bench-record" record $args
+done
+echo "## Python frames through the simulated driver (py_alloc.py 200), shortcuts on and off"
+for cache in 1 0 1 0; do
+    rm -f /tmp/cuheap-py-bench.jsonl*
+    env LD_PRELOAD=$pre CUHEAP_STACK_CACHE=$cache CUHEAP_RECORD_TIMING=1 CUHEAP_SUMMARY=1 \
+        CUHEAP_OUTPUT=/tmp/cuheap-py-bench.jsonl python3 tests/programs/py_alloc.py 200 2>&1 |
+        sed -n "s/^cuheap: recording cost (CUHEAP_RECORD_TIMING): /CUHEAP_STACK_CACHE=$cache /p"
+done
+rm -f /tmp/cuheap-py-bench.jsonl*

@@ -79,5 +79,16 @@ gpt nocache+cuheap-vmm2M-norecord PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$P
 gpt nocache+cuheap-vmm64M-norecord PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_BACKING=vmm CUHEAP_VMM_CHUNK=64M CUHEAP_SUMMARY=1
 gpt nocache+cuheap-vmm PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_BACKING=vmm CUHEAP_SUMMARY=1
 gpt pluggable-vmm CUHEAP_PLUGGABLE=$PRE CUHEAP_BACKING=vmm CUHEAP_SUMMARY=1
+# issue 14, recording's cost (caching off, legacy pool): none, events without stacks, native
+# only (12 frames, the Python default), native + Python (the default); the same with the
+# per-thread shortcuts off; and two runs that print where an event's time goes (summary lines
+# "recording cost" in bench.log). GPT_ROUNDS interleaves them so noise can be judged.
+gpt rec-none PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_RECORD=0
+gpt rec-events PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0
+gpt rec-native PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=12 CUHEAP_PYTHON=0
+gpt rec-full PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE
+gpt rec-full-nocache PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STACK_CACHE=0
+gpt rec-full-timing PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_RECORD_TIMING=1 CUHEAP_SUMMARY=1
+gpt rec-nocache-timing PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STACK_CACHE=0 CUHEAP_RECORD_TIMING=1 CUHEAP_SUMMARY=1
 done
 python3 bench/summarize.py "$LOG" | tee "$OUT/bench-summary.md" | tee -a "$OUT/summary.txt"

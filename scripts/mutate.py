@@ -177,8 +177,22 @@ MUTATIONS = [
     ("python-outer-lines-zero",
      "outer Python frames recorded with line 0",
      "stacks name the program's lines", "src/pyframes.c",
-     "                    out[n].line = line > 0 ? (uint32_t)line : 0;",
-     "                    out[n].line = n == 0 && line > 0 ? (uint32_t)line : 0;"),
+     "            } else if (frame_info(memo, frame, code, &out[n])) {\n                n++;",
+     "            } else if (frame_info(memo, frame, code, &out[n])) {\n"
+     "                out[n].line = n == 0 ? out[n].line : 0;\n                n++;"),
+    ("python-memo-ignores-offset",
+     "the per-thread Python memo keyed by code object alone, not by instruction offset",
+     "stacks with the shortcuts are the full walk's", "src/pyframes.c",
+     "        uint64_t h = ((uint64_t)code ^ ((uint64_t)(uint32_t)offset << 40)) * "
+     "0x9e3779b97f4a7c15ull;\n        slot = &m->slot[h >> 58];\n"
+     "        if (slot->code == code && slot->offset == offset && slot->firstline == firstline) {",
+     "        uint64_t h = (uint64_t)code * 0x9e3779b97f4a7c15ull;\n"
+     "        slot = &m->slot[h >> 58];\n"
+     "        if (slot->code == code && slot->firstline == firstline) {"),
+    ("unwind-short-walk-kept",
+     "a short native walk kept although it fell short of the frames asked for",
+     "stacks with the shortcuts are the full walk's", "src/unwind.c",
+     "    if (skip < n && (n < want || n - skip >= (int)max)) {", "    if (skip < n) {"),
 ]
 
 

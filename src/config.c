@@ -248,6 +248,12 @@ static const struct option options[] = {
      parse_uint, FIELD(stack_depth), 0, CUHEAP_MAX_STACK_DEPTH, NULL},
     {"CUHEAP_PYTHON", "1", "add Python frames when the allocating thread runs Python", parse_bool,
      FIELD(python), 0, 0, NULL},
+    {"CUHEAP_STACK_CACHE", "1",
+     "per-thread shortcuts for stacks (0: every stack walked in full; the stacks are the same)",
+     parse_bool, FIELD(stack_cache), 0, 0, NULL},
+    {"CUHEAP_RECORD_TIMING", "0",
+     "time the recorder's parts per event and print them at exit (costs about 100 ns an event)",
+     parse_bool, FIELD(record_timing), 0, 0, NULL},
     {"CUHEAP_RING", "65536", "event ring slots (power of two)", parse_pow2_uint, FIELD(ring_slots),
      64, 1u << 22, NULL},
     {"CUHEAP_OUTPUT", "cuheap-%p.jsonl",
@@ -343,6 +349,8 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_RECORD=%d", cfg->record);
     EMIT("CUHEAP_STACK_DEPTH=%u", cfg->stack_depth);
     EMIT("CUHEAP_PYTHON=%d", cfg->python);
+    EMIT("CUHEAP_STACK_CACHE=%d", cfg->stack_cache);
+    EMIT("CUHEAP_RECORD_TIMING=%d", cfg->record_timing);
     EMIT("CUHEAP_RING=%u", cfg->ring_slots);
     EMIT("CUHEAP_OUTPUT=%s", cfg->output);
     EMIT("CUHEAP_OUTPUT_MODE=%04o", cfg->output_mode);

@@ -59,6 +59,8 @@ struct cuheap_config {
     bool stack_depth_set;         /* CUHEAP_STACK_DEPTH was given (else Python processes get
                                      CUHEAP_PYTHON_STACK_DEPTH) */
     bool python;                  /* add Python frames when the thread holds the GIL */
+    bool stack_cache;             /* per-thread shortcuts when capturing stacks (same stacks) */
+    bool record_timing;           /* time the recorder's parts, print them in the summary */
     unsigned ring_slots;          /* ring capacity, power of two */
     char output[CUHEAP_PATH_MAX]; /* trace path template (%p pid, %r rank, %h host) */
     unsigned output_mode;         /* permission bits the trace is created with (umask applies) */

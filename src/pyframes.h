@@ -27,6 +27,10 @@ bool cuheap_py_init(void);
  * thread does not hold the GIL or Python is absent. */
 unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max);
 
+/* Turn the per-thread memo of frames on (the default) or off (CUHEAP_STACK_CACHE=0: every
+ * frame looked up in the shared tables). The frames captured are the same either way. */
+void cuheap_py_set_memo(bool on);
+
 /* In a child after fork: drop locks another thread of the parent may have held. */
 void cuheap_py_atfork_child(void);
 

@@ -78,6 +78,32 @@ static _Atomic uint64_t nr_events;
 static uint64_t nr_written;
 static __thread pid_t tls_tid __attribute__((tls_model("initial-exec")));
 
+/* CUHEAP_RECORD_TIMING: where an event's time goes. Hook side: all threads add to these
+ * (relaxed atomics, so only when timing). Writer side: the writer thread alone. */
+static bool timing;
+static struct {
+    _Atomic uint64_t nr_events;    /* events timed on the hook side */
+    _Atomic uint64_t ring_ns;      /* claiming, filling and committing a slot */
+    _Atomic uint64_t nr_native;    /* events with a native stack walked */
+    _Atomic uint64_t unwind_ns;    /* in cuheap_unwind_capture() */
+    _Atomic uint64_t nr_frames;    /* native frames kept */
+    _Atomic uint64_t nr_slow;      /* walks over 2 us (the unwinder's slow path?) */
+    _Atomic uint64_t nr_python;    /* events whose Python frames were looked for */
+    _Atomic uint64_t python_ns;    /* in cuheap_py_capture() */
+    _Atomic uint64_t nr_py_frames; /* Python frames kept */
+    uint64_t nr_written;           /* writer: events taken from the ring */
+    uint64_t intern_ns;            /* writer: cuheap_stacktab_intern() */
+    uint64_t write_ns;             /* writer: the rest of write_event() */
+    uint64_t writer_cpu_ns;        /* writer thread's CPU time, read when it ends */
+    uint64_t wall_ns;              /* recording's wall time, at stop */
+    uint64_t clock_ns;             /* one clock read, measured at start: taken off each interval */
+} tm;
+
+static void add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -137,6 +163,7 @@ void cuheap_record(const struct cuheap_rec *r)
     }
     if (atomic_load_explicit(&child_pending, memory_order_relaxed))
         child_start();
+    uint64_t t_start = timing ? now_ns() : 0, t_stacks = 0, t_native = 0, t_python = 0;
     struct cuheap_event *ev = cuheap_ring_claim(&ring);
     atomic_fetch_add_explicit(&nr_events, 1, memory_order_relaxed);
     if (!ev)
@@ -169,12 +196,34 @@ void cuheap_record(const struct cuheap_rec *r)
     } else if (r->type == CUHEAP_EV_ALLOC || r->type == CUHEAP_EV_OOM ||
                r->type == CUHEAP_EV_LIMIT) {
         /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
+        t_stacks = timing ? now_ns() : 0;
         if (stack_depth)
             ev->nr_frames = (uint8_t)cuheap_unwind_capture(ev->frames, stack_depth);
+        t_native = timing ? now_ns() : 0;
         if (python)
             ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
+        t_python = timing ? now_ns() : 0;
     }
+    unsigned nr_frames = ev->nr_frames,
+             nr_py = ev->nr_py; /* the slot is the writer's after commit */
     cuheap_ring_commit(&ring, ev);
+    if (timing) {
+        uint64_t t_end = now_ns();
+        add(&tm.nr_events, 1);
+        add(&tm.ring_ns, t_end - t_start - (t_python - t_stacks));
+        if (t_stacks && stack_depth) {
+            add(&tm.nr_native, 1);
+            add(&tm.unwind_ns, t_native - t_stacks);
+            add(&tm.nr_frames, nr_frames);
+            if (t_native - t_stacks > 2000)
+                add(&tm.nr_slow, 1);
+        }
+        if (t_stacks && python) {
+            add(&tm.nr_python, 1);
+            add(&tm.python_ns, t_python - t_native);
+            add(&tm.nr_py_frames, nr_py);
+        }
+    }
 }
 
 void cuheap_recorder_device(int ordinal, const char *name, uint64_t total)
@@ -434,9 +483,12 @@ static void write_event(const struct cuheap_event *ev)
     unsigned nr_frames = ev->nr_frames, nr_py = ev->nr_py;
     if (ev->type == CUHEAP_EV_MARK || ev->type == CUHEAP_EV_AUDIT)
         nr_frames = nr_py = 0; /* the frames union holds the label */
-    if (cuheap_stacktab_intern(&stacks, ev->frames, nr_frames, ev->py, nr_py, &stack_id, &is_new) ==
-            0 &&
-        is_new)
+    uint64_t t0 = timing ? now_ns() : 0;
+    int r =
+        cuheap_stacktab_intern(&stacks, ev->frames, nr_frames, ev->py, nr_py, &stack_id, &is_new);
+    if (timing)
+        tm.intern_ns += now_ns() - t0;
+    if (r == 0 && is_new)
         write_stack(cuheap_stacktab_get(&stacks, stack_id));
     if (!out || write_failed)
         return;
@@ -474,7 +526,12 @@ static unsigned drain(void)
     announce_devices();
     struct cuheap_event *ev;
     while ((ev = cuheap_ring_peek(&ring))) {
+        uint64_t t0 = timing ? now_ns() : 0;
         write_event(ev);
+        if (timing) {
+            tm.write_ns += now_ns() - t0;
+            tm.nr_written++;
+        }
         cuheap_ring_consume(&ring);
         atomic_fetch_add_explicit(&nr_consumed, 1, memory_order_relaxed);
         n++;
@@ -515,6 +572,9 @@ static void *writer_main(void *arg)
             nanosleep(&ts, NULL);
         }
     }
+    struct timespec cpu;
+    if (timing && clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+        tm.writer_cpu_ns = (uint64_t)cpu.tv_sec * 1000000000ull + (uint64_t)cpu.tv_nsec;
     return NULL;
 }
 
@@ -749,6 +809,15 @@ void cuheap_recorder_start(const struct cuheap_config *config)
         return;
     }
     python = cfg->python && cuheap_py_init();
+    timing = cfg->record_timing;
+    if (timing) {
+        uint64_t t = now_ns();
+        for (int i = 0; i < 1000; i++)
+            now_ns();
+        tm.clock_ns = (now_ns() - t) / 1001;
+    }
+    cuheap_unwind_set_cache(cfg->stack_cache);
+    cuheap_py_set_memo(cfg->stack_cache);
     stack_depth = cfg->stack_depth;
     if (python && !cfg->stack_depth_set && stack_depth > CUHEAP_PYTHON_STACK_DEPTH)
         stack_depth = CUHEAP_PYTHON_STACK_DEPTH;
@@ -779,6 +848,7 @@ void cuheap_recorder_stop(void)
     }
     pthread_mutex_lock(&io_lock);
     drain();
+    tm.wall_ns = now_ns() - t0_ns;
     close_trace();
     pthread_mutex_unlock(&io_lock);
 }
@@ -840,4 +910,32 @@ void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
     ret->error = trace_errno;
     ret->path = out_path[0] ? out_path : NULL;
     ret->unwinder = cuheap_unwinder_name(unwinder);
+}
+
+void cuheap_recorder_get_timing(struct cuheap_recorder_timing *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    if (!timing)
+        return;
+    ret->on = true;
+#define PER(num, den) ((den) ? (double)(num) / (double)(den) : 0.0)
+    uint64_t nr = atomic_load(&tm.nr_events), nr_native = atomic_load(&tm.nr_native),
+             nr_python = atomic_load(&tm.nr_python);
+    ret->clock_ns = (double)tm.clock_ns;
+    ret->nr_events = nr;
+    ret->ring_ns = PER(atomic_load(&tm.ring_ns), nr) - (double)tm.clock_ns;
+    ret->nr_native = nr_native;
+    ret->unwind_ns = PER(atomic_load(&tm.unwind_ns), nr_native) - (double)tm.clock_ns;
+    ret->frames = PER(atomic_load(&tm.nr_frames), nr_native);
+    ret->nr_slow = atomic_load(&tm.nr_slow);
+    ret->nr_rewalks = cuheap_unwind_nr_rewalks();
+    ret->nr_python = nr_python;
+    ret->python_ns = PER(atomic_load(&tm.python_ns), nr_python) - (double)tm.clock_ns;
+    ret->py_frames = PER(atomic_load(&tm.nr_py_frames), nr_python);
+    ret->nr_written = tm.nr_written;
+    ret->intern_ns = PER(tm.intern_ns, tm.nr_written) - (double)tm.clock_ns;
+    ret->write_ns = PER(tm.write_ns - tm.intern_ns, tm.nr_written) - 2.0 * (double)tm.clock_ns;
+    ret->writer_cpu_s = (double)tm.writer_cpu_ns / 1e9;
+    ret->wall_s = (double)tm.wall_ns / 1e9;
+#undef PER
 }

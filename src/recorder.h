@@ -76,4 +76,27 @@ struct cuheap_recorder_stats {
 };
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);
 
+/* CUHEAP_RECORD_TIMING=1: where each event's time went (averages over the run; all zero
+ * with timing off). Complete after cuheap_recorder_stop(). */
+struct cuheap_recorder_timing {
+    bool on;
+    double clock_ns;     /* one clock read; taken off every figure below */
+    uint64_t nr_events;  /* events timed on the hooked threads */
+    double ring_ns;      /* per event: claiming, filling, committing a ring slot */
+    uint64_t nr_native;  /* events with a native walk */
+    double unwind_ns;    /* per walk, in the unwinder */
+    double frames;       /* native frames kept per walk */
+    uint64_t nr_slow;    /* walks over 2 us */
+    uint64_t nr_rewalks; /* short walks that fell short and walked again in full */
+    uint64_t nr_python;  /* events whose Python frames were looked for */
+    double python_ns;    /* per such event */
+    double py_frames;    /* Python frames kept per such event */
+    uint64_t nr_written; /* events the writer took from the ring */
+    double intern_ns;    /* per event on the writer: the stack table */
+    double write_ns;     /* per event on the writer: the rest (formatting, stdio) */
+    double writer_cpu_s; /* the writer thread's CPU time */
+    double wall_s;       /* from the trace's start to the stop */
+};
+void cuheap_recorder_get_timing(struct cuheap_recorder_timing *ret);
+
 #endif

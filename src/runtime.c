@@ -444,6 +444,24 @@ static void summary(void)
                           rs.nr_dropped - rs.nr_full);
     if (!cuheap_cfg.record)
         return;
+    struct cuheap_recorder_timing t;
+    cuheap_recorder_get_timing(&t);
+    if (t.on) {
+        cuheap_log_always("recording cost (CUHEAP_RECORD_TIMING): %" PRIu64
+                          " events, %.0f ns each in the ring; %" PRIu64
+                          " native walks, %.0f ns each for %.1f frames (%" PRIu64
+                          " over 2 us, %" PRIu64 " walked again in full); %" PRIu64
+                          " Python captures, %.0f ns each for %.1f frames (clock reads of "
+                          "%.0f ns taken off)",
+                          t.nr_events, t.ring_ns, t.nr_native, t.unwind_ns, t.frames, t.nr_slow,
+                          t.nr_rewalks, t.nr_python, t.python_ns, t.py_frames, t.clock_ns);
+        cuheap_log_always("recording cost (CUHEAP_RECORD_TIMING): writer %" PRIu64
+                          " events, %.0f ns each in the stack table, %.0f ns writing; writer "
+                          "CPU %.3f s of %.3f s (%.1f%% of one core, %.0f ns an event)",
+                          t.nr_written, t.intern_ns, t.write_ns, t.writer_cpu_s, t.wall_s,
+                          t.wall_s > 0 ? 100.0 * t.writer_cpu_s / t.wall_s : 0.0,
+                          t.nr_written ? t.writer_cpu_s * 1e9 / (double)t.nr_written : 0.0);
+    }
     /* Name a file only when there is one to read. */
     switch (rs.state) {
     case CUHEAP_TRACE_WRITTEN:

@@ -6,6 +6,7 @@
 #include <execinfo.h>
 #include <link.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -75,12 +76,18 @@ enum cuheap_unwinder cuheap_unwind_init(void)
     return kind;
 }
 
-unsigned cuheap_unwind_capture(uint64_t *out, unsigned max)
+/* Room for cuheap's own frames in a full walk. */
+#define NR_SKIP_ROOM 16
+
+static bool use_cache = true;
+static _Atomic uint64_t nr_rewalks;
+/* cuheap frames skipped by this thread's previous capture, plus one; 0: none yet */
+static __thread uint8_t tls_skip __attribute__((tls_model("initial-exec")));
+
+/* Ask the unwinder for up to want return addresses; returns how many it gave, and in
+ * *ret_skip how many of them (from the innermost) are cuheap's own. */
+__attribute__((noinline)) static int walk(void **buf, int want, int *ret_skip)
 {
-    void *buf[CUHEAP_MAX_STACK_DEPTH + 16];
-    int want = (int)max + 16;
-    if (want > (int)(sizeof(buf) / sizeof(buf[0])))
-        want = (int)(sizeof(buf) / sizeof(buf[0]));
     int n = 0;
     if (kind == CUHEAP_UNWIND_LIBUNWIND)
         n = unw_backtrace_ptr(buf, want);
@@ -89,10 +96,66 @@ unsigned cuheap_unwind_capture(uint64_t *out, unsigned max)
     int skip = 0;
     while (skip < n && (uintptr_t)buf[skip] >= self_start && (uintptr_t)buf[skip] < self_end)
         skip++;
+    *ret_skip = skip;
+    return n;
+}
+
+static unsigned copy_out(void *const *buf, int n, int skip, uint64_t *out, unsigned max)
+{
     unsigned nr = 0;
     for (int i = skip; i < n && nr < max; i++)
         out[nr++] = (uint64_t)(uintptr_t)buf[i];
     return nr;
+}
+
+/* Inlined into both entry points, so the full walk sees as many cuheap frames from either. */
+__attribute__((always_inline)) static inline unsigned full_walk(uint64_t *out, unsigned max)
+{
+    void *buf[CUHEAP_MAX_STACK_DEPTH + NR_SKIP_ROOM];
+    int want = (int)max + NR_SKIP_ROOM, skip;
+    if (want > (int)(sizeof(buf) / sizeof(buf[0])))
+        want = (int)(sizeof(buf) / sizeof(buf[0]));
+    int n = walk(buf, want, &skip);
+    if (skip < n && skip < 255)
+        tls_skip = (uint8_t)(skip + 1);
+    return copy_out(buf, n, skip, out, max);
+}
+
+__attribute__((noinline)) unsigned cuheap_unwind_capture_full(uint64_t *out, unsigned max)
+{
+    return full_walk(out, max);
+}
+
+/* The short walk is a prefix of the full one (same thread, same stack). Its result is the
+ * full walk's when it found a frame that is not cuheap's (so the skip count is the full
+ * walk's) and either the stack ended inside it or max frames follow the skipped ones (the
+ * full walk keeps no more than max). Anything else: walk in full. */
+__attribute__((noinline)) unsigned cuheap_unwind_capture(uint64_t *out, unsigned max)
+{
+    if (!use_cache || !tls_skip || max > CUHEAP_MAX_STACK_DEPTH)
+        return full_walk(out, max);
+    void *buf[CUHEAP_MAX_STACK_DEPTH + NR_SKIP_ROOM];
+    int guess = tls_skip - 1;
+    if (guess > NR_SKIP_ROOM)
+        guess = NR_SKIP_ROOM;
+    int want = (int)max + guess, skip;
+    int n = walk(buf, want, &skip);
+    if (skip < n && (n < want || n - skip >= (int)max)) {
+        tls_skip = (uint8_t)(skip + 1);
+        return copy_out(buf, n, skip, out, max);
+    }
+    atomic_fetch_add_explicit(&nr_rewalks, 1, memory_order_relaxed);
+    return full_walk(out, max);
+}
+
+void cuheap_unwind_set_cache(bool on)
+{
+    use_cache = on;
+}
+
+uint64_t cuheap_unwind_nr_rewalks(void)
+{
+    return atomic_load_explicit(&nr_rewalks, memory_order_relaxed);
 }
 
 const char *cuheap_unwinder_name(enum cuheap_unwinder u)

@@ -8,6 +8,7 @@
 #ifndef CUHEAP_UNWIND_H
 #define CUHEAP_UNWIND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "event.h"
@@ -17,8 +18,25 @@
 enum cuheap_unwinder cuheap_unwind_init(void);
 
 /* Fill out[] with up to max return addresses, innermost first, cuheap's own frames left
- * out. Returns how many. Safe on the hook path (no malloc after init). */
+ * out. Returns how many. Safe on the hook path (no malloc after init).
+ *
+ * The unwinder costs per frame walked, and a full walk asks it for max + 16 frames (room for
+ * cuheap's own, skipped). With the shortcut on (the default), a thread asks for max plus the
+ * number of cuheap frames its previous capture skipped: the call path through cuheap is the
+ * same from one event to the next, so that walk is usually just long enough. When it is not
+ * (fewer than max frames left after skipping, and the stack did not end), the capture walks
+ * again in full. Either way out[] holds exactly what cuheap_unwind_capture_full() gives. */
 unsigned cuheap_unwind_capture(uint64_t *out, unsigned max);
+
+/* The full walk (max + 16 frames asked for), the reference the shortcut must equal. */
+unsigned cuheap_unwind_capture_full(uint64_t *out, unsigned max);
+
+/* Turn the per-thread shortcut on (the default) or off (CUHEAP_STACK_CACHE=0: every
+ * capture walks in full). */
+void cuheap_unwind_set_cache(bool on);
+
+/* Captures that walked again in full because the short walk fell short (all threads). */
+uint64_t cuheap_unwind_nr_rewalks(void);
 
 /* "libunwind", "glibc" or "none". */
 const char *cuheap_unwinder_name(enum cuheap_unwinder u);

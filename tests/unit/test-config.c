@@ -56,6 +56,8 @@ static void test_defaults(void **state)
     assert_int_equal(c.release, CUHEAP_RELEASE_OOM);
     assert_int_equal(c.limit_bytes, 0);
     assert_int_equal(c.stack_depth, 32);
+    assert_true(c.stack_cache);
+    assert_false(c.record_timing);
     assert_string_equal(c.output, "cuheap-%p.jsonl");
     assert_int_equal(c.format, CUHEAP_FORMAT_JSONL);
 }
@@ -71,6 +73,8 @@ static void test_values(void **state)
                                   {"CUHEAP_RELEASE", "empty"},
                                   {"CUHEAP_LIMIT", "1.5G"},
                                   {"CUHEAP_STACK_DEPTH", "0"},
+                                  {"CUHEAP_STACK_CACHE", "0"},
+                                  {"CUHEAP_RECORD_TIMING", "1"},
                                   {"CUHEAP_FORMAT", "chrome"},
                                   {"CUHEAP_OUTPUT", "/tmp/x-%p-%r.json"}}};
     struct cuheap_config c;
@@ -83,6 +87,8 @@ static void test_values(void **state)
     assert_int_equal(c.release, CUHEAP_RELEASE_EMPTY);
     assert_int_equal(c.limit_bytes, (uint64_t)(1.5 * (1ull << 30)));
     assert_int_equal(c.stack_depth, 0);
+    assert_false(c.stack_cache);
+    assert_true(c.record_timing);
     assert_int_equal(c.format, CUHEAP_FORMAT_CHROME);
     assert_string_equal(c.output, "/tmp/x-%p-%r.json");
 }

@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Stack capture: the per-thread shortcut (a walk just long enough for the frames kept plus
+ * the cuheap frames the thread's previous capture skipped) must record exactly the stack a
+ * full walk records, whatever the depth, the number of frames kept, the number of cuheap
+ * frames on top (which is what the shortcut guesses), and on several threads at once.
+ *
+ * Here the test executable plays cuheap (its frames are the ones skipped) and
+ * libunwind-prog.so the program (tests/unit/unwind-prog.c).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "unwind.h"
+
+typedef unsigned (*prog_cb_fn)(void *arg);
+unsigned prog_descend(int depth, unsigned shape, prog_cb_fn cb, void *arg);
+
+struct probe {
+    unsigned max; /* frames kept */
+    int inner;    /* cuheap-side frames above the capture (0 to 6) */
+    unsigned nr;  /* frames recorded */
+    bool differ;  /* shortcut and full walk disagreed */
+    char why[256];
+};
+
+/* Capture twice from the same place: the shortcut, then the full walk. */
+__attribute__((noinline)) static void both(struct probe *p)
+{
+    uint64_t fast[CUHEAP_MAX_STACK_DEPTH], full[CUHEAP_MAX_STACK_DEPTH];
+    unsigned a = cuheap_unwind_capture(fast, p->max);
+    unsigned b = cuheap_unwind_capture_full(full, p->max);
+    p->nr = b;
+    if (a != b || memcmp(fast, full, a * sizeof(fast[0]))) {
+        p->differ = true;
+        unsigned i = 0;
+        while (i < a && i < b && fast[i] == full[i])
+            i++;
+        snprintf(p->why, sizeof(p->why),
+                 "max %u, %d cuheap frames: shortcut %u frames, full walk %u, first difference "
+                 "at frame %u",
+                 p->max, p->inner, a, b, i);
+    }
+    __asm__ volatile("" ::: "memory");
+}
+
+__attribute__((noinline)) static void inner(struct probe *p, int k)
+{
+    if (k > 0)
+        inner(p, k - 1);
+    else
+        both(p);
+    __asm__ volatile("" ::: "memory");
+}
+
+static unsigned at_bottom(void *arg)
+{
+    struct probe *p = arg;
+    inner(p, p->inner);
+    return p->nr;
+}
+
+/* Many events with changing depth, shape, frames kept and cuheap frames on top. */
+static void *many_events(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg, nr_differ = 0, nr_full = 0;
+    static const unsigned maxes[] = {1, 4, 12, 12, 12, 32, 64};
+    char *why = NULL;
+    static __thread char first[256];
+    for (int i = 0; i < 3000; i++) {
+        seed = seed * 1103515245u + 12345u;
+        struct probe p = {.max = maxes[(seed >> 8) % 7]};
+        /* mostly the same cuheap depth, as in cuheap (where the guess holds), sometimes not */
+        p.inner = (seed >> 12) % 8 == 0 ? (int)((seed >> 16) % 7) : 2;
+        int depth = (int)((seed >> 20) % 48);
+        prog_descend(depth, seed >> 3, at_bottom, &p);
+        if (p.differ && !nr_differ++) {
+            snprintf(first, sizeof(first), "%s", p.why);
+            why = first;
+        }
+        nr_full += p.nr == p.max;
+    }
+    /* the walks were deep enough to be cut at max most of the time */
+    if (!why && nr_full < 1000)
+        why = "too few captures were cut at max: the test does not test the shortcut";
+    return why;
+}
+
+static void test_shortcut_records_the_full_walk(void **state)
+{
+    (void)state;
+    assert_int_not_equal(cuheap_unwind_init(), CUHEAP_UNWIND_NONE);
+    const char *why = many_events((void *)(uintptr_t)1);
+    if (why)
+        fail_msg("%s", why);
+    /* the shortcut fell short (more cuheap frames than the guess) and walked again */
+    assert_true(cuheap_unwind_nr_rewalks() > 0);
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    pthread_t t[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, many_events, (void *)(i + 2)), 0);
+    for (int i = 0; i < 4; i++) {
+        void *why;
+        pthread_join(t[i], &why);
+        if (why)
+            fail_msg("thread %d: %s", i, (const char *)why);
+    }
+}
+
+/* With the shortcut off every capture is the full walk. */
+static void test_shortcut_off(void **state)
+{
+    (void)state;
+    cuheap_unwind_set_cache(false);
+    uint64_t before = cuheap_unwind_nr_rewalks();
+    const char *why = many_events((void *)(uintptr_t)99);
+    cuheap_unwind_set_cache(true);
+    if (why)
+        fail_msg("%s", why);
+    assert_int_equal(cuheap_unwind_nr_rewalks(), before);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shortcut_records_the_full_walk),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_shortcut_off),
+    };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
