@@ -57,6 +57,21 @@ compare() {
 # ONLY="cuda torch:graph jax" limits the clients run (default: all)
 wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
+# torch.multiprocessing sharing CUDA tensors (IPC) with and without cuheap, caching on and off
+run_ipc() {
+    say "ipc (torch.multiprocessing, spawn):"
+    for cache in 0 1; do
+        envs=()
+        [ $cache = 0 ] && envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+        base=$(env "${envs[@]}" timeout 150 python3 tests/gpu/torch_ipc.py 2>&1)
+        with=$(env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/ipc-c$cache-%p.jsonl" \
+            timeout 150 python3 tests/gpu/torch_ipc.py 2>&1)
+        echo "### ipc caching=$cache plain"$'\n'"$base"$'\n'"### cuheap"$'\n'"$with" >>"$OUT/ipc.log"
+        say "  caching=$cache: plain: $(grep '^ipc' <<<"$base"); cuheap: $(grep '^ipc' <<<"$with")"
+        compare "ipc caching=$cache" "$base" "$with"
+    done
+}
+
 run_clients() {
     exec 3>>"$OUT/clients.log"
     say "clients (result without cuheap vs with, pool off / on):"
@@ -354,6 +369,7 @@ run_soak() {
 
 case $what in
 tests) run_tests ;;
+ipc) run_ipc ;;
 audit) run_audit ;;
 viewers) run_viewers ;;
 record) run_record ;;
