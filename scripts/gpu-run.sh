@@ -63,9 +63,9 @@ run_ipc() {
     for cache in 0 1; do
         envs=()
         [ $cache = 0 ] && envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
-        base=$(env "${envs[@]}" timeout 150 python3 tests/gpu/torch_ipc.py 2>&1)
+        base=$(env "${envs[@]}" timeout 100 python3 tests/gpu/torch_ipc.py 2>&1)
         with=$(env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/ipc-c$cache-%p.jsonl" \
-            timeout 150 python3 tests/gpu/torch_ipc.py 2>&1)
+            timeout 100 python3 tests/gpu/torch_ipc.py 2>&1)
         echo "### ipc caching=$cache plain"$'\n'"$base"$'\n'"### cuheap"$'\n'"$with" >>"$OUT/ipc.log"
         say "  caching=$cache: plain: $(grep '^ipc' <<<"$base"); cuheap: $(grep '^ipc' <<<"$with")"
         compare "ipc caching=$cache" "$base" "$with"

@@ -10,7 +10,9 @@ import torch.multiprocessing as mp
 
 
 def child(q, done):
-    tensors = q.get()
+    print("child: started", flush=True)
+    tensors = q.get(timeout=60)
+    print("child: got", len(tensors), "tensors", flush=True)
     sums = [float(t.double().sum()) for t in tensors]
     for t in tensors:
         t.add_(1.0)  # written through the shared memory
@@ -31,8 +33,10 @@ def main():
     p = ctx.Process(target=child, args=(q, done))
     p.start()
     q.put(tensors)
-    seen = done.get(timeout=120)
-    p.join(120)
+    print("parent: sent", flush=True)
+    seen = done.get(timeout=90)
+    print("parent: child done", flush=True)
+    p.join(60)
     torch.cuda.synchronize()
     after = [float(t.double().sum()) for t in tensors]
     ok = p.exitcode == 0 and seen == before and all(
