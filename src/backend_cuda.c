@@ -11,9 +11,9 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend_cuda.h"
+#include "driver.h"
 #include "log.h"
-#include "runtime.h"
 
 #define NR_MAX_STREAMS 4096
 
@@ -50,10 +50,10 @@ void cuheap_streams_remove(CUstream s)
 }
 
 /* Make d's context current for the duration of a call; returns whether one was pushed. */
-static bool enter_ctx(struct cuheap_device *d)
+static bool enter_ctx(struct cuheap_cuda_device *d)
 {
     CUcontext cur = NULL;
-    CUcontext want = atomic_load(&d->ctx);
+    CUcontext want = d->ctx;
     if (cuheap_drv.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == want)
         return false;
     return cuheap_drv.cuCtxPushCurrent_v2 && cuheap_drv.cuCtxPushCurrent_v2(want) == CUDA_SUCCESS;
@@ -68,7 +68,7 @@ static void leave_ctx(bool pushed)
 
 static int mem_alloc(void *ctx, uint64_t size, uint64_t *ret_ptr)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
     CUdeviceptr p = 0;
     CUresult r = cuheap_drv.cuMemAlloc_v2(&p, size);
@@ -83,7 +83,7 @@ static int mem_alloc(void *ctx, uint64_t size, uint64_t *ret_ptr)
 
 static int mem_free(void *ctx, uint64_t ptr)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
     CUresult r = cuheap_drv.cuMemFree_v2(ptr);
     leave_ctx(pushed);
@@ -105,7 +105,7 @@ static int record_on(struct cuheap_fence *f, CUstream s)
     return 0;
 }
 
-static struct cuheap_fence *fence_slot(struct cuheap_device *d)
+static struct cuheap_fence *fence_slot(struct cuheap_cuda_device *d)
 {
     for (unsigned i = 0; i < CUHEAP_NR_FENCES; i++)
         if (!d->fences[i].in_use) {
@@ -119,13 +119,13 @@ static struct cuheap_fence *fence_slot(struct cuheap_device *d)
 
 static int fence_record(void *ctx, void **ret_fence)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     struct cuheap_fence *f = fence_slot(d);
     if (!f)
         return -1;
     bool pushed = enter_ctx(d);
     int r = record_on(f, CU_STREAM_LEGACY);
-    CUcontext want = atomic_load(&d->ctx);
+    CUcontext want = d->ctx;
     pthread_mutex_lock(&streams_lock);
     for (unsigned i = 0; i < nr_streams && r == 0; i++)
         if (streams[i].ctx == want)
@@ -179,7 +179,7 @@ static void fence_destroy(void *ctx, void *fence)
 
 static int stream_fence_record(void *ctx, uint64_t stream, void **ret_fence)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     struct cuheap_fence *f = fence_slot(d);
     if (!f)
         return -1;
@@ -196,7 +196,7 @@ static int stream_fence_record(void *ctx, uint64_t stream, void **ret_fence)
 
 static int device_sync(void *ctx)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
     CUresult r = cuheap_drv.cuCtxSynchronize();
     leave_ctx(pushed);
@@ -205,7 +205,7 @@ static int device_sync(void *ctx)
 
 static int mem_info(void *ctx, uint64_t *ret_free, uint64_t *ret_total)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
     size_t f = 0, t = 0;
     CUresult r = cuheap_drv.cuMemGetInfo_v2(&f, &t);
@@ -219,9 +219,9 @@ static int mem_info(void *ctx, uint64_t *ret_free, uint64_t *ret_total)
 
 static void forget(void *ctx)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     memset(d->fences, 0, sizeof(d->fences)); /* the events were the dead context's */
-    CUcontext dead = atomic_load(&d->ctx);
+    CUcontext dead = d->ctx;
     pthread_mutex_lock(&streams_lock);
     for (unsigned i = 0; i < nr_streams;)
         if (streams[i].ctx == dead)
@@ -233,7 +233,7 @@ static void forget(void *ctx)
 
 /* ---- virtual memory: address space, 2 MiB physical granules ---- */
 
-static CUmemAllocationProp granule_prop(const struct cuheap_device *d)
+static CUmemAllocationProp granule_prop(const struct cuheap_cuda_device *d)
 {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
@@ -245,7 +245,7 @@ static CUmemAllocationProp granule_prop(const struct cuheap_device *d)
 
 static int va_reserve(void *ctx, uint64_t size, uint64_t *ret_va)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
     CUdeviceptr va = 0;
     CUresult r = cuheap_drv.cuMemAddressReserve(&va, size, d->granule, 0, 0);
@@ -267,7 +267,7 @@ static void va_free(void *ctx, uint64_t va, uint64_t size)
  * refuses that gets plain memory from then on (and IPC is refused for it). */
 static int phys_create(void *ctx, uint64_t size, uint64_t *ret_handle)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     CUmemAllocationProp prop = granule_prop(d);
     CUmemGenericAllocationHandle h;
     CUresult r = CUDA_ERROR_NOT_SUPPORTED;
@@ -309,7 +309,7 @@ void cuheap_backend_cuda_add_peer(int owner, int accessor)
 /* Make [va, va + size) readable and writable by the device and every peer given access. */
 static int phys_access(void *ctx, uint64_t va, uint64_t size)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     CUmemAccessDesc access[64];
     uint64_t devices = d->ordinal < 64 ? atomic_load(&peers_of[d->ordinal]) : 0;
     size_t n = 0;
@@ -337,7 +337,7 @@ static int phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t handle)
 
 static int phys_export(void *ctx, uint64_t handle, int *ret_fd)
 {
-    struct cuheap_device *d = ctx;
+    struct cuheap_cuda_device *d = ctx;
     if (atomic_load(&d->not_shareable) || !cuheap_drv.cuMemExportToShareableHandle)
         return -5;
     return cuheap_drv.cuMemExportToShareableHandle(ret_fd, (CUmemGenericAllocationHandle)handle,
@@ -355,7 +355,7 @@ static int phys_unmap(void *ctx, uint64_t va, uint64_t size)
 
 /* The device's granularity when it and the driver support virtual memory management, else 0
  * (the pool then uses cuMemAlloc arenas). */
-static uint64_t vmm_granule(struct cuheap_device *d)
+static uint64_t vmm_granule(struct cuheap_cuda_device *d)
 {
     if (!cuheap_drv.cuMemGetAllocationGranularity || !cuheap_drv.cuMemAddressReserve ||
         !cuheap_drv.cuMemAddressFree || !cuheap_drv.cuMemSetAccess || !cuheap_drv.cuMemCreate ||
@@ -370,8 +370,12 @@ static uint64_t vmm_granule(struct cuheap_device *d)
     return g;
 }
 
-void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *ret)
+void cuheap_backend_cuda_init(struct cuheap_cuda_device *d, CUcontext ctx, int ordinal,
+                              struct cuheap_backend *ret)
 {
+    memset(d, 0, sizeof(*d));
+    d->ctx = ctx;
+    d->ordinal = ordinal;
     d->granule = vmm_granule(d);
     *ret = (struct cuheap_backend){
         .ctx = d,

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* Names of event types and APIs, shared by the writer and the trace reader; UTF-8 repair of
- * text that goes into a trace. */
+ * text that goes into a trace; the events' sequence numbers. */
 #include "event.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 static const char *const type_names[CUHEAP_NR_EVENT_TYPES] = {
@@ -112,4 +113,11 @@ size_t cuheap_utf8_cut(const char *s, size_t max)
     while (n > 0 && max - n < 3 && ((unsigned char)s[n] & 0xc0) == 0x80)
         n--;
     return ((unsigned char)s[n] & 0xc0) == 0x80 ? max : n;
+}
+
+static _Atomic uint64_t g_seq;
+
+uint64_t cuheap_seq_next(void)
+{
+    return atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
 }

@@ -86,6 +86,10 @@ struct cuheap_event {
 };
 
 /* Names used in traces ("alloc", "free", ...; "cudaMalloc", ...). */
+/* The next number of the one sequence all events share (the pool takes it under its lock, so
+ * an allocation and the free of its block are numbered in the order they happened). */
+uint64_t cuheap_seq_next(void);
+
 const char *cuheap_event_type_name(unsigned type);
 const char *cuheap_api_name(unsigned api);
 /* Reverse lookups for the trace reader; -1 when unknown. */

@@ -338,7 +338,7 @@ static int pool_free(uint64_t ptr, uint64_t stream, int api)
     uint64_t size, block, seq;
     if (cuheap_pool_free(p, ptr, stream, &size, &block, &seq))
         return -1;
-    cuheap_account((struct cuheap_device *)p->be.ctx, -(int64_t)size, 0);
+    cuheap_account(cuheap_device_of_pool(p), -(int64_t)size, 0);
     record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
     return 1;
 }
@@ -670,8 +670,7 @@ CUHEAP_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr ptr)
     ENTER(cuIpcGetMemHandle);
     struct cuheap_pool *p = active && h ? cuheap_pool_of(ptr) : NULL;
     if (p && p->vmm) {
-        struct cuheap_device *d =
-            (struct cuheap_device *)((char *)p - offsetof(struct cuheap_device, pool));
+        struct cuheap_device *d = cuheap_device_of_pool(p);
         int r = cuheap_ipc_export(d, ptr, h);
         if (r)
             cuheap_log_once("cuIpcGetMemHandle on a pooled block: %s",

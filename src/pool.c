@@ -37,13 +37,6 @@ struct map_slot {
 static struct map_slot *g_map;
 static pthread_mutex_t g_map_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
-static _Atomic uint64_t g_seq;
-
-uint64_t cuheap_seq_next(void)
-{
-    return atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed) + 1;
-}
-
 static void map_init(void)
 {
     void *m = mmap(NULL, NR_MAP_SLOTS * sizeof(struct map_slot), PROT_READ | PROT_WRITE,

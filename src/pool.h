@@ -251,7 +251,4 @@ void cuheap_pool_forget(struct cuheap_pool *p);
 /* In a child after fork: the address map's lock may have been held by another thread. */
 void cuheap_pool_atfork_child(void);
 
-/* Global sequence counter shared by all events. */
-uint64_t cuheap_seq_next(void);
-
 #endif

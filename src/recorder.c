@@ -32,7 +32,6 @@
 #include "chrome.h"
 #include "cupti_audit.h"
 #include "log.h"
-#include "pool.h"
 #include "pyframes.h"
 #include "ring.h"
 #include "stacktab.h"

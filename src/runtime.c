@@ -107,7 +107,7 @@ static void fork_child(void)
     unsigned n = atomic_load(&nr_devices);
     for (unsigned i = 0; i < n; i++) {
         cuheap_pool_forget(&devices[i].pool);
-        memset(devices[i].fences, 0, sizeof(devices[i].fences));
+        memset(devices[i].cuda.fences, 0, sizeof(devices[i].cuda.fences));
         atomic_store(&devices[i].reserved, 0);
         atomic_store(&devices[i].live, 0);
         atomic_store(&devices[i].peak_live, 0);
@@ -202,7 +202,7 @@ static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
         return; /* the hook records these with the program's stack */
     cuheap_record(&r);
     if (n->type == CUHEAP_EV_ARENA_GROW) {
-        struct cuheap_device *d = (struct cuheap_device *)p->be.ctx;
+        struct cuheap_device *d = cuheap_device_of_pool(p);
         /* d->reserved was moved by the pool itself; only the peak needs a look */
         cuheap_account(d, 0, 0);
     }
@@ -227,7 +227,7 @@ static struct cuheap_device *create_device_locked(CUcontext ctx)
     d->limit = cuheap_cfg.limit_permille ? (uint64_t)total / 1000 * cuheap_cfg.limit_permille
                                          : cuheap_cfg.limit_bytes;
     struct cuheap_backend be;
-    cuheap_backend_cuda_init(d, &be);
+    cuheap_backend_cuda_init(&d->cuda, ctx, d->ordinal, &be);
     cuheap_pool_init(&d->pool, &cuheap_cfg, &be, d->ordinal, d->limit, &d->reserved, pool_note);
     d->pool.nr_capturing = (unsigned)atomic_load(&nr_capturing);
     atomic_store_explicit(&d->ctx, ctx, memory_order_release);

@@ -9,39 +9,29 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "addrmap.h"
+#include "backend_cuda.h"
 #include "config.h"
 #include "driver.h"
 #include "guard.h"
 #include "pool.h"
 
-#define CUHEAP_NR_MAX_DEVICES       32
-#define CUHEAP_NR_MAX_FENCE_STREAMS 256
-#define CUHEAP_NR_FENCES            (CUHEAP_NR_EPOCHS + 8)
-
-/* One device fence: an event on the legacy stream and on every non-blocking stream. */
-struct cuheap_fence {
-    unsigned nr;   /* events recorded */
-    unsigned refs; /* the epoch that owns it, and waiters holding it; free at 0 */
-    bool in_use;
-    CUevent events[CUHEAP_NR_MAX_FENCE_STREAMS]; /* created on first use, then reused */
-};
+#define CUHEAP_NR_MAX_DEVICES 32
 
 struct cuheap_device {
     _Atomic(CUcontext) ctx; /* NULL until the record is complete */
     int ordinal;
-    uint64_t total;             /* bytes on the device */
-    uint64_t limit;             /* CUHEAP_LIMIT in bytes, 0 = none */
-    uint64_t granule;           /* VMM granularity, 0 = the device has no VMM */
-    _Atomic bool not_shareable; /* VMM memory cannot be exported as file descriptors here */
-    _Atomic uint64_t reserved;  /* bytes held from the driver through cuheap */
-    _Atomic uint64_t live;      /* bytes the program holds (requested sizes) */
+    uint64_t total;            /* bytes on the device */
+    uint64_t limit;            /* CUHEAP_LIMIT in bytes, 0 = none */
+    _Atomic uint64_t reserved; /* bytes held from the driver through cuheap */
+    _Atomic uint64_t live;     /* bytes the program holds (requested sizes) */
     _Atomic uint64_t peak_live;
     _Atomic uint64_t peak_reserved;
     struct cuheap_pool pool;
-    struct cuheap_fence fences[CUHEAP_NR_FENCES]; /* guarded by pool.lock */
+    struct cuheap_cuda_device cuda; /* the pool's backend's own state */
 };
 
 extern struct cuheap_config cuheap_cfg;
@@ -64,6 +54,12 @@ bool cuheap_boot_if_cuda(void);
  * context or when the table is full. */
 struct cuheap_device *cuheap_device_current(void);
 
+/* The record whose pool p is. */
+static inline struct cuheap_device *cuheap_device_of_pool(struct cuheap_pool *p)
+{
+    return (struct cuheap_device *)((char *)p - offsetof(struct cuheap_device, pool));
+}
+
 /* The record of a context, if one exists. */
 struct cuheap_device *cuheap_device_by_ctx(CUcontext ctx);
 
@@ -76,18 +72,6 @@ struct cuheap_device *cuheap_device_by_ordinal(int ordinal);
 
 /* Adjust the accounting of d and its peaks. */
 void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved);
-
-/* Set up d->pool's backend over the real driver (backend_cuda.c). */
-void cuheap_backend_cuda_init(struct cuheap_device *d, struct cuheap_backend *ret);
-
-/* cuCtxEnablePeerAccess succeeded: device `accessor` may now use memory of device `owner`.
- * Memory the pool maps for owner from now on is made accessible to accessor too; the hook
- * then has the pool grant it on what is mapped already (cuheap_pool_grant_access). */
-void cuheap_backend_cuda_add_peer(int owner, int accessor);
-
-/* Non-blocking streams the fences must cover (backend_cuda.c). */
-void cuheap_streams_add(CUcontext ctx, CUstream s);
-void cuheap_streams_remove(CUstream s);
 
 /* The known-stream list's lock (backend_cuda.c) must be free when the process forks: it is
  * taken by the fences, under a pool lock, and by these two, which the hooks call only through
