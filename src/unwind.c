@@ -79,7 +79,7 @@ enum cuheap_unwinder cuheap_unwind_init(void)
 /* Room for cuheap's own frames in a full walk. */
 #define NR_SKIP_ROOM 16
 
-static bool use_cache = true;
+static _Atomic bool use_cache = true; /* set at start-up (and by tests) while walks may run */
 static _Atomic uint64_t nr_rewalks;
 /* cuheap frames skipped by this thread's previous capture, plus one; 0: none yet */
 static __thread uint8_t tls_skip __attribute__((tls_model("initial-exec")));
@@ -132,7 +132,7 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture_full(uint64_t *out, uns
  * full walk keeps no more than max). Anything else: walk in full. */
 __attribute__((noinline)) unsigned cuheap_unwind_capture(uint64_t *out, unsigned max)
 {
-    if (!use_cache || !tls_skip || max > CUHEAP_MAX_STACK_DEPTH)
+    if (!atomic_load_explicit(&use_cache, memory_order_relaxed) || !tls_skip || max > CUHEAP_MAX_STACK_DEPTH)
         return full_walk(out, max);
     void *buf[CUHEAP_MAX_STACK_DEPTH + NR_SKIP_ROOM];
     int guess = tls_skip - 1;
@@ -150,7 +150,7 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture(uint64_t *out, unsigned
 
 void cuheap_unwind_set_cache(bool on)
 {
-    use_cache = on;
+    atomic_store_explicit(&use_cache, on, memory_order_relaxed);
 }
 
 uint64_t cuheap_unwind_nr_rewalks(void)
