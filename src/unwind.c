@@ -132,7 +132,8 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture_full(uint64_t *out, uns
  * full walk keeps no more than max). Anything else: walk in full. */
 __attribute__((noinline)) unsigned cuheap_unwind_capture(uint64_t *out, unsigned max)
 {
-    if (!atomic_load_explicit(&use_cache, memory_order_relaxed) || !tls_skip || max > CUHEAP_MAX_STACK_DEPTH)
+    if (!atomic_load_explicit(&use_cache, memory_order_relaxed) || !tls_skip ||
+        max > CUHEAP_MAX_STACK_DEPTH)
         return full_walk(out, max);
     void *buf[CUHEAP_MAX_STACK_DEPTH + NR_SKIP_ROOM];
     int guess = tls_skip - 1;

@@ -106,7 +106,7 @@ static void test_shortcut_records_the_full_walk(void **state)
     const char *why = many_events((void *)(uintptr_t)1);
     if (why)
         fail_msg("%s", why);
-    /* the shortcut fell short (more cuheap frames than the guess) and walked again */
+        /* the shortcut fell short (more cuheap frames than the guess) and walked again */
 #if !defined(__SANITIZE_THREAD__)
     assert_true(cuheap_unwind_nr_rewalks() > 0);
 #endif
