@@ -65,7 +65,8 @@ MUTATIONS = [
      "vmm: the place score ignores idle chunks larger than the block, so a small block keeps a "
      "large chunk busy",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "        if (c && (c->nr_busy || c->nr <= fits))", "        if (c)"),
+     "        if (c && (c->nr_busy || c->nr <= fits))",
+     "        if (c && (c->nr_busy || c->nr <= fits || 1))"),
     ("vmm-ipc-ignores-buffer-id",
      "vmm: a shared block's handle is answered by address only, so a freed (or reused) block's "
      "memory goes to the importer",
@@ -79,8 +80,8 @@ MUTATIONS = [
     ("chunk-release-failure-forgotten",
      "vmm: memory the driver refused to release is dropped from the pool's count",
      "memory the driver still holds stays counted", "src/pool.c",
-     "    } else if (p->nr_stuck < CUHEAP_NR_STUCK) {",
-     "    } else if (0) {"),
+     "    if (p->be.phys_release(p->be.ctx, handle) == 0) {",
+     "    if (p->be.phys_release(p->be.ctx, handle) == 0 || 1) {"),
     ("vmm-granule-moves-while-pending",
      "vmm: a freed block lets go of its granules at the free, not when its fence has passed, so "
      "an idle granule can be moved away while queued work still uses it",

@@ -1385,7 +1385,7 @@ static void test_rec_signal_handler_allocating_during_a_mark(void **state)
     for (int k = 0; k < 2; k++) {
         struct result r = run("hung=0; for i in $(seq 10); do " FAKE " " PRELOAD
                               " NVTX_INJECTION64_PATH=%s/src/libcuheap.so CUHEAP_OUTPUT=/dev/null "
-                              "CUHEAP_SUMMARY=0 timeout 5 " RECPROG " %s >/dev/null || "
+                              "CUHEAP_SUMMARY=0 timeout 20 " RECPROG " %s >/dev/null || "
                               "hung=$((hung + 1)); done; echo \"hung $hung\"",
                               build, build, build, build, how[k]);
         if (number_after(r.out, "hung ") != 0)
