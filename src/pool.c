@@ -1289,7 +1289,8 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
     uint64_t bases[CUHEAP_NR_SPARE_MAX], sizes[CUHEAP_NR_SPARE_MAX];
     unsigned nr = spare_empty_locked(p, bases, sizes);
     pthread_mutex_unlock(&p->lock);
-    free_arenas_unlocked(p, bases, sizes, nr);
+    if (nr)
+        free_arenas_unlocked(p, bases, sizes, nr);
     debug_check(p);
     return 0;
 }
