@@ -155,6 +155,28 @@ int main(int argc, char **argv)
         int st = run_child(&stale, 3000, 23);
         printf("ipc freed block: child %s\n", st == 3 ? "refused" : "DID NOT FAIL");
         ok &= st == 3;
+        /* the same address handed out again to a new block: the old handle still must not
+         * open it (the block is live, but not the one that was shared) */
+        CUdeviceptr again[256];
+        int n = 0, hit = -1;
+        for (int i = 0; i < 130; i++) { /* frees enough to close the fence batch */
+            CHECK(cuMemAlloc(&again[0], 3000));
+            CHECK(cuMemFree(again[0]));
+        }
+        CHECK(cuCtxSynchronize());
+        while (n < 256 && hit < 0 && cuMemAlloc(&again[n], 3000) == CUDA_SUCCESS)
+            if (again[n++] == small1)
+                hit = n - 1;
+        if (hit >= 0) {
+            st = run_child(&stale, 3000, 23);
+            printf("ipc reused address: child %s\n", st == 3 ? "refused" : "DID NOT FAIL");
+            ok &= st == 3;
+        } else {
+            printf("ipc reused address: NOT REUSED in %d allocations\n", n);
+            ok = false;
+        }
+        while (n)
+            CHECK(cuMemFree(again[--n]));
     } else {
         CHECK(cuMemFree(small1));
     }
