@@ -851,6 +851,18 @@ struct acquire {
     bool fenced; /* the open epoch was closed for this allocation already */
 };
 
+/* Put every block freed but not yet behind a fence (open epoch, stream caches) behind one, once
+ * per allocation. Returns whether it did so now. */
+static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq)
+{
+    if (acq->fenced)
+        return false;
+    acq->fenced = true;
+    flush_stream_caches_locked(p);
+    close_epoch_locked(p);
+    return true;
+}
+
 /* New physical memory mapped at the unmapped granules [first, first + nr) of arena a, as one
  * (idle) chunk. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
 static int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
@@ -929,10 +941,7 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             /* past the job's high-water mark: blocks that wait for a fence first */
             if (reclaim_locked(p))
                 continue;
-            if (!acq->fenced) {
-                acq->fenced = true;
-                flush_stream_caches_locked(p);
-                close_epoch_locked(p);
+            if (fence_pending_once_locked(p, acq)) {
                 if (poll_oldest_locked(p))
                     continue;
                 waiting = p->ep_head != p->ep_tail;
@@ -953,12 +962,8 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             continue;
         if (reclaim_locked(p))
             continue;
-        if (!acq->fenced) {
-            acq->fenced = true;
-            flush_stream_caches_locked(p);
-            close_epoch_locked(p);
+        if (fence_pending_once_locked(p, acq))
             continue;
-        }
         if (p->ep_head == p->ep_tail)
             return r;
         wait_oldest_locked(p);
