@@ -300,13 +300,16 @@ run_viewers() {
 # Soak (issue 12; `gpu-run.sh soak`): the GPT loop for SOAK_S seconds (default 330) under
 # cuheap, recording on (stacks and Python frames, the defaults), PyTorch's caching allocator
 # off so every tensor goes through cuheap's pool (SOAK_CACHING=1 keeps it on); the same steps
-# without cuheap run alongside on the same GPU, for the losses (bit for bit). Both processes'
+# without cuheap run alongside on the same GPU, for the losses (bit for bit), with PyTorch's
+# caching allocator on (the losses do not depend on the allocator, and raw cudaMalloc per tensor
+# would make that run the slower one and outlast the call; SOAK_PLAIN_CACHING=0 turns it off). Both processes'
 # resident memory is sampled every SOAK_EVERY seconds (default 5) into $OUT/soak-rss.txt; the
 # trace must pass `cuheap check` with nothing dropped. One command of about SOAK_S + 90 s.
 soak_rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 run_soak() {
-    local secs=${SOAK_S:-330} every=${SOAK_EVERY:-5} log=$OUT/soak.log envs=()
+    local secs=${SOAK_S:-330} every=${SOAK_EVERY:-5} log=$OUT/soak.log envs=() plain_envs=()
     [ "${SOAK_CACHING:-0}" = 1 ] || envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    [ "${SOAK_PLAIN_CACHING:-1}" = 1 ] || plain_envs=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
     # steps for $secs under cuheap, from a short run with the same settings
     local cal ms steps
     cal=$(env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/soak-cal.jsonl" \
@@ -318,8 +321,8 @@ run_soak() {
         return
     fi
     steps=$(python3 -c "import math; print(max(100, math.ceil($secs * 1000 / $ms)))")
-    say "soak: $steps GPT steps (${ms} ms a step under cuheap: ${secs} s), caching ${SOAK_CACHING:-0}"
-    (exec env "${envs[@]}" python3 bench/torch_gpt.py "$steps" >"$T/soak-plain.out" 2>&1) &
+    say "soak: $steps GPT steps (${ms} ms a step under cuheap: ${secs} s), caching ${SOAK_CACHING:-0} (plain run ${SOAK_PLAIN_CACHING:-1})"
+    (exec env "${plain_envs[@]}" python3 bench/torch_gpt.py "$steps" >"$T/soak-plain.out" 2>&1) &
     local plain=$!
     (exec env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/soak.jsonl" \
         python3 bench/torch_gpt.py "$steps" >"$T/soak-cuheap.out" 2>"$T/soak-cuheap.err") &
