@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "counters.h"
 #include "driver.h"
 #include "ipc.h"
 #include "event.h"
@@ -99,7 +100,11 @@ static const struct hook_entry {
 #undef CUHEAP_HOOK_ENTRY
 };
 
-static _Atomic uint64_t calls[NR_HOOKS];
+_Static_assert(NR_HOOKS <= CUHEAP_NR_COUNTED_HOOKS, "each hook has its call counter");
+
+/* Calls are counted per thread (counters.h): CUHEAP_CTR_CALLS + hook id. */
+#define COUNT_CALL(name) cuheap_count(CUHEAP_CTR_CALLS + H_##name, 1)
+
 /* The re-entry guard is cuheap_busy (runtime.h), one per thread for all of cuheap: a hook, a
  * mark or an NVTX callback reached while another runs on the thread (cuheap calling the
  * driver, a signal handler) goes straight to the driver or does nothing. */
@@ -125,8 +130,8 @@ static void *hook_for_real(void *real)
 
 /* Count the call; decide whether cuheap does its part (active) or only forwards. */
 #define ENTER(name)                                                                                \
-    atomic_fetch_add_explicit(&calls[H_##name], 1, memory_order_relaxed);                          \
-    bool active = !cuheap_busy && cuheap_boot();                                                   \
+    COUNT_CALL(name);                                                                              \
+    bool active = cuheap_boot();                                                                   \
     if (!active && (cuheap_driver_load() || !cuheap_drv.name))                                     \
         return CUDA_ERROR_NOT_INITIALIZED;                                                         \
     if (active)                                                                                    \
@@ -155,12 +160,20 @@ static uint64_t driver_rounded(uint64_t n)
     return n >= page ? (n + page - 1) & ~(page - 1) : (n + 511) & ~511ull;
 }
 
-static void record_alloc(struct cuheap_device *d, int api, uint8_t flags, uint64_t ptr,
-                         uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
+/* The sequence number of an event about to be recorded, taken before the driver call where a
+ * reuse of the address must come after it; 0 when not recording (the recorder numbers an
+ * event without one as it takes it), so the pair without recording touches no shared line. */
+static uint64_t event_seq(void)
 {
-    atomic_fetch_add_explicit(&cuheap_nr_allocs, 1, memory_order_relaxed);
-    if (!cuheap_recording())
-        return;
+    return cuheap_recording() ? cuheap_seq_next() : 0;
+}
+
+/* The events themselves, off the path taken when recording is off. */
+static __attribute__((noinline, cold)) void record_alloc_event(struct cuheap_device *d, int api,
+                                                               uint8_t flags, uint64_t ptr,
+                                                               uint64_t size, uint64_t actual,
+                                                               uint64_t stream, uint64_t seq)
+{
     struct cuheap_rec r = {.type = CUHEAP_EV_ALLOC,
                            .api = (uint8_t)api,
                            .flags = (uint8_t)(flags | capture_flag()),
@@ -173,12 +186,11 @@ static void record_alloc(struct cuheap_device *d, int api, uint8_t flags, uint64
     cuheap_record(&r);
 }
 
-static void record_free(int device, int api, uint8_t flags, uint64_t ptr, uint64_t size,
-                        uint64_t actual, uint64_t stream, uint64_t seq)
+static __attribute__((noinline, cold)) void record_free_event(int device, int api, uint8_t flags,
+                                                              uint64_t ptr, uint64_t size,
+                                                              uint64_t actual, uint64_t stream,
+                                                              uint64_t seq)
 {
-    atomic_fetch_add_explicit(&cuheap_nr_frees, 1, memory_order_relaxed);
-    if (!cuheap_recording())
-        return;
     struct cuheap_rec r = {.type = CUHEAP_EV_FREE,
                            .api = (uint8_t)api,
                            .flags = (uint8_t)(flags | capture_flag()),
@@ -189,6 +201,24 @@ static void record_free(int device, int api, uint8_t flags, uint64_t ptr, uint64
                            .actual = actual,
                            .stream = stream};
     cuheap_record(&r);
+}
+
+/* Count an allocation and record its event when recording: without recording, one count in
+ * this thread's own block. */
+static inline void record_alloc(struct cuheap_device *d, int api, uint8_t flags, uint64_t ptr,
+                                uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
+{
+    cuheap_count(CUHEAP_CTR_ALLOCS, 1);
+    if (__builtin_expect(cuheap_recording(), 0))
+        record_alloc_event(d, api, flags, ptr, size, actual, stream, seq);
+}
+
+static inline void record_free(int device, int api, uint8_t flags, uint64_t ptr, uint64_t size,
+                               uint64_t actual, uint64_t stream, uint64_t seq)
+{
+    cuheap_count(CUHEAP_CTR_FREES, 1);
+    if (__builtin_expect(cuheap_recording(), 0))
+        record_free_event(device, api, flags, ptr, size, actual, stream, seq);
 }
 
 static void record_oom(struct cuheap_device *d, int api, uint64_t size, bool by_limit)
@@ -254,7 +284,7 @@ static CUresult passthru_done(struct cuheap_device *d, CUresult r, int api, uint
             record_oom(d, api, size, false);
         return r;
     }
-    uint64_t seq = cuheap_seq_next();
+    uint64_t seq = event_seq();
     struct cuheap_addr_entry e = {key, size, actual, (int16_t)(device_mem && d ? d->ordinal : -1),
                                   (uint8_t)api};
     if (cuheap_addrmap_put(&cuheap_passthru, &e))
@@ -279,7 +309,7 @@ static void passthru_free_begin(struct passthru_free *f, uint64_t key)
 {
     memset(f, 0, sizeof(*f));
     f->known = cuheap_addrmap_take(&cuheap_passthru, key, &f->entry) == 0;
-    f->seq = cuheap_seq_next();
+    f->seq = event_seq();
 }
 
 static CUresult passthru_free_end(struct passthru_free *f, CUresult r, uint64_t key, int api,
@@ -310,8 +340,8 @@ static CUresult passthru_free_end(struct passthru_free *f, CUresult r, uint64_t 
 /* ---- the pool's doors ---- */
 
 /* Serve from the pool. Returns 1 when served (*ret set), 0 to pass through, -1 for OOM. */
-static int pool_alloc(struct cuheap_device *d, int api, uint64_t size, uint64_t stream,
-                      CUdeviceptr *ret)
+static inline __attribute__((always_inline)) int
+pool_alloc(struct cuheap_device *d, int api, uint64_t size, uint64_t stream, CUdeviceptr *ret)
 {
     if (!d || !cuheap_cfg.pool)
         return 0;
@@ -330,7 +360,7 @@ static int pool_alloc(struct cuheap_device *d, int api, uint64_t size, uint64_t 
 }
 
 /* Free a pooled pointer. Returns 1 when freed, 0 when not ours, -1 for an invalid free. */
-static int pool_free(uint64_t ptr, uint64_t stream, int api)
+static inline __attribute__((always_inline)) int pool_free(uint64_t ptr, uint64_t stream, int api)
 {
     struct cuheap_pool *p = cuheap_pool_of(ptr);
     if (!p)
@@ -343,6 +373,20 @@ static int pool_free(uint64_t ptr, uint64_t stream, int api)
     return 1;
 }
 
+/* cuMemAlloc_v2's pass-through, apart so that the pooled path stays short. */
+static __attribute__((noinline)) CUresult mem_alloc_driver(struct cuheap_device *d,
+                                                           CUdeviceptr *dptr, size_t size)
+{
+    uint64_t actual = driver_rounded(size);
+    if (!admit(d, actual)) {
+        record_oom(d, CUHEAP_API_MEM_ALLOC, size, true);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult r;
+    DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(dptr, size));
+    return passthru_done(d, r, CUHEAP_API_MEM_ALLOC, r ? 0 : *dptr, size, actual, 0, true);
+}
+
 CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
     ENTER(cuMemAlloc_v2);
@@ -352,14 +396,7 @@ CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     int served = pool_alloc(d, CUHEAP_API_MEM_ALLOC, size, 0, dptr);
     if (served)
         LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
-    uint64_t actual = driver_rounded(size);
-    if (!admit(d, actual)) {
-        record_oom(d, CUHEAP_API_MEM_ALLOC, size, true);
-        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    CUresult r;
-    DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(dptr, size));
-    LEAVE(passthru_done(d, r, CUHEAP_API_MEM_ALLOC, r ? 0 : *dptr, size, actual, 0, true));
+    LEAVE(mem_alloc_driver(d, dptr, size));
 }
 
 CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
@@ -394,6 +431,15 @@ CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size
                         0, true));
 }
 
+/* cuMemFree_v2's pass-through, apart so that the pooled path stays short. */
+static __attribute__((noinline)) CUresult mem_free_driver(CUdeviceptr dptr)
+{
+    struct passthru_free f;
+    passthru_free_begin(&f, dptr);
+    CUresult r = cuheap_drv.cuMemFree_v2(dptr);
+    return passthru_free_end(&f, r, dptr, CUHEAP_API_MEM_ALLOC, 0);
+}
+
 CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     ENTER(cuMemFree_v2);
@@ -402,7 +448,7 @@ CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     int freed = pool_free(dptr, 0, CUHEAP_API_MEM_ALLOC);
     if (freed)
         LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
-    PASSTHRU_FREE(dptr, CUHEAP_API_MEM_ALLOC, 0, cuheap_drv.cuMemFree_v2(dptr));
+    LEAVE(mem_free_driver(dptr));
 }
 
 /* Stream-ordered allocations belong to the driver's own pools; they pass through. */
@@ -555,14 +601,14 @@ CUHEAP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     struct cuheap_addr_entry e;
     int dev = cuheap_addrmap_get(&cuheap_passthru, VMM_KEY(h), &e) == 0 ? e.device : -1;
     record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0,
-                 cuheap_seq_next());
+                 event_seq());
     LEAVE(r);
 }
 
 CUHEAP_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     ENTER(cuMemUnmap);
-    uint64_t seq = cuheap_seq_next();
+    uint64_t seq = event_seq();
     CUresult r = cuheap_drv.cuMemUnmap(ptr, size);
     if (!active || r != CUDA_SUCCESS)
         LEAVE(r);
@@ -887,7 +933,7 @@ static void remap(void **pfn)
 CUHEAP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
                                            cuuint64_t flags, CUdriverProcAddressQueryResult *st)
 {
-    atomic_fetch_add_explicit(&calls[H_cuGetProcAddress_v2], 1, memory_order_relaxed);
+    COUNT_CALL(cuGetProcAddress_v2);
     if (cuheap_driver_load() || !cuheap_drv.cuGetProcAddress_v2)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = cuheap_drv.cuGetProcAddress_v2(symbol, pfn, version, flags, st);
@@ -899,7 +945,7 @@ CUHEAP_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int v
 CUHEAP_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
                                         cuuint64_t flags)
 {
-    atomic_fetch_add_explicit(&calls[H_cuGetProcAddress], 1, memory_order_relaxed);
+    COUNT_CALL(cuGetProcAddress);
     if (cuheap_driver_load() || !cuheap_drv.cuGetProcAddress)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = cuheap_drv.cuGetProcAddress(symbol, pfn, version, flags);
@@ -951,7 +997,7 @@ CUHEAP_API uint64_t cuheap_call_count(const char *entry_point)
 {
     for (int i = 0; entry_point && i < NR_HOOKS; i++)
         if (!strcmp(hooks[i].name, entry_point))
-            return atomic_load(&calls[i]);
+            return (uint64_t)cuheap_counters_sum(CUHEAP_CTR_CALLS + (unsigned)i);
     return 0;
 }
 

@@ -25,12 +25,15 @@
 
 struct cuheap_config cuheap_cfg;
 struct cuheap_addrmap cuheap_passthru;
-_Atomic uint64_t cuheap_nr_allocs, cuheap_nr_frees, cuheap_nr_passthrough, cuheap_nr_ooms;
+_Atomic uint64_t cuheap_nr_passthrough, cuheap_nr_ooms;
+atomic_bool cuheap_booted;
+
+_Static_assert(CUHEAP_NR_MAX_DEVICES == CUHEAP_NR_COUNTED_DEVICES,
+               "each device record has its pending-live counter");
 
 __thread int cuheap_busy __attribute__((tls_model("initial-exec")));
 
 static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
-static atomic_bool booted;
 static atomic_bool boot_tried; /* boot() ran, whatever its outcome */
 static struct cuheap_device devices[CUHEAP_NR_MAX_DEVICES];
 static _Atomic unsigned nr_devices;
@@ -55,7 +58,7 @@ static void summary(void);
 
 static void at_exit(void)
 {
-    if (!atomic_load(&booted))
+    if (!atomic_load(&cuheap_booted))
         return;
     bool idle_child = cuheap_recorder_idle_child();
     cuheap_audit_stop(); /* its misses and verdict go into the trace before it closes */
@@ -117,8 +120,8 @@ static void fork_child(void)
     pthread_mutex_init(&capture_lock, NULL);
     pthread_mutex_init(&cuheap_streams_gate, NULL); /* pool locks: cuheap_pool_forget() */
     pthread_mutex_init(&cuheap_passthru.lock, NULL);
-    atomic_store(&cuheap_nr_allocs, 0);
-    atomic_store(&cuheap_nr_frees, 0);
+    /* the allocation and free counts and every thread's pending live bytes start over */
+    cuheap_counters_atfork_child(CUHEAP_CTR_ALLOCS, CUHEAP_CTR_LIVE + CUHEAP_NR_COUNTED_DEVICES);
     atomic_store(&cuheap_nr_passthrough, 0);
     atomic_store(&cuheap_nr_ooms, 0);
     cuheap_audit_atfork_child();
@@ -139,7 +142,7 @@ static void boot(void)
     cuheap_recorder_start(&cuheap_cfg);
     pthread_atfork(fork_prepare, fork_parent, fork_child);
     atexit(at_exit);
-    atomic_store(&booted, true);
+    atomic_store(&cuheap_booted, true);
     /* After booted: CUPTI's set-up may start threads that reach a hook, which must not wait
      * for this pthread_once to finish. */
     cuheap_audit_start(&cuheap_cfg);
@@ -165,18 +168,18 @@ static void *boot_once_now(void *arg)
     return NULL;
 }
 
-bool cuheap_boot(void)
+bool cuheap_boot_slow(void)
 {
-    if (__builtin_expect(atomic_load_explicit(&booted, memory_order_acquire), 1))
-        return !cuheap_busy;
+    if (cuheap_busy)
+        return false;
     if (!atomic_load(&boot_tried))
         unsignalled(boot_once_now, NULL);
-    return atomic_load(&booted) && !cuheap_busy;
+    return atomic_load(&cuheap_booted) && !cuheap_busy;
 }
 
 bool cuheap_boot_if_cuda(void)
 {
-    if (atomic_load_explicit(&booted, memory_order_acquire))
+    if (atomic_load_explicit(&cuheap_booted, memory_order_acquire))
         return true;
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (!h)
@@ -204,7 +207,7 @@ static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
     if (n->type == CUHEAP_EV_ARENA_GROW) {
         struct cuheap_device *d = cuheap_device_of_pool(p);
         /* d->reserved was moved by the pool itself; only the peak needs a look */
-        cuheap_account(d, 0, 0);
+        cuheap_account_now(d, 0, 0);
     }
 }
 
@@ -223,6 +226,7 @@ static struct cuheap_device *create_device_locked(CUcontext ctx)
     if (cuheap_drv.cuDeviceGetName)
         cuheap_drv.cuDeviceGetName(name, sizeof(name), dev);
     d->ordinal = (int)dev;
+    d->index = n;
     d->total = total;
     d->limit = cuheap_cfg.limit_permille ? (uint64_t)total / 1000 * cuheap_cfg.limit_permille
                                          : cuheap_cfg.limit_bytes;
@@ -236,11 +240,14 @@ static struct cuheap_device *create_device_locked(CUcontext ctx)
     return d;
 }
 
-struct cuheap_device *cuheap_device_current(void)
+/* The calling thread's last answer: the driver is still asked for the current context on
+ * every call (programs switch contexts behind our back), the table only when it changed. A
+ * retired record's ctx is NULL, so it never matches again. */
+static __thread CUcontext last_ctx __attribute__((tls_model("initial-exec")));
+static __thread struct cuheap_device *last_device __attribute__((tls_model("initial-exec")));
+
+static struct cuheap_device *device_lookup(CUcontext ctx)
 {
-    CUcontext ctx = NULL;
-    if (cuheap_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
-        return NULL;
     unsigned n = atomic_load_explicit(&nr_devices, memory_order_acquire);
     for (unsigned i = 0; i < n; i++)
         if (atomic_load_explicit(&devices[i].ctx, memory_order_relaxed) == ctx)
@@ -262,6 +269,29 @@ struct cuheap_device *cuheap_device_current(void)
         cuheap_log("CUHEAP_POOL_INIT: could only reserve %" PRIu64 " bytes on device %d",
                    (uint64_t)atomic_load(&d->reserved), d->ordinal);
     return d;
+}
+
+/* cuheap_device_current() when the thread's context changed: look it up and remember it. */
+static __attribute__((noinline)) struct cuheap_device *device_changed(CUcontext ctx)
+{
+    struct cuheap_device *d = device_lookup(ctx);
+    if (d) {
+        last_ctx = ctx;
+        last_device = d;
+    }
+    return d;
+}
+
+struct cuheap_device *cuheap_device_current(void)
+{
+    CUcontext ctx = NULL;
+    if (cuheap_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return NULL;
+    struct cuheap_device *d = last_device;
+    if (__builtin_expect(ctx == last_ctx && d, 1) &&
+        atomic_load_explicit(&d->ctx, memory_order_acquire) == ctx)
+        return d;
+    return device_changed(ctx);
 }
 
 struct cuheap_device *cuheap_device_by_ctx(CUcontext ctx)
@@ -305,7 +335,7 @@ static void raise_peak(_Atomic uint64_t *peak, uint64_t v)
         ;
 }
 
-void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved)
+void cuheap_account_now(struct cuheap_device *d, int64_t live, int64_t reserved)
 {
     if (!d)
         return;
@@ -313,9 +343,23 @@ void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved)
         atomic_fetch_add_explicit(&d->live, (uint64_t)live, memory_order_relaxed) + (uint64_t)live;
     uint64_t r = atomic_fetch_add_explicit(&d->reserved, (uint64_t)reserved, memory_order_relaxed) +
                  (uint64_t)reserved;
-    if (live > 0)
+    if (live > 0 && (int64_t)l > 0) /* below 0: frees added before their allocations */
         raise_peak(&d->peak_live, l);
     raise_peak(&d->peak_reserved, r);
+}
+
+uint64_t cuheap_device_live(struct cuheap_device *d)
+{
+    int64_t live = (int64_t)atomic_load_explicit(&d->live, memory_order_relaxed) +
+                   cuheap_counters_sum(CUHEAP_CTR_LIVE + d->index);
+    return live > 0 ? (uint64_t)live : 0;
+}
+
+/* The peak live of d, at least what is live now (which a thread may still hold back). */
+static uint64_t device_peak_live(struct cuheap_device *d)
+{
+    uint64_t peak = atomic_load(&d->peak_live), live = cuheap_device_live(d);
+    return live > peak ? live : peak;
 }
 
 void cuheap_capture_changed(CUstream s, bool begin)
@@ -367,16 +411,16 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
         struct cuheap_device *d = &devices[i];
         struct cuheap_pool_stats ps;
         cuheap_pool_get_stats(&d->pool, &ps);
-        s.live_bytes += atomic_load(&d->live);
-        s.peak_live_bytes += atomic_load(&d->peak_live);
+        s.live_bytes += cuheap_device_live(d);
+        s.peak_live_bytes += device_peak_live(d);
         s.reserved_bytes += atomic_load(&d->reserved);
         s.peak_reserved_bytes += atomic_load(&d->peak_reserved);
         s.nr_pool_hits += ps.nr_hits;
         s.nr_pool_misses += ps.nr_misses;
         s.nr_arenas += ps.nr_arenas;
     }
-    s.nr_allocs = atomic_load(&cuheap_nr_allocs);
-    s.nr_frees = atomic_load(&cuheap_nr_frees);
+    s.nr_allocs = (uint64_t)cuheap_counters_sum(CUHEAP_CTR_ALLOCS);
+    s.nr_frees = (uint64_t)cuheap_counters_sum(CUHEAP_CTR_FREES);
     s.nr_passthrough = atomic_load(&cuheap_nr_passthrough);
     s.nr_ooms = atomic_load(&cuheap_nr_ooms);
     struct cuheap_recorder_stats rs;
@@ -415,7 +459,7 @@ static void summary(void)
         struct cuheap_pool_stats ps;
         cuheap_pool_get_stats(&d->pool, &ps);
         char pl[32], pr[32];
-        uint64_t peak_live = atomic_load(&d->peak_live), peak_res = atomic_load(&d->peak_reserved);
+        uint64_t peak_live = device_peak_live(d), peak_res = atomic_load(&d->peak_reserved);
         cuheap_format_size(peak_live, pl, sizeof(pl));
         cuheap_format_size(peak_res, pr, sizeof(pr));
         uint64_t tries = ps.nr_hits + ps.nr_misses;
