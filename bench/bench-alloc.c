@@ -10,14 +10,23 @@
  *                                default pool (release threshold raised)
  *   bench-alloc mix-sync|mix-async : log-uniform sizes 512 B..64 MiB, random lifetimes
  *   bench-alloc replay-sync|replay-async TRACE : the alloc/free sequence of a cuheap trace
+ *   bench-alloc threads N SIZE... : N threads at once, each doing cuMemAlloc/cuMemFree pairs of
+ *                                SIZE, against one thread in the same run: "ns_per_pair" is
+ *                                what a pair costs a core (wall time x the cores the N threads
+ *                                could use / all their pairs), "cpu_ns_per_pair" the threads'
+ *                                own CPU time a pair; ratio = ns_per_pair / one_thread_ns (1.0:
+ *                                perfect scaling; with more threads than cores, contention and
+ *                                lock waits still show, the oversubscription itself does not)
  *
  * Output: one line per case, "case=... ns_per_pair=... pairs=...", median of 7 repetitions
  * after a warm-up.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define DOOR_PROCADDR 1
 #include "../tests/programs/driver_api.h"
@@ -180,6 +189,108 @@ static double time_replay(const char *path, size_t *ret_pairs)
     return n ? (double)t[2] / (double)n : 0;
 }
 
+/* ---- threads: N at once against one ---- */
+
+struct threads_run {
+    size_t size;
+    int pairs; /* per thread */
+    CUcontext ctx;
+    pthread_barrier_t start;
+    uint64_t cpu_ns[256]; /* each thread's CPU time for its pairs */
+};
+
+struct worker {
+    struct threads_run *run;
+    int index;
+};
+
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *pair_worker(void *arg)
+{
+    struct worker *w = arg;
+    struct threads_run *t = w->run;
+    check(cu.cuCtxSetCurrent(t->ctx), "cuCtxSetCurrent");
+    for (int i = 0; i < t->pairs / 10 + 1; i++)
+        do_free(do_alloc(t->size)); /* warm-up: this thread's caches and counters */
+    pthread_barrier_wait(&t->start);
+    uint64_t c0 = thread_cpu_ns();
+    for (int i = 0; i < t->pairs; i++)
+        do_free(do_alloc(t->size));
+    t->cpu_ns[w->index] = thread_cpu_ns() - c0;
+    return NULL;
+}
+
+/* One timed run of n threads; returns the wall-clock ns from the start to the last finish. */
+static uint64_t threads_once(struct threads_run *t, int n, double *ret_cpu_ns)
+{
+    pthread_t tid[256];
+    struct worker w[256];
+    pthread_barrier_init(&t->start, NULL, (unsigned)n + 1);
+    for (int i = 0; i < n; i++) {
+        w[i] = (struct worker){t, i};
+        if (pthread_create(&tid[i], NULL, pair_worker, &w[i])) {
+            fprintf(stderr, "bench-alloc: cannot start thread %d\n", i);
+            exit(1);
+        }
+    }
+    pthread_barrier_wait(&t->start);
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < n; i++)
+        pthread_join(tid[i], NULL);
+    uint64_t wall = now_ns() - t0;
+    pthread_barrier_destroy(&t->start);
+    uint64_t cpu = 0;
+    for (int i = 0; i < n; i++)
+        cpu += t->cpu_ns[i];
+    *ret_cpu_ns = (double)cpu / ((double)n * t->pairs);
+    return wall;
+}
+
+/* Per pair, median of 5 runs: what a pair costs a core with n threads, and their CPU time. */
+static double time_threads(struct threads_run *t, int n, double *ret_cpu_ns)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int used = cores > 0 && cores < n ? (int)cores : n;
+    double ns[5], cpu[5];
+    for (int r = 0; r < 5; r++)
+        ns[r] = (double)threads_once(t, n, &cpu[r]) * used / ((double)n * t->pairs);
+    for (int i = 1; i < 5; i++) /* insertion sort of the pairs (ns, cpu) by ns */
+        for (int j = i; j > 0 && ns[j] < ns[j - 1]; j--) {
+            double a = ns[j], b = cpu[j];
+            ns[j] = ns[j - 1];
+            cpu[j] = cpu[j - 1];
+            ns[j - 1] = a;
+            cpu[j - 1] = b;
+        }
+    *ret_cpu_ns = cpu[2];
+    return ns[2];
+}
+
+static void run_threads(const char *label, int n, int argc, char **argv)
+{
+    struct threads_run t = {0};
+    check(cu.cuCtxGetCurrent(&t.ctx), "cuCtxGetCurrent");
+    for (int i = 0; i < argc; i++) {
+        t.size = strtoull(argv[i], NULL, 0);
+        t.pairs = t.size >= (1u << 20) ? 20000 : 100000;
+        if (getenv("BENCH_PAIRS"))
+            t.pairs = atoi(getenv("BENCH_PAIRS"));
+        double cpu1, cpun;
+        double one = time_threads(&t, 1, &cpu1);
+        double many = time_threads(&t, n, &cpun);
+        printf("config=%s case=threads%d-%zu ns_per_pair=%.1f one_thread_ns=%.1f ratio=%.2f "
+               "cpu_ns_per_pair=%.1f one_thread_cpu_ns=%.1f pairs=%d\n",
+               label, n, t.size, many, one, one > 0 ? many / one : 0.0, cpun, cpu1, t.pairs);
+        fflush(stdout);
+    }
+}
+
 static int run(int argc, char **argv);
 
 /* BENCH_DEPTH=N runs the benchmark N calls deep, so recorded stacks have about N frames. */
@@ -200,7 +311,7 @@ static int run(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: bench-alloc sync|async SIZE... | mix-sync|mix-async | "
-                        "replay-sync|replay-async TRACE\n");
+                        "replay-sync|replay-async TRACE | threads N SIZE...\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -225,7 +336,14 @@ static int run(int argc, char **argv)
             set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
     }
     const char *label = getenv("BENCH_LABEL") ? getenv("BENCH_LABEL") : mode;
-    if (!strncmp(mode, "mix", 3)) {
+    if (!strcmp(mode, "threads")) {
+        int n = argc > 2 ? atoi(argv[2]) : 0;
+        if (n < 1 || n > 256 || argc < 4) {
+            fprintf(stderr, "bench-alloc: threads N SIZE... (N from 1 to 256)\n");
+            return 2;
+        }
+        run_threads(label, n, argc - 3, argv + 3);
+    } else if (!strncmp(mode, "mix", 3)) {
         printf("config=%s case=mix ns_per_op=%.1f ops=%d\n", label, time_mix(20000), 20000);
     } else if (!strncmp(mode, "replay", 6)) {
         if (argc < 3)

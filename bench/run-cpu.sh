@@ -19,15 +19,29 @@ for cfg in "raw" "norecord CUHEAP_RECORD=0" "immediate CUHEAP_RECORD=0 CUHEAP_RE
         env "$@" LD_PRELOAD=$pre BENCH_LABEL=$label "$b/bench/bench-alloc" sync 512 1048576 2097152
     fi
 done
-echo "## instructions per 512 B pair (callgrind, CUHEAP_REUSE=immediate, recording off)"
-for n in 20000 40000; do
-    env LD_PRELOAD=$pre CUHEAP_RECORD=0 CUHEAP_REUSE=immediate BENCH_PAIRS=$n \
-        valgrind --tool=callgrind --callgrind-out-file=/tmp/cuheap-cg.$n "$b/bench/bench-alloc" sync 512 >/dev/null 2>&1
+# Instructions per pair from callgrind: the difference of two runs leaves out start-up
+# (8 timed repetitions of n pairs each). Arguments: size, then settings.
+per_pair() {
+    local size=$1 n a c
+    shift
+    for n in 4000 8000; do
+        env "$@" LD_PRELOAD=$pre BENCH_PAIRS=$n valgrind --tool=callgrind \
+            --callgrind-out-file=/tmp/cuheap-cg.$n "$b/bench/bench-alloc" sync "$size" >/dev/null 2>&1
+    done
+    a=$(grep -m1 '^summary:' /tmp/cuheap-cg.4000 | awk '{print $2}')
+    c=$(grep -m1 '^summary:' /tmp/cuheap-cg.8000 | awk '{print $2}')
+    rm -f /tmp/cuheap-cg.4000 /tmp/cuheap-cg.8000
+    echo $(( (c - a) / (8 * 4000) ))
+}
+echo "## instructions per pair (callgrind, recording off)"
+echo "case=immediate-512 instructions_per_pair=$(per_pair 512 CUHEAP_RECORD=0 CUHEAP_REUSE=immediate)"
+for size in 512 2097152 20971520; do
+    echo "case=default-$size instructions_per_pair=$(per_pair $size CUHEAP_RECORD=0)"
 done
-a=$(grep -m1 '^summary:' /tmp/cuheap-cg.20000 | awk '{print $2}')
-c=$(grep -m1 '^summary:' /tmp/cuheap-cg.40000 | awk '{print $2}')
-# the difference of two runs leaves out start-up: 8 timed repetitions of n pairs each
-echo "instructions_per_pair=$(( (c - a) / (8 * 20000) ))"
+echo "## threads at once against one (recording off; ratio 1.0 = perfect scaling; $(nproc) cores here)"
+for n in 2 16; do
+    env LD_PRELOAD=$pre CUHEAP_RECORD=0 BENCH_LABEL=norecord "$b/bench/bench-alloc" threads $n 512 2097152
+done
 echo "## ring and stacks"
 "$b/bench/bench-ring"
 echo "## recording, part by part (bench-record parts: full walk and shortcut side by side)"
