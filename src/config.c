@@ -238,6 +238,10 @@ static const struct option options[] = {
     {"CUHEAP_VMM_CHUNK", "8M",
      "vmm: most physical memory mapped in one piece (fewer driver calls, but held whole)",
      parse_bytes, FIELD(vmm_chunk), 2 * MIB, 1 * GIB, NULL},
+    {"CUHEAP_THREAD_CACHE", "16M",
+     "per thread and device: bytes of ready blocks kept for that thread alone, served without a "
+     "lock (0: every allocation takes the pool's lock)",
+     parse_bytes, FIELD(thread_cache), 0, 1 * GIB, NULL},
     {"CUHEAP_FENCE_BATCH", "64", "frees collected before a fence is recorded", parse_uint,
      FIELD(fence_batch), 1, 1u << 20, NULL},
     {"CUHEAP_LIMIT", "none", "per-device limit: bytes (K/M/G) or a percentage of the device",
@@ -341,6 +345,7 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_REUSE=%s", reuse_names[cfg->reuse]);
     EMIT("CUHEAP_BACKING=%s", backing_names[cfg->backing]);
     EMIT("CUHEAP_VMM_CHUNK=%" PRIu64, cfg->vmm_chunk);
+    EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);
     EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
     if (cfg->limit_permille)
         EMIT("CUHEAP_LIMIT=%u.%u%%", cfg->limit_permille / 10, cfg->limit_permille % 10);

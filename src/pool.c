@@ -147,7 +147,9 @@ static uint32_t unit_of(const struct cuheap_arena *a, uint64_t addr)
 }
 
 /* Arena structs are never unmapped: a lock-free reader of the map may still hold one. A
- * released arena has buddy.size == 0, which map_lookup() rejects. */
+ * released arena has buddy.size == 0, which map_lookup() rejects. Its per-unit arrays stay
+ * mapped, emptied (address space only), for a thread cache's free racing with the release: it
+ * reads a size of 0 there and leaves the answer to the pool. */
 static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t size)
 {
     struct cuheap_arena *a =
@@ -183,11 +185,8 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
 
 static void arena_retire(struct cuheap_arena *a)
 {
-    munmap(a->block_size, a->meta_bytes);
-    a->block_size = a->buffer_id = a->link = a->extent = NULL;
-    a->granules = NULL;
-    a->chunks = NULL;
-    cuheap_buddy_destroy(&a->buddy); /* size becomes 0 */
+    madvise(a->block_size, a->meta_bytes, MADV_DONTNEED); /* reads as zeros from now on */
+    cuheap_buddy_destroy(&a->buddy);                      /* size becomes 0 */
 }
 
 static void note(struct cuheap_pool *p, int type, uint64_t ptr, uint64_t size, uint64_t aux,
@@ -212,6 +211,8 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->device_reserved = device_reserved;
     p->note = note_fn;
     p->next_buffer_id = 1;
+    static _Atomic uint64_t nr_pools;
+    p->gen = atomic_fetch_add(&nr_pools, 1) + 1;
     p->min_order = 63u - (unsigned)__builtin_clzll(cfg->min_block);
     p->vmm = cfg->backing == CUHEAP_BACKING_VMM && be->granule && be->va_reserve && be->va_free &&
              be->phys_create && be->phys_release && be->phys_map && be->phys_unmap;
@@ -219,6 +220,8 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->chunk_max =
         p->vmm && cfg->vmm_chunk > be->granule ? (uint32_t)(cfg->vmm_chunk >> p->granule_shift) : 1;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
+    /* under CUHEAP_RELEASE=empty a block goes back as soon as it can: none are kept aside */
+    p->tc_bytes = cfg->release == CUHEAP_RELEASE_EMPTY ? 0 : cfg->thread_cache;
     return 0;
 }
 
@@ -618,12 +621,25 @@ static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret
     return -ENOMEM;
 }
 
+/* Buffer ids: the top bit, the device, then a count per pool. */
+static uint64_t buffer_id_prefix(const struct cuheap_pool *p)
+{
+    return (1ull << 63) | ((uint64_t)(p->device & 0x7fff) << 48);
+}
+
+/* The first of n fresh buffer-id counts (thread caches take them without p->lock). */
+static uint64_t next_buffer_ids(struct cuheap_pool *p, uint64_t n)
+{
+    return atomic_fetch_add_explicit(&p->next_buffer_id, n, memory_order_relaxed);
+}
+
 static void mark_live_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
                              uint64_t size, uint64_t block)
 {
     uint32_t u = unit_of(a, ptr);
-    a->block_size[u] = size;
-    a->buffer_id[u] = (1ull << 63) | ((uint64_t)(p->device & 0x7fff) << 48) | p->next_buffer_id++;
+    __atomic_store_n(&a->block_size[u], size, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->buffer_id[u], buffer_id_prefix(p) | next_buffer_ids(p, 1),
+                     __ATOMIC_RELAXED);
     p->st.live += size;
     p->st.live_blocks += block;
 }
@@ -641,7 +657,7 @@ static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
  * else merged into its arena. */
 static void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr)
 {
-    cuheap_assert(a && a->block_size[unit_of(a, ptr)] == 0);
+    cuheap_assert(a && __atomic_load_n(&a->block_size[unit_of(a, ptr)], __ATOMIC_RELAXED) == 0);
     if (p->vmm)
         unuse_granules_locked(p, a, ptr);
     int order = cuheap_buddy_order_at(&a->buddy, ptr);
@@ -851,13 +867,16 @@ struct acquire {
     bool fenced; /* the open epoch was closed for this allocation already */
 };
 
-/* Put every block freed but not yet behind a fence (open epoch, stream caches) behind one, once
- * per allocation. Returns whether it did so now. */
+static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool pend_only);
+
+/* Put every block freed but not yet behind a fence (thread caches, open epoch, stream caches)
+ * behind one, once per allocation. Returns whether it did so now. */
 static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq)
 {
     if (acq->fenced)
         return false;
     acq->fenced = true;
+    tc_drain_all_locked(p, true);
     flush_stream_caches_locked(p);
     close_epoch_locked(p);
     return true;
@@ -1073,6 +1092,323 @@ static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t 
         close_epoch_locked(p);
 }
 
+/* ---- thread caches ---- */
+
+/* Per-unit sizes and ids are written by thread caches without p->lock: relaxed atomics, so a
+ * query racing with an allocation reads one value or the other, never a torn one. */
+static uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
+{
+    return __atomic_load_n(&a->block_size[u], __ATOMIC_RELAXED);
+}
+
+#define TC_PER_ORDER 16 /* ready blocks of one order at most */
+#define TC_PEND_MAX  32 /* frees collected before they go to the pool's open epoch */
+#define TC_REFILL    8  /* ready blocks taken at once from the pool's quick list */
+#define TC_IDS       256
+#define TC_SLOTS     4 /* pools (devices) a thread keeps a cache for */
+
+struct tc_block {
+    uint64_t ptr;
+    struct cuheap_arena *arena;
+};
+
+struct cuheap_tcache {
+    _Atomic int lock;
+    struct cuheap_pool *pool;
+    uint64_t gen;               /* pool->gen when made: a pool set up again is another pool */
+    struct cuheap_tcache *next; /* on pool->tcaches (p->lock) */
+    struct tc_block ready[CUHEAP_NR_ORDERS][TC_PER_ORDER];
+    uint8_t nr_ready[CUHEAP_NR_ORDERS];
+    uint64_t ready_bytes;
+    struct tc_block pend[TC_PEND_MAX];
+    uint32_t nr_pend;
+    uint64_t pend_bytes;
+    int64_t live, live_blocks; /* not yet folded into pool->st */
+    uint64_t nr_hits;
+    uint64_t next_id, end_id; /* buffer ids this thread may hand out */
+};
+
+static __thread struct cuheap_tcache *tc_slot[TC_SLOTS] __attribute__((tls_model("initial-exec")));
+static pthread_key_t tc_key;
+static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
+
+static void tc_lock(struct cuheap_tcache *tc)
+{
+    while (atomic_exchange_explicit(&tc->lock, 1, memory_order_acquire))
+        sched_yield(); /* a drainer holds it: trim, out of memory, stats */
+}
+
+static void tc_unlock(struct cuheap_tcache *tc)
+{
+    atomic_store_explicit(&tc->lock, 0, memory_order_release);
+}
+
+static struct cuheap_tcache *tc_find(const struct cuheap_pool *p)
+{
+    for (unsigned i = 0; i < TC_SLOTS; i++)
+        if (tc_slot[i] && tc_slot[i]->pool == p && tc_slot[i]->gen == p->gen)
+            return tc_slot[i];
+    return NULL;
+}
+
+static void tc_fold_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
+{
+    p->st.live += (uint64_t)tc->live;
+    p->st.live_blocks += (uint64_t)tc->live_blocks;
+    p->st.nr_hits += tc->nr_hits;
+    tc->live = tc->live_blocks = 0;
+    tc->nr_hits = 0;
+}
+
+/* Take everything out of a cache (p->lock held, the cache's lock not): ready blocks go back to
+ * the pool, freed ones behind the open epoch (or straight back under CUHEAP_REUSE=immediate).
+ * With pend_only, the ready blocks stay. Returns how many blocks moved. */
+static unsigned tc_drain_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, bool pend_only)
+{
+    struct tc_block pend[TC_PEND_MAX], ready[TC_PER_ORDER];
+    tc_lock(tc);
+    tc_fold_locked(p, tc);
+    uint32_t nr_pend = tc->nr_pend;
+    memcpy(pend, tc->pend, nr_pend * sizeof(pend[0]));
+    tc->nr_pend = 0;
+    tc->pend_bytes = 0;
+    tc_unlock(tc);
+    unsigned n = nr_pend;
+    for (uint32_t i = 0; i < nr_pend; i++) {
+        struct cuheap_arena *a = pend[i].arena;
+        if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE)
+            return_block_locked(p, a, pend[i].ptr);
+        else
+            pend_locked(p, a, pend[i].ptr, 1ull << cuheap_buddy_order_at(&a->buddy, pend[i].ptr));
+    }
+    for (unsigned o = 0; !pend_only && o < CUHEAP_NR_ORDERS; o++) {
+        tc_lock(tc);
+        uint8_t nr = tc->nr_ready[o];
+        memcpy(ready, tc->ready[o], nr * sizeof(ready[0]));
+        tc->nr_ready[o] = 0;
+        tc->ready_bytes -= (uint64_t)nr << o;
+        tc_unlock(tc);
+        /* merged, not kept whole on a quick list: a drain is for others to find room */
+        for (uint8_t i = 0; i < nr; i++) {
+            if (p->vmm)
+                unuse_granules_locked(p, ready[i].arena, ready[i].ptr);
+            merge_block_locked(p, ready[i].arena, ready[i].ptr);
+        }
+        n += nr;
+    }
+    return n;
+}
+
+/* Every thread's cache drained (out of memory, trim). Returns how many blocks moved. */
+static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool pend_only)
+{
+    unsigned n = 0;
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
+        n += tc_drain_locked(p, tc, pend_only);
+    return n;
+}
+
+/* A thread ends: its caches go back to their pools. */
+static void tc_thread_exit(void *arg)
+{
+    (void)arg;
+    for (unsigned i = 0; i < TC_SLOTS; i++) {
+        struct cuheap_tcache *tc = tc_slot[i];
+        if (!tc)
+            continue;
+        struct cuheap_pool *p = tc->pool;
+        pthread_mutex_lock(&p->lock);
+        bool listed = false;
+        for (struct cuheap_tcache **pp = &p->tcaches; *pp; pp = &(*pp)->next)
+            if (*pp == tc) {
+                *pp = tc->next;
+                listed = true;
+                break;
+            }
+        if (listed) /* else the pool was set up again: what the cache held went with it */
+            tc_drain_locked(p, tc, false);
+        pthread_mutex_unlock(&p->lock);
+        tc_slot[i] = NULL;
+        free(tc);
+    }
+}
+
+static void tc_make_key(void)
+{
+    if (pthread_key_create(&tc_key, tc_thread_exit))
+        cuheap_log("thread caches: no thread key; a thread's cache is kept after it ends");
+}
+
+/* The calling thread's cache of p, made on first use (p->lock held); NULL when caches are off,
+ * the thread has caches for TC_SLOTS other pools already, or memory is short. */
+static struct cuheap_tcache *tc_get_locked(struct cuheap_pool *p)
+{
+    struct cuheap_tcache *tc = tc_find(p);
+    if (tc || !p->tc_bytes)
+        return tc;
+    for (unsigned i = 0; i < TC_SLOTS; i++) {
+        if (tc_slot[i] && tc_slot[i]->pool == p) {
+            memset(tc_slot[i], 0, sizeof(*tc)); /* left from before p was set up again */
+            tc = tc_slot[i];
+        } else if (!tc_slot[i]) {
+            tc = calloc(1, sizeof(*tc));
+            if (!tc)
+                return NULL;
+        } else {
+            continue;
+        }
+        pthread_once(&tc_key_once, tc_make_key);
+        pthread_setspecific(tc_key, tc_slot); /* any non-NULL value: the destructor runs */
+        tc->pool = p;
+        tc->gen = p->gen;
+        tc->next = p->tcaches;
+        p->tcaches = tc;
+        tc_slot[i] = tc;
+        return tc;
+    }
+    return NULL;
+}
+
+/* Hand the thread's freed blocks to the pool (they wait for the fence there). */
+static void tc_flush(struct cuheap_pool *p, struct cuheap_tcache *tc)
+{
+    pthread_mutex_lock(&p->lock);
+    tc_drain_locked(p, tc, true);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Fill the cache with up to TC_REFILL more ready blocks of the order just allocated, from the
+ * pool's quick list, where they need no driver call (vmm: their granules are mapped), and hold
+ * their memory for size bytes as the block just allocated does (p->lock held). */
+static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, unsigned order,
+                             uint64_t size)
+{
+    struct cuheap_quick *q = &p->quick[order];
+    struct tc_block got[TC_REFILL];
+    unsigned n = 0;
+    tc_lock(tc);
+    unsigned room = TC_PER_ORDER - tc->nr_ready[order];
+    uint64_t bytes = tc->ready_bytes;
+    tc_unlock(tc);
+    /* Small blocks also come from the arenas when the list is out (a fence has not passed yet
+     * for the ones this thread freed): splitting is cheap at that size. */
+    bool split = order <= CUHEAP_QUICK_MAX_ORDER && (!p->vmm || order < p->granule_shift);
+    while (n < TC_REFILL && n < room && (q->head || split) &&
+           bytes + (1ull << order) <= p->tc_bytes) {
+        uint64_t ptr, block;
+        struct cuheap_arena *a;
+        if (q->head) {
+            ptr = q->head;
+            a = map_lookup(ptr);
+            if (p->vmm && !block_mapped_locked(p, a, ptr, size))
+                break;
+            q->head = a->link[unit_of(a, ptr)];
+            q->nr--;
+            p->quick_bytes -= 1ull << order;
+        } else if (take_block_locked(p, size, &ptr, &block, &a)) {
+            break;
+        } else if (p->vmm && !block_mapped_locked(p, a, ptr, size)) {
+            merge_block_locked(p, a, ptr);
+            break;
+        }
+        struct acquire acq = {true}; /* mapped: no fence, no driver call */
+        if (p->vmm && use_granules_locked(p, a, ptr, size, &acq)) {
+            merge_block_locked(p, a, ptr);
+            break;
+        }
+        got[n++] = (struct tc_block){ptr, a};
+        bytes += 1ull << order;
+    }
+    if (!n)
+        return;
+    tc_lock(tc);
+    memcpy(&tc->ready[order][tc->nr_ready[order]], got, n * sizeof(got[0]));
+    tc->nr_ready[order] += (uint8_t)n;
+    tc->ready_bytes += (uint64_t)n << order;
+    tc_unlock(tc);
+}
+
+/* The fast allocation: a ready block of the right order from the thread's own cache. Returns
+ * 0, or -EAGAIN for the pool's path. */
+static int tc_alloc(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t size,
+                    uint64_t *ret_ptr, uint64_t *ret_block, uint64_t *ret_seq)
+{
+    unsigned order = order_of_size(p, size);
+    if (order >= CUHEAP_NR_ORDERS)
+        return -EAGAIN;
+    tc_lock(tc);
+    uint8_t nr = tc->nr_ready[order];
+    if (!nr) {
+        tc_unlock(tc);
+        return -EAGAIN;
+    }
+    struct tc_block b = tc->ready[order][nr - 1];
+    uint32_t u = unit_of(b.arena, b.ptr);
+    if (p->vmm && b.arena->extent[u] < size) {
+        tc_unlock(tc); /* its memory is held for a smaller request: the pool maps the rest */
+        return -EAGAIN;
+    }
+    tc->nr_ready[order] = nr - 1;
+    tc->ready_bytes -= 1ull << order;
+    if (tc->next_id == tc->end_id) {
+        tc->next_id = buffer_id_prefix(p) | next_buffer_ids(p, TC_IDS);
+        tc->end_id = tc->next_id + TC_IDS;
+    }
+    __atomic_store_n(&b.arena->block_size[u], size, __ATOMIC_RELAXED);
+    __atomic_store_n(&b.arena->buffer_id[u], tc->next_id++, __ATOMIC_RELAXED);
+    tc->live += (int64_t)size;
+    tc->live_blocks += (int64_t)(1ull << order);
+    tc->nr_hits++;
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
+    tc_unlock(tc);
+    *ret_ptr = b.ptr;
+    *ret_block = 1ull << order;
+    return 0;
+}
+
+/* The fast free: the block joins the thread's freed blocks (or, under CUHEAP_REUSE=immediate,
+ * its ready ones). Returns 0, or -EAGAIN for the pool's path (which also answers double
+ * frees). */
+static int tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ptr,
+                   uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
+{
+    struct cuheap_arena *a = map_lookup(ptr);
+    if (!a || a->pool != p || ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
+        return -EAGAIN;
+    uint32_t u = unit_of(a, ptr);
+    /* Whoever clears the size frees the block: a double free racing on two threads frees once. */
+    uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
+    if (!size)
+        return -EAGAIN;
+    int order = cuheap_buddy_order_at(&a->buddy, ptr); /* stable while the block was live */
+    if (order < 0)
+        return -EAGAIN; /* its arena died with its context meanwhile: not ours any more */
+    uint64_t block = 1ull << order;
+    tc_lock(tc);
+    tc->live -= (int64_t)size;
+    tc->live_blocks -= (int64_t)block;
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
+    bool full;
+    if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE && tc->nr_ready[order] < TC_PER_ORDER &&
+        tc->ready_bytes + block <= p->tc_bytes && (!p->vmm || a->extent[u] >= size)) {
+        tc->ready[order][tc->nr_ready[order]++] = (struct tc_block){ptr, a};
+        tc->ready_bytes += block;
+        full = false;
+    } else {
+        tc->pend[tc->nr_pend++] = (struct tc_block){ptr, a};
+        tc->pend_bytes += block;
+        full = tc->nr_pend == TC_PEND_MAX || tc->pend_bytes >= p->tc_bytes;
+    }
+    tc_unlock(tc);
+    *ret_size = size;
+    *ret_block = block;
+    if (full)
+        tc_flush(p, tc);
+    return 0;
+}
+
 /* Give every empty arena back (p->lock held on entry and exit, dropped around the driver
  * calls). Returns how many were released. */
 static unsigned release_empty_unlocked(struct cuheap_pool *p)
@@ -1141,11 +1477,32 @@ static void debug_check(struct cuheap_pool *p)
 
 /* ---- public ---- */
 
+/* The thread's cache after an allocation through the pool (p->lock held): made on first use,
+ * its counts folded in, buffer ids to hand out, and ready blocks of the order just served. */
+static void tc_after_alloc_locked(struct cuheap_pool *p, uint64_t size)
+{
+    struct cuheap_tcache *tc = tc_get_locked(p);
+    if (!tc)
+        return;
+    tc_lock(tc);
+    tc_fold_locked(p, tc);
+    tc_unlock(tc);
+    unsigned order = order_of_size(p, size);
+    if (order < CUHEAP_NR_ORDERS)
+        tc_refill_locked(p, tc, order, size);
+}
+
 int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
                       uint64_t *ret_block, uint64_t *ret_seq)
 {
     if (size == 0 || size > p->cfg->pool_max)
         return CUHEAP_POOL_PASS;
+    bool cached = !stream && p->tc_bytes;
+    if (cached && !__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED)) {
+        struct cuheap_tcache *tc = tc_find(p);
+        if (tc && tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0)
+            return 0;
+    }
     pthread_mutex_lock(&p->lock);
     if (p->nr_capturing && !stream) {
         pthread_mutex_unlock(&p->lock);
@@ -1153,8 +1510,8 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     }
     uint64_t ptr = 0, block = 0;
     struct cuheap_arena *arena = NULL;
-    int r = -ENOMEM;
-    bool missed = false;
+    int r = -ENOMEM, g = 0;
+    bool missed = false, drained = false;
     /* Same-stream reuse needs no fence: later work on that stream is ordered after the free. */
     struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, false) : NULL;
     if (sc) {
@@ -1169,11 +1526,16 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
             r = 0;
         }
     }
-    if (r && ++p->nr_since_poll >= 32) {
+    /* With thread caches, this path runs once per refill: blocks whose fence has passed are
+     * what refills come from, so look for them every time the quick list is out. */
+    if (r && (++p->nr_since_poll >= 32 ||
+              (cached && !p->quick[order_of_size(p, size) % CUHEAP_NR_ORDERS].head))) {
         p->nr_since_poll = 0;
         reclaim_locked(p);
     }
-    bool flushed = false, trimmed = false, from_cache = r == 0;
+    bool from_cache = r == 0;
+again:;
+    bool flushed = false, trimmed = false;
     while (r) {
         r = take_block_locked(p, size, &ptr, &block, &arena);
         if (r == 0)
@@ -1183,23 +1545,22 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
             continue;
         if (p->vmm) {
             /* out of address space only: more costs no device memory */
-            int g = grow_locked(p, size, false);
+            g = grow_locked(p, size, false);
             if (g == 0)
                 continue;
-            note(p, CUHEAP_EV_OOM, 0, size, p->st.reserved, p->limit);
-            pthread_mutex_unlock(&p->lock);
-            return -ENOMEM;
+            goto out_of_memory;
         }
         if (!flushed) {
-            /* Blocks waiting in the open epoch or in stream caches become reusable sooner
-             * behind a fence recorded now. */
+            /* Blocks waiting in thread caches, the open epoch or stream caches become
+             * reusable sooner behind a fence recorded now. */
             flushed = true;
+            tc_drain_all_locked(p, true);
             flush_stream_caches_locked(p);
             close_epoch_locked(p);
         }
         if (poll_oldest_locked(p))
             continue;
-        int g = grow_locked(p, size, false);
+        g = grow_locked(p, size, false);
         if (g == 0)
             continue;
         if (p->ep_head != p->ep_tail) {
@@ -1213,25 +1574,22 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
             if (release_empty_unlocked(p))
                 continue;
         }
-        note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved, p->limit);
-        pthread_mutex_unlock(&p->lock);
-        return -ENOMEM;
+        goto out_of_memory;
     }
     if (p->vmm && !from_cache)
         prefer_mapped_locked(p, size, &ptr, &block, &arena);
     if (p->vmm) {
         uint64_t before = p->st.nr_creates + p->st.nr_moves;
         struct acquire acq = {false};
-        int g = use_granules_locked(p, arena, ptr, size, &acq);
+        g = use_granules_locked(p, arena, ptr, size, &acq);
         if (g) {
             if (from_cache)
                 pend_locked(p, arena, ptr, block); /* reusable on its stream only: fence it */
             else
                 return_block_locked(p, arena, ptr);
-            note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved,
-                 p->limit);
-            pthread_mutex_unlock(&p->lock);
-            return -ENOMEM;
+            from_cache = false;
+            r = -ENOMEM;
+            goto out_of_memory;
         }
         missed = p->st.nr_creates + p->st.nr_moves != before; /* the driver was needed */
     }
@@ -1240,31 +1598,51 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     else
         p->st.nr_hits++;
     mark_live_locked(p, arena, ptr, size, block);
-    *ret_seq = cuheap_seq_next();
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
+    if (cached)
+        tc_after_alloc_locked(p, size);
     pthread_mutex_unlock(&p->lock);
     debug_check(p);
     *ret_ptr = ptr;
     *ret_block = block;
     return 0;
+out_of_memory:
+    /* Ready and freed blocks in every thread's cache go back before the answer is no. */
+    if (!drained) {
+        drained = true;
+        if (tc_drain_all_locked(p, false))
+            goto again;
+    }
+    note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved, p->limit);
+    pthread_mutex_unlock(&p->lock);
+    return -ENOMEM;
 }
 
 int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
                      uint64_t *ret_block, uint64_t *ret_seq)
 {
+    bool cached = !stream && p->tc_bytes && p->cfg->reuse != CUHEAP_REUSE_SYNC;
+    if (cached) {
+        struct cuheap_tcache *tc = tc_find(p);
+        if (tc && tc_free(p, tc, ptr, ret_size, ret_block, ret_seq) == 0)
+            return 0;
+    }
     pthread_mutex_lock(&p->lock);
     struct cuheap_arena *a = map_lookup(ptr);
     int found = a && a->pool == p ? cuheap_buddy_order_at(&a->buddy, ptr) : -EINVAL;
-    if (found < 0 || a->block_size[unit_of(a, ptr)] == 0) {
+    uint32_t u = found < 0 ? 0 : unit_of(a, ptr);
+    uint64_t size = found < 0 ? 0 : __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
+    if (!size) {
         pthread_mutex_unlock(&p->lock);
         return -EINVAL; /* not a block start, or not live: a double free */
     }
     unsigned order = (unsigned)found;
-    uint32_t u = unit_of(a, ptr);
-    uint64_t size = a->block_size[u], block = 1ull << order;
-    a->block_size[u] = 0;
+    uint64_t block = 1ull << order;
     p->st.live -= size;
     p->st.live_blocks -= block;
-    *ret_seq = cuheap_seq_next();
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
     *ret_size = size;
     *ret_block = block;
     struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, true) : NULL;
@@ -1291,6 +1669,8 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         if (p->cfg->release == CUHEAP_RELEASE_EMPTY)
             reclaim_locked(p);
     }
+    if (cached)
+        tc_get_locked(p); /* this thread's next frees need no lock */
     uint64_t bases[CUHEAP_NR_SPARE_MAX], sizes[CUHEAP_NR_SPARE_MAX];
     unsigned nr = spare_empty_locked(p, bases, sizes);
     pthread_mutex_unlock(&p->lock);
@@ -1311,11 +1691,11 @@ int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_b
     int r = -EINVAL;
     if (a && cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) == 0 && allocated) {
         uint32_t u = unit_of(a, start);
-        uint64_t size = a->block_size[u];
+        uint64_t size = size_at(a, u);
         if (size && ptr < start + size) {
             *ret_base = start;
             *ret_size = size;
-            *ret_buffer_id = a->buffer_id[u];
+            *ret_buffer_id = __atomic_load_n(&a->buffer_id[u], __ATOMIC_RELAXED);
             *ret_arena = a->buddy.base;
             r = 0;
         }
@@ -1334,8 +1714,8 @@ int cuheap_pool_share(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
     unsigned order;
     bool allocated;
     if (!a || a->pool != p || cuheap_buddy_block_of(&a->buddy, block, &start, &order, &allocated) ||
-        !allocated || start != block || !a->block_size[unit_of(a, block)] ||
-        a->buffer_id[unit_of(a, block)] != buffer_id)
+        !allocated || start != block || !size_at(a, unit_of(a, block)) ||
+        __atomic_load_n(&a->buffer_id[unit_of(a, block)], __ATOMIC_RELAXED) != buffer_id)
         goto out; /* freed (or taken again) since it was exported */
     uint32_t u = unit_of(a, block), first, last;
     granule_span(p, a, block, a->extent[u], &first, &last);
@@ -1371,6 +1751,7 @@ out:
 uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
 {
     pthread_mutex_lock(&p->lock);
+    tc_drain_all_locked(p, false);
     flush_stream_caches_locked(p);
     close_epoch_locked(p);
     while (p->ep_head != p->ep_tail)
@@ -1445,7 +1826,7 @@ void cuheap_pool_capture(struct cuheap_pool *p, int delta)
         pthread_mutex_unlock(&p->lock);
         return;
     }
-    p->nr_capturing = (unsigned)((int)p->nr_capturing + delta);
+    __atomic_store_n(&p->nr_capturing, (unsigned)((int)p->nr_capturing + delta), __ATOMIC_RELAXED);
     if (!p->nr_capturing && open_epoch(p)->nr_blocks >= p->cfg->fence_batch)
         close_epoch_locked(p);
     pthread_mutex_unlock(&p->lock);
@@ -1469,6 +1850,11 @@ int cuheap_pool_grant_access(struct cuheap_pool *p)
 void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
 {
     pthread_mutex_lock(&p->lock);
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
+        tc_lock(tc);
+        tc_fold_locked(p, tc);
+        tc_unlock(tc);
+    }
     *ret = p->st;
     pthread_mutex_unlock(&p->lock);
 }
@@ -1476,8 +1862,7 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         snprintf(why, why_size, __VA_ARGS__);                                                      \
-        pthread_mutex_unlock(&p->lock);                                                            \
-        return -EFAULT;                                                                            \
+        goto failed;                                                                               \
     } while (0)
 
 /* vmm: every granule's users are the live and pending blocks whose used bytes reach into it;
@@ -1546,16 +1931,72 @@ static int check_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, 
     return r;
 }
 
+/* Whether the block at ptr is allocated in its arena, starts there and is not live: what a
+ * block waiting on a list (pending, quick, a thread's cache) must be. Returns its order or -1. */
+static int idle_block_order(struct cuheap_arena *a, uint64_t ptr)
+{
+    if (!a || size_at(a, unit_of(a, ptr)))
+        return -1;
+    return cuheap_buddy_order_at(&a->buddy, ptr);
+}
+
+/* The thread caches' lists (every cache locked by the caller). */
+static int check_tcaches_locked(struct cuheap_pool *p, char *why, size_t why_size)
+{
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
+        uint64_t ready = 0, pend = 0;
+        for (unsigned o = 0; o < CUHEAP_NR_ORDERS; o++)
+            for (unsigned i = 0; i < tc->nr_ready[o]; i++) {
+                const struct tc_block *b = &tc->ready[o][i];
+                if (map_lookup(b->ptr) != b->arena || idle_block_order(b->arena, b->ptr) != (int)o)
+                    FAIL("thread-cached block %#lx of order %u is live or not a block",
+                         (unsigned long)b->ptr, o);
+                ready += 1ull << o;
+            }
+        for (unsigned i = 0; i < tc->nr_pend; i++) {
+            const struct tc_block *b = &tc->pend[i];
+            int o = idle_block_order(b->arena, b->ptr);
+            if (map_lookup(b->ptr) != b->arena || o < 0)
+                FAIL("block %#lx freed into a thread cache is live or not a block",
+                     (unsigned long)b->ptr);
+            pend += 1ull << o;
+        }
+        if (ready != tc->ready_bytes || pend != tc->pend_bytes)
+            FAIL("thread cache holds %lu ready and %lu freed bytes, counted %lu and %lu",
+                 (unsigned long)tc->ready_bytes, (unsigned long)tc->pend_bytes,
+                 (unsigned long)ready, (unsigned long)pend);
+    }
+    return 0;
+failed:
+    return -EFAULT;
+}
+
+static int check_locked(struct cuheap_pool *p, char *why, size_t why_size);
+
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
 {
     pthread_mutex_lock(&p->lock);
+    /* every thread's cache held still: their blocks change size without p->lock */
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
+        tc_lock(tc);
+        tc_fold_locked(p, tc);
+    }
+    int r = check_tcaches_locked(p, why, why_size);
+    if (!r)
+        r = check_locked(p, why, why_size);
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
+        tc_unlock(tc);
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
+{
     uint64_t reserved = 0, live = 0, live_blocks = 0;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
-        if (cuheap_buddy_check(&a->buddy, why, why_size)) {
-            pthread_mutex_unlock(&p->lock);
+        if (cuheap_buddy_check(&a->buddy, why, why_size))
             return -EFAULT;
-        }
         if (map_lookup(a->buddy.base) != a)
             FAIL("arena %u missing from the address map", i);
         if (p->vmm && check_granules_locked(p, a, why, why_size))
@@ -1570,14 +2011,15 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
             cuheap_buddy_block_of(&a->buddy, addr, &start, &order, &allocated);
             if (allocated) {
                 arena_allocated++;
-                if (a->block_size[u]) {
-                    live += a->block_size[u];
+                uint64_t size = size_at(a, u);
+                if (size) {
+                    live += size;
                     live_blocks += 1ull << order;
-                    if (a->block_size[u] > (1ull << order))
+                    if (size > (1ull << order))
                         FAIL("block at %#lx holds %lu bytes in a %llu byte block",
-                             (unsigned long)addr, (unsigned long)a->block_size[u], 1ull << order);
+                             (unsigned long)addr, (unsigned long)size, 1ull << order);
                 }
-            } else if (a->block_size[u]) {
+            } else if (size_at(a, u)) {
                 FAIL("free block at %#lx still has a size", (unsigned long)addr);
             }
             u += 1u << (order - a->buddy.min_order);
@@ -1606,7 +2048,7 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
         struct cuheap_epoch *ep = &p->epochs[e % CUHEAP_NR_EPOCHS];
         for (uint64_t ptr = ep->head; ptr;) {
             struct cuheap_arena *a = map_lookup(ptr);
-            if (!a || a->block_size[unit_of(a, ptr)])
+            if (!a || size_at(a, unit_of(a, ptr)))
                 FAIL("pending block %#lx is live or outside every arena", (unsigned long)ptr);
             uintptr_t start;
             unsigned order;
@@ -1625,7 +2067,7 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
         uint32_t nr = 0;
         for (uint64_t ptr = p->quick[o].head; ptr; nr++) {
             struct cuheap_arena *a = map_lookup(ptr);
-            if (!a || a->block_size[unit_of(a, ptr)] ||
+            if (!a || size_at(a, unit_of(a, ptr)) ||
                 cuheap_buddy_order_at(&a->buddy, ptr) != (int)o)
                 FAIL("quick block %#lx of order %u is live or not a block", (unsigned long)ptr, o);
             quick += 1ull << o;
@@ -1648,16 +2090,34 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
         FAIL("idle list holds %lu chunks of %lu bytes, counted %lu of %lu",
              (unsigned long)p->nr_idle, (unsigned long)p->idle_bytes, (unsigned long)nr_idle,
              (unsigned long)idle_bytes);
-    pthread_mutex_unlock(&p->lock);
     return 0;
 failed:
-    pthread_mutex_unlock(&p->lock);
     return -EFAULT;
+}
+
+/* Empty every thread's cache without giving anything back: the memory is gone (context death,
+ * a child after fork). Their counts are folded in first. */
+static void tc_forget_all_locked(struct cuheap_pool *p, bool lock)
+{
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
+        if (lock)
+            tc_lock(tc);
+        tc_fold_locked(p, tc);
+        memset(tc->nr_ready, 0, sizeof(tc->nr_ready));
+        tc->ready_bytes = tc->pend_bytes = 0;
+        tc->nr_pend = 0;
+        tc->next_id = tc->end_id = 0;
+        if (lock)
+            tc_unlock(tc);
+        else
+            atomic_store(&tc->lock, 0); /* a thread that held it is gone with the fork */
+    }
 }
 
 uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
 {
     pthread_mutex_lock(&p->lock);
+    tc_forget_all_locked(p, true);
     uint64_t live = p->st.live;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
@@ -1702,6 +2162,9 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
 
 void cuheap_pool_forget(struct cuheap_pool *p)
 {
+    /* The caches of threads that did not cross the fork stay listed, empty: their owners'
+     * thread-local pointers are gone with them, the forking thread's are still in use. */
+    tc_forget_all_locked(p, false);
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         map_update(p->arenas[i], false);
         arena_retire(p->arenas[i]);

@@ -25,6 +25,13 @@
  * meanwhile, and the slow path looks at the pool afresh afterwards. The VMM calls of the vmm
  * slow path (create, map, unmap, release: tens of microseconds each) are made with it held. The
  * address map (arena lookup by pointer) is global and read without locks.
+ *
+ * Thread caches (CUHEAP_THREAD_CACHE): each thread keeps, per pool, a few ready blocks per order
+ * (fence passed, granules held) and the blocks it freed since it last handed them to the pool's
+ * open epoch. A thread allocates from and frees into its own cache under the cache's own lock,
+ * which only it takes but for the rare drainer (trim, out of memory, stats, checks, context
+ * death), so the common pair touches no shared cache line. Lock order: p->lock before a
+ * cache's lock; a thread never takes p->lock while holding its cache's.
  */
 #ifndef CUHEAP_POOL_H
 #define CUHEAP_POOL_H
@@ -45,6 +52,7 @@
 
 struct cuheap_pool;
 struct cuheap_arena;
+struct cuheap_tcache;
 
 /* Physical memory mapped as one piece at granules [first, first + nr) of its arena: one
  * cuMemCreate, one cuMemMap and one cuMemSetAccess whatever its size. On an H200 those cost
@@ -165,8 +173,12 @@ struct cuheap_pool {
     } stuck[CUHEAP_NR_STUCK]; /* vmm: unmapped memory the driver would not take back yet */
     unsigned nr_stuck;
     uint64_t peak_busy; /* most bytes of busy chunks so far: what the job has shown it needs */
-    uint64_t next_buffer_id;
-    struct cuheap_pool_stats st;
+    _Atomic uint64_t next_buffer_id;
+    uint64_t tc_bytes;             /* CUHEAP_THREAD_CACHE; 0 = no thread caches */
+    uint64_t gen;                  /* which setup of this pool: thread caches of an earlier one
+                                      are not this pool's */
+    struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
+    struct cuheap_pool_stats st;   /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };
 
 enum {
@@ -180,7 +192,8 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
                      _Atomic uint64_t *device_reserved, cuheap_pool_note_fn note);
 
 /* Allocate size bytes. stream is the stream the memory will be used on when known (pluggable
- * allocator), else 0. Returns 0 with the address, block size and event sequence number;
+ * allocator), else 0. Returns 0 with the address, block size and event sequence number (none
+ * taken when ret_seq is NULL: recording is off);
  * CUHEAP_POOL_PASS when the request is not for the pool (too large, during capture);
  * -ENOMEM when neither the pool nor the driver can give it after every reclaim. */
 int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
@@ -188,7 +201,8 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
 
 /* Free a block this pool handed out. With a stream, the block is reusable at once on that
  * stream and after a fence elsewhere. Returns 0 with the requested and block sizes and the
- * event sequence number, or -EINVAL when ptr is not a live block start (a double free). */
+ * event sequence number (ret_seq may be NULL), or -EINVAL when ptr is not a live block start
+ * (a double free). */
 int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
                      uint64_t *ret_block, uint64_t *ret_seq);
 

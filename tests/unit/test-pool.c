@@ -237,6 +237,7 @@ struct fixture {
 };
 
 static struct fixture *current;
+static uint64_t fixture_thread_cache; /* CUHEAP_THREAD_CACHE of the next fixture */
 
 static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
 {
@@ -272,6 +273,8 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
     f->cfg.fence_batch = 4;
     f->cfg.backing = backing;
     f->cfg.vmm_chunk = 8 * MIB;
+    /* off unless a test asks: the pool's own rules are tested without a cache in front */
+    f->cfg.thread_cache = fixture_thread_cache;
     f->dev.next_va = 1ull << 46;
     struct cuheap_backend be = {
         .ctx = &f->dev,
@@ -1012,6 +1015,223 @@ static void test_threaded_storm(void **state)
     teardown(f);
 }
 
+/* ---- thread caches (CUHEAP_THREAD_CACHE) ---- */
+
+/* The pool's own tests again, with a cache in front of the pool. */
+#define WITH_THREAD_CACHE(name)                                                                    \
+    static void name##_thread_cache(void **state)                                                  \
+    {                                                                                              \
+        fixture_thread_cache = 16 * MIB;                                                           \
+        name(state);                                                                               \
+        fixture_thread_cache = 0;                                                                  \
+    }
+WITH_THREAD_CACHE(test_double_free_and_ranges)
+WITH_THREAD_CACHE(test_random_with_invariants)
+WITH_THREAD_CACHE(test_vmm_random_with_invariants)
+WITH_THREAD_CACHE(test_threaded_storm)
+WITH_THREAD_CACHE(test_fence_wait_leaves_pool_unlocked)
+
+/* A block freed into a thread's cache is not handed out again, by that thread or another,
+ * before a fence recorded after its free has passed. */
+static void test_thread_cache_keeps_fence(void **state)
+{
+    (void)state;
+    for (int backing = 0; backing < 2; backing++) {
+        fixture_thread_cache = 16 * MIB;
+        struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 32, 0)
+                                    : setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
+        fixture_thread_cache = 0;
+        static uint64_t freed[200];
+        for (int round = 0; round < 2; round++) {
+            int waits = f->dev.nr_waits;
+            int from = 0; /* blocks freed since the pool last waited for a fence */
+            for (int i = 0; i < 200; i++) {
+                uint64_t a = alloc(f, i % 3 ? 4096 : 300 * 1024, 0);
+                if (f->dev.nr_waits != waits) { /* vmm waits rather than grow: those may pass */
+                    waits = f->dev.nr_waits;
+                    from = i;
+                }
+                for (int k = from; k < i; k++)
+                    if (freed[k] == a)
+                        fail_msg("round %d: block %#lx handed out again before its fence", round,
+                                 (unsigned long)a);
+                release(f, a, 0);
+                freed[i] = a;
+            }
+            if (!backing) /* legacy grows instead: no fence passed by waiting either */
+                assert_int_equal(from, 0);
+            check_invariants(f);
+            complete_fences(&f->dev); /* all of them may come back now */
+            bool reused = false;
+            for (int i = 0; i < 200 && !reused; i++) {
+                uint64_t a = alloc(f, 4096, 0);
+                for (int k = 0; k < 200 && !reused; k++)
+                    reused = freed[k] == a;
+                release(f, a, 0);
+            }
+            assert_true(reused);
+            complete_fences(&f->dev);
+            cuheap_pool_trim(&f->pool, false);
+        }
+        teardown(f);
+    }
+}
+
+struct holder {
+    struct fixture *f;
+    enum cuheap_reuse reuse;
+    pthread_barrier_t *filled, *done;
+};
+
+/* Fill the pool's only arena, free it all into this thread's cache, and stay alive with it. */
+static void *hold_cache_thread(void *arg)
+{
+    struct holder *h = arg;
+    uint64_t ptr[4], block, seq, size;
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cuheap_pool_alloc(&h->f->pool, 1 * MIB, 0, &ptr[i], &block, &seq), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cuheap_pool_free(&h->f->pool, ptr[i], 0, &size, &block, &seq), 0);
+    pthread_barrier_wait(h->filled);
+    pthread_barrier_wait(h->done);
+    return NULL;
+}
+
+/* What one thread's cache holds, another thread gets before it is told out of memory. */
+static void test_thread_cache_drained_for_others(void **state)
+{
+    (void)state;
+    for (int policy = 0; policy < 2; policy++) {
+        fixture_thread_cache = 16 * MIB;
+        enum cuheap_reuse reuse = policy ? CUHEAP_REUSE_FENCE : CUHEAP_REUSE_IMMEDIATE;
+        struct fixture *f = setup(reuse, 4 * MIB, 4 * MIB, 0); /* one arena, no more */
+        fixture_thread_cache = 0;
+        f->cfg.pool_max = 4 * MIB;
+        pthread_barrier_t filled, done;
+        pthread_barrier_init(&filled, NULL, 2);
+        pthread_barrier_init(&done, NULL, 2);
+        struct holder h = {f, reuse, &filled, &done};
+        pthread_t t;
+        pthread_create(&t, NULL, hold_cache_thread, &h);
+        pthread_barrier_wait(&filled);
+        complete_fences(&f->dev);
+        uint64_t mine[4];
+        for (int i = 0; i < 4; i++)
+            mine[i] = alloc(f, 1 * MIB, 0);
+        for (int i = 0; i < 4; i++)
+            release(f, mine[i], 0);
+        check_invariants(f);
+        pthread_barrier_wait(&done);
+        pthread_join(t, NULL);
+        pthread_barrier_destroy(&filled);
+        pthread_barrier_destroy(&done);
+        teardown(f);
+    }
+}
+
+static void *pairs_thread(void *arg)
+{
+    struct fixture *f = arg;
+    for (int i = 0; i < 1000; i++)
+        release(f, alloc(f, 4096, 0), 0);
+    return NULL;
+}
+
+/* A thread that ends gives its cache back: the pool can then give everything back. */
+static void test_thread_exit_gives_cache_back(void **state)
+{
+    (void)state;
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 64 * MIB, 0);
+    fixture_thread_cache = 0;
+    pthread_t t;
+    pthread_create(&t, NULL, pairs_thread, f);
+    pthread_join(t, NULL);
+    check_invariants(f);
+    cuheap_pool_trim(&f->pool, false);
+    assert_int_equal(atomic_load(&f->reserved), 0);
+    teardown(f);
+}
+
+struct locked_pairs {
+    struct fixture *f;
+    pthread_barrier_t *warm;
+    _Atomic bool done;
+};
+
+static void *warm_then_pairs_thread(void *arg)
+{
+    struct locked_pairs *l = arg;
+    release(l->f, alloc(l->f, 4096, 0), 0); /* the cache is made, with one ready block */
+    pthread_barrier_wait(l->warm);
+    pthread_barrier_wait(l->warm); /* the pool's lock is held by the test now */
+    for (int i = 0; i < 10000; i++)
+        release(l->f, alloc(l->f, 4096, 0), 0);
+    atomic_store(&l->done, true);
+    return NULL;
+}
+
+/* A warm thread's pairs do not take the pool's lock: they go on while another holds it. */
+static void test_thread_cache_pairs_take_no_pool_lock(void **state)
+{
+    (void)state;
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 64 * MIB, 0);
+    fixture_thread_cache = 0;
+    pthread_barrier_t warm;
+    pthread_barrier_init(&warm, NULL, 2);
+    struct locked_pairs l = {f, &warm, false};
+    pthread_t t;
+    pthread_create(&t, NULL, warm_then_pairs_thread, &l);
+    pthread_barrier_wait(&warm);
+    pthread_mutex_lock(&f->pool.lock);
+    pthread_barrier_wait(&warm);
+    for (int i = 0; i < 30000 && !atomic_load(&l.done); i++)
+        usleep(1000);
+    bool went_on = atomic_load(&l.done);
+    pthread_mutex_unlock(&f->pool.lock);
+    pthread_join(t, NULL);
+    pthread_barrier_destroy(&warm);
+    assert_true(went_on);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.live, 0);
+    assert_true(st.nr_hits >= 10000);
+    teardown(f);
+}
+
+static void *free_once_thread(void *arg)
+{
+    uint64_t *a = arg;
+    uint64_t size, block, seq;
+    return (void *)(intptr_t)cuheap_pool_free(&current->pool, a[0], 0, &size, &block, &seq);
+}
+
+/* A block freed by one thread's cache cannot be freed again by another's. */
+static void test_thread_cache_double_free_across_threads(void **state)
+{
+    (void)state;
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    fixture_thread_cache = 0;
+    release(f, alloc(f, 4096, 0), 0); /* this thread has a cache */
+    uint64_t a[1] = {alloc(f, 4096, 0)};
+    pthread_t t1, t2;
+    void *r1, *r2;
+    pthread_create(&t1, NULL, pairs_thread, f); /* a second thread with a cache of its own */
+    pthread_join(t1, NULL);
+    pthread_create(&t1, NULL, free_once_thread, a);
+    pthread_join(t1, &r1);
+    pthread_create(&t2, NULL, free_once_thread, a);
+    pthread_join(t2, &r2);
+    uint64_t size, block, seq;
+    assert_int_equal((intptr_t)r1, 0);
+    assert_int_equal((intptr_t)r2, -22);
+    assert_int_equal(cuheap_pool_free(&f->pool, a[0], 0, &size, &block, &seq), -22);
+    check_invariants(f);
+    teardown(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1043,6 +1263,16 @@ int main(void)
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
         cmocka_unit_test(test_fence_wait_leaves_pool_unlocked),
+        cmocka_unit_test(test_double_free_and_ranges_thread_cache),
+        cmocka_unit_test(test_random_with_invariants_thread_cache),
+        cmocka_unit_test(test_vmm_random_with_invariants_thread_cache),
+        cmocka_unit_test(test_threaded_storm_thread_cache),
+        cmocka_unit_test(test_fence_wait_leaves_pool_unlocked_thread_cache),
+        cmocka_unit_test(test_thread_cache_keeps_fence),
+        cmocka_unit_test(test_thread_cache_drained_for_others),
+        cmocka_unit_test(test_thread_exit_gives_cache_back),
+        cmocka_unit_test(test_thread_cache_pairs_take_no_pool_lock),
+        cmocka_unit_test(test_thread_cache_double_free_across_threads),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
