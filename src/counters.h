@@ -66,14 +66,19 @@ static inline void cuheap_counters_add_own(struct cuheap_counters *c, unsigned i
 /* Add n to slot i for the calling thread when it cannot have a block: the shared one. */
 void cuheap_counters_add_shared(unsigned i, int64_t n);
 
-/* Add n to slot i for the calling thread. */
-static inline void cuheap_count(unsigned i, int64_t n)
+/* Add n to slot i for the thread whose counters c are (cuheap_counters_mine(), maybe NULL). */
+static inline void cuheap_count_in(struct cuheap_counters *c, unsigned i, int64_t n)
 {
-    struct cuheap_counters *c = cuheap_counters_mine();
     if (__builtin_expect(c != NULL, 1))
         cuheap_counters_add_own(c, i, n);
     else
         cuheap_counters_add_shared(i, n);
+}
+
+/* Add n to slot i for the calling thread. */
+static inline void cuheap_count(unsigned i, int64_t n)
+{
+    cuheap_count_in(cuheap_counters_mine(), i, n);
 }
 
 /* Slot i summed over every block, live or handed back. */

@@ -130,7 +130,8 @@ static void *hook_for_real(void *real)
 
 /* Count the call; decide whether cuheap does its part (active) or only forwards. */
 #define ENTER(name)                                                                                \
-    COUNT_CALL(name);                                                                              \
+    struct cuheap_counters *ctr = cuheap_counters_mine(); /* this thread's, or NULL */             \
+    cuheap_count_in(ctr, CUHEAP_CTR_CALLS + H_##name, 1);                                          \
     bool active = cuheap_boot();                                                                   \
     if (!active && (cuheap_driver_load() || !cuheap_drv.name))                                     \
         return CUDA_ERROR_NOT_INITIALIZED;                                                         \
@@ -340,13 +341,16 @@ static CUresult passthru_free_end(struct passthru_free *f, CUresult r, uint64_t 
 /* ---- the pool's doors ---- */
 
 /* Serve from the pool. Returns 1 when served (*ret set), 0 to pass through, -1 for OOM. */
-static inline __attribute__((always_inline)) int
-pool_alloc(struct cuheap_device *d, int api, uint64_t size, uint64_t stream, CUdeviceptr *ret)
+static inline __attribute__((always_inline)) int pool_alloc(struct cuheap_counters *ctr,
+                                                            struct cuheap_device *d, int api,
+                                                            uint64_t size, uint64_t stream,
+                                                            CUdeviceptr *ret)
 {
     if (!d || !cuheap_cfg.pool)
         return 0;
-    uint64_t ptr, block, seq;
-    int r = cuheap_pool_alloc(&d->pool, size, stream, &ptr, &block, &seq);
+    uint64_t ptr, block, seq = 0; /* a sequence number only for an event recorded */
+    int r =
+        cuheap_pool_alloc(&d->pool, size, stream, &ptr, &block, cuheap_recording() ? &seq : NULL);
     if (r == CUHEAP_POOL_PASS)
         return 0;
     if (r < 0) {
@@ -354,22 +358,27 @@ pool_alloc(struct cuheap_device *d, int api, uint64_t size, uint64_t stream, CUd
         return -1;
     }
     *ret = (CUdeviceptr)ptr;
-    cuheap_account(d, (int64_t)size, 0);
-    record_alloc(d, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
+    cuheap_account_in(ctr, d, (int64_t)size, 0);
+    cuheap_count_in(ctr, CUHEAP_CTR_ALLOCS, 1);
+    if (__builtin_expect(cuheap_recording(), 0))
+        record_alloc_event(d, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
     return 1;
 }
 
 /* Free a pooled pointer. Returns 1 when freed, 0 when not ours, -1 for an invalid free. */
-static inline __attribute__((always_inline)) int pool_free(uint64_t ptr, uint64_t stream, int api)
+static inline __attribute__((always_inline)) int pool_free(struct cuheap_counters *ctr,
+                                                           uint64_t ptr, uint64_t stream, int api)
 {
     struct cuheap_pool *p = cuheap_pool_of(ptr);
     if (!p)
         return 0;
-    uint64_t size, block, seq;
-    if (cuheap_pool_free(p, ptr, stream, &size, &block, &seq))
+    uint64_t size, block, seq = 0; /* a sequence number only for an event recorded */
+    if (cuheap_pool_free(p, ptr, stream, &size, &block, cuheap_recording() ? &seq : NULL))
         return -1;
-    cuheap_account(cuheap_device_of_pool(p), -(int64_t)size, 0);
-    record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
+    cuheap_account_in(ctr, cuheap_device_of_pool(p), -(int64_t)size, 0);
+    cuheap_count_in(ctr, CUHEAP_CTR_FREES, 1);
+    if (__builtin_expect(cuheap_recording(), 0))
+        record_free_event(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
     return 1;
 }
 
@@ -393,7 +402,7 @@ CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     if (!active || !dptr || !size)
         LEAVE(cuheap_drv.cuMemAlloc_v2(dptr, size));
     struct cuheap_device *d = cuheap_device_current();
-    int served = pool_alloc(d, CUHEAP_API_MEM_ALLOC, size, 0, dptr);
+    int served = pool_alloc(ctr, d, CUHEAP_API_MEM_ALLOC, size, 0, dptr);
     if (served)
         LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
     LEAVE(mem_alloc_driver(d, dptr, size));
@@ -413,7 +422,7 @@ CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size
     if (!row)
         LEAVE(cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
     if (height <= SIZE_MAX / row) {
-        int served = pool_alloc(d, CUHEAP_API_PITCH, (uint64_t)row * height, 0, dptr);
+        int served = pool_alloc(ctr, d, CUHEAP_API_PITCH, (uint64_t)row * height, 0, dptr);
         if (served > 0)
             *pitch = row;
         if (served)
@@ -445,7 +454,7 @@ CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     ENTER(cuMemFree_v2);
     if (!active || !dptr)
         LEAVE(cuheap_drv.cuMemFree_v2(dptr));
-    int freed = pool_free(dptr, 0, CUHEAP_API_MEM_ALLOC);
+    int freed = pool_free(ctr, dptr, 0, CUHEAP_API_MEM_ALLOC);
     if (freed)
         LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
     LEAVE(mem_free_driver(dptr));
@@ -496,7 +505,7 @@ CUHEAP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t si
     ENTER(name);                                                                                   \
     if (!active || !dptr)                                                                          \
         LEAVE(call);                                                                               \
-    int freed = pool_free(dptr, s ? (uint64_t)(uintptr_t)s : 1, CUHEAP_API_ASYNC);                 \
+    int freed = pool_free(ctr, dptr, s ? (uint64_t)(uintptr_t)s : 1, CUHEAP_API_ASYNC);            \
     if (freed)                                                                                     \
         LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);                                \
     PASSTHRU_FREE(dptr, CUHEAP_API_ASYNC, (uint64_t)(uintptr_t)s, call)
@@ -1026,13 +1035,14 @@ CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream)
 {
     if (size <= 0 || cuheap_busy || !cuheap_boot())
         return NULL;
+    struct cuheap_counters *ctr = cuheap_counters_mine();
     bool pushed;
     struct cuheap_device *d = device_for(device, &pushed);
     if (!d)
         return NULL;
     cuheap_busy = 1;
     CUdeviceptr p = 0;
-    int served = pool_alloc(d, CUHEAP_API_TORCH, (uint64_t)size, stream_tag(stream), &p);
+    int served = pool_alloc(ctr, d, CUHEAP_API_TORCH, (uint64_t)size, stream_tag(stream), &p);
     if (served == 0) {
         uint64_t actual = driver_rounded((uint64_t)size);
         CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1062,9 +1072,10 @@ CUHEAP_API void cuheap_torch_free(void *ptr, ssize_t size, int device, void *str
     (void)device;
     if (!ptr || cuheap_busy || !cuheap_boot())
         return;
+    struct cuheap_counters *ctr = cuheap_counters_mine();
     cuheap_busy = 1;
     uint64_t p = (uint64_t)(uintptr_t)ptr;
-    if (!pool_free(p, stream_tag(stream), CUHEAP_API_TORCH)) {
+    if (!pool_free(ctr, p, stream_tag(stream), CUHEAP_API_TORCH)) {
         /* A pass-through block: the driver's free syncs the device, as cudaFree would. */
         struct passthru_free f;
         passthru_free_begin(&f, p);

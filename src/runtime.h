@@ -97,15 +97,15 @@ struct cuheap_device *cuheap_device_by_ordinal(int ordinal);
 void cuheap_account_now(struct cuheap_device *d, int64_t live, int64_t reserved);
 
 /* Adjust the accounting of d and its peaks. Reserved bytes (which limits and out-of-memory
- * decisions read) are always exact; live bytes below CUHEAP_LIVE_BATCH are held back per
- * thread (struct cuheap_device, live and peak_live). */
-static inline void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved)
+ * decisions read) are always exact; live bytes below CUHEAP_LIVE_BATCH are held back in c,
+ * the calling thread's counters (cuheap_counters_mine(); NULL: no holding back), see struct
+ * cuheap_device, live and peak_live. */
+static inline void cuheap_account_in(struct cuheap_counters *c, struct cuheap_device *d,
+                                     int64_t live, int64_t reserved)
 {
     /* |live| < CUHEAP_LIVE_BATCH, as one unsigned compare */
 #define CUHEAP_LIVE_SMALL(v) ((uint64_t)(v) + (CUHEAP_LIVE_BATCH - 1) < 2 * CUHEAP_LIVE_BATCH - 1)
-    struct cuheap_counters *c;
-    if (__builtin_expect(reserved == 0 && CUHEAP_LIVE_SMALL(live) && d, 1) &&
-        __builtin_expect((c = cuheap_counters_mine()) != NULL, 1)) {
+    if (__builtin_expect(reserved == 0 && CUHEAP_LIVE_SMALL(live) && d && c, 1)) {
         _Atomic int64_t *pending = &c->v[CUHEAP_CTR_LIVE + d->index];
         int64_t v = atomic_load_explicit(pending, memory_order_relaxed) + live;
         if (__builtin_expect(CUHEAP_LIVE_SMALL(v), 1)) {
@@ -119,6 +119,12 @@ static inline void cuheap_account(struct cuheap_device *d, int64_t live, int64_t
     }
 #undef CUHEAP_LIVE_SMALL
     cuheap_account_now(d, live, reserved);
+}
+
+/* cuheap_account_in() with the calling thread's counters. */
+static inline void cuheap_account(struct cuheap_device *d, int64_t live, int64_t reserved)
+{
+    cuheap_account_in(cuheap_counters_mine(), d, live, reserved);
 }
 
 /* Live bytes of d: the record plus what every thread holds back (0 if that sum is below 0,
