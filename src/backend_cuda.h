@@ -16,7 +16,9 @@
 #include "backend.h"
 
 #define CUHEAP_NR_MAX_FENCE_STREAMS 256
-#define CUHEAP_NR_FENCES            72 /* a pool's epochs (64) and a few stream fences */
+#define CUHEAP_NR_FENCES                                                                           \
+    144 /* a pool's epochs (64), two per thread cache for 32 threads, a few stream fences; when    \
+           they run out a thread cache hands its frees to the pool's epochs instead */
 
 /* One device fence: an event on the legacy stream and on every non-blocking stream. */
 struct cuheap_fence {

@@ -89,8 +89,10 @@ struct cuheap_arena {
     size_t meta_bytes;
     struct cuheap_granule *granules; /* vmm: one per granule of the range */
     struct cuheap_chunk *chunks;     /* vmm: per granule, the chunk that starts there */
+    uint64_t *mapped_bits;           /* vmm: one bit per granule with memory mapped */
     uint32_t nr_granules;
     uint32_t nr_mapped; /* granules with physical memory mapped */
+    uint32_t nr_used;   /* granules some live or pending block uses */
 };
 
 /* A batch of freed blocks waiting behind one fence. */
@@ -175,6 +177,7 @@ struct cuheap_pool {
     uint64_t peak_busy; /* most bytes of busy chunks so far: what the job has shown it needs */
     _Atomic uint64_t next_buffer_id;
     uint64_t tc_bytes;             /* CUHEAP_THREAD_CACHE; 0 = no thread caches */
+    unsigned tc_max_order;         /* largest block order a thread cache keeps */
     uint64_t gen;                  /* which setup of this pool: thread caches of an earlier one
                                       are not this pool's */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
