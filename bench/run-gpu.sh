@@ -46,6 +46,25 @@ if [ -n "$replay" ] && [[ " $PARTS " == *" micro "* ]]; then
     micro cuheap-stacks30 LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=30 BENCH_DEPTH=30 CUHEAP_RING=65536 -- replay-sync "$replay"
     micro cuheap-immediate LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_REUSE=immediate -- replay-sync "$replay"
 fi
+# issue 14, the hot path: pairs at 512 B, 2 MiB and 20 MiB under cuheap's default (vmm, thread
+# caches), without thread caches and on legacy arenas, next to cudaMallocAsync's warm pool, in
+# HOT_ROUNDS interleaved rounds (the host is shared: compare within a round); then 16 threads
+# against one.
+if [[ " $PARTS " == *" hot "* ]]; then
+    HOT_SIZES="512 2097152 20971520"
+    for ((round = 0; round < ${HOT_ROUNDS:-3}; round++)); do
+        echo "hot_round=$round" >>"$LOG"
+        micro cudaMallocAsync -- async $HOT_SIZES
+        micro cuheap-default LD_PRELOAD=$PRE CUHEAP_RECORD=0 -- sync $HOT_SIZES
+        micro cuheap-notc LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_THREAD_CACHE=0 -- sync $HOT_SIZES
+        micro cuheap-legacy LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_BACKING=legacy -- sync $HOT_SIZES
+        micro cuheap-events LD_PRELOAD=$PRE CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 -- sync $HOT_SIZES
+    done
+    micro cudaMalloc -- sync $HOT_SIZES
+    micro cuheap-default LD_PRELOAD=$PRE CUHEAP_RECORD=0 -- threads 16 512 2097152
+    micro cuheap-notc LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_THREAD_CACHE=0 -- threads 16 512 2097152
+    micro cuheap-legacy LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_BACKING=legacy -- threads 16 512 2097152
+fi
 echo "== $(date -u +%FT%TZ) torch_gpt" >>"$LOG"
 gpt() { # label, env...
     local label=$1

@@ -1199,20 +1199,24 @@ static __thread struct cuheap_tcache *tc_slot[TC_SLOTS] __attribute__((tls_model
 static pthread_key_t tc_key;
 static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
 
-static void tc_lock(struct cuheap_tcache *tc)
+static __attribute__((always_inline)) inline void tc_lock(struct cuheap_tcache *tc)
 {
     while (atomic_exchange_explicit(&tc->lock, 1, memory_order_acquire))
         sched_yield(); /* a drainer holds it: trim, out of memory, stats */
 }
 
-static void tc_unlock(struct cuheap_tcache *tc)
+static __attribute__((always_inline)) inline void tc_unlock(struct cuheap_tcache *tc)
 {
     atomic_store_explicit(&tc->lock, 0, memory_order_release);
 }
 
-static struct cuheap_tcache *tc_find(const struct cuheap_pool *p)
+static __attribute__((always_inline)) inline struct cuheap_tcache *
+tc_find(const struct cuheap_pool *p)
 {
-    for (unsigned i = 0; i < TC_SLOTS; i++)
+    struct cuheap_tcache *last = tc_slot[0]; /* a thread mostly uses one device */
+    if (last && last->pool == p && last->gen == p->gen)
+        return last;
+    for (unsigned i = 1; i < TC_SLOTS; i++)
         if (tc_slot[i] && tc_slot[i]->pool == p && tc_slot[i]->gen == p->gen)
             return tc_slot[i];
     return NULL;
@@ -1511,8 +1515,10 @@ static bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint6
 
 /* The fast allocation: a ready block of the right order from the thread's own cache. Returns
  * 0, or -EAGAIN for the pool's path. */
-static int tc_alloc(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t size,
-                    uint64_t *ret_ptr, uint64_t *ret_block, uint64_t *ret_seq)
+static __attribute__((always_inline)) inline int tc_alloc(struct cuheap_pool *p,
+                                                          struct cuheap_tcache *tc, uint64_t size,
+                                                          uint64_t *ret_ptr, uint64_t *ret_block,
+                                                          uint64_t *ret_seq)
 {
     unsigned order = order_of_size(p, size);
     if (order > p->tc_max_order)
@@ -1551,8 +1557,10 @@ static int tc_alloc(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t si
 /* The fast free: the block joins the thread's open batch (or, under CUHEAP_REUSE=immediate,
  * its ready blocks). Returns 0, or -EAGAIN for the pool's path (which also answers double
  * frees). */
-static int tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ptr,
-                   uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
+static __attribute__((always_inline)) inline int tc_free(struct cuheap_pool *p,
+                                                         struct cuheap_tcache *tc, uint64_t ptr,
+                                                         uint64_t *ret_size, uint64_t *ret_block,
+                                                         uint64_t *ret_seq)
 {
     struct cuheap_arena *a = map_lookup(ptr);
     if (!a || a->pool != p || ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
@@ -1565,11 +1573,11 @@ static int tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ptr
      * Cleared under the cache's lock, with the live count: a check sees both or neither. */
     tc_lock(tc);
     uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
-    int order = size ? cuheap_buddy_order_at(&a->buddy, ptr) : -1; /* stable while live */
-    if (order < 0) { /* a double free, or its arena died with its context meanwhile */
+    if (!size) { /* a double free, or its arena died with its context meanwhile */
         tc_unlock(tc);
         return -EAGAIN;
     }
+    unsigned order = order_of_size(p, size); /* a block's order is its request's */
     uint64_t block = 1ull << order;
     tc->live -= (int64_t)size;
     tc->live_blocks -= (int64_t)block;
@@ -1577,9 +1585,9 @@ static int tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ptr
         *ret_seq = cuheap_seq_next();
     bool full = false;
     if (p->cfg->reuse != CUHEAP_REUSE_IMMEDIATE || (p->vmm && a->extent[u] < size) ||
-        !tc_keep_ready(p, tc, ptr, a, (unsigned)order)) {
+        !tc_keep_ready(p, tc, ptr, a, order)) {
         struct tc_batch *o = &tc->open;
-        o->blocks[o->nr++] = (struct tc_block){ptr | (unsigned)order, a};
+        o->blocks[o->nr++] = (struct tc_block){ptr | order, a};
         o->bytes += block;
         /* a batch holds at most half the cache's bytes: the pool must not wait long for them */
         full = o->nr == TC_BATCH || o->bytes >= p->tc_bytes / 2;
