@@ -27,18 +27,20 @@ struct cuheap_free_area {
 };
 
 struct cuheap_buddy {
-    uintptr_t base;       /* first byte of the arena, aligned to the smallest block */
-    uint64_t size;        /* bytes, a power of two */
-    unsigned min_order;   /* log2 of the smallest block */
-    unsigned max_order;   /* log2 of size */
-    uint32_t nr_units;    /* size >> min_order */
-    uint64_t free_bitmap; /* bit o set iff free_area[o].nr_free > 0 */
-    uint64_t free_bytes;  /* bytes in free blocks */
-    struct cuheap_free_area free_area[CUHEAP_NR_ORDERS];
+    /* Fixed once set up, read without locks by the pool's thread caches: kept off the cache
+     * lines that every allocation and free below writes. */
+    uintptr_t base;      /* first byte of the arena, aligned to the smallest block */
+    uint64_t size;       /* bytes, a power of two */
+    unsigned min_order;  /* log2 of the smallest block */
+    unsigned max_order;  /* log2 of size */
+    uint32_t nr_units;   /* size >> min_order */
     uint8_t *unit_state; /* per unit: HEAD|FREE|order for block starts, 0 inside blocks */
     uint32_t *next;      /* free-list links, valid for free block starts */
     uint32_t *prev;
-    size_t meta_bytes; /* bytes mapped for the three arrays */
+    size_t meta_bytes;                 /* bytes mapped for the three arrays */
+    _Alignas(64) uint64_t free_bitmap; /* bit o set iff free_area[o].nr_free > 0 */
+    uint64_t free_bytes;               /* bytes in free blocks */
+    struct cuheap_free_area free_area[CUHEAP_NR_ORDERS];
 };
 
 #define CUHEAP_BUDDY_NIL UINT32_MAX

@@ -1180,7 +1180,7 @@ struct tc_batch {
 };
 
 struct cuheap_tcache {
-    _Atomic int lock;
+    _Alignas(64) _Atomic int lock; /* whole cache lines: no other thread's data shares them */
     struct cuheap_pool *pool;
     uint64_t gen;               /* pool->gen when made: a pool set up again is another pool */
     struct cuheap_tcache *next; /* on pool->tcaches (p->lock) */
@@ -1350,9 +1350,10 @@ static struct cuheap_tcache *tc_get_locked(struct cuheap_pool *p)
             memset(tc_slot[i], 0, sizeof(*tc)); /* left from before p was set up again */
             tc = tc_slot[i];
         } else if (!tc_slot[i]) {
-            tc = calloc(1, sizeof(*tc));
+            tc = aligned_alloc(64, sizeof(*tc)); /* a multiple of 64: the lock aligns it */
             if (!tc)
                 return NULL;
+            memset(tc, 0, sizeof(*tc));
         } else {
             continue;
         }

@@ -79,9 +79,9 @@ struct cuheap_granule {
 #define CUHEAP_VMM_ARENA (1ull << 32)
 
 struct cuheap_arena {
+    /* what thread caches read without locks, apart from what the pool's lock guards */
     struct cuheap_buddy buddy;
     struct cuheap_pool *pool;
-    uint64_t nr_live;     /* allocated blocks, pending ones included */
     uint64_t *block_size; /* per unit: bytes the program asked for at a block start; 0 = not live */
     uint64_t *buffer_id;  /* per unit: id answered for CU_POINTER_ATTRIBUTE_BUFFER_ID */
     uint64_t *link;       /* per unit: next block on a pending or stream-cache list */
@@ -91,8 +91,9 @@ struct cuheap_arena {
     struct cuheap_chunk *chunks;     /* vmm: per granule, the chunk that starts there */
     uint64_t *mapped_bits;           /* vmm: one bit per granule with memory mapped */
     uint32_t nr_granules;
-    uint32_t nr_mapped; /* granules with physical memory mapped */
-    uint32_t nr_used;   /* granules some live or pending block uses */
+    _Alignas(64) uint64_t nr_live; /* allocated blocks, pending ones included */
+    uint32_t nr_mapped;            /* granules with physical memory mapped */
+    uint32_t nr_used;              /* granules some live or pending block uses */
 };
 
 /* A batch of freed blocks waiting behind one fence. */
@@ -145,10 +146,22 @@ struct cuheap_pool_note {
 typedef void (*cuheap_pool_note_fn)(struct cuheap_pool *p, const struct cuheap_pool_note *n);
 
 struct cuheap_pool {
-    pthread_mutex_t lock;
+    /* Read by every allocation and free of the thread caches, written only at setup (and
+     * nr_capturing when a capture begins or ends): on cache lines of their own, away from the
+     * lock and the counters the slow paths write. */
     const struct cuheap_config *cfg;
-    struct cuheap_backend be;
+    uint64_t tc_bytes;     /* CUHEAP_THREAD_CACHE; 0 = no thread caches */
+    unsigned tc_max_order; /* largest block order a thread cache keeps */
+    unsigned min_order;    /* log2 of CUHEAP_MIN_BLOCK */
+    bool vmm;              /* CUHEAP_BACKING=vmm and the device has it */
+    unsigned granule_shift;
     int device;
+    unsigned nr_capturing; /* streams capturing: no fences recorded meanwhile */
+    uint64_t gen;          /* which setup of this pool: thread caches of an earlier one are not
+                              this pool's */
+    _Alignas(64) _Atomic uint64_t next_buffer_id; /* taken 256 at a time by thread caches */
+    _Alignas(64) pthread_mutex_t lock;
+    struct cuheap_backend be;
     uint64_t limit;                    /* bytes, 0 = none; covers arenas and pass-through */
     _Atomic uint64_t *device_reserved; /* bytes this process holds on the device via cuheap */
     cuheap_pool_note_fn note;
@@ -160,13 +173,9 @@ struct cuheap_pool {
         epochs[CUHEAP_NR_EPOCHS]; /* ring: [ep_head, ep_tail) closed, ep_tail open */
     unsigned ep_head, ep_tail;
     unsigned nr_since_poll;
-    unsigned nr_capturing; /* streams capturing: no fences recorded meanwhile */
     struct cuheap_stream_cache caches[CUHEAP_NR_STREAM_CACHES];
     struct cuheap_quick quick[CUHEAP_NR_ORDERS];
-    uint64_t quick_bytes; /* bytes held on the quick lists */
-    unsigned min_order;   /* log2 of CUHEAP_MIN_BLOCK */
-    bool vmm;             /* CUHEAP_BACKING=vmm and the device has it */
-    unsigned granule_shift;
+    uint64_t quick_bytes;     /* bytes held on the quick lists */
     uint32_t chunk_max;       /* granules per chunk at most (CUHEAP_VMM_CHUNK) */
     struct cuheap_chunk idle; /* list head: mapped chunks no block uses, oldest first */
     uint64_t nr_idle, idle_bytes;
@@ -175,11 +184,6 @@ struct cuheap_pool {
     } stuck[CUHEAP_NR_STUCK]; /* vmm: unmapped memory the driver would not take back yet */
     unsigned nr_stuck;
     uint64_t peak_busy; /* most bytes of busy chunks so far: what the job has shown it needs */
-    _Atomic uint64_t next_buffer_id;
-    uint64_t tc_bytes;             /* CUHEAP_THREAD_CACHE; 0 = no thread caches */
-    unsigned tc_max_order;         /* largest block order a thread cache keeps */
-    uint64_t gen;                  /* which setup of this pool: thread caches of an earlier one
-                                      are not this pool's */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
     struct cuheap_pool_stats st;   /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPT loop (bench/torch_gpt.py) under several builds of the shim side by side, in
+# interleaved rounds, to tell a change's cost from the host's noise. Runs on the GPU machine.
+#   bench/compare-gpt.sh OUT "label=path/libcuheap.so ..." [extra-env...]
+# Each round runs PyTorch's caching allocator alone, then every build with caching off,
+# recording off and on (native + Python stacks, the defaults). Lines go to OUT/compare.log:
+# "round=R config=LABEL step_ms=... peak_live=... peak_reserved=..." and the shim's summary
+# lines for the recording-off runs.
+set -u
+OUT=$1
+LIBS=$2
+shift 2
+LOG=$OUT/compare.log
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-30}
+T=$(mktemp -d)
+run() { # round label env...
+    local round=$1 label=$2
+    shift 2
+    local out
+    out=$(env "$@" CUHEAP_OUTPUT="$T/%p.jsonl" timeout 300 python3 bench/torch_gpt.py "$STEPS" 2>&1)
+    echo "round=$round config=$label $(grep -m1 '^step_ms' <<<"$out")" >>"$LOG"
+    grep '^cuheap: GPU' <<<"$out" | sed "s/^/round=$round config=$label /" >>"$LOG"
+    grep -m1 '^losses' <<<"$out" | md5sum | sed "s/^/round=$round config=$label losses_md5=/" >>"$LOG"
+    rm -f "$T"/*.jsonl*
+}
+for ((r = 0; r < ROUNDS; r++)); do
+    run "$r" caching "$@"
+    for lib in $LIBS; do
+        run "$r" "${lib%%=*}-norecord" "$@" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="${lib#*=}" \
+            CUHEAP_RECORD=0 CUHEAP_SUMMARY=1
+        run "$r" "${lib%%=*}-full" "$@" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="${lib#*=}" \
+            CUHEAP_SUMMARY=0
+    done
+done
+rm -rf "$T"
+grep 'step_ms' "$LOG"
