@@ -153,14 +153,17 @@ MUTATIONS = [
     ("managed-unrecorded",
      "cuMemAllocManaged goes to the driver without an event",
      "every call leaves its event", "src/hooks.c",
-     "    LEAVE(passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, true));",
+     "    LEAVE(cuheap_passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, "
+     "true));",
      "    LEAVE(r);"),
     ("vmm-map-unrecorded",
      "cuMemMap leaves no event",
      "every call leaves its event", "src/hooks.c",
-     "    record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0,",
+     "    cuheap_record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, "
+     "size, 0,",
      "    if (0)\n"
-     "        record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0,"),
+     "        cuheap_record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, "
+     "size, 0,"),
     ("oom-code-replaced",
      "the pool's out-of-memory answers CUDA_ERROR_INVALID_VALUE instead of the driver's code",
      "errors are the driver's", "src/hooks.c",
@@ -171,9 +174,9 @@ MUTATIONS = [
     ("pass-through-no-retry",
      "a pass-through allocation the driver refuses is not retried after the pool gave back its "
      "empty arenas",
-     "out of memory only when the driver alone would say so", "src/hooks.c",
-     "        if ((r) == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))",
-     "        if (0 && reclaim_for_driver(d))"),
+     "out of memory only when the driver alone would say so", "src/alloc.h",
+     "        if ((r) == CUDA_ERROR_OUT_OF_MEMORY && cuheap_reclaim_for_driver(d))",
+     "        if (0 && cuheap_reclaim_for_driver(d))"),
     ("release-empty-keeps-all",
      "CUHEAP_RELEASE=empty never gives an emptied arena back",
      "the pool gives back what it does not need", "src/pool.c",

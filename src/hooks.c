@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The exported driver hooks: the one choke point every CUDA runtime, framework and library
- * reaches (see DESIGN.md, "Doors"). Each hook translates the call, lets the pool or the
- * pass-through map do the work, records exactly one event, and otherwise behaves like the
- * driver: same results, same error codes. When cuheap cannot do its part the driver's own
- * answer goes back unchanged.
+ * reaches (see DESIGN.md, "Doors"). Each hook only translates the call: the allocation layer
+ * (alloc.h) decides pool or driver, applies the limit, reclaims and retries, keeps the
+ * accounting and records exactly one event; otherwise a hook behaves like the driver: same
+ * results, same error codes. When cuheap cannot do its part the driver's own answer goes back
+ * unchanged.
  *
  * Three ways in, one set of hooks:
  *   - the symbols themselves (programs linked with -lcuda; LD_PRELOAD puts ours first);
@@ -19,6 +20,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "counters.h"
 #include "driver.h"
 #include "ipc.h"
@@ -145,255 +147,27 @@ static void *hook_for_real(void *real)
         return (value);                                                                            \
     } while (0)
 
-static uint8_t capture_flag(void)
-{
-    return cuheap_capturing() ? CUHEAP_EVF_CAPTURE : 0;
-}
-
-/* What the driver reserves for a request: 2 MiB pages for large ones, 512 B otherwise. A size
- * the rounding would wrap (near SIZE_MAX) stays as it is: the driver refuses it anyway, and
- * the limit must never see 0 bytes for it. */
-static uint64_t driver_rounded(uint64_t n)
-{
-    const uint64_t page = 2ull << 20;
-    if (n > UINT64_MAX - page)
-        return n;
-    return n >= page ? (n + page - 1) & ~(page - 1) : (n + 511) & ~511ull;
-}
-
-/* The sequence number of an event about to be recorded, taken before the driver call where a
- * reuse of the address must come after it; 0 when not recording (the recorder numbers an
- * event without one as it takes it), so the pair without recording touches no shared line. */
-static uint64_t event_seq(void)
-{
-    return cuheap_recording() ? cuheap_seq_next() : 0;
-}
-
-/* The events themselves, off the path taken when recording is off. */
-static __attribute__((noinline, cold)) void record_alloc_event(struct cuheap_device *d, int api,
-                                                               uint8_t flags, uint64_t ptr,
-                                                               uint64_t size, uint64_t actual,
-                                                               uint64_t stream, uint64_t seq)
-{
-    struct cuheap_rec r = {.type = CUHEAP_EV_ALLOC,
-                           .api = (uint8_t)api,
-                           .flags = (uint8_t)(flags | capture_flag()),
-                           .device = (int16_t)(d ? d->ordinal : -1),
-                           .seq = seq,
-                           .ptr = ptr,
-                           .size = size,
-                           .actual = actual,
-                           .stream = stream};
-    cuheap_record(&r);
-}
-
-static __attribute__((noinline, cold)) void record_free_event(int device, int api, uint8_t flags,
-                                                              uint64_t ptr, uint64_t size,
-                                                              uint64_t actual, uint64_t stream,
-                                                              uint64_t seq)
-{
-    struct cuheap_rec r = {.type = CUHEAP_EV_FREE,
-                           .api = (uint8_t)api,
-                           .flags = (uint8_t)(flags | capture_flag()),
-                           .device = (int16_t)device,
-                           .seq = seq,
-                           .ptr = ptr,
-                           .size = size,
-                           .actual = actual,
-                           .stream = stream};
-    cuheap_record(&r);
-}
-
-/* Count an allocation and record its event when recording: without recording, one count in
- * this thread's own block. */
-static inline void record_alloc(struct cuheap_device *d, int api, uint8_t flags, uint64_t ptr,
-                                uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
-{
-    cuheap_count(CUHEAP_CTR_ALLOCS, 1);
-    if (__builtin_expect(cuheap_recording(), 0))
-        record_alloc_event(d, api, flags, ptr, size, actual, stream, seq);
-}
-
-static inline void record_free(int device, int api, uint8_t flags, uint64_t ptr, uint64_t size,
-                               uint64_t actual, uint64_t stream, uint64_t seq)
-{
-    cuheap_count(CUHEAP_CTR_FREES, 1);
-    if (__builtin_expect(cuheap_recording(), 0))
-        record_free_event(device, api, flags, ptr, size, actual, stream, seq);
-}
-
-static void record_oom(struct cuheap_device *d, int api, uint64_t size, bool by_limit)
-{
-    atomic_fetch_add_explicit(&cuheap_nr_ooms, 1, memory_order_relaxed);
-    size_t f = 0, t = 0;
-    cuheap_drv.cuMemGetInfo_v2(&f, &t);
-    struct cuheap_rec r = {.type = by_limit ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM,
-                           .api = (uint8_t)api,
-                           .device = (int16_t)(d ? d->ordinal : -1),
-                           .size = size,
-                           .aux = f,
-                           .aux2 = by_limit && d ? d->limit : t,
-                           .result = CUDA_ERROR_OUT_OF_MEMORY};
-    cuheap_record(&r);
-}
-
-/* ---- pass-through allocations ---- */
-
-/* Count actual bytes against the device's limit before asking the driver. Under pressure
- * the pool gives back what it can spare first. */
-static bool admit(struct cuheap_device *d, uint64_t actual)
-{
-    if (!d)
-        return true;
-    uint64_t now = atomic_fetch_add(&d->reserved, actual) + actual;
-    if (!d->limit || now <= d->limit)
-        return true;
-    atomic_fetch_sub(&d->reserved, actual);
-    if (cuheap_cfg.release == CUHEAP_RELEASE_NEVER || !cuheap_pool_trim(&d->pool, false))
-        return false;
-    now = atomic_fetch_add(&d->reserved, actual) + actual;
-    if (now <= d->limit)
-        return true;
-    atomic_fetch_sub(&d->reserved, actual);
-    return false;
-}
-
-/* After the driver said out of memory: give back empty arenas and say whether to retry. */
-static bool reclaim_for_driver(struct cuheap_device *d)
-{
-    return d && cuheap_cfg.release != CUHEAP_RELEASE_NEVER && cuheap_pool_trim(&d->pool, false);
-}
-
-/* Call the driver for a pass-through allocation; when it is out of memory, the pool gives
- * back what it can spare and the call is made once more. The program then gets what the
- * driver alone would have given it. */
-#define DRIVER_ALLOC(r, d, call)                                                                   \
-    do {                                                                                           \
-        (r) = (call);                                                                              \
-        if ((r) == CUDA_ERROR_OUT_OF_MEMORY && reclaim_for_driver(d))                              \
-            (r) = (call);                                                                          \
-    } while (0)
-
-/* Book-keep a pass-through allocation once the driver answered. */
-static CUresult passthru_done(struct cuheap_device *d, CUresult r, int api, uint64_t key,
-                              uint64_t size, uint64_t actual, uint64_t stream, bool device_mem)
-{
-    if (r != CUDA_SUCCESS) {
-        if (d && device_mem)
-            atomic_fetch_sub(&d->reserved, actual);
-        if (r == CUDA_ERROR_OUT_OF_MEMORY)
-            record_oom(d, api, size, false);
-        return r;
-    }
-    uint64_t seq = event_seq();
-    struct cuheap_addr_entry e = {key, size, actual, (int16_t)(device_mem && d ? d->ordinal : -1),
-                                  (uint8_t)api};
-    if (cuheap_addrmap_put(&cuheap_passthru, &e))
-        cuheap_log_once("allocation table full: some frees will be recorded without sizes");
-    atomic_fetch_add_explicit(&cuheap_nr_passthrough, 1, memory_order_relaxed);
-    if (device_mem)
-        cuheap_account(d, (int64_t)size, 0);
-    record_alloc(device_mem ? d : NULL, api, 0, key, size, actual, stream, seq);
-    return r;
-}
-
-/* Free through the driver, keeping the map and the accounting exact: take the entry (and
- * the sequence number: a reuse of the address by the driver must come after the free) before
- * the call, then settle once the driver answered. */
-struct passthru_free {
-    struct cuheap_addr_entry entry;
-    bool known;
-    uint64_t seq;
-};
-
-static void passthru_free_begin(struct passthru_free *f, uint64_t key)
-{
-    memset(f, 0, sizeof(*f));
-    f->known = cuheap_addrmap_take(&cuheap_passthru, key, &f->entry) == 0;
-    f->seq = event_seq();
-}
-
-static CUresult passthru_free_end(struct passthru_free *f, CUresult r, uint64_t key, int api,
-                                  uint64_t stream)
-{
-    if (r != CUDA_SUCCESS) {
-        if (f->known)
-            cuheap_addrmap_put(&cuheap_passthru, &f->entry);
-        return r;
-    }
-    int dev = f->known ? f->entry.device : -1;
-    if (dev >= 0)
-        cuheap_account(cuheap_device_by_ordinal(dev), -(int64_t)f->entry.size,
-                       -(int64_t)f->entry.actual);
-    record_free(dev, f->known ? f->entry.api : api, 0, key, f->entry.size, f->entry.actual, stream,
-                f->seq);
-    return r;
-}
-
+/* A pass-through free: the layer's book-keeping around the driver's call, then LEAVE. */
 #define PASSTHRU_FREE(key, api, stream, call)                                                      \
     do {                                                                                           \
-        struct passthru_free pf_;                                                                  \
-        passthru_free_begin(&pf_, (key));                                                          \
+        struct cuheap_passthru_free pf_;                                                           \
+        cuheap_passthru_free_begin(&pf_, (key));                                                   \
         CUresult r_ = (call);                                                                      \
-        LEAVE(passthru_free_end(&pf_, r_, (key), (api), (stream)));                                \
+        LEAVE(cuheap_passthru_free_end(&pf_, r_, (key), (api), (stream)));                         \
     } while (0)
-
-/* ---- the pool's doors ---- */
-
-/* Serve from the pool. Returns 1 when served (*ret set), 0 to pass through, -1 for OOM. */
-static inline __attribute__((always_inline)) int pool_alloc(struct cuheap_counters *ctr,
-                                                            struct cuheap_device *d, int api,
-                                                            uint64_t size, uint64_t stream,
-                                                            CUdeviceptr *ret)
-{
-    if (!d || !cuheap_cfg.pool)
-        return 0;
-    uint64_t ptr, block, seq = 0; /* a sequence number only for an event recorded */
-    int r =
-        cuheap_pool_alloc(&d->pool, size, stream, &ptr, &block, cuheap_recording() ? &seq : NULL);
-    if (r == CUHEAP_POOL_PASS)
-        return 0;
-    if (r < 0) {
-        record_oom(d, api, size, d->limit && atomic_load(&d->reserved) + size > d->limit);
-        return -1;
-    }
-    *ret = (CUdeviceptr)ptr;
-    cuheap_account_in(ctr, d, (int64_t)size, 0);
-    cuheap_count_in(ctr, CUHEAP_CTR_ALLOCS, 1);
-    if (__builtin_expect(cuheap_recording(), 0))
-        record_alloc_event(d, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
-    return 1;
-}
-
-/* Free a pooled pointer. Returns 1 when freed, 0 when not ours, -1 for an invalid free. */
-static inline __attribute__((always_inline)) int pool_free(struct cuheap_counters *ctr,
-                                                           uint64_t ptr, uint64_t stream, int api)
-{
-    struct cuheap_pool *p = cuheap_pool_of(ptr);
-    if (!p)
-        return 0;
-    uint64_t size, block, seq = 0; /* a sequence number only for an event recorded */
-    if (cuheap_pool_free(p, ptr, stream, &size, &block, cuheap_recording() ? &seq : NULL))
-        return -1;
-    cuheap_account_in(ctr, cuheap_device_of_pool(p), -(int64_t)size, 0);
-    cuheap_count_in(ctr, CUHEAP_CTR_FREES, 1);
-    if (__builtin_expect(cuheap_recording(), 0))
-        record_free_event(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
-    return 1;
-}
 
 /* cuMemAlloc_v2's pass-through, apart so that the pooled path stays short. */
 static __attribute__((noinline)) CUresult mem_alloc_driver(struct cuheap_device *d,
                                                            CUdeviceptr *dptr, size_t size)
 {
-    uint64_t actual = driver_rounded(size);
-    if (!admit(d, actual)) {
-        record_oom(d, CUHEAP_API_MEM_ALLOC, size, true);
+    uint64_t actual = cuheap_driver_rounded(size);
+    if (!cuheap_admit(d, actual)) {
+        cuheap_record_oom(d, CUHEAP_API_MEM_ALLOC, size, true);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CUresult r;
-    DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(dptr, size));
-    return passthru_done(d, r, CUHEAP_API_MEM_ALLOC, r ? 0 : *dptr, size, actual, 0, true);
+    CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(dptr, size));
+    return cuheap_passthru_done(d, r, CUHEAP_API_MEM_ALLOC, r ? 0 : *dptr, size, actual, 0, true);
 }
 
 CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
@@ -402,7 +176,7 @@ CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     if (!active || !dptr || !size)
         LEAVE(cuheap_drv.cuMemAlloc_v2(dptr, size));
     struct cuheap_device *d = cuheap_device_current();
-    int served = pool_alloc(ctr, d, CUHEAP_API_MEM_ALLOC, size, 0, dptr);
+    int served = cuheap_alloc_pooled(ctr, d, CUHEAP_API_MEM_ALLOC, size, 0, dptr);
     if (served)
         LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
     LEAVE(mem_alloc_driver(d, dptr, size));
@@ -422,31 +196,31 @@ CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size
     if (!row)
         LEAVE(cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
     if (height <= SIZE_MAX / row) {
-        int served = pool_alloc(ctr, d, CUHEAP_API_PITCH, (uint64_t)row * height, 0, dptr);
+        int served = cuheap_alloc_pooled(ctr, d, CUHEAP_API_PITCH, (uint64_t)row * height, 0, dptr);
         if (served > 0)
             *pitch = row;
         if (served)
             LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
     }
     uint64_t actual =
-        height <= SIZE_MAX / row ? driver_rounded((uint64_t)row * height) : UINT64_MAX;
-    if (!admit(d, actual)) {
-        record_oom(d, CUHEAP_API_PITCH, actual, true);
+        height <= SIZE_MAX / row ? cuheap_driver_rounded((uint64_t)row * height) : UINT64_MAX;
+    if (!cuheap_admit(d, actual)) {
+        cuheap_record_oom(d, CUHEAP_API_PITCH, actual, true);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
     CUresult r;
-    DRIVER_ALLOC(r, d, cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
-    LEAVE(passthru_done(d, r, CUHEAP_API_PITCH, r ? 0 : *dptr, r ? actual : *pitch * height, actual,
-                        0, true));
+    CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
+    LEAVE(cuheap_passthru_done(d, r, CUHEAP_API_PITCH, r ? 0 : *dptr, r ? actual : *pitch * height,
+                               actual, 0, true));
 }
 
 /* cuMemFree_v2's pass-through, apart so that the pooled path stays short. */
 static __attribute__((noinline)) CUresult mem_free_driver(CUdeviceptr dptr)
 {
-    struct passthru_free f;
-    passthru_free_begin(&f, dptr);
+    struct cuheap_passthru_free f;
+    cuheap_passthru_free_begin(&f, dptr);
     CUresult r = cuheap_drv.cuMemFree_v2(dptr);
-    return passthru_free_end(&f, r, dptr, CUHEAP_API_MEM_ALLOC, 0);
+    return cuheap_passthru_free_end(&f, r, dptr, CUHEAP_API_MEM_ALLOC, 0);
 }
 
 CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -454,7 +228,7 @@ CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     ENTER(cuMemFree_v2);
     if (!active || !dptr)
         LEAVE(cuheap_drv.cuMemFree_v2(dptr));
-    int freed = pool_free(ctr, dptr, 0, CUHEAP_API_MEM_ALLOC);
+    int freed = cuheap_free_pooled(ctr, dptr, 0, CUHEAP_API_MEM_ALLOC);
     if (freed)
         LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
     LEAVE(mem_free_driver(dptr));
@@ -467,13 +241,14 @@ CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         LEAVE(call);                                                                               \
     struct cuheap_device *d = cuheap_device_current();                                             \
     uint64_t actual = (size + 511) & ~(uint64_t)511;                                               \
-    if (!admit(d, actual)) {                                                                       \
-        record_oom(d, api, size, true);                                                            \
+    if (!cuheap_admit(d, actual)) {                                                                \
+        cuheap_record_oom(d, api, size, true);                                                     \
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);                                                           \
     }                                                                                              \
     CUresult r;                                                                                    \
-    DRIVER_ALLOC(r, d, call);                                                                      \
-    LEAVE(passthru_done(d, r, api, r ? 0 : *dptr, size, actual, (uint64_t)(uintptr_t)s, true))
+    CUHEAP_DRIVER_ALLOC(r, d, call);                                                               \
+    LEAVE(cuheap_passthru_done(d, r, api, r ? 0 : *dptr, size, actual, (uint64_t)(uintptr_t)s,     \
+                               true))
 
 CUHEAP_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
 {
@@ -505,7 +280,7 @@ CUHEAP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t si
     ENTER(name);                                                                                   \
     if (!active || !dptr)                                                                          \
         LEAVE(call);                                                                               \
-    int freed = pool_free(ctr, dptr, s ? (uint64_t)(uintptr_t)s : 1, CUHEAP_API_ASYNC);            \
+    int freed = cuheap_free_pooled(ctr, dptr, s ? (uint64_t)(uintptr_t)s : 1, CUHEAP_API_ASYNC);   \
     if (freed)                                                                                     \
         LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);                                \
     PASSTHRU_FREE(dptr, CUHEAP_API_ASYNC, (uint64_t)(uintptr_t)s, call)
@@ -526,14 +301,14 @@ CUHEAP_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigne
     if (!active || !dptr || !size)
         LEAVE(cuheap_drv.cuMemAllocManaged(dptr, size, flags));
     struct cuheap_device *d = cuheap_device_current();
-    uint64_t actual = driver_rounded(size);
-    if (!admit(d, actual)) {
-        record_oom(d, CUHEAP_API_MANAGED, size, true);
+    uint64_t actual = cuheap_driver_rounded(size);
+    if (!cuheap_admit(d, actual)) {
+        cuheap_record_oom(d, CUHEAP_API_MANAGED, size, true);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
     CUresult r;
-    DRIVER_ALLOC(r, d, cuheap_drv.cuMemAllocManaged(dptr, size, flags));
-    LEAVE(passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, true));
+    CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemAllocManaged(dptr, size, flags));
+    LEAVE(cuheap_passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, true));
 }
 
 /* Pinned host memory: recorded, not counted against the device. */
@@ -543,8 +318,8 @@ CUHEAP_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags
     CUresult r = cuheap_drv.cuMemHostAlloc(pp, size, flags);
     if (!active)
         LEAVE(r);
-    LEAVE(passthru_done(cuheap_device_current(), r, CUHEAP_API_HOST,
-                        r ? 0 : (uint64_t)(uintptr_t)*pp, size, size, 0, false));
+    LEAVE(cuheap_passthru_done(cuheap_device_current(), r, CUHEAP_API_HOST,
+                               r ? 0 : (uint64_t)(uintptr_t)*pp, size, size, 0, false));
 }
 
 CUHEAP_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
@@ -553,8 +328,8 @@ CUHEAP_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
     CUresult r = cuheap_drv.cuMemAllocHost_v2(pp, size);
     if (!active)
         LEAVE(r);
-    LEAVE(passthru_done(cuheap_device_current(), r, CUHEAP_API_HOST,
-                        r ? 0 : (uint64_t)(uintptr_t)*pp, size, size, 0, false));
+    LEAVE(cuheap_passthru_done(cuheap_device_current(), r, CUHEAP_API_HOST,
+                               r ? 0 : (uint64_t)(uintptr_t)*pp, size, size, 0, false));
 }
 
 CUHEAP_EXPORT CUresult cuMemFreeHost(void *p)
@@ -581,14 +356,14 @@ CUHEAP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
         struct cuheap_device *cur = cuheap_device_current();
         d = cur && cur->ordinal == prop->location.id ? cur : NULL;
     }
-    if (!admit(d, size)) {
-        record_oom(d, CUHEAP_API_VMM_CREATE, size, true);
+    if (!cuheap_admit(d, size)) {
+        cuheap_record_oom(d, CUHEAP_API_VMM_CREATE, size, true);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
     CUresult r;
-    DRIVER_ALLOC(r, d, cuheap_drv.cuMemCreate(h, size, prop, flags));
-    LEAVE(
-        passthru_done(d, r, CUHEAP_API_VMM_CREATE, r ? 0 : VMM_KEY(*h), size, size, 0, d != NULL));
+    CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemCreate(h, size, prop, flags));
+    LEAVE(cuheap_passthru_done(d, r, CUHEAP_API_VMM_CREATE, r ? 0 : VMM_KEY(*h), size, size, 0,
+                               d != NULL));
 }
 
 CUHEAP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
@@ -609,20 +384,20 @@ CUHEAP_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     /* A mapping makes memory usable but costs nothing new: an event, no accounting. */
     struct cuheap_addr_entry e;
     int dev = cuheap_addrmap_get(&cuheap_passthru, VMM_KEY(h), &e) == 0 ? e.device : -1;
-    record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0,
-                 event_seq());
+    cuheap_record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0,
+                        cuheap_event_seq());
     LEAVE(r);
 }
 
 CUHEAP_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     ENTER(cuMemUnmap);
-    uint64_t seq = event_seq();
+    uint64_t seq = cuheap_event_seq();
     CUresult r = cuheap_drv.cuMemUnmap(ptr, size);
     if (!active || r != CUDA_SUCCESS)
         LEAVE(r);
     struct cuheap_device *d = cuheap_device_current();
-    record_free(d ? d->ordinal : -1, CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0, seq);
+    cuheap_record_free(d ? d->ordinal : -1, CUHEAP_API_VMM_MAP, 0, ptr, size, size, 0, seq);
     LEAVE(r);
 }
 
@@ -1042,16 +817,17 @@ CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream)
         return NULL;
     cuheap_busy = 1;
     CUdeviceptr p = 0;
-    int served = pool_alloc(ctr, d, CUHEAP_API_TORCH, (uint64_t)size, stream_tag(stream), &p);
+    int served =
+        cuheap_alloc_pooled(ctr, d, CUHEAP_API_TORCH, (uint64_t)size, stream_tag(stream), &p);
     if (served == 0) {
-        uint64_t actual = driver_rounded((uint64_t)size);
+        uint64_t actual = cuheap_driver_rounded((uint64_t)size);
         CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-        if (admit(d, actual)) {
-            DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(&p, (size_t)size));
-            passthru_done(d, r, CUHEAP_API_TORCH, r ? 0 : p, (uint64_t)size, actual,
-                          stream_tag(stream), true);
+        if (cuheap_admit(d, actual)) {
+            CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(&p, (size_t)size));
+            cuheap_passthru_done(d, r, CUHEAP_API_TORCH, r ? 0 : p, (uint64_t)size, actual,
+                                 stream_tag(stream), true);
         } else {
-            record_oom(d, CUHEAP_API_TORCH, (uint64_t)size, true);
+            cuheap_record_oom(d, CUHEAP_API_TORCH, (uint64_t)size, true);
         }
         if (r != CUDA_SUCCESS)
             p = 0;
@@ -1075,11 +851,12 @@ CUHEAP_API void cuheap_torch_free(void *ptr, ssize_t size, int device, void *str
     struct cuheap_counters *ctr = cuheap_counters_mine();
     cuheap_busy = 1;
     uint64_t p = (uint64_t)(uintptr_t)ptr;
-    if (!pool_free(ctr, p, stream_tag(stream), CUHEAP_API_TORCH)) {
+    if (!cuheap_free_pooled(ctr, p, stream_tag(stream), CUHEAP_API_TORCH)) {
         /* A pass-through block: the driver's free syncs the device, as cudaFree would. */
-        struct passthru_free f;
-        passthru_free_begin(&f, p);
-        passthru_free_end(&f, cuheap_drv.cuMemFree_v2(p), p, CUHEAP_API_TORCH, stream_tag(stream));
+        struct cuheap_passthru_free f;
+        cuheap_passthru_free_begin(&f, p);
+        cuheap_passthru_free_end(&f, cuheap_drv.cuMemFree_v2(p), p, CUHEAP_API_TORCH,
+                                 stream_tag(stream));
     }
     cuheap_busy = 0;
 }

@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The allocation layer's out-of-line parts (alloc.h says what the layer is): the events
+ * themselves, out-of-memory records, the limit's admission with the pool's reclaim, and the
+ * book-keeping of allocations and frees that pass through to the driver. The hot pooled path
+ * is inline in alloc.h.
+ */
+#include "alloc.h"
+
+#include <string.h>
+
+#include "addrmap.h"
+#include "config.h"
+#include "log.h"
+
+static uint8_t capture_flag(void)
+{
+    return cuheap_capturing() ? CUHEAP_EVF_CAPTURE : 0;
+}
+
+void cuheap_record_alloc_event(struct cuheap_device *d, int api, uint8_t flags, uint64_t ptr,
+                               uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
+{
+    struct cuheap_rec r = {.type = CUHEAP_EV_ALLOC,
+                           .api = (uint8_t)api,
+                           .flags = (uint8_t)(flags | capture_flag()),
+                           .device = (int16_t)(d ? d->ordinal : -1),
+                           .seq = seq,
+                           .ptr = ptr,
+                           .size = size,
+                           .actual = actual,
+                           .stream = stream};
+    cuheap_record(&r);
+}
+
+void cuheap_record_free_event(int device, int api, uint8_t flags, uint64_t ptr, uint64_t size,
+                              uint64_t actual, uint64_t stream, uint64_t seq)
+{
+    struct cuheap_rec r = {.type = CUHEAP_EV_FREE,
+                           .api = (uint8_t)api,
+                           .flags = (uint8_t)(flags | capture_flag()),
+                           .device = (int16_t)device,
+                           .seq = seq,
+                           .ptr = ptr,
+                           .size = size,
+                           .actual = actual,
+                           .stream = stream};
+    cuheap_record(&r);
+}
+
+void cuheap_record_oom(struct cuheap_device *d, int api, uint64_t size, bool by_limit)
+{
+    atomic_fetch_add_explicit(&cuheap_nr_ooms, 1, memory_order_relaxed);
+    size_t f = 0, t = 0;
+    cuheap_drv.cuMemGetInfo_v2(&f, &t);
+    struct cuheap_rec r = {.type = by_limit ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM,
+                           .api = (uint8_t)api,
+                           .device = (int16_t)(d ? d->ordinal : -1),
+                           .size = size,
+                           .aux = f,
+                           .aux2 = by_limit && d ? d->limit : t,
+                           .result = CUDA_ERROR_OUT_OF_MEMORY};
+    cuheap_record(&r);
+}
+
+/* ---- pass-through allocations ---- */
+
+bool cuheap_admit(struct cuheap_device *d, uint64_t actual)
+{
+    if (!d)
+        return true;
+    uint64_t now = atomic_fetch_add(&d->reserved, actual) + actual;
+    if (!d->limit || now <= d->limit)
+        return true;
+    atomic_fetch_sub(&d->reserved, actual);
+    if (cuheap_cfg.release == CUHEAP_RELEASE_NEVER || !cuheap_pool_trim(&d->pool, false))
+        return false;
+    now = atomic_fetch_add(&d->reserved, actual) + actual;
+    if (now <= d->limit)
+        return true;
+    atomic_fetch_sub(&d->reserved, actual);
+    return false;
+}
+
+bool cuheap_reclaim_for_driver(struct cuheap_device *d)
+{
+    return d && cuheap_cfg.release != CUHEAP_RELEASE_NEVER && cuheap_pool_trim(&d->pool, false);
+}
+
+CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint64_t key,
+                              uint64_t size, uint64_t actual, uint64_t stream, bool device_mem)
+{
+    if (r != CUDA_SUCCESS) {
+        if (d && device_mem)
+            atomic_fetch_sub(&d->reserved, actual);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            cuheap_record_oom(d, api, size, false);
+        return r;
+    }
+    uint64_t seq = cuheap_event_seq();
+    struct cuheap_addr_entry e = {key, size, actual, (int16_t)(device_mem && d ? d->ordinal : -1),
+                                  (uint8_t)api};
+    if (cuheap_addrmap_put(&cuheap_passthru, &e))
+        cuheap_log_once("allocation table full: some frees will be recorded without sizes");
+    atomic_fetch_add_explicit(&cuheap_nr_passthrough, 1, memory_order_relaxed);
+    if (device_mem)
+        cuheap_account(d, (int64_t)size, 0);
+    cuheap_record_alloc(device_mem ? d : NULL, api, 0, key, size, actual, stream, seq);
+    return r;
+}
+
+void cuheap_passthru_free_begin(struct cuheap_passthru_free *f, uint64_t key)
+{
+    memset(f, 0, sizeof(*f));
+    f->known = cuheap_addrmap_take(&cuheap_passthru, key, &f->entry) == 0;
+    f->seq = cuheap_event_seq();
+}
+
+CUresult cuheap_passthru_free_end(struct cuheap_passthru_free *f, CUresult r, uint64_t key, int api,
+                                  uint64_t stream)
+{
+    if (r != CUDA_SUCCESS) {
+        if (f->known)
+            cuheap_addrmap_put(&cuheap_passthru, &f->entry);
+        return r;
+    }
+    int dev = f->known ? f->entry.device : -1;
+    if (dev >= 0)
+        cuheap_account(cuheap_device_by_ordinal(dev), -(int64_t)f->entry.size,
+                       -(int64_t)f->entry.actual);
+    cuheap_record_free(dev, f->known ? f->entry.api : api, 0, key, f->entry.size, f->entry.actual,
+                       stream, f->seq);
+    return r;
+}
