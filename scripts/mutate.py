@@ -54,8 +54,8 @@ MUTATIONS = [
     ("tc-reap-skips-fence",
      "a thread cache's closed batch becomes ready without asking whether its fence passed",
      "reuse waits for the fence", "src/pool.c",
-     "    if (!p->be.fence_query(p->be.ctx, b->fence)) {\n        tc_unlock(tc);",
-     "    if (0) {\n        tc_unlock(tc);"),
+     "        if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))\n            break;",
+     "        if (0)\n            break;"),
     ("tc-free-straight-to-ready",
      "a free into a thread cache under the fence policy makes its block ready at once",
      "reuse waits for the fence", "src/pool.c",
@@ -75,13 +75,14 @@ MUTATIONS = [
      "vmm: the place score ignores idle chunks larger than the block, so a small block keeps a "
      "large chunk busy",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "        if (c && (c->nr_busy || c->nr <= fits))",
-     "        if (c && (c->nr_busy || c->nr <= fits || 1))"),
+     "            if (c->nr_busy || c->nr <= fits)",
+     "            if (c->nr_busy || c->nr <= fits || 1)"),
     ("vmm-ipc-ignores-buffer-id",
      "vmm: a shared block's handle is answered by address only, so a freed (or reused) block's "
      "memory goes to the importer",
      "IPC never shares the wrong bytes (pool v2)", "src/pool.c",
-     "        a->buffer_id[unit_of(a, block)] != buffer_id)", "        0)"),
+     "        __atomic_load_n(&a->buffer_id[unit_of(a, block)], __ATOMIC_RELAXED) != buffer_id)",
+     "        0)"),
     ("fence-wait-holds-pool-lock",
      "the pool lock stays held while a thread waits for a fence",
      "no lock held while waiting on the GPU", "src/pool.c",
@@ -140,16 +141,20 @@ MUTATIONS = [
      "        cuheap_capture_changed(s, true);"),
     ("async-free-unrecorded",
      "stream-ordered frees of pooled blocks (cuMemFreeAsync) not recorded",
-     "every call leaves its event", "src/hooks.c",
-     "    record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);",
-     "    if (api != CUHEAP_API_ASYNC)\n"
-     "        record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);"),
+     "every call leaves its event", "src/alloc.h",
+     "        cuheap_record_free_event(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, "
+     "seq);",
+     "        if (api != CUHEAP_API_ASYNC)\n"
+     "            cuheap_record_free_event(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, "
+     "stream, seq);"),
     ("torch-free-unrecorded",
      "frees through the pluggable allocator (cuheap_torch_free) not recorded",
-     "every call leaves its event", "src/hooks.c",
-     "    record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);",
-     "    if (api != CUHEAP_API_TORCH)\n"
-     "        record_free(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);"),
+     "every call leaves its event", "src/alloc.h",
+     "        cuheap_record_free_event(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, "
+     "seq);",
+     "        if (api != CUHEAP_API_TORCH)\n"
+     "            cuheap_record_free_event(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, "
+     "stream, seq);"),
     ("managed-unrecorded",
      "cuMemAllocManaged goes to the driver without an event",
      "every call leaves its event", "src/hooks.c",
@@ -168,9 +173,9 @@ MUTATIONS = [
      "the pool's out-of-memory answers CUDA_ERROR_INVALID_VALUE instead of the driver's code",
      "errors are the driver's", "src/hooks.c",
      "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);\n"
-     "    uint64_t actual = driver_rounded(size);",
+     "    LEAVE(mem_alloc_driver(d, dptr, size));",
      "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);\n"
-     "    uint64_t actual = driver_rounded(size);"),
+     "    LEAVE(mem_alloc_driver(d, dptr, size));"),
     ("pass-through-no-retry",
      "a pass-through allocation the driver refuses is not retried after the pool gave back its "
      "empty arenas",

@@ -1172,6 +1172,7 @@ struct tc_block {
  * of its address (blocks are at least 256-byte aligned). */
 struct tc_batch {
     void *fence; /* closed batches: from backend->fence_record */
+    bool passed; /* its fence has passed (blocks may have become ready already) */
     uint32_t nr;
     uint64_t bytes;
     struct tc_block blocks[TC_BATCH];
@@ -1275,7 +1276,7 @@ static unsigned tc_drain_locked(struct cuheap_pool *p, struct cuheap_tcache *tc,
             break;
         }
         tc_unlock(tc);
-        tc_give_freed_locked(p, &b, b.fence && p->be.fence_query(p->be.ctx, b.fence));
+        tc_give_freed_locked(p, &b, b.fence && (b.passed || p->be.fence_query(p->be.ctx, b.fence)));
         n += b.nr;
     }
     struct tc_block ready[TC_PER_ORDER];
@@ -1389,7 +1390,7 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
         return false;
     }
     struct tc_batch *b = &tc->closed[tc->closed_head % TC_NR_CLOSED];
-    if (!p->be.fence_query(p->be.ctx, b->fence)) {
+    if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence)) {
         tc_unlock(tc);
         return false;
     }
@@ -1405,6 +1406,35 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
     tc_unlock(tc);
     tc_give_freed_locked(p, &spill, true); /* and the fence goes back */
     return true;
+}
+
+/* Without p->lock: closed batches whose fence has passed give this thread's cache what fits
+ * (asking the driver about a fence the thread owns needs no pool lock, and 16 threads each
+ * holding it for that serialized on it). What does not fit, and the fence, go back to the pool
+ * later, under its lock (tc_reap_locked, tc_drain_locked). Returns whether a block came. */
+static bool tc_reap_unlocked(struct cuheap_pool *p, struct cuheap_tcache *tc)
+{
+    bool got = false;
+    tc_lock(tc);
+    for (unsigned c = tc->closed_head; c != tc->closed_tail; c++) {
+        struct tc_batch *b = &tc->closed[c % TC_NR_CLOSED];
+        if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))
+            break; /* fences pass in order */
+        b->passed = true;
+        uint32_t keep = 0;
+        for (uint32_t i = 0; i < b->nr; i++) {
+            const struct tc_block k = b->blocks[i];
+            if (tc_keep_ready(p, tc, tc_ptr(&k), k.arena, tc_order(&k))) {
+                b->bytes -= 1ull << tc_order(&k);
+                got = true;
+            } else {
+                b->blocks[keep++] = k;
+            }
+        }
+        b->nr = keep;
+    }
+    tc_unlock(tc);
+    return got;
 }
 
 /* The thread's open batch is full: close it behind a fence of its own, so its blocks come back
@@ -1427,6 +1457,7 @@ static void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
         struct tc_batch *c = &tc->closed[tc->closed_tail++ % TC_NR_CLOSED];
         *c = tc->open;
         c->fence = fence;
+        c->passed = false;
     } else {
         b = tc->open;
     }
@@ -1690,7 +1721,9 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     bool cached = !stream && p->tc_bytes;
     if (cached && !__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED)) {
         struct cuheap_tcache *tc = tc_find(p);
-        if (tc && tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0)
+        if (tc &&
+            (tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0 ||
+             (tc_reap_unlocked(p, tc) && tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0)))
             return 0;
     }
     pthread_mutex_lock(&p->lock);
