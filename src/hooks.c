@@ -613,18 +613,22 @@ static CUstream capture_key(CUstream s, bool ptsz)
 CUHEAP_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
 {
     ENTER(cuStreamBeginCapture_v2);
+    /* Counted before the capture begins: a fence recorded on the stream from now on (by any
+     * thread) would become a node of the program's graph. Uncounted if the driver refuses. */
+    bool marked = active && cuheap_capture_changed(capture_key(s, false), true);
     CUresult r = cuheap_drv.cuStreamBeginCapture_v2(s, mode);
-    if (active && r == CUDA_SUCCESS)
-        cuheap_capture_changed(capture_key(s, false), true);
+    if (marked && r != CUDA_SUCCESS)
+        cuheap_capture_changed(capture_key(s, false), false);
     LEAVE(r);
 }
 
 CUHEAP_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
 {
     ENTER(cuStreamBeginCapture_v2_ptsz);
+    bool marked = active && cuheap_capture_changed(capture_key(s, true), true); /* as above */
     CUresult r = cuheap_drv.cuStreamBeginCapture_v2_ptsz(s, mode);
-    if (active && r == CUDA_SUCCESS)
-        cuheap_capture_changed(capture_key(s, true), true);
+    if (marked && r != CUDA_SUCCESS)
+        cuheap_capture_changed(capture_key(s, true), false);
     LEAVE(r);
 }
 

@@ -362,10 +362,10 @@ static uint64_t device_peak_live(struct cuheap_device *d)
     return live > peak ? live : peak;
 }
 
-void cuheap_capture_changed(CUstream s, bool begin)
+bool cuheap_capture_changed(CUstream s, bool begin)
 {
     if (!s)
-        return; /* the legacy stream cannot capture; NULL marks an empty slot below */
+        return false; /* the legacy stream cannot capture; NULL marks an empty slot below */
     pthread_mutex_lock(&capture_lock);
     int slot = -1;
     for (int i = 0; i < 64; i++)
@@ -392,6 +392,7 @@ void cuheap_capture_changed(CUstream s, bool begin)
             cuheap_pool_capture(&devices[i].pool, begin ? 1 : -1);
     }
     pthread_mutex_unlock(&capture_lock);
+    return changed;
 }
 
 bool cuheap_capturing(void)

@@ -138,8 +138,9 @@ uint64_t cuheap_device_live(struct cuheap_device *d);
 extern pthread_mutex_t cuheap_streams_gate;
 void cuheap_streams_changed(CUcontext ctx, CUstream s, bool added);
 
-/* Stream capture began or ended: tell every pool. */
-void cuheap_capture_changed(CUstream s, bool begin);
+/* Stream capture began or ended: tell every pool. Returns whether s's state changed (false
+ * when it was counted as capturing already, or not at all). */
+bool cuheap_capture_changed(CUstream s, bool begin);
 bool cuheap_capturing(void);
 
 #endif
