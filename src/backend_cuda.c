@@ -144,9 +144,13 @@ static int fence_query(void *ctx, void *fence)
 {
     (void)ctx;
     struct cuheap_fence *f = fence;
-    for (unsigned i = 0; i < f->nr; i++)
-        if (cuheap_drv.cuEventQuery(f->events[i]) == CUDA_ERROR_NOT_READY)
+    for (unsigned i = 0; i < f->nr; i++) {
+        CUresult r = cuheap_drv.cuEventQuery(f->events[i]);
+        /* a query refused because a stream captures says nothing about the fence */
+        if (r == CUDA_ERROR_NOT_READY || (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+                                          r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD))
             return 0;
+    }
     return 1; /* complete; a broken context also counts: nothing will run on it again */
 }
 

@@ -86,6 +86,20 @@ int cuheap_buddy_init(struct cuheap_buddy *b, uintptr_t base, uint64_t size, uin
     return 0;
 }
 
+void cuheap_buddy_retire(struct cuheap_buddy *b)
+{
+    /* base, min_order and nr_units stay: lock-free readers compute a unit from them and must
+     * land inside the (emptied, still mapped) per-unit arrays of the arena */
+    __atomic_store_n(&b->size, 0, __ATOMIC_RELEASE);
+    if (b->next)
+        munmap(b->next, b->meta_bytes);
+    b->next = b->prev = NULL;
+    b->unit_state = NULL;
+    b->meta_bytes = 0;
+    b->free_bitmap = b->free_bytes = 0;
+    memset(b->free_area, 0, sizeof(b->free_area));
+}
+
 void cuheap_buddy_destroy(struct cuheap_buddy *b)
 {
     if (b->next)

@@ -53,6 +53,10 @@ int cuheap_buddy_init(struct cuheap_buddy *b, uintptr_t base, uint64_t size, uin
 /* Release the metadata. */
 void cuheap_buddy_destroy(struct cuheap_buddy *b);
 
+/* Release the metadata of an arena going away while lock-free readers may still hold it: size
+ * becomes 0 (nothing is inside any more), base, min_order and nr_units stay as they were. */
+void cuheap_buddy_retire(struct cuheap_buddy *b);
+
 /* Smallest order that holds size bytes (at least min_order). */
 unsigned cuheap_buddy_order_for(const struct cuheap_buddy *b, uint64_t size);
 

@@ -200,7 +200,7 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
 static void arena_retire(struct cuheap_arena *a)
 {
     madvise(a->block_size, a->meta_bytes, MADV_DONTNEED); /* reads as zeros from now on */
-    cuheap_buddy_destroy(&a->buddy);                      /* size becomes 0 */
+    cuheap_buddy_retire(&a->buddy); /* size becomes 0; base and unit size stay for tc_free */
 }
 
 static void note(struct cuheap_pool *p, int type, uint64_t ptr, uint64_t size, uint64_t aux,
@@ -1133,8 +1133,10 @@ static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t 
  * CUHEAP_FENCE_BATCH frees, or sooner when it holds an eighth of the pool (of
  * CUHEAP_ARENA_SIZE while the pool is smaller): large blocks should not wait behind many
  * small ones, and a small pool (vmm holds only what is used) should not record a fence for
- * every free. */
-static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t block)
+ * every free. Returns whether the batch is due to close (pend_locked() closes it; closing may
+ * wait for a fence with p->lock dropped). */
+static bool pend_nowait_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                               uint64_t block)
 {
     struct cuheap_epoch *e = open_epoch(p);
     a->link[unit_of(a, ptr)] = e->head;
@@ -1142,6 +1144,21 @@ static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t 
     e->nr_blocks++;
     e->bytes += block;
     p->st.pending += block;
+    uint64_t volume = p->st.reserved > p->cfg->arena_size ? p->st.reserved : p->cfg->arena_size;
+    return e->nr_blocks >= p->cfg->fence_batch || e->bytes >= volume / 8;
+}
+
+static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t block)
+{
+    if (pend_nowait_locked(p, a, ptr, block))
+        close_epoch_locked(p);
+}
+
+/* Close the open epoch if blocks handed over without closing (thread-cache drains) made it
+ * due. May drop p->lock. */
+static void close_if_due_locked(struct cuheap_pool *p)
+{
+    struct cuheap_epoch *e = open_epoch(p);
     uint64_t volume = p->st.reserved > p->cfg->arena_size ? p->st.reserved : p->cfg->arena_size;
     if (e->nr_blocks >= p->cfg->fence_batch || e->bytes >= volume / 8)
         close_epoch_locked(p);
@@ -1241,7 +1258,9 @@ static void tc_fold_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
 }
 
 /* Freed blocks handed to the pool (p->lock held): behind its open epoch, or straight back
- * when their fence has passed or CUHEAP_REUSE=immediate needs none. */
+ * when their fence has passed or CUHEAP_REUSE=immediate needs none. The open epoch is not
+ * closed here: closing may wait for a fence with p->lock dropped, and a drain walking
+ * p->tcaches must keep it (a thread that ends frees its cache under it); the caller closes. */
 static void tc_give_freed_locked(struct cuheap_pool *p, const struct tc_batch *b, bool passed)
 {
     for (uint32_t i = 0; i < b->nr; i++) {
@@ -1249,7 +1268,7 @@ static void tc_give_freed_locked(struct cuheap_pool *p, const struct tc_batch *b
         if (passed || p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE)
             return_block_locked(p, k->arena, tc_ptr(k));
         else
-            pend_locked(p, k->arena, tc_ptr(k), 1ull << tc_order(k));
+            pend_nowait_locked(p, k->arena, tc_ptr(k), 1ull << tc_order(k));
     }
     if (b->fence)
         p->be.fence_destroy(p->be.ctx, b->fence);
@@ -1323,17 +1342,22 @@ static void tc_thread_exit(void *arg)
                 listed = true;
                 break;
             }
-        if (listed) /* else the pool was set up again: what the cache held went with it */
+        if (listed) { /* else the pool was set up again: what the cache held went with it */
             tc_drain_locked(p, tc, false);
+            close_if_due_locked(p);
+        }
         pthread_mutex_unlock(&p->lock);
         tc_slot[i] = NULL;
         free(tc);
     }
 }
 
+static bool tc_key_ok;
+
 static void tc_make_key(void)
 {
-    if (pthread_key_create(&tc_key, tc_thread_exit))
+    tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0;
+    if (!tc_key_ok)
         cuheap_log("thread caches: no thread key; a thread's cache is kept after it ends");
 }
 
@@ -1357,7 +1381,8 @@ static struct cuheap_tcache *tc_get_locked(struct cuheap_pool *p)
             continue;
         }
         pthread_once(&tc_key_once, tc_make_key);
-        pthread_setspecific(tc_key, tc_slot); /* any non-NULL value: the destructor runs */
+        if (tc_key_ok)
+            pthread_setspecific(tc_key, tc_slot); /* any non-NULL value: the destructor runs */
         tc->pool = p;
         tc->gen = p->gen;
         tc->next = p->tcaches;
@@ -1390,7 +1415,8 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
         return false;
     }
     struct tc_batch *b = &tc->closed[tc->closed_head % TC_NR_CLOSED];
-    if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence)) {
+    /* no query while a stream captures: the driver may refuse it, which is no answer */
+    if (!b->passed && (p->nr_capturing || !p->be.fence_query(p->be.ctx, b->fence))) {
         tc_unlock(tc);
         return false;
     }
@@ -1464,8 +1490,10 @@ static void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
     tc->open.nr = 0;
     tc->open.bytes = 0;
     tc_unlock(tc);
-    if (!own)
+    if (!own) {
         tc_give_freed_locked(p, &b, false);
+        close_if_due_locked(p);
+    }
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -1596,6 +1624,8 @@ static __attribute__((always_inline)) inline int tc_free(struct cuheap_pool *p,
     if (!a || a->pool != p || ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
         return -EAGAIN;
     uint32_t u = unit_of(a, ptr);
+    if (u >= a->buddy.nr_units) /* retired since the lookup: its size went to 0 */
+        return -EAGAIN;
     uint64_t asked = size_at(a, u); /* a block's order is that of the size it was asked for */
     if (!asked || order_of_size(p, asked) > p->tc_max_order)
         return -EAGAIN;

@@ -1137,20 +1137,26 @@ static void *pairs_thread(void *arg)
     return NULL;
 }
 
-/* A thread that ends gives its cache back: the pool can then give everything back. */
+/* A thread that ends gives its cache back, ready and freed blocks alike: the pool no longer
+ * lists the cache, and can give everything back. */
 static void test_thread_exit_gives_cache_back(void **state)
 {
     (void)state;
-    fixture_thread_cache = 16 * MIB;
-    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 64 * MIB, 0);
-    fixture_thread_cache = 0;
-    pthread_t t;
-    pthread_create(&t, NULL, pairs_thread, f);
-    pthread_join(t, NULL);
-    check_invariants(f);
-    cuheap_pool_trim(&f->pool, false);
-    assert_int_equal(atomic_load(&f->reserved), 0);
-    teardown(f);
+    for (int policy = 0; policy < 2; policy++) {
+        fixture_thread_cache = 16 * MIB;
+        struct fixture *f =
+            setup(policy ? CUHEAP_REUSE_FENCE : CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 64 * MIB, 0);
+        fixture_thread_cache = 0;
+        pthread_t t;
+        pthread_create(&t, NULL, pairs_thread, f);
+        pthread_join(t, NULL);
+        assert_null(f->pool.tcaches); /* unlisted by the thread itself, not by a trim */
+        check_invariants(f);
+        complete_fences(&f->dev);
+        cuheap_pool_trim(&f->pool, false);
+        assert_int_equal(atomic_load(&f->reserved), 0);
+        teardown(f);
+    }
 }
 
 struct locked_pairs {
@@ -1200,35 +1206,54 @@ static void test_thread_cache_pairs_take_no_pool_lock(void **state)
     teardown(f);
 }
 
-static void *free_once_thread(void *arg)
+struct double_free {
+    uint64_t *blocks;
+    int n;
+    pthread_barrier_t *go;
+    int freed; /* how many of the blocks this thread's frees took */
+};
+
+/* With a cache of its own (one pair first), free every block at the same moment as another. */
+static void *free_all_thread(void *arg)
 {
-    uint64_t *a = arg;
-    uint64_t size, block, seq;
-    return (void *)(intptr_t)cuheap_pool_free(&current->pool, a[0], 0, &size, &block, &seq);
+    struct double_free *d = arg;
+    release(current, alloc(current, 4096, 0), 0);
+    pthread_barrier_wait(d->go);
+    for (int i = 0; i < d->n; i++) {
+        uint64_t size, block, seq;
+        d->freed += cuheap_pool_free(&current->pool, d->blocks[i], 0, &size, &block, &seq) == 0;
+    }
+    return NULL;
 }
 
-/* A block freed by one thread's cache cannot be freed again by another's. */
+/* Two threads' caches free the same blocks at once: each block is freed exactly once, the other
+ * free is refused as a double free, and no block ends up in both caches. */
 static void test_thread_cache_double_free_across_threads(void **state)
 {
     (void)state;
     fixture_thread_cache = 16 * MIB;
     struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
     fixture_thread_cache = 0;
-    release(f, alloc(f, 4096, 0), 0); /* this thread has a cache */
-    uint64_t a[1] = {alloc(f, 4096, 0)};
+    enum { N = 2000 };
+    static uint64_t blocks[N];
+    for (int i = 0; i < N; i++)
+        blocks[i] = alloc(f, 4096, 0);
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, 2);
+    struct double_free d1 = {blocks, N, &go, 0}, d2 = {blocks, N, &go, 0};
     pthread_t t1, t2;
-    void *r1, *r2;
-    pthread_create(&t1, NULL, pairs_thread, f); /* a second thread with a cache of its own */
+    pthread_create(&t1, NULL, free_all_thread, &d1);
+    pthread_create(&t2, NULL, free_all_thread, &d2);
     pthread_join(t1, NULL);
-    pthread_create(&t1, NULL, free_once_thread, a);
-    pthread_join(t1, &r1);
-    pthread_create(&t2, NULL, free_once_thread, a);
-    pthread_join(t2, &r2);
+    pthread_join(t2, NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(d1.freed + d2.freed, N);
     uint64_t size, block, seq;
-    assert_int_equal((intptr_t)r1, 0);
-    assert_int_equal((intptr_t)r2, -22);
-    assert_int_equal(cuheap_pool_free(&f->pool, a[0], 0, &size, &block, &seq), -22);
+    assert_int_equal(cuheap_pool_free(&f->pool, blocks[0], 0, &size, &block, &seq), -22);
     check_invariants(f);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.live, 0);
     teardown(f);
 }
 
