@@ -1504,11 +1504,11 @@ static void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
 static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, unsigned order,
                              uint64_t size)
 {
-    tc_reap_locked(p, tc);
     /* vmm: a block of a granule or more holds memory of its own; taking one the thread has
      * not asked for would keep that memory from every other size */
     if (order > p->tc_max_order)
         return;
+    tc_reap_locked(p, tc);
     struct cuheap_quick *q = &p->quick[order];
     struct tc_block got[TC_REFILL];
     unsigned n = 0;
@@ -1751,7 +1751,9 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     bool cached = !stream && p->tc_bytes;
     if (cached && !__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED)) {
         struct cuheap_tcache *tc = tc_find(p);
-        if (tc &&
+        /* a block too large for the caches asks no fence on their behalf */
+        bool cacheable = order_of_size(p, size) <= p->tc_max_order;
+        if (tc && cacheable &&
             (tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0 ||
              (tc_reap_unlocked(p, tc) && tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0)))
             return 0;
@@ -1765,7 +1767,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     struct cuheap_arena *arena = NULL;
     int r = -ENOMEM, g = 0;
     bool from_tc = false;
-    if (cached) {
+    if (cached && order_of_size(p, size) <= p->tc_max_order) {
         /* the thread's own batch whose fence has passed, before anything of the pool's */
         struct cuheap_tcache *tc = tc_find(p);
         if (tc && tc_reap_locked(p, tc) &&
