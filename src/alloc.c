@@ -18,25 +18,11 @@ static uint8_t capture_flag(void)
     return cuheap_capturing() ? CUHEAP_EVF_CAPTURE : 0;
 }
 
-void cuheap_record_alloc_event(struct cuheap_device *d, int api, uint8_t flags, uint64_t ptr,
+/* An allocation's or a free's event: the one place both are built. */
+static void record_block_event(int type, int device, int api, uint8_t flags, uint64_t ptr,
                                uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
 {
-    struct cuheap_rec r = {.type = CUHEAP_EV_ALLOC,
-                           .api = (uint8_t)api,
-                           .flags = (uint8_t)(flags | capture_flag()),
-                           .device = (int16_t)(d ? d->ordinal : -1),
-                           .seq = seq,
-                           .ptr = ptr,
-                           .size = size,
-                           .actual = actual,
-                           .stream = stream};
-    cuheap_record(&r);
-}
-
-void cuheap_record_free_event(int device, int api, uint8_t flags, uint64_t ptr, uint64_t size,
-                              uint64_t actual, uint64_t stream, uint64_t seq)
-{
-    struct cuheap_rec r = {.type = CUHEAP_EV_FREE,
+    struct cuheap_rec r = {.type = (uint8_t)type,
                            .api = (uint8_t)api,
                            .flags = (uint8_t)(flags | capture_flag()),
                            .device = (int16_t)device,
@@ -46,6 +32,19 @@ void cuheap_record_free_event(int device, int api, uint8_t flags, uint64_t ptr, 
                            .actual = actual,
                            .stream = stream};
     cuheap_record(&r);
+}
+
+void cuheap_record_alloc_event(struct cuheap_device *d, int api, uint8_t flags, uint64_t ptr,
+                               uint64_t size, uint64_t actual, uint64_t stream, uint64_t seq)
+{
+    record_block_event(CUHEAP_EV_ALLOC, d ? d->ordinal : -1, api, flags, ptr, size, actual, stream,
+                       seq);
+}
+
+void cuheap_record_free_event(int device, int api, uint8_t flags, uint64_t ptr, uint64_t size,
+                              uint64_t actual, uint64_t stream, uint64_t seq)
+{
+    record_block_event(CUHEAP_EV_FREE, device, api, flags, ptr, size, actual, stream, seq);
 }
 
 void cuheap_record_oom(struct cuheap_device *d, int api, uint64_t size, bool by_limit)

@@ -1135,6 +1135,13 @@ static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t 
  * small ones, and a small pool (vmm holds only what is used) should not record a fence for
  * every free. Returns whether the batch is due to close (pend_locked() closes it; closing may
  * wait for a fence with p->lock dropped). */
+static bool epoch_due_locked(struct cuheap_pool *p)
+{
+    const struct cuheap_epoch *e = open_epoch(p);
+    uint64_t volume = p->st.reserved > p->cfg->arena_size ? p->st.reserved : p->cfg->arena_size;
+    return e->nr_blocks >= p->cfg->fence_batch || e->bytes >= volume / 8;
+}
+
 static bool pend_nowait_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
                                uint64_t block)
 {
@@ -1144,8 +1151,7 @@ static bool pend_nowait_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     e->nr_blocks++;
     e->bytes += block;
     p->st.pending += block;
-    uint64_t volume = p->st.reserved > p->cfg->arena_size ? p->st.reserved : p->cfg->arena_size;
-    return e->nr_blocks >= p->cfg->fence_batch || e->bytes >= volume / 8;
+    return epoch_due_locked(p);
 }
 
 static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t block)
@@ -1158,9 +1164,7 @@ static void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t 
  * due. May drop p->lock. */
 static void close_if_due_locked(struct cuheap_pool *p)
 {
-    struct cuheap_epoch *e = open_epoch(p);
-    uint64_t volume = p->st.reserved > p->cfg->arena_size ? p->st.reserved : p->cfg->arena_size;
-    if (e->nr_blocks >= p->cfg->fence_batch || e->bytes >= volume / 8)
+    if (epoch_due_locked(p))
         close_epoch_locked(p);
 }
 
@@ -1571,16 +1575,13 @@ static bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint6
     return nr != 0;
 }
 
-/* The fast allocation: a ready block of the right order from the thread's own cache. Returns
- * 0, or -EAGAIN for the pool's path. */
+/* The fast allocation: a ready block of order (that of size, at most tc_max_order) from the
+ * thread's own cache. Returns 0, or -EAGAIN for the pool's path. */
 static __attribute__((always_inline)) inline int tc_alloc(struct cuheap_pool *p,
                                                           struct cuheap_tcache *tc, uint64_t size,
-                                                          uint64_t *ret_ptr, uint64_t *ret_block,
-                                                          uint64_t *ret_seq)
+                                                          unsigned order, uint64_t *ret_ptr,
+                                                          uint64_t *ret_block, uint64_t *ret_seq)
 {
-    unsigned order = order_of_size(p, size);
-    if (order > p->tc_max_order)
-        return -EAGAIN;
     tc_lock(tc);
     uint8_t nr = tc->nr_ready[order];
     if (!nr) {
@@ -1748,14 +1749,14 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
 {
     if (size == 0 || size > p->cfg->pool_max)
         return CUHEAP_POOL_PASS;
-    bool cached = !stream && p->tc_bytes;
+    unsigned order = order_of_size(p, size);
+    /* a block too large for the caches asks no fence on their behalf */
+    bool cached = !stream && p->tc_bytes && order <= p->tc_max_order;
     if (cached && !__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED)) {
         struct cuheap_tcache *tc = tc_find(p);
-        /* a block too large for the caches asks no fence on their behalf */
-        bool cacheable = order_of_size(p, size) <= p->tc_max_order;
-        if (tc && cacheable &&
-            (tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0 ||
-             (tc_reap_unlocked(p, tc) && tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0)))
+        if (tc && (tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0 ||
+                   (tc_reap_unlocked(p, tc) &&
+                    tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0)))
             return 0;
     }
     pthread_mutex_lock(&p->lock);
@@ -1767,17 +1768,17 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     struct cuheap_arena *arena = NULL;
     int r = -ENOMEM, g = 0;
     bool from_tc = false;
-    if (cached && order_of_size(p, size) <= p->tc_max_order) {
+    if (cached) {
         /* the thread's own batch whose fence has passed, before anything of the pool's */
         struct cuheap_tcache *tc = tc_find(p);
         if (tc && tc_reap_locked(p, tc) &&
-            tc_alloc(p, tc, size, ret_ptr, ret_block, ret_seq) == 0) {
+            tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0) {
             pthread_mutex_unlock(&p->lock);
             return 0;
         }
         /* vmm: a ready block whose memory covers a smaller request gets the rest here */
         if (tc && p->vmm && tc_take_ready(p, tc, size, &ptr, &arena)) {
-            block = 1ull << order_of_size(p, size);
+            block = 1ull << order;
             from_tc = true;
             r = 0;
         }
@@ -1786,7 +1787,6 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     /* Same-stream reuse needs no fence: later work on that stream is ordered after the free. */
     struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, false) : NULL;
     if (sc) {
-        unsigned order = order_of_size(p, size);
         if (order < CUHEAP_NR_ORDERS && sc->heads[order]) {
             ptr = sc->heads[order];
             arena = map_lookup(ptr);
@@ -1799,8 +1799,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
     }
     /* With thread caches, this path runs once per refill: blocks whose fence has passed are
      * what refills come from, so look for them every time the quick list is out. */
-    if (r && (++p->nr_since_poll >= 32 ||
-              (cached && !p->quick[order_of_size(p, size) % CUHEAP_NR_ORDERS].head))) {
+    if (r && (++p->nr_since_poll >= 32 || (cached && !p->quick[order % CUHEAP_NR_ORDERS].head))) {
         p->nr_since_poll = 0;
         reclaim_locked(p);
     }
