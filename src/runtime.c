@@ -177,14 +177,23 @@ bool cuheap_boot_slow(void)
     return atomic_load(&cuheap_booted) && !cuheap_busy;
 }
 
+static void *cuda_is_loaded(void *arg)
+{
+    (void)arg;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (h)
+        dlclose(h);
+    return h;
+}
+
 bool cuheap_boot_if_cuda(void)
 {
     if (atomic_load_explicit(&cuheap_booted, memory_order_acquire))
         return true;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-    if (!h)
+    /* unsignalled: the loader takes malloc's lock, and a handler that allocates device memory
+     * boots cuheap, whose own dlopen would wait for that lock forever */
+    if (!unsignalled(cuda_is_loaded, NULL))
         return false;
-    dlclose(h);
     return cuheap_boot();
 }
 
