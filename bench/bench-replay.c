@@ -4,7 +4,7 @@
  * trace, e.g. bench/sequences/gpt-seq-nocache.jsonl.gz decompressed) through cuMemAlloc/cuMemFree
  * and prints peak live bytes, peak bytes held from the device, and their ratio.
  *
- *   bench-replay [--work-us N] [--steps N] TRACE
+ *   bench-replay [--work-us N] [--steps N] [--passes N] TRACE
  *
  * Run it on the simulated driver alone (what the driver itself holds: the device's used bytes),
  * or with libcuheap.so preloaded (what cuheap holds: its peak reserved bytes). Like a training
@@ -12,6 +12,11 @@
  * microseconds (default 20) is queued on a non-blocking stream, and the host waits for the
  * stream only at step ends (--steps, default 30, evenly over the trace), as a loss.item() does.
  * Fence timing therefore varies from run to run: run it several times and keep the worst.
+ *
+ * --passes N (default 1) replays the job's steady part N-1 more times, as a long run would: the
+ * allocations the trace frees again, with the blocks it never frees (the model) kept from the
+ * first pass. Each pass after the first prints its own "pass=K peak_held=B held_over_live=R"
+ * line, so that memory held creeping up over a long run shows.
  *
  * Output: one line, "replay=NAME allocs=N peak_live=B peak_held=B held_over_live=R".
  */
@@ -63,18 +68,20 @@ static uint64_t held_now(uint64_t used_at_start)
 
 int main(int argc, char **argv)
 {
-    unsigned work_us = 20, steps = 30;
+    unsigned work_us = 20, steps = 30, passes = 1;
     int a = 1;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--work-us"))
             work_us = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--steps"))
             steps = (unsigned)atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--passes"))
+            passes = (unsigned)atoi(argv[a + 1]);
         else
             break;
     }
-    if (a != argc - 1 || !steps) {
-        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] TRACE\n");
+    if (a != argc - 1 || !steps || !passes) {
+        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] TRACE\n");
         return 2;
     }
     struct cuheap_trace tr;
@@ -92,17 +99,18 @@ int main(int argc, char **argv)
     check(cu.cuMemGetInfo_v2(&f0, &t0), "cuMemGetInfo");
     uint64_t used0 = get_stats ? 0 : (uint64_t)(t0 - f0);
 
-    size_t n = 0;
-    for (size_t i = 0; i < tr.nr_events; i++)
-        n += tr.events[i].type == CUHEAP_EV_ALLOC;
-    size_t cap = 1;
-    while (cap < 4 * n + 16)
+    /* Each free matched to the allocation it frees (by event index), so that later passes can
+     * replay the freed allocations again without their addresses meeting the model's. */
+    size_t nr_ev = tr.nr_events, cap = 1;
+    while (cap < 2 * nr_ev + 16)
         cap <<= 1;
     uint64_t *keys = calloc(cap, sizeof(*keys));
-    CUdeviceptr *vals = calloc(cap, sizeof(*vals));
-    uint64_t *sizes = calloc(cap, sizeof(*sizes));
-    uint64_t live = 0, peak_live = 0, peak_held = 0, nr = 0, per_step = n / steps + 1;
-    for (size_t i = 0; i < tr.nr_events; i++) {
+    size_t *last_alloc = calloc(cap, sizeof(*last_alloc));
+    size_t *match = calloc(nr_ev, sizeof(*match)); /* free -> alloc index + 1 */
+    bool *freed = calloc(nr_ev, sizeof(*freed));
+    CUdeviceptr *vals = calloc(nr_ev, sizeof(*vals));
+    size_t n = 0;
+    for (size_t i = 0; i < nr_ev; i++) {
         const struct cuheap_trace_event *e = &tr.events[i];
         bool device = e->api == CUHEAP_API_MEM_ALLOC || e->api == CUHEAP_API_PITCH ||
                       e->api == CUHEAP_API_TORCH;
@@ -113,23 +121,52 @@ int main(int argc, char **argv)
             h = (h + 1) & (cap - 1);
         if (e->type == CUHEAP_EV_ALLOC) {
             keys[h] = e->ptr;
-            check(cu.cuMemAlloc_v2(&vals[h], e->size ? e->size : 1), "cuMemAlloc");
-            sizes[h] = e->size;
-            live += e->size;
-            if (live > peak_live)
-                peak_live = live;
-            if (work_us)
-                check(cu.cuLaunchHostFunc(s, kernel, (void *)(uintptr_t)work_us), "launch");
-            if (++nr % per_step == 0)
-                check(cu.cuStreamSynchronize(s), "step end");
-        } else if (keys[h] == e->ptr && vals[h]) {
-            check(cu.cuMemFree_v2(vals[h]), "cuMemFree");
-            vals[h] = 0;
-            live -= sizes[h];
+            last_alloc[h] = i + 1;
+            n++;
+        } else if (keys[h] == e->ptr && last_alloc[h]) {
+            match[i] = last_alloc[h];
+            freed[last_alloc[h] - 1] = true;
+            last_alloc[h] = 0;
         }
-        uint64_t held = held_now(used0);
-        if (held > peak_held)
-            peak_held = held;
+    }
+    uint64_t live = 0, peak_live = 0, peak_held = 0, nr = 0, per_step = n / steps + 1;
+    for (unsigned pass = 0; pass < passes; pass++) {
+        uint64_t pass_held = 0, pass_live = 0;
+        for (size_t i = 0; i < nr_ev; i++) {
+            const struct cuheap_trace_event *e = &tr.events[i];
+            if (e->type == CUHEAP_EV_ALLOC) {
+                bool device = e->api == CUHEAP_API_MEM_ALLOC || e->api == CUHEAP_API_PITCH ||
+                              e->api == CUHEAP_API_TORCH;
+                if (!device || !e->ptr || (pass && !freed[i]))
+                    continue;
+                check(cu.cuMemAlloc_v2(&vals[i], e->size ? e->size : 1), "cuMemAlloc");
+                live += e->size;
+                if (live > peak_live)
+                    peak_live = live;
+                if (live > pass_live)
+                    pass_live = live;
+                if (work_us)
+                    check(cu.cuLaunchHostFunc(s, kernel, (void *)(uintptr_t)work_us), "launch");
+                if (++nr % per_step == 0)
+                    check(cu.cuStreamSynchronize(s), "step end");
+            } else if (e->type == CUHEAP_EV_FREE && match[i] && vals[match[i] - 1]) {
+                const struct cuheap_trace_event *x = &tr.events[match[i] - 1];
+                check(cu.cuMemFree_v2(vals[match[i] - 1]), "cuMemFree");
+                vals[match[i] - 1] = 0;
+                live -= x->size;
+            } else {
+                continue;
+            }
+            uint64_t held = held_now(used0);
+            if (held > pass_held)
+                pass_held = held;
+        }
+        if (pass_held > peak_held)
+            peak_held = pass_held;
+        if (passes > 1)
+            printf("pass=%u peak_live=%llu peak_held=%llu held_over_live=%.3f\n", pass + 1,
+                   (unsigned long long)pass_live, (unsigned long long)pass_held,
+                   pass_live ? (double)pass_held / (double)pass_live : 0.0);
     }
     check(cu.cuStreamSynchronize(s), "sync");
     if (get_stats) { /* cuheap keeps its own peak, which sees between our samples too */
@@ -142,12 +179,14 @@ int main(int argc, char **argv)
            name ? name : (get_stats ? "cuheap" : "driver"), (size_t)nr,
            (unsigned long long)peak_live, (unsigned long long)peak_held,
            peak_live ? (double)peak_held / (double)peak_live : 0.0);
-    for (size_t k = 0; k < cap; k++)
+    for (size_t k = 0; k < nr_ev; k++)
         if (vals[k])
             cu.cuMemFree_v2(vals[k]);
     free(keys);
+    free(last_alloc);
+    free(match);
+    free(freed);
     free(vals);
-    free(sizes);
     cuheap_trace_free(&tr);
     return 0;
 }

@@ -459,6 +459,13 @@ static void unuse_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a,
     a->extent[u] = 0;
 }
 
+/* Bytes from the block at ptr whose granules it holds (0 under legacy). */
+static inline uint64_t extent_at(const struct cuheap_pool *p, const struct cuheap_arena *a,
+                                 uint64_t ptr)
+{
+    return p->vmm ? a->extent[unit_of(a, ptr)] : 0;
+}
+
 /* Put physical memory (handle, nr granules) at granule first of arena a, already mapped
  * there by the caller; the chunk is idle until a block holds one of its granules. */
 static void place_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
@@ -764,6 +771,7 @@ static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
     for (uint64_t ptr = e->head; ptr;) {
         struct cuheap_arena *a = map_lookup(ptr);
         uint64_t next = a->link[unit_of(a, ptr)];
+        p->pending_mapped -= extent_at(p, a, ptr);
         return_block_locked(p, a, ptr);
         ptr = next;
     }
@@ -1083,8 +1091,9 @@ static int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
             hold_granule_locked(p, &a->granules[g]);
     }
     a->extent[u] = size;
-    if (p->st.reserved - p->idle_bytes > p->peak_busy)
-        p->peak_busy = p->st.reserved - p->idle_bytes;
+    uint64_t busy = p->st.reserved - p->idle_bytes - p->pending_mapped;
+    if (busy > p->peak_busy && p->pending_mapped <= p->st.reserved - p->idle_bytes)
+        p->peak_busy = busy;
     return 0;
 }
 
@@ -1151,6 +1160,7 @@ static bool pend_nowait_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     e->nr_blocks++;
     e->bytes += block;
     p->st.pending += block;
+    p->pending_mapped += extent_at(p, a, ptr);
     return epoch_due_locked(p);
 }
 
@@ -1794,6 +1804,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
             sc->bytes -= 1ull << order;
             block = 1ull << order;
             p->st.pending -= block;
+            p->pending_mapped -= extent_at(p, arena, ptr);
             r = 0;
         }
     }
@@ -1921,6 +1932,7 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         sc->heads[order] = ptr;
         sc->bytes += block;
         p->st.pending += block;
+        p->pending_mapped += extent_at(p, a, ptr);
         /* Keep per-stream hoards bounded: past an arena's worth, share them behind a fence. */
         if (sc->bytes > p->cfg->arena_size) {
             flush_stream_caches_locked(p);
@@ -2337,7 +2349,7 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
         FAIL("live %lu/%lu, counted %lu/%lu", (unsigned long)p->st.live,
              (unsigned long)p->st.live_blocks, (unsigned long)live, (unsigned long)live_blocks);
     /* Every pending block is allocated in its buddy and not live. */
-    uint64_t pending = 0;
+    uint64_t pending = 0, pending_mapped = 0;
     for (unsigned e = p->ep_head; e != p->ep_tail + 1; e++) {
         struct cuheap_epoch *ep = &p->epochs[e % CUHEAP_NR_EPOCHS];
         for (uint64_t ptr = ep->head; ptr;) {
@@ -2351,11 +2363,22 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
             if (!allocated || start != ptr)
                 FAIL("pending block %#lx is free in its arena", (unsigned long)ptr);
             pending += 1ull << order;
+            pending_mapped += extent_at(p, a, ptr);
             ptr = a->link[unit_of(a, ptr)];
         }
     }
-    for (unsigned c = 0; c < CUHEAP_NR_STREAM_CACHES; c++)
+    for (unsigned c = 0; c < CUHEAP_NR_STREAM_CACHES; c++) {
         pending += p->caches[c].bytes;
+        for (unsigned o = 0; o < CUHEAP_NR_ORDERS && p->caches[c].stream; o++)
+            for (uint64_t ptr = p->caches[c].heads[o]; ptr;) {
+                struct cuheap_arena *a = map_lookup(ptr);
+                pending_mapped += extent_at(p, a, ptr);
+                ptr = a->link[unit_of(a, ptr)];
+            }
+    }
+    if (pending_mapped != p->pending_mapped)
+        FAIL("pending_mapped %lu, pending blocks reach %lu", (unsigned long)p->pending_mapped,
+             (unsigned long)pending_mapped);
     uint64_t quick = 0;
     for (unsigned o = 0; o < CUHEAP_NR_ORDERS; o++) {
         uint32_t nr = 0;
@@ -2449,6 +2472,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     memset(p->caches, 0, sizeof(p->caches));
     memset(p->quick, 0, sizeof(p->quick));
     p->quick_bytes = 0;
+    p->pending_mapped = 0;
     p->ep_head = p->ep_tail = 0;
     if (p->be.forget)
         p->be.forget(p->be.ctx);
@@ -2475,6 +2499,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     memset(p->caches, 0, sizeof(p->caches));
     memset(p->quick, 0, sizeof(p->quick));
     p->quick_bytes = 0;
+    p->pending_mapped = 0;
     p->ep_head = p->ep_tail = 0;
     pthread_mutex_init(&p->lock, NULL);
 }

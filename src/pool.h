@@ -183,7 +183,12 @@ struct cuheap_pool {
         uint64_t handle, bytes;
     } stuck[CUHEAP_NR_STUCK]; /* vmm: unmapped memory the driver would not take back yet */
     unsigned nr_stuck;
-    uint64_t peak_busy; /* most bytes of busy chunks so far: what the job has shown it needs */
+    /* vmm: the most bytes busy chunks have held at once for live blocks: what the job has shown
+     * it needs. Granules that blocks waiting for a fence still hold do not count: they are
+     * the GPU's lag, not the job's need, and a budget that counted them rose with every late
+     * fence (the GPT replay's held/live crept from 1.04 to 1.11 over 8 passes). */
+    uint64_t peak_busy;
+    uint64_t pending_mapped;       /* vmm: bytes the extents of pending blocks reach */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
     struct cuheap_pool_stats st;   /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };
