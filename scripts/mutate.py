@@ -77,6 +77,12 @@ MUTATIONS = [
      "memory held stays close to what is used (pool v2)", "src/pool.c",
      "            if (c->nr_busy || c->nr <= fits)",
      "            if (c->nr_busy || c->nr <= fits || 1)"),
+    ("vmm-budget-counts-pending",
+     "vmm: the pool's budget counts granules held by blocks waiting for a fence as needed, so "
+     "every late fence raises how much the pool may hold",
+     "memory held stays close to what is used (pool v2)", "src/pool.c",
+     "    uint64_t busy = p->st.reserved - p->idle_bytes - p->pending_mapped;",
+     "    uint64_t busy = p->st.reserved - p->idle_bytes;"),
     ("vmm-ipc-ignores-buffer-id",
      "vmm: a shared block's handle is answered by address only, so a freed (or reused) block's "
      "memory goes to the importer",
