@@ -3,7 +3,8 @@
 # interleaved rounds, to tell a change's cost from the host's noise. Runs on the GPU machine.
 #   bench/compare-gpt.sh OUT "label=path/libcuheap.so ..." [extra-env...]
 # Each round runs PyTorch's caching allocator alone, then every build with caching off,
-# recording off and on (native + Python stacks, the defaults). Lines go to OUT/compare.log:
+# recording off and on (native + Python stacks, the defaults; FULL=0 leaves recording out).
+# ROUNDS (default 3) and STEPS (default 30) size the run. Lines go to OUT/compare.log:
 # "round=R config=LABEL step_ms=... peak_live=... peak_reserved=..." and the shim's summary
 # lines for the recording-off runs.
 set -u
@@ -29,8 +30,9 @@ for ((r = 0; r < ROUNDS; r++)); do
     for lib in $LIBS; do
         run "$r" "${lib%%=*}-norecord" "$@" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="${lib#*=}" \
             CUHEAP_RECORD=0 CUHEAP_SUMMARY=1
-        run "$r" "${lib%%=*}-full" "$@" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="${lib#*=}" \
-            CUHEAP_SUMMARY=0
+        [ "${FULL:-1}" = 0 ] ||
+            run "$r" "${lib%%=*}-full" "$@" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+                LD_PRELOAD="${lib#*=}" CUHEAP_SUMMARY=0
     done
 done
 rm -rf "$T"

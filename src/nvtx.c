@@ -28,8 +28,7 @@ static void mark(const char *prefix, const char *text)
     /* longer than a label: the recorder cuts it between characters */
     char label[2 * CUHEAP_LABEL_MAX];
     snprintf(label, sizeof(label), "%s%s", prefix, text ? text : "");
-    struct cuheap_rec r = {.type = CUHEAP_EV_MARK, .device = -1, .label = label};
-    cuheap_record(&r);
+    cuheap_record_mark(-1, label);
     cuheap_busy = 0;
 }
 

@@ -39,8 +39,15 @@ static inline bool cuheap_recording(void)
     return atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed);
 }
 
-/* Record one event from a hook. Never blocks, never allocates. */
+/* Record one event from a hook. Never blocks, never allocates. Every event goes out here. */
 void cuheap_record(const struct cuheap_rec *r);
+
+/* A mark (a user's, an NVTX label, a context's end) on device (-1: none). */
+static inline void cuheap_record_mark(int device, const char *label)
+{
+    struct cuheap_rec r = {.type = CUHEAP_EV_MARK, .device = (int16_t)device, .label = label};
+    cuheap_record(&r);
+}
 
 /* Tell the trace about a device (written once per device). */
 void cuheap_recorder_device(int ordinal, const char *name, uint64_t total);

@@ -321,8 +321,7 @@ void cuheap_device_gone(struct cuheap_device *d, bool dead)
     char label[96];
     snprintf(label, sizeof(label), "GPU %d context %s: %s of live allocations went with it",
              d->ordinal, dead ? "destroyed" : "reset", "all");
-    struct cuheap_rec r = {.type = CUHEAP_EV_MARK, .device = (int16_t)d->ordinal, .label = label};
-    cuheap_record(&r);
+    cuheap_record_mark(d->ordinal, label);
     if (dead)
         atomic_store(&d->ctx, NULL); /* a new context at this address gets a new record */
 }
@@ -450,10 +449,7 @@ CUHEAP_API void cuheap_mark(const char *label)
      * goes to the driver instead of waiting for them. */
     cuheap_busy = 1;
     struct cuheap_device *d = cuheap_device_current();
-    struct cuheap_rec r = {.type = CUHEAP_EV_MARK,
-                           .device = (int16_t)(d ? d->ordinal : -1),
-                           .label = label ? label : ""};
-    cuheap_record(&r);
+    cuheap_record_mark(d ? d->ordinal : -1, label ? label : "");
     cuheap_busy = 0;
 }
 
