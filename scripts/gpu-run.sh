@@ -9,7 +9,12 @@
 #   scripts/gpu-run.sh record    the GPT job's allocation sequences, for the replay benchmark
 #   scripts/gpu-run.sh audit     CUHEAP_AUDIT on the CUDA clients, PyTorch (caching on and
 #                                off), pool off and on, and a deliberate miss (audit-door)
-#   scripts/gpu-run.sh all       all three
+#   scripts/gpu-run.sh viewers   memory_viz pages from cuheap snapshots (headless Chromium)
+#   scripts/gpu-run.sh ipc       CUDA tensors shared between processes under cuheap
+#   scripts/gpu-run.sh soak      a GPT run of SOAK_S seconds with recording, against one without
+#   scripts/gpu-run.sh quick     the default suite, then 16 threads and a long GPT run against
+#                                gpu-bundle/old/libcuheap.so (little device time)
+#   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -372,8 +377,31 @@ run_soak() {
         tee -a "$OUT/summary.txt"
 }
 
+# A short check for a session with little device time: the gpu suite under the default
+# backing and policy, then this build against gpu-bundle/old/libcuheap.so when there is one
+# (built from another commit): 16 threads of 512 B pairs (3 rounds) and a long GPT run with
+# caching off (QUICK_STEPS, default 300; held/live and step time). Lines go to summary.txt as
+# they come, so that a run cut short still reports what it did.
+run_quick() {
+    LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/gpu-quick-%p.jsonl" timeout 120 "$B/test-gpu" \
+        >"$OUT/gpu-suite.log" 2>&1
+    say "gpu suite (default backing and policy): exit $?, $(grep -c '^ok' "$OUT/gpu-suite.log") ok, $(grep -c '^not ok' "$OUT/gpu-suite.log") not ok"
+    grep -E '^# (race|oom):' "$OUT/gpu-suite.log" | tee -a "$OUT/summary.txt"
+    local libs="new=$PRE" lib r
+    [ -f "$B/old/libcuheap.so" ] && libs="old=$B/old/libcuheap.so $libs"
+    for r in 1 2 3; do
+        for lib in $libs; do
+            say "threads round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" CUHEAP_RECORD=0 \
+                CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" threads 16 512 2>&1 | tail -1)"
+        done
+    done
+    ROUNDS=1 STEPS=${QUICK_STEPS:-300} FULL=0 bash bench/compare-gpt.sh "$OUT" "$libs"
+    grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
+}
+
 case $what in
 tests) run_tests ;;
+quick) run_quick ;;
 ipc) run_ipc ;;
 audit) run_audit ;;
 viewers) run_viewers ;;
@@ -387,7 +415,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|audit|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|all" >&2
     exit 2
     ;;
 esac
