@@ -54,15 +54,8 @@ MUTATIONS = [
     ("tc-reap-skips-fence",
      "a thread cache's closed batch becomes ready without asking whether its fence passed",
      "reuse waits for the fence", "src/pool.c",
-     "        if (!b->passed && (!b->fence || !p->be.fence_query(p->be.ctx, b->fence)))\n"
-     "            break;",
+     "        if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))\n            break;",
      "        if (0)\n            break;"),
-    ("tc-shared-fence-before-frees",
-     "a thread-cache batch closed without a fence (another thread held the pool) takes the "
-     "pool's latest fence even when that was recorded before the batch's frees",
-     "reuse waits for the fence", "src/pool.c",
-     "        if (!p->latest_fence || p->latest_seq <= b->seq) {",
-     "        if (!p->latest_fence) {"),
     ("tc-free-straight-to-ready",
      "a free into a thread cache under the fence policy makes its block ready at once",
      "reuse waits for the fence", "src/pool.c",

@@ -861,33 +861,6 @@ static bool poll_oldest_locked(struct cuheap_pool *p)
     return done && reclaim_locked(p);
 }
 
-/* Record a fence (p->lock held). Its number is taken first: a thread-cache batch closed after
- * reading a smaller number was freed before this fence was recorded, so the fence covers it,
- * and it is kept as the latest for such batches to share (tc_fence_locked). */
-static int record_fence_locked(struct cuheap_pool *p, void **ret)
-{
-    uint64_t seq = atomic_fetch_add(&p->fence_seq, 1) + 1;
-    int r = p->be.fence_record(p->be.ctx, ret);
-    if (r == 0 && p->be.fence_hold) {
-        if (p->latest_fence)
-            p->be.fence_destroy(p->be.ctx, p->latest_fence);
-        p->be.fence_hold(p->be.ctx, *ret);
-        p->latest_fence = *ret;
-        p->latest_seq = seq;
-    }
-    return r;
-}
-
-/* The latest fence is let go (p->lock held); not destroyed when it died with its context or
- * belongs to the parent of a fork. */
-static void forget_latest_fence_locked(struct cuheap_pool *p, bool destroy)
-{
-    if (p->latest_fence && destroy)
-        p->be.fence_destroy(p->be.ctx, p->latest_fence);
-    p->latest_fence = NULL;
-    p->latest_seq = 0;
-}
-
 /* Close the open epoch behind a new fence. While a stream captures, recording would disturb
  * the capture: the epoch stays open unless force (then the device is synced instead). */
 static void close_epoch_locked(struct cuheap_pool *p)
@@ -899,7 +872,7 @@ static void close_epoch_locked(struct cuheap_pool *p)
     if (!e->nr_blocks || p->nr_capturing)
         return;
     void *fence = NULL;
-    if (record_fence_locked(p, &fence) != 0) {
+    if (p->be.fence_record(p->be.ctx, &fence) != 0) {
         /* No fence to be had: fall back to what the driver's own free does. */
         p->be.device_sync(p->be.ctx);
         release_epoch_locked(p, e);
@@ -1229,9 +1202,8 @@ struct tc_block {
 /* Blocks a thread freed, behind one fence once closed. A block's order rides in the low bits
  * of its address (blocks are at least 256-byte aligned). */
 struct tc_batch {
-    void *fence;  /* closed batches: from backend->fence_record; NULL: none yet (seq) */
-    uint64_t seq; /* closed without a fence: p->fence_seq then; any later fence covers it */
-    bool passed;  /* its fence has passed (blocks may have become ready already) */
+    void *fence; /* closed batches: from backend->fence_record */
+    bool passed; /* its fence has passed (blocks may have become ready already) */
     uint32_t nr;
     uint64_t bytes;
     struct tc_block blocks[TC_BATCH];
@@ -1447,32 +1419,6 @@ static bool tc_keep_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint6
     return true;
 }
 
-/* Closed batches that have no fence yet (closed while another thread held p->lock) get one
- * (p->lock and the cache's lock held, no stream capturing): the latest fence when it was
- * recorded after they were closed, else a new one, which covers every batch closed before it.
- * Returns whether the oldest closed batch has a fence. */
-static bool tc_fence_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
-{
-    for (unsigned c = tc->closed_head; c != tc->closed_tail; c++) {
-        struct tc_batch *b = &tc->closed[c % TC_NR_CLOSED];
-        if (b->fence)
-            continue;
-        if (!p->latest_fence || p->latest_seq <= b->seq) {
-            void *fresh = NULL;
-            if (record_fence_locked(p, &fresh) != 0 || !p->latest_fence) {
-                if (fresh && p->latest_fence != fresh)
-                    p->be.fence_destroy(p->be.ctx, fresh);
-                break;
-            }
-            p->st.nr_fences++;
-            p->be.fence_destroy(p->be.ctx, fresh); /* the latest slot holds it */
-        }
-        b->fence = p->latest_fence;
-        p->be.fence_hold(p->be.ctx, b->fence);
-    }
-    return tc->closed_head == tc->closed_tail || tc->closed[tc->closed_head % TC_NR_CLOSED].fence;
-}
-
 /* The oldest closed batch, if its fence has passed, becomes ready blocks; those that do not fit
  * go back to the pool (p->lock held, the cache's lock not). Returns whether one did. */
 static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
@@ -1484,8 +1430,7 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
     }
     struct tc_batch *b = &tc->closed[tc->closed_head % TC_NR_CLOSED];
     /* no query while a stream captures: the driver may refuse it, which is no answer */
-    if (!b->passed &&
-        (p->nr_capturing || !tc_fence_locked(p, tc) || !p->be.fence_query(p->be.ctx, b->fence))) {
+    if (!b->passed && (p->nr_capturing || !p->be.fence_query(p->be.ctx, b->fence))) {
         tc_unlock(tc);
         return false;
     }
@@ -1513,8 +1458,8 @@ static bool tc_reap_unlocked(struct cuheap_pool *p, struct cuheap_tcache *tc)
     tc_lock(tc);
     for (unsigned c = tc->closed_head; c != tc->closed_tail; c++) {
         struct tc_batch *b = &tc->closed[c % TC_NR_CLOSED];
-        if (!b->passed && (!b->fence || !p->be.fence_query(p->be.ctx, b->fence)))
-            break; /* fences pass in order; a batch without one yet gets it under p->lock */
+        if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))
+            break; /* fences pass in order */
         b->passed = true;
         uint32_t keep = 0;
         for (uint32_t i = 0; i < b->nr; i++) {
@@ -1537,46 +1482,18 @@ static bool tc_reap_unlocked(struct cuheap_pool *p, struct cuheap_tcache *tc)
  * recorded), both closed slots wait, or no fence is to be had, the pool takes them. */
 static void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
 {
-    bool share = p->cfg->reuse == CUHEAP_REUSE_FENCE && p->be.fence_hold;
-    if (!share) {
-        pthread_mutex_lock(&p->lock);
-    } else if (pthread_mutex_trylock(&p->lock) != 0) {
-        /* Another thread holds the pool, often to record a fence: the batch closes without a
-         * fence of its own, for any fence recorded later covers it (tc_fence_locked). 16
-         * threads each recording their own queued on the pool's lock for it. */
-        uint64_t seq = atomic_load(&p->fence_seq);
-        tc_lock(tc); /* a drainer may take closed batches meanwhile */
-        if (tc->closed_tail - tc->closed_head < TC_NR_CLOSED) {
-            struct tc_batch *c = &tc->closed[tc->closed_tail++ % TC_NR_CLOSED];
-            *c = tc->open;
-            c->fence = NULL;
-            c->seq = seq;
-            c->passed = false;
-            tc->open.nr = 0;
-            tc->open.bytes = 0;
-            tc_unlock(tc);
-            return;
-        }
-        tc_unlock(tc);
-        pthread_mutex_lock(&p->lock);
-    }
+    pthread_mutex_lock(&p->lock);
     if (tc->closed_tail - tc->closed_head == TC_NR_CLOSED)
         tc_reap_locked(p, tc);
     void *fence = NULL;
     bool own = p->cfg->reuse == CUHEAP_REUSE_FENCE && !p->nr_capturing &&
                tc->closed_tail - tc->closed_head < TC_NR_CLOSED &&
-               record_fence_locked(p, &fence) == 0;
+               p->be.fence_record(p->be.ctx, &fence) == 0;
     if (own)
         p->st.nr_fences++;
     struct tc_batch b;
     tc_lock(tc);
     if (own) {
-        /* batches closed before without a fence share this one */
-        for (unsigned c = tc->closed_head; c != tc->closed_tail; c++)
-            if (!tc->closed[c % TC_NR_CLOSED].fence) {
-                tc->closed[c % TC_NR_CLOSED].fence = fence;
-                p->be.fence_hold(p->be.ctx, fence);
-            }
         struct tc_batch *c = &tc->closed[tc->closed_tail++ % TC_NR_CLOSED];
         *c = tc->open;
         c->fence = fence;
@@ -2520,7 +2437,6 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
 {
     pthread_mutex_lock(&p->lock);
     tc_forget_all_locked(p, true);
-    forget_latest_fence_locked(p, false); /* its events died with the context */
     uint64_t live = p->st.live;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
@@ -2569,7 +2485,6 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     /* The caches of threads that did not cross the fork stay listed, empty: their owners'
      * thread-local pointers are gone with them, the forking thread's are still in use. */
     tc_forget_all_locked(p, false);
-    forget_latest_fence_locked(p, false); /* the parent's */
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         map_update(p->arenas[i], false);
         arena_retire(p->arenas[i]);

@@ -160,10 +160,6 @@ struct cuheap_pool {
     uint64_t gen;          /* which setup of this pool: thread caches of an earlier one are not
                               this pool's */
     _Alignas(64) _Atomic uint64_t next_buffer_id; /* taken 256 at a time by thread caches */
-    /* Fences recorded so far, counted before each is recorded: a thread-cache batch closed
-     * while this read n was freed before every fence numbered above n (read without p->lock
-     * by a thread that closes its batch while another holds the lock). */
-    _Atomic uint64_t fence_seq;
     _Alignas(64) pthread_mutex_t lock;
     struct cuheap_backend be;
     uint64_t limit;                    /* bytes, 0 = none; covers arenas and pass-through */
@@ -193,8 +189,6 @@ struct cuheap_pool {
      * fence (the GPT replay's held/live crept from 1.04 to 1.11 over 8 passes). */
     uint64_t peak_busy;
     uint64_t pending_mapped;       /* vmm: bytes the extents of pending blocks reach */
-    void *latest_fence;            /* the newest fence recorded, held for batches to share */
-    uint64_t latest_seq;           /* its number (fence_seq) */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
     struct cuheap_pool_stats st;   /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };

@@ -580,7 +580,15 @@ static struct fake_stream *stream_new_locked(int dev, unsigned flags, bool legac
     s->device = dev;
     s->flags = flags;
     s->legacy = legacy;
-    if (pthread_create(&s->thread, NULL, stream_worker, s)) {
+    /* Detached from the start: nobody joins a worker, and one detached only when its stream
+     * was destroyed crashed there now and then (pthread_detach on a descriptor already gone,
+     * stress fork-streams under MALLOC_PERTURB_). */
+    pthread_attr_t detached;
+    pthread_attr_init(&detached);
+    pthread_attr_setdetachstate(&detached, PTHREAD_CREATE_DETACHED);
+    int failed = pthread_create(&s->thread, &detached, stream_worker, s);
+    pthread_attr_destroy(&detached);
+    if (failed) {
         free(s);
         return NULL;
     }
@@ -738,13 +746,17 @@ static void fork_child(void)
 {
     pthread_mutex_init(&g_lock, NULL);
     pthread_cond_init(&g_progress, NULL);
+    pthread_attr_t detached;
+    pthread_attr_init(&detached);
+    pthread_attr_setdetachstate(&detached, PTHREAD_CREATE_DETACHED);
     for (int i = 0; i < NR_MAX_STREAMS; i++)
         if (g_streams[i] &&
-            pthread_create(&g_streams[i]->thread, NULL, stream_worker, g_streams[i]))
+            pthread_create(&g_streams[i]->thread, &detached, stream_worker, g_streams[i]))
             g_streams[i]->stop = true;
     for (struct fake_stream *s = g_dead_streams; s; s = s->dead_next)
-        if (s->completed < s->submitted && !pthread_create(&s->thread, NULL, stream_worker, s))
-            pthread_detach(s->thread);
+        if (s->completed < s->submitted)
+            pthread_create(&s->thread, &detached, stream_worker, s);
+    pthread_attr_destroy(&detached);
 }
 
 /* ---- init, devices, contexts ---- */
@@ -1780,7 +1792,6 @@ FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
     s->dead_next = g_dead_streams;
     g_dead_streams = s;
     pthread_mutex_unlock(&g_lock);
-    pthread_detach(s->thread);
     return CUDA_SUCCESS;
 }
 

@@ -166,7 +166,7 @@ static void expect_race_outcome(const char *kind, struct gpu_race r)
     const char *backing = getenv("CUHEAP_BACKING");
     printf("# race: backing=%s reuse=%s pool=%d stream=%s reused_early=%d "
            "bytes_changed_under_kernel=%llu\n",
-           backing ? backing : "legacy", reuse, pool_on, kind, r.reused_early, r.bad * 64);
+           backing ? backing : "default", reuse, pool_on, kind, r.reused_early, r.bad * 64);
     if (pool_on && !strcmp(reuse, "immediate"))
         assert_true(r.bad > 0); /* the documented hazard, seen */
     else if (r.bad || r.reused_early)
