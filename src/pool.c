@@ -236,11 +236,14 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     /* under CUHEAP_RELEASE=empty a block goes back as soon as it can: none are kept aside */
     p->tc_bytes = cfg->release == CUHEAP_RELEASE_EMPTY ? 0 : cfg->thread_cache;
-    /* vmm: a block a thread keeps holds its memory (granules) from every other size, which the
-     * pool would otherwise move to where it is needed. Measured on the GPT replay (held/live):
+    /* A block a thread keeps holds its memory from every other size: under vmm its granules,
+     * which the pool would otherwise move to where they are needed; under legacy its place in
+     * an arena, so other sizes grow the pool. Measured on the GPT replay (held/live): vmm
      * 1.033 without caches, 1.036 caching blocks up to a sixteenth of a granule, 1.052 up to a
-     * granule, 1.069 up to 64 MiB. So vmm caches small blocks only; legacy, every order. */
-    p->tc_max_order = p->vmm ? p->granule_shift - 4 : TC_NR_ORDERS - 1;
+     * granule, 1.069 up to 64 MiB; legacy 1.294 up to 256 KiB, 1.479 from 512 KiB up to 64 MiB
+     * (a 2 MiB pair then costs 1,182 instructions instead of 1,023). So both cache small blocks
+     * only: 128 KiB, a sixteenth of a 2 MiB granule. */
+    p->tc_max_order = p->vmm ? p->granule_shift - 4 : 17;
     return 0;
 }
 
