@@ -4,7 +4,8 @@
 #             cuheap's counts are exact, the trace reads to its end
 #   fork      forks from a threaded parent while streams come and go and fences are recorded
 #             (the known-stream lock), then a fork storm: every child creates a stream and
-#             allocates in time, and leaves a whole trace
+#             allocates in time, and leaves a whole trace; then forks while another thread
+#             starts cuheap (fork-boot): every child allocates in time
 #   signals   a 100 us timer whose handler puts marks into the trace while the program
 #             allocates: it finishes, the trace reads to its end
 #   kill      SIGKILL at random points of a 16-thread run: the trace's prefix stays readable
@@ -86,6 +87,9 @@ check_fork() {
         "$S" fork-storm "$n") || bad "fork-storm: exit $?: $out"
     say "$out; $(ls "$T"/storm-*.jsonl | wc -l) traces"
     whole "$T"/storm-*.jsonl
+    out=$(LD_PRELOAD=$PRE CUHEAP_OUTPUT=$T/boot-%p.jsonl CUHEAP_SUMMARY=0 timeout 900 \
+        "$S" fork-boot $((100 * scale))) || bad "fork-boot: exit $?: $out"
+    say "$out"
 }
 
 check_signals() {

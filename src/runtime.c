@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Process-wide state (see runtime.h), the public API of include/cuheap/cuheap.h, the exit
- * summary and fork handling. Start-up is lazy: the first hooked call runs boot() under
- * pthread_once; the library's constructor does nothing, so a process that never touches
- * CUDA runs exactly as without cuheap.
+ * summary and fork handling. Start-up is lazy: the first hooked call runs boot() (once,
+ * under boot_lock); the library's constructor only registers a fork handler that takes
+ * boot_lock, so a process that never touches CUDA runs exactly as without cuheap.
  */
 #include "runtime.h"
 
@@ -33,8 +33,29 @@ _Static_assert(CUHEAP_NR_MAX_DEVICES == CUHEAP_NR_COUNTED_DEVICES,
 
 __thread int cuheap_busy __attribute__((tls_model("initial-exec")));
 
-static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
-static atomic_bool boot_tried; /* boot() ran, whatever its outcome */
+/* Start-up and fork. boot() runs under boot_lock, and every fork takes boot_lock before the
+ * child is made, so a fork on one thread while another starts cuheap waits for the start to
+ * end: a child made halfway through inherited the trace writer's lock held by a writer it
+ * does not have, or the loader or libunwind half updated, and hung or aborted (stress
+ * fork-boot). Two sets of handlers take it:
+ *  - fork_prepare & co., registered at the first boot, before boot_lock is taken (an older
+ *    glibc holds its own lock through every prepare handler, and pthread_atfork waits for
+ *    it): they run before the driver's (registered earlier, at cuInit), which matters for the
+ *    pool locks (runtime.h), and they take boot_lock first;
+ *  - a fork that was already under way when those were registered does not run them (glibc
+ *    runs the handlers it saw when the fork began), so boot_guard_* are registered by the
+ *    constructor, run last of all prepare handlers, and take boot_lock when fork_prepare did
+ *    not. A child of such a fork that finds cuheap started cannot trust its locks (no handler
+ *    of cuheap's saw them) and runs without cuheap: every hook goes to the driver.
+ * Not pthread_once for boot itself: glibc runs a once again in a child forked while it was
+ * in progress. */
+static pthread_mutex_t boot_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static atomic_bool boot_tried; /* boot() ran, whatever its outcome; set under boot_lock */
+/* per forking thread: two threads may be between prepare and parent handlers at once
+ * (glibc lets a second fork in while a handler runs); boot_lock orders the rest */
+static __thread unsigned fork_depth __attribute__((tls_model("initial-exec")));
+static __thread bool fork_guarded __attribute__((tls_model("initial-exec")));
 static struct cuheap_device devices[CUHEAP_NR_MAX_DEVICES];
 static _Atomic unsigned nr_devices;
 static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -81,11 +102,21 @@ void cuheap_streams_changed(CUcontext ctx, CUstream s, bool added)
 
 /* Around fork: nobody may be inside the known-stream list's lock (runtime.h), so the gate and
  * every pool lock are held, in that order (a pool lock is never held while waiting for the
- * gate). Devices are only ever appended, so the count read here stays valid. */
-static unsigned forking_devices;
+ * gate), after boot_lock (a start-up in progress ends first). Devices are only ever appended,
+ * so the count read here stays valid. */
+static unsigned forking_devices; /* boot_lock held */
+static bool forking_booted;      /* boot_lock held: whether the handlers do more than it */
+/* fork_depth: the handlers run once per fork even when registered twice (a child forked while
+ * fork_once was in progress, after pthread_atfork, registers them again). */
 
 static void fork_prepare(void)
 {
+    if (fork_depth++)
+        return;
+    pthread_mutex_lock(&boot_lock);
+    forking_booted = atomic_load(&cuheap_booted);
+    if (!forking_booted)
+        return;
     pthread_mutex_lock(&cuheap_streams_gate);
     forking_devices = atomic_load(&nr_devices);
     for (unsigned i = 0; i < forking_devices; i++)
@@ -95,16 +126,26 @@ static void fork_prepare(void)
 
 static void fork_parent(void)
 {
-    cuheap_recorder_atfork_parent();
-    for (unsigned i = forking_devices; i-- > 0;)
-        pthread_mutex_unlock(&devices[i].pool.lock);
-    pthread_mutex_unlock(&cuheap_streams_gate);
+    if (--fork_depth)
+        return;
+    if (forking_booted) {
+        cuheap_recorder_atfork_parent();
+        for (unsigned i = forking_devices; i-- > 0;)
+            pthread_mutex_unlock(&devices[i].pool.lock);
+        pthread_mutex_unlock(&cuheap_streams_gate);
+    }
+    pthread_mutex_unlock(&boot_lock);
 }
 
 /* The child cannot use the parent's device memory (CUDA does not survive fork): forget the
  * pools without touching the driver; the child's own CUDA use starts fresh. */
 static void fork_child(void)
 {
+    if (--fork_depth)
+        return;
+    pthread_mutex_init(&boot_lock, NULL);
+    if (!forking_booted)
+        return;
     cuheap_pool_atfork_child();
     cuheap_py_atfork_child();
     unsigned n = atomic_load(&nr_devices);
@@ -128,6 +169,49 @@ static void fork_child(void)
     cuheap_recorder_atfork_child();
 }
 
+static void register_fork(void)
+{
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* Last of the prepare handlers: boot_lock, unless fork_prepare has it for this fork. */
+static void boot_guard_prepare(void)
+{
+    if (fork_depth)
+        return;
+    pthread_mutex_lock(&boot_lock);
+    fork_guarded = true;
+}
+
+static void boot_guard_parent(void)
+{
+    if (!fork_guarded)
+        return;
+    fork_guarded = false;
+    pthread_mutex_unlock(&boot_lock);
+}
+
+/* First of the child handlers; fork_child did not run and will not. */
+static void boot_guard_child(void)
+{
+    if (!fork_guarded)
+        return;
+    fork_guarded = false;
+    pthread_mutex_init(&boot_lock, NULL);
+    if (atomic_load(&cuheap_booted)) {
+        atomic_store(&cuheap_booted, false); /* boot_tried stays: never started again here */
+        cuheap_log("forked while cuheap started on another thread: this child runs without "
+                   "cuheap");
+    }
+}
+
+/* The one thing the constructor does (see boot_lock). */
+__attribute__((constructor)) static void boot_guard_register(void)
+{
+    pthread_atfork(boot_guard_prepare, boot_guard_parent, boot_guard_child);
+}
+
+/* boot_lock held */
 static void boot(void)
 {
     if (cuheap_driver_load() != 0)
@@ -140,12 +224,8 @@ static void boot(void)
         return;
     }
     cuheap_recorder_start(&cuheap_cfg);
-    pthread_atfork(fork_prepare, fork_parent, fork_child);
     atexit(at_exit);
     atomic_store(&cuheap_booted, true);
-    /* After booted: CUPTI's set-up may start threads that reach a hook, which must not wait
-     * for this pthread_once to finish. */
-    cuheap_audit_start(&cuheap_cfg);
 }
 
 /* fn() with every signal blocked: a handler that calls into cuheap cannot run on this thread
@@ -163,8 +243,19 @@ static void *unsignalled(void *(*fn)(void *), void *arg)
 static void *boot_once_now(void *arg)
 {
     (void)arg;
-    pthread_once(&boot_once, boot);
-    atomic_store(&boot_tried, true);
+    pthread_once(&fork_once, register_fork);
+    pthread_mutex_lock(&boot_lock);
+    bool now = !atomic_load(&boot_tried);
+    if (now) {
+        boot();
+        atomic_store(&boot_tried, true);
+    }
+    pthread_mutex_unlock(&boot_lock);
+    /* After booted and outside boot_lock: CUPTI's set-up may start threads that reach a hook
+     * (they must find cuheap started, not wait for it), and may register fork handlers of
+     * its own (pthread_atfork under boot_lock could wait for a fork waiting for boot_lock). */
+    if (now && atomic_load(&cuheap_booted))
+        cuheap_audit_start(&cuheap_cfg);
     return NULL;
 }
 

@@ -11,6 +11,9 @@
  *                       allocate within 10 s (issue 12: the known-stream lock held at fork)
  *   fork-storm N        threads allocate while the main thread forks N children that each
  *                       allocate, free and exit; every child must exit 0 in time
+ *   fork-boot N         N rounds, each a fresh process in which one thread's first allocation
+ *                       starts cuheap while the main thread forks 8 children back to back
+ *                       (fork during start-up); every child must allocate and exit in time
  *   signals N           N alloc/free pairs while a 100 us timer's handler puts a mark in the
  *                       trace (cuheap_mark, which takes cuheap's locks) and counts
  *   rss N               N alloc/free pairs (sizes vary, marks, streams come and go); prints
@@ -225,6 +228,69 @@ static int fork_under_load(long n, bool streams, const char *what)
     return hung || failed;
 }
 
+/* ---- fork while another thread starts cuheap ---- */
+
+static void *boot_churn(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(ctxs[0]);
+    pairs(64, 4096); /* the first allocation starts cuheap, the rest keep its writer busy */
+    return NULL;
+}
+
+#define NR_BOOT_CHILDREN 8
+
+/* One round: a process where cuheap has not started (the hooks main() called do not start
+ * it); a thread starts it while this thread forks. Returns the number of children hung. */
+static int boot_round(long *ret_failed)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, boot_churn, NULL);
+    pid_t kids[NR_BOOT_CHILDREN];
+    for (int i = 0; i < NR_BOOT_CHILDREN; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0)
+            exit(child_work(false));
+    }
+    int hung = 0;
+    for (int i = 0; i < NR_BOOT_CHILDREN; i++) {
+        int st = 0;
+        waitpid(kids[i], &st, 0);
+        if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
+            hung++;
+        else if (!WIFEXITED(st) || WEXITSTATUS(st))
+            ++*ret_failed;
+    }
+    pthread_join(t, NULL);
+    return hung;
+}
+
+static int cmd_fork_boot(long n)
+{
+    long hung = 0, failed = 0;
+    for (long i = 0; i < n; i++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(60);
+            long f = 0;
+            int h = boot_round(&f);
+            _exit(h | (f ? 16 : 0)); /* children hung, and 16 when any failed */
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        if (!WIFEXITED(st)) {
+            failed++; /* the round itself did not finish */
+            continue;
+        }
+        hung += WEXITSTATUS(st) & 15;
+        failed += (WEXITSTATUS(st) & 16) != 0;
+    }
+    printf("fork-boot: %ld rounds, %ld children, %ld hung, %ld failed\n", n, n * NR_BOOT_CHILDREN,
+           hung, failed);
+    return hung || failed;
+}
+
 /* ---- signals ---- */
 
 static atomic_long nr_handled;
@@ -320,7 +386,8 @@ static int cmd_release_fails(void)
 int main(int argc, char **argv)
 {
     if (argc < 2 || start()) {
-        fprintf(stderr, "usage: stress threads|fork-streams|fork-storm|signals|rss|allocs ...\n");
+        fprintf(stderr,
+                "usage: stress threads|fork-streams|fork-storm|fork-boot|signals|rss|allocs ...\n");
         return 2;
     }
     long n = argc > 2 ? atol(argv[2]) : 1000;
@@ -331,6 +398,8 @@ int main(int argc, char **argv)
         return fork_under_load(n, true, "fork-streams");
     if (!strcmp(cmd, "fork-storm"))
         return fork_under_load(n, false, "fork-storm");
+    if (!strcmp(cmd, "fork-boot"))
+        return cmd_fork_boot(n);
     if (!strcmp(cmd, "signals"))
         return cmd_signals(n);
     if (!strcmp(cmd, "rss"))
