@@ -8,7 +8,8 @@
  * strings (header, stacks, marks, footer) goes through jansson, which escapes it correctly.
  *
  * Locking: io_lock is held by the writer thread while it touches the file or the stack table;
- * fork takes it so the child inherits them consistent.
+ * capture_lock is read-held by a hooked thread while it takes a stack. Fork takes both (and
+ * child_start_lock) so the child inherits them, the unwinder and the trace consistent.
  */
 #include "recorder.h"
 
@@ -123,6 +124,16 @@ static pid_t current_tid(void)
  * workers that never use CUDA leave no file. */
 static atomic_bool child_pending;
 static pthread_mutex_t child_start_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Stacks are taken on the hooked threads, inside libunwind (or libgcc) and the Python frame
+ * tables, whose locks nothing resets at fork: a child forked while another thread was in
+ * the middle of a walk inherited libunwind's cache lock held and hung at its own first
+ * stack (stress fork-streams: 1 child in a few thousand). A walk holds capture_lock to read;
+ * fork's prepare handler takes it to write, so no walk is in progress when the child is
+ * made. Writers first, or walks on many threads could keep a fork waiting for good; a
+ * thread never walks twice at once (a hook reached from a signal handler inside a hook goes
+ * straight to the driver, cuheap_busy), so a walk never waits for itself. */
+static pthread_rwlock_t capture_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 static bool start_writer(void);
 static void open_trace(void);
 static void close_trace(void);
@@ -196,11 +207,16 @@ void cuheap_record(const struct cuheap_rec *r)
                r->type == CUHEAP_EV_LIMIT) {
         /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
         t_stacks = timing ? now_ns() : 0;
+        bool walk = stack_depth || python;
+        if (walk)
+            pthread_rwlock_rdlock(&capture_lock);
         if (stack_depth)
             ev->nr_frames = (uint8_t)cuheap_unwind_capture(ev->frames, stack_depth);
         t_native = timing ? now_ns() : 0;
         if (python)
             ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
+        if (walk)
+            pthread_rwlock_unlock(&capture_lock);
         t_python = timing ? now_ns() : 0;
     }
     unsigned nr_frames = ev->nr_frames,
@@ -852,10 +868,13 @@ void cuheap_recorder_stop(void)
     pthread_mutex_unlock(&io_lock);
 }
 
+/* Every lock, whether recording is on or not: the locks cost nothing to take here, and a
+ * handler that looked at cuheap_recorder_on could see it change between prepare and child
+ * (a child's first event turning recording off when its writer cannot start). */
 void cuheap_recorder_atfork_prepare(void)
 {
-    if (!atomic_load(&cuheap_recorder_on))
-        return;
+    pthread_rwlock_wrlock(&capture_lock);
+    pthread_mutex_lock(&child_start_lock);
     pthread_mutex_lock(&io_lock);
     if (out)
         fflush(out); /* an empty buffer cannot be written twice by parent and child */
@@ -863,17 +882,20 @@ void cuheap_recorder_atfork_prepare(void)
 
 void cuheap_recorder_atfork_parent(void)
 {
-    if (!atomic_load(&cuheap_recorder_on))
-        return;
     pthread_mutex_unlock(&io_lock);
+    pthread_mutex_unlock(&child_start_lock);
+    pthread_rwlock_unlock(&capture_lock);
 }
 
 void cuheap_recorder_atfork_child(void)
 {
     tls_tid = 0;
+    pthread_mutex_init(&io_lock, NULL);
+    pthread_mutex_init(&child_start_lock, NULL);
+    /* held by this thread for writing: made anew, as the static one (writers first) */
+    capture_lock = (pthread_rwlock_t)PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
     if (!atomic_load(&cuheap_recorder_on))
         return;
-    pthread_mutex_init(&io_lock, NULL);
     /* The parent's writer thread does not exist here. Start over with our own file. */
     writer_running = false;
     if (out) {
@@ -891,7 +913,6 @@ void cuheap_recorder_atfork_child(void)
     for (int i = 0; i < NR_MAX_DEVICES; i++)
         if (atomic_load(&devices[i].state) == 2)
             atomic_store(&devices[i].state, 1);
-    pthread_mutex_init(&child_start_lock, NULL);
     atomic_store(&child_pending, true); /* the trace opens with the child's first event */
 }
 
