@@ -81,8 +81,8 @@ MUTATIONS = [
      "vmm: the pool's budget counts granules held by blocks waiting for a fence as needed, so "
      "every late fence raises how much the pool may hold",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "    uint64_t busy = p->st.reserved - p->idle_bytes - p->pending_mapped;",
-     "    uint64_t busy = p->st.reserved - p->idle_bytes;"),
+     "    uint64_t busy = held > p->pending_mapped ? held - p->pending_mapped : 0;",
+     "    uint64_t busy = held;"),
     ("vmm-ipc-ignores-buffer-id",
      "vmm: a shared block's handle is answered by address only, so a freed (or reused) block's "
      "memory goes to the importer",

@@ -212,6 +212,8 @@ static void note(struct cuheap_pool *p, int type, uint64_t ptr, uint64_t size, u
     }
 }
 
+#define TC_LEGACY_MAX_ORDER 17 /* largest block a legacy thread cache keeps: 128 KiB */
+
 int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
                      const struct cuheap_backend *be, int device, uint64_t limit,
                      _Atomic uint64_t *device_reserved, cuheap_pool_note_fn note_fn)
@@ -242,8 +244,8 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
      * 1.033 without caches, 1.036 caching blocks up to a sixteenth of a granule, 1.052 up to a
      * granule, 1.069 up to 64 MiB; legacy 1.294 up to 256 KiB, 1.479 from 512 KiB up to 64 MiB
      * (a 2 MiB pair then costs 1,182 instructions instead of 1,023). So both cache small blocks
-     * only: 128 KiB, a sixteenth of a 2 MiB granule. */
-    p->tc_max_order = p->vmm ? p->granule_shift - 4 : 17;
+     * only: a sixteenth of a granule, or 128 KiB under legacy (a sixteenth of 2 MiB). */
+    p->tc_max_order = p->vmm ? p->granule_shift - 4 : TC_LEGACY_MAX_ORDER;
     return 0;
 }
 
@@ -1094,8 +1096,9 @@ static int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
             hold_granule_locked(p, &a->granules[g]);
     }
     a->extent[u] = size;
-    uint64_t busy = p->st.reserved - p->idle_bytes - p->pending_mapped;
-    if (busy > p->peak_busy && p->pending_mapped <= p->st.reserved - p->idle_bytes)
+    uint64_t held = p->st.reserved - p->idle_bytes; /* busy chunks, pending blocks' included */
+    uint64_t busy = held > p->pending_mapped ? held - p->pending_mapped : 0;
+    if (busy > p->peak_busy)
         p->peak_busy = busy;
     return 0;
 }

@@ -132,7 +132,15 @@ static void show_progress(const char *path, uint64_t done, uint64_t total, size_
         tty_checked = true;
         tty = isatty(STDERR_FILENO);
         const char *env = getenv("CUHEAP_PROGRESS_MS");
-        after_ms = env && *env ? strtol(env, NULL, 10) : 1000;
+        char *end = NULL;
+        after_ms = env && *env ? strtol(env, &end, 10) : 1000;
+        if (env && *env && (*end || after_ms < 0)) {
+            fprintf(stderr,
+                    "cuheap: CUHEAP_PROGRESS_MS=%s is not a number of milliseconds; "
+                    "using 1000\n",
+                    env);
+            after_ms = 1000;
+        }
     }
     if (!tty)
         return;
