@@ -20,11 +20,22 @@
  *
  * Output: one line per case, "case=... ns_per_pair=... pairs=...", median of 7 repetitions
  * after a warm-up.
+ *
+ * BENCH_PROFILE=1 (threads mode) samples where the N threads spend their CPU time: a profiling
+ * timer every 100 us of CPU, the interrupted instruction's object and offset counted, the most
+ * frequent printed as "profile obj+0xoff samples" lines (addr2line -f -e obj 0xoff names them
+ * where the object has symbols): for a host without perf.
  */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/time.h>
+#include <ucontext.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -189,6 +200,94 @@ static double time_replay(const char *path, size_t *ret_pairs)
     return n ? (double)t[2] / (double)n : 0;
 }
 
+/* ---- BENCH_PROFILE: a sampling profiler for hosts without perf ---- */
+
+#define NR_SAMPLES (1u << 20)
+static uintptr_t *samples;
+static _Atomic unsigned nr_samples;
+
+static void on_prof(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)si;
+    unsigned i = atomic_fetch_add_explicit(&nr_samples, 1, memory_order_relaxed);
+    if (i < NR_SAMPLES)
+        samples[i] = (uintptr_t)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP];
+}
+
+static void profile_start(void)
+{
+    samples = calloc(NR_SAMPLES, sizeof(*samples));
+    struct sigaction sa = {.sa_sigaction = on_prof, .sa_flags = SA_SIGINFO | SA_RESTART};
+    sigaction(SIGPROF, &sa, NULL);
+    struct itimerval it = {{0, 100}, {0, 100}};
+    setitimer(ITIMER_PROF, &it, NULL);
+}
+
+static int cmp_uptr(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Stop sampling; print the 60 most sampled instructions and the share of each object. */
+static void profile_report(const char *label)
+{
+    struct itimerval stop = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_PROF, &stop, NULL);
+    unsigned n = atomic_load(&nr_samples);
+    n = n < NR_SAMPLES ? n : NR_SAMPLES;
+    qsort(samples, n, sizeof(*samples), cmp_uptr);
+    struct hit {
+        uintptr_t ip;
+        unsigned count;
+    } *hits = calloc(n + 1, sizeof(*hits));
+    unsigned nr_hits = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (nr_hits && hits[nr_hits - 1].ip == samples[i])
+            hits[nr_hits - 1].count++;
+        else
+            hits[nr_hits++] = (struct hit){samples[i], 1};
+    }
+    for (unsigned i = 1; i < nr_hits; i++) /* by count, most first (insertion: few hits) */
+        for (unsigned j = i; j > 0 && hits[j].count > hits[j - 1].count; j--) {
+            struct hit t = hits[j];
+            hits[j] = hits[j - 1];
+            hits[j - 1] = t;
+        }
+    printf("profile config=%s samples=%u\n", label, n);
+    struct obj {
+        const char *name;
+        unsigned count;
+    } objs[32];
+    unsigned nr_objs = 0;
+    for (unsigned i = 0; i < nr_hits; i++) {
+        Dl_info info;
+        const char *name = "?", *sym = NULL;
+        uintptr_t off = hits[i].ip;
+        if (dladdr((void *)hits[i].ip, &info) && info.dli_fname) {
+            name = strrchr(info.dli_fname, '/') ? strrchr(info.dli_fname, '/') + 1 : info.dli_fname;
+            off = hits[i].ip - (uintptr_t)info.dli_fbase;
+            sym = info.dli_sname;
+        }
+        unsigned o = 0;
+        while (o < nr_objs && strcmp(objs[o].name, name))
+            o++;
+        if (o == nr_objs && nr_objs < 32)
+            objs[nr_objs++] = (struct obj){name, 0};
+        if (o < nr_objs)
+            objs[o].count += hits[i].count;
+        if (i < 60)
+            printf("profile %s+0x%lx %u %.1f%% %s\n", name, (unsigned long)off, hits[i].count,
+                   100.0 * hits[i].count / n, sym ? sym : "");
+    }
+    for (unsigned o = 0; o < nr_objs; o++)
+        printf("profile-object %s %u %.1f%%\n", objs[o].name, objs[o].count,
+               100.0 * objs[o].count / n);
+    free(hits);
+    free(samples);
+}
+
 /* ---- threads: N at once against one ---- */
 
 struct threads_run {
@@ -283,7 +382,12 @@ static void run_threads(const char *label, int n, int argc, char **argv)
             t.pairs = atoi(getenv("BENCH_PAIRS"));
         double cpu1, cpun;
         double one = time_threads(&t, 1, &cpu1);
+        bool profile = getenv("BENCH_PROFILE") && atoi(getenv("BENCH_PROFILE"));
+        if (profile)
+            profile_start();
         double many = time_threads(&t, n, &cpun);
+        if (profile)
+            profile_report(label);
         printf("config=%s case=threads%d-%zu ns_per_pair=%.1f one_thread_ns=%.1f ratio=%.2f "
                "cpu_ns_per_pair=%.1f one_thread_cpu_ns=%.1f pairs=%d\n",
                label, n, t.size, many, one, one > 0 ? many / one : 0.0, cpun, cpu1, t.pairs);
@@ -359,8 +463,14 @@ static int run(int argc, char **argv)
                 pairs = atoi(getenv("BENCH_PAIRS"));
             if (!use_async && !getenv("LD_PRELOAD") && size >= (64u << 20))
                 pairs = 50; /* the driver's free of large blocks costs hundreds of us */
-            printf("config=%s case=%zu ns_per_pair=%.1f pairs=%d\n", label, size,
-                   time_pairs(size, pairs), pairs);
+            /* page faults this thread took while timed (a recorder whose ring is not yet
+             * resident makes the allocating thread take them) */
+            struct rusage r0, r1;
+            getrusage(RUSAGE_THREAD, &r0);
+            double ns = time_pairs(size, pairs);
+            getrusage(RUSAGE_THREAD, &r1);
+            printf("config=%s case=%zu ns_per_pair=%.1f pairs=%d thread_faults=%ld\n", label, size,
+                   ns, pairs, r1.ru_minflt - r0.ru_minflt);
             fflush(stdout);
         }
     }

@@ -3,7 +3,8 @@
 # interleaved rounds, to tell a change's cost from the host's noise. Runs on the GPU machine.
 #   bench/compare-gpt.sh OUT "label=path/libcuheap.so ..." [extra-env...]
 # Each round runs PyTorch's caching allocator alone, then every build with caching off,
-# recording off and on (native + Python stacks, the defaults; FULL=0 leaves recording out).
+# recording off and on (native + Python stacks, the defaults; FULL=0 leaves recording out;
+# MODES picks from "norecord events full", events being recording without stacks).
 # ROUNDS (default 3) and STEPS (default 30) size the run. Lines go to OUT/compare.log:
 # "round=R config=LABEL step_ms=... peak_live=... peak_reserved=..." and the shim's summary
 # lines for the recording-off runs.
@@ -25,14 +26,21 @@ run() { # round label env...
     grep -m1 '^losses' <<<"$out" | md5sum | sed "s/^/round=$round config=$label losses_md5=/" >>"$LOG"
     rm -f "$T"/*.jsonl*
 }
+MODES=${MODES:-norecord full}
+[ "${FULL:-1}" = 0 ] && MODES=norecord
+EXTRA=("$@")
 for ((r = 0; r < ROUNDS; r++)); do
-    run "$r" caching "$@"
-    for lib in $LIBS; do
-        run "$r" "${lib%%=*}-norecord" "$@" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="${lib#*=}" \
-            CUHEAP_RECORD=0 CUHEAP_SUMMARY=1
-        [ "${FULL:-1}" = 0 ] ||
-            run "$r" "${lib%%=*}-full" "$@" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-                LD_PRELOAD="${lib#*=}" CUHEAP_SUMMARY=0
+    run "$r" caching "${EXTRA[@]}"
+    for mode in $MODES; do
+        for lib in $LIBS; do
+            case $mode in
+            norecord) set -- CUHEAP_RECORD=0 CUHEAP_SUMMARY=1 ;;
+            events) set -- CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 CUHEAP_SUMMARY=0 ;;
+            *) set -- CUHEAP_SUMMARY=0 ;;
+            esac
+            run "$r" "${lib%%=*}-$mode" "${EXTRA[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+                LD_PRELOAD="${lib#*=}" "$@"
+        done
     done
 done
 rm -rf "$T"

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
 dir=build-gpu
-[ -f "$dir/build.ninja" ] || meson setup "$dir" -Dbuildtype=release -Dgpu_tests=true \
+[ -f "$dir/build.ninja" ] || meson setup "$dir" -Dbuildtype=release -Ddebug=true -Dgpu_tests=true \
     -Dsymbolizer=disabled >/dev/null
 ninja -C "$dir" >/dev/null
 b=gpu-bundle

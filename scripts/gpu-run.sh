@@ -14,6 +14,8 @@
 #   scripts/gpu-run.sh soak      a GPT run of SOAK_S seconds with recording, against one without
 #   scripts/gpu-run.sh quick     the default suite, then 16 threads and a long GPT run against
 #                                gpu-bundle/old/libcuheap.so (little device time)
+#   scripts/gpu-run.sh profile   where 16 threads' pairs spend their time (BENCH_PROFILE) and
+#                                recording's cost in the GPT loop, against gpu-bundle/old
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -399,8 +401,43 @@ run_quick() {
     grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
 }
 
+# Where the time goes, this build against gpu-bundle/old/libcuheap.so when there is one:
+# a sampled profile of 16 threads of 512 B pairs (threads-profile.txt: object+offset, named
+# here with addr2line on the bundle's libcuheap.so), the threads' ratio per build and for
+# CUHEAP_REUSE=immediate, a first-lap recording microbenchmark (events, no stacks: the
+# allocating thread's page faults), then the GPT loop under no recording, events only and
+# full recording per build (PROFILE_ROUNDS rounds of PROFILE_STEPS steps), and one run with
+# CUHEAP_RECORD_TIMING.
+run_profile() {
+    BENCH_PROFILE=1 BENCH_PAIRS=${PROFILE_PAIRS:-1000000} LD_PRELOAD=$PRE CUHEAP_RECORD=0 \
+        CUHEAP_SUMMARY=0 timeout 120 "$B/bench-alloc" threads 16 512 >"$OUT/threads-profile.txt" 2>&1
+    grep -E '^profile-object|^config' "$OUT/threads-profile.txt" | tee -a "$OUT/summary.txt"
+    local libs="new=$PRE" lib r
+    [ -f "$B/old/libcuheap.so" ] && libs="old=$B/old/libcuheap.so $libs"
+    for r in 1 2; do
+        for lib in $libs "immediate=$PRE CUHEAP_REUSE=immediate"; do
+            set -- ${lib#*=}
+            say "threads round=$r ${lib%%=*} $(env LD_PRELOAD="$1" "${@:2}" CUHEAP_RECORD=0 \
+                CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" threads 16 512 2>&1 | tail -1)"
+        done
+        for lib in $libs; do
+            say "events-first-lap round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" \
+                CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/fl-%p.jsonl" \
+                BENCH_PAIRS=2000 timeout 60 "$B/bench-alloc" sync 512 2>&1 | tail -1)"
+            rm -f "$T"/fl-*
+        done
+    done
+    ROUNDS=${PROFILE_ROUNDS:-2} STEPS=${PROFILE_STEPS:-40} MODES="norecord events full" \
+        bash bench/compare-gpt.sh "$OUT" "$libs"
+    grep -E 'step_ms|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_RECORD_TIMING=1 CUHEAP_SUMMARY=1 \
+        CUHEAP_OUTPUT="$T/timing-%p.jsonl" timeout 200 python3 bench/torch_gpt.py \
+        "${PROFILE_STEPS:-40}" 2>&1 | grep -E 'recording cost|^step_ms' | tee -a "$OUT/summary.txt"
+}
+
 case $what in
 tests) run_tests ;;
+profile) run_profile ;;
 quick) run_quick ;;
 ipc) run_ipc ;;
 audit) run_audit ;;
@@ -415,7 +452,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|profile|all" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The event ring: order, exact drop counts when full, no loss with many producers, memory
- * touched only as the ring fills. */
+ * made resident by the consumer just ahead of the producers, without losing events. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -142,29 +142,52 @@ static size_t resident_pages(const struct cuheap_ring *r)
     return nr;
 }
 
-static void test_slots_touched_as_the_ring_fills(void **state)
+/* A fresh ring holds no memory; the consumer keeps the pages just ahead of the producers
+ * resident (so that producers filling it the first time take no page faults) and no more,
+ * without disturbing events already in it, until all of it is; a forked child's reset gives it
+ * all back. */
+static void test_populated_ahead_of_the_producers(void **state)
 {
     (void)state;
     struct cuheap_ring r;
-    assert_int_equal(cuheap_ring_init(&r, 1 << 16), 0);
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t pages_for_10 = 10 * sizeof(struct cuheap_ring_slot) / page + 2;
-    /* a fresh ring holds no memory; a few events hold the pages they sit in */
+    assert_int_equal(cuheap_ring_init(&r, 1 << 12), 0);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), all = (r.map_bytes + page - 1) / page;
+    size_t ahead = 64 * 1024, slot = sizeof(struct cuheap_ring_slot);
     assert_int_equal(resident_pages(&r), 0);
-    for (uint64_t i = 0; i < 10; i++)
-        push(&r, i, 0, true);
-    assert_true(resident_pages(&r) <= pages_for_10);
-    for (uint64_t i = 0; i < 10; i++) {
-        assert_int_equal(cuheap_ring_peek(&r)->seq, i);
+    for (uint64_t i = 0; i < 300; i++)
+        push(&r, i, 7, true);
+    assert_true(cuheap_ring_populate(&r, ahead));
+    size_t now = resident_pages(&r);
+    assert_true(now * page >= 300 * slot + ahead);
+    assert_true(now < all);
+    assert_true(cuheap_ring_populate(&r, ahead)); /* no new events: nothing more */
+    assert_int_equal(resident_pages(&r), now);
+    for (uint64_t i = 0; i < 300; i++) { /* the events under the new pages are whole */
+        struct cuheap_event *ev = cuheap_ring_peek(&r);
+        assert_non_null(ev);
+        assert_int_equal(ev->seq, i);
+        assert_int_equal(ev->tid, 7);
         cuheap_ring_consume(&r);
     }
-    /* a forked child's reset gives the pages back and starts empty */
+    /* once round the ring, it is all resident and the consumer is done */
+    uint64_t seq = 300;
+    bool more = true;
+    while (seq < 300 + (1 << 12)) {
+        push(&r, seq, 7, true);
+        more = cuheap_ring_populate(&r, ahead);
+        assert_int_equal(cuheap_ring_peek(&r)->seq, seq);
+        cuheap_ring_consume(&r);
+        seq++;
+    }
+    assert_false(more);
+    assert_int_equal(resident_pages(&r), all);
     push(&r, 99, 0, true);
     cuheap_ring_reset(&r);
     assert_int_equal(resident_pages(&r), 0);
     assert_null(cuheap_ring_peek(&r));
     push(&r, 5, 0, true);
     assert_int_equal(cuheap_ring_peek(&r)->seq, 5);
+    assert_true(cuheap_ring_populate(&r, ahead)); /* the child's writer starts over */
     cuheap_ring_destroy(&r);
 }
 
@@ -194,7 +217,7 @@ int main(void)
         cmocka_unit_test(test_fifo_and_exact_drops),
         cmocka_unit_test(test_many_producers_lose_nothing),
         cmocka_unit_test(test_drop_count_is_exact_under_contention),
-        cmocka_unit_test(test_slots_touched_as_the_ring_fills),
+        cmocka_unit_test(test_populated_ahead_of_the_producers),
         cmocka_unit_test(test_wraps_around),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
