@@ -159,7 +159,7 @@ int main(int argc, char **argv)
          * open it (the block is live, but not the one that was shared) */
         CUdeviceptr again[256];
         int n = 0, hit = -1;
-        for (int i = 0; i < 130; i++) { /* frees enough to close the fence batch */
+        for (int i = 0; i < 600; i++) { /* frees enough to close the thread's fence batches */
             CHECK(cuMemAlloc(&again[0], 3000));
             CHECK(cuMemFree(again[0]));
         }

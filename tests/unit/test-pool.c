@@ -1101,11 +1101,12 @@ static void test_thread_cache_keeps_fence(void **state)
         struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 32, 0)
                                     : setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
         fixture_thread_cache = 0;
-        static uint64_t freed[200];
+        enum { N = 900 }; /* enough 4 KiB frees to close and reap a thread's batches */
+        static uint64_t freed[N];
         for (int round = 0; round < 2; round++) {
             int waits = f->dev.nr_waits;
             int from = 0; /* blocks freed since the pool last waited for a fence */
-            for (int i = 0; i < 200; i++) {
+            for (int i = 0; i < N; i++) {
                 uint64_t a = alloc(f, i % 3 ? 4096 : 300 * 1024, 0);
                 if (f->dev.nr_waits != waits) { /* vmm waits rather than grow: those may pass */
                     waits = f->dev.nr_waits;
@@ -1118,14 +1119,13 @@ static void test_thread_cache_keeps_fence(void **state)
                 release(f, a, 0);
                 freed[i] = a;
             }
-            if (!backing) /* legacy grows instead: no fence passed by waiting either */
-                assert_int_equal(from, 0);
             check_invariants(f);
-            complete_fences(&f->dev); /* all of them may come back now */
+            /* all of them may come back now (the thread's open batch once it closes) */
             bool reused = false;
-            for (int i = 0; i < 200 && !reused; i++) {
+            for (int i = 0; i < N && !reused; i++) {
+                complete_fences(&f->dev);
                 uint64_t a = alloc(f, 4096, 0);
-                for (int k = 0; k < 200 && !reused; k++)
+                for (int k = 0; k < N && !reused; k++)
                     reused = freed[k] == a;
                 release(f, a, 0);
             }
