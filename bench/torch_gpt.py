@@ -9,7 +9,12 @@ floats (they must match across allocators).
 
 The allocator is chosen by the environment (PYTORCH_NO_CUDA_MEMORY_CACHING,
 PYTORCH_CUDA_ALLOC_CONF, LD_PRELOAD=libcuheap.so); CUHEAP_PLUGGABLE=/path/libcuheap.so installs
-cuheap through CUDAPluggableAllocator."""
+cuheap through CUDAPluggableAllocator.
+
+GPT_TOGGLE=K (under LD_PRELOAD=libcuheap.so with recording on) pauses and resumes recording
+every K steps through cuheap_set_recording, and prints the median step with recording off and
+on and their ratio: recording's cost measured within one process, where the shared host's
+noise falls on both halves alike."""
 import ctypes
 import os
 import statistics
@@ -89,7 +94,21 @@ gen = torch.Generator(device=dev).manual_seed(1)
 data = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=dev, generator=gen)
 x, y = data[:, :-1], data[:, 1:]
 losses, times = [], []
+TOGGLE = int(os.environ.get("GPT_TOGGLE", "0"))
+set_recording = None
+if TOGGLE:
+    try:
+        set_recording = ctypes.CDLL(None).cuheap_set_recording
+    except AttributeError:
+        sys.exit("torch_gpt: GPT_TOGGLE needs cuheap preloaded (cuheap_set_recording)")
+    set_recording.argtypes = [ctypes.c_int]
+recorded = []  # per step: whether recording was on
 for step in range(STEPS):
+    if set_recording:
+        on = (step // TOGGLE) % 2 == 1
+        if set_recording(int(on)) < 0:
+            sys.exit("torch_gpt: GPT_TOGGLE needs recording on (cuheap_set_recording said -1)")
+        recorded.append(on)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -123,3 +142,9 @@ print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f dev
     1000 * statistics.median(warm), peak_live, peak_reserved, source,
     peak_reserved / peak_live if peak_live else 0, used_peak - used_at_start))
 print("losses", " ".join(float(v).hex() for v in losses))
+if set_recording:
+    off = [t for t, on in zip(times[5:], recorded[5:]) if not on]
+    on = [t for t, on in zip(times[5:], recorded[5:]) if on]
+    print("toggle every=%d steps_off=%d steps_on=%d off_ms=%.3f on_ms=%.3f on_over_off=%.4f" % (
+        TOGGLE, len(off), len(on), 1000 * statistics.median(off), 1000 * statistics.median(on),
+        statistics.median(on) / statistics.median(off)))

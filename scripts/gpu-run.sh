@@ -15,7 +15,9 @@
 #   scripts/gpu-run.sh quick     the default suite, then 16 threads and a long GPT run against
 #                                gpu-bundle/old/libcuheap.so (little device time)
 #   scripts/gpu-run.sh profile   where 16 threads' pairs spend their time (BENCH_PROFILE) and
-#                                recording's cost in the GPT loop, against gpu-bundle/old
+#                                recording's cost in the GPT loop, against gpu-bundle/*/ builds
+#   scripts/gpu-run.sh toggle    recording's cost in the GPT loop within one process (paused
+#                                and resumed every few steps)
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -401,20 +403,23 @@ run_quick() {
     grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
 }
 
-# Where the time goes, this build against gpu-bundle/old/libcuheap.so when there is one:
-# a sampled profile of 16 threads of 512 B pairs (threads-profile.txt: object+offset, named
-# here with addr2line on the bundle's libcuheap.so), the threads' ratio per build and for
-# CUHEAP_REUSE=immediate, a first-lap recording microbenchmark (events, no stacks: the
-# allocating thread's page faults), then the GPT loop under no recording, events only and
-# full recording per build (PROFILE_ROUNDS rounds of PROFILE_STEPS steps), and one run with
-# CUHEAP_RECORD_TIMING.
+# Where the time goes, this build against the other builds in the bundle (gpu-bundle/NAME/
+# libcuheap.so, labelled NAME: built from another commit or with another setting): a sampled
+# profile of 16 threads of 512 B pairs (threads-profile.txt: object+offset, named here with
+# addr2line on the bundle's libcuheap.so), the threads' ratio per build and for
+# CUHEAP_REUSE=immediate (PROFILE_THREAD_ROUNDS rounds), a first-lap recording microbenchmark
+# (events, no stacks: the allocating thread's page faults), then the GPT loop per build in
+# PROFILE_GPT_LIBS (default all) under PROFILE_MODES (default "norecord events full";
+# PROFILE_ROUNDS rounds of PROFILE_STEPS steps), and one run with CUHEAP_RECORD_TIMING.
 run_profile() {
     BENCH_PROFILE=1 BENCH_PAIRS=${PROFILE_PAIRS:-1000000} LD_PRELOAD=$PRE CUHEAP_RECORD=0 \
         CUHEAP_SUMMARY=0 timeout 120 "$B/bench-alloc" threads 16 512 >"$OUT/threads-profile.txt" 2>&1
     grep -E '^profile-object|^config' "$OUT/threads-profile.txt" | tee -a "$OUT/summary.txt"
-    local libs="new=$PRE" lib r
-    [ -f "$B/old/libcuheap.so" ] && libs="old=$B/old/libcuheap.so $libs"
-    for r in 1 2; do
+    local libs="new=$PRE" lib r d
+    for d in "$B"/*/libcuheap.so; do
+        [ -f "$d" ] && libs="$(basename "$(dirname "$d")")=$d $libs"
+    done
+    for ((r = 1; r <= ${PROFILE_THREAD_ROUNDS:-2}; r++)); do
         for lib in $libs "immediate=$PRE CUHEAP_REUSE=immediate"; do
             set -- ${lib#*=}
             say "threads round=$r ${lib%%=*} $(env LD_PRELOAD="$1" "${@:2}" CUHEAP_RECORD=0 \
@@ -427,16 +432,44 @@ run_profile() {
             rm -f "$T"/fl-*
         done
     done
-    ROUNDS=${PROFILE_ROUNDS:-2} STEPS=${PROFILE_STEPS:-40} MODES="norecord events full" \
-        bash bench/compare-gpt.sh "$OUT" "$libs"
+    local gpt_libs=""
+    for lib in $libs; do
+        [[ " ${PROFILE_GPT_LIBS:-${lib%%=*}} " == *" ${lib%%=*} "* ]] && gpt_libs="$gpt_libs $lib"
+    done
+    ROUNDS=${PROFILE_ROUNDS:-2} STEPS=${PROFILE_STEPS:-40} \
+        MODES=${PROFILE_MODES:-norecord events full} bash bench/compare-gpt.sh "$OUT" "$gpt_libs"
     grep -E 'step_ms|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_RECORD_TIMING=1 CUHEAP_SUMMARY=1 \
         CUHEAP_OUTPUT="$T/timing-%p.jsonl" timeout 200 python3 bench/torch_gpt.py \
         "${PROFILE_STEPS:-40}" 2>&1 | grep -E 'recording cost|^step_ms' | tee -a "$OUT/summary.txt"
 }
 
+# Recording's cost within one process (bench/torch_gpt.py GPT_TOGGLE: recording paused and
+# resumed every TOGGLE_EVERY steps, TOGGLE_STEPS steps): full recording and events only, with
+# PyTorch's caching off and on, TOGGLE_RUNS runs each; losses must match a run without cuheap.
+run_toggle() {
+    local r cfg base
+    base=$(timeout 200 python3 bench/torch_gpt.py "${TOGGLE_STEPS:-125}" 2>&1 | grep -m1 '^losses' | md5sum)
+    for ((r = 1; r <= ${TOGGLE_RUNS:-3}; r++)); do
+        for cfg in nocache-full nocache-events caching-full; do
+            set -- CUHEAP_SUMMARY=0
+            [[ $cfg == nocache-* ]] && set -- "$@" PYTORCH_NO_CUDA_MEMORY_CACHING=1
+            [[ $cfg == *-events ]] && set -- "$@" CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0
+            local out
+            out=$(env "$@" LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/toggle-%p.jsonl" \
+                GPT_TOGGLE=${TOGGLE_EVERY:-5} timeout 200 python3 bench/torch_gpt.py \
+                "${TOGGLE_STEPS:-125}" 2>&1)
+            local same=different
+            [ "$(grep -m1 '^losses' <<<"$out" | md5sum)" = "$base" ] && same=identical
+            say "toggle run=$r config=$cfg $(grep -m1 '^toggle' <<<"$out") losses=$same"
+            rm -f "$T"/toggle-*
+        done
+    done
+}
+
 case $what in
 tests) run_tests ;;
+toggle) run_toggle ;;
 profile) run_profile ;;
 quick) run_quick ;;
 ipc) run_ipc ;;
@@ -452,7 +485,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|profile|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|profile|toggle|all" >&2
     exit 2
     ;;
 esac

@@ -243,6 +243,12 @@ MUTATIONS = [
      "a short native walk kept although it fell short of the frames asked for",
      "stacks with the shortcuts are the full walk's", "src/unwind.c",
      "    if (skip < n && (n < want || n - skip >= (int)max)) {", "    if (skip < n) {"),
+    ("record-ignores-pause",
+     "events recorded while cuheap_set_recording(0) paused recording",
+     "a paused recording leaves the paused part out", "src/recorder.c",
+     "    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK)\n"
+     "        return;",
+     "    if (0)\n        return;"),
 ]
 
 

@@ -54,6 +54,8 @@ atomic_bool cuheap_recorder_on;
 /* Events go into the ring. Cleared at stop while cuheap_recorder_on stays set, so what threads
  * still running at exit record is counted (nr_late) instead of vanishing unseen. */
 static atomic_bool accepting;
+/* cuheap_set_recording(0): events other than marks stop at the door, before their stacks. */
+static atomic_bool paused;
 static _Atomic uint64_t nr_late;     /* events made after recording stopped */
 static _Atomic uint64_t nr_consumed; /* events the writer took from the ring */
 static atomic_bool stopping;
@@ -165,6 +167,8 @@ void cuheap_record(const struct cuheap_rec *r)
     if (atomic_load_explicit(&cuheap_auditing, memory_order_relaxed))
         cuheap_audit_note(r);
     if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed))
+        return;
+    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK)
         return;
     if (!atomic_load_explicit(&accepting, memory_order_relaxed)) {
         atomic_fetch_add_explicit(&nr_events, 1, memory_order_relaxed);
@@ -933,6 +937,11 @@ void cuheap_recorder_start(const struct cuheap_config *config)
     }
     atomic_store(&accepting, true);
     atomic_store(&cuheap_recorder_on, true);
+}
+
+bool cuheap_recorder_pause(bool pause)
+{
+    return atomic_exchange(&paused, pause);
 }
 
 void cuheap_recorder_stop(void)

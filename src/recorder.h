@@ -39,6 +39,11 @@ static inline bool cuheap_recording(void)
     return atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed);
 }
 
+/* Pause (true) or resume recording at run time (cuheap_set_recording): while paused, events
+ * other than marks are neither walked nor written (the audit still sees them). Returns
+ * whether recording was paused before. */
+bool cuheap_recorder_pause(bool pause);
+
 /* Record one event from a hook. Never blocks, never allocates. Every event goes out here. */
 void cuheap_record(const struct cuheap_rec *r);
 

@@ -531,6 +531,28 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
     return 0;
 }
 
+CUHEAP_API int cuheap_set_recording(int on)
+{
+    if (cuheap_busy || !cuheap_boot() || !cuheap_cfg.record)
+        return -1;
+    cuheap_busy = 1; /* as in cuheap_mark */
+    struct cuheap_device *d = cuheap_device_current();
+    int ordinal = d ? d->ordinal : -1;
+    bool was_paused;
+    if (on) {
+        was_paused = cuheap_recorder_pause(false);
+        if (was_paused)
+            cuheap_record_mark(ordinal, "cuheap: recording resumed");
+    } else {
+        /* the mark goes in whether paused or not: a pause shows in the trace */
+        was_paused = cuheap_recorder_pause(true);
+        if (!was_paused)
+            cuheap_record_mark(ordinal, "cuheap: recording paused");
+    }
+    cuheap_busy = 0;
+    return !was_paused;
+}
+
 CUHEAP_API void cuheap_mark(const char *label)
 {
     if (cuheap_busy || !cuheap_boot())

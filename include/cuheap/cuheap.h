@@ -49,6 +49,15 @@ CUHEAP_API uint64_t cuheap_call_count(const char *entry_point);
 /* Put a named marker into the trace (a phase, a step number). The string is copied. */
 CUHEAP_API void cuheap_mark(const char *label);
 
+/* Pause (on = 0) or resume (on = 1) recording, to record only part of a run (some steps of
+ * a long job) or to measure what recording costs within one process. While paused, no event
+ * is written and no stack is taken; the accounting, the summary and the statistics go on,
+ * and the trace gets a mark where recording paused and where it resumed (an allocation made
+ * while paused and freed after shows as a free of an unknown block). Returns whether
+ * recording was on before the call (1 or 0), or -1 when cuheap records nothing
+ * (CUHEAP_RECORD=0, or it could not start). */
+CUHEAP_API int cuheap_set_recording(int on);
+
 /* Entry points for PyTorch's CUDAPluggableAllocator: the stream is known, so a freed block
  * is reused in stream order (at once on the same stream, after a fence on another).
  *   alloc = torch.cuda.memory.CUDAPluggableAllocator("libcuheap.so", "cuheap_torch_alloc",

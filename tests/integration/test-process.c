@@ -1173,6 +1173,33 @@ static long number_after(const char *s, const char *key)
     return p ? strtol(p + strlen(key), NULL, 10) : -1;
 }
 
+/* cuheap_set_recording: what happens while paused is not in the trace (nor its stacks), the
+ * marks say where the gap is, the statistics still count every allocation; without a recorder
+ * the call says so. */
+static void test_rec_paused_and_resumed(void **state)
+{
+    (void)state;
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 " RECPROG " pause; "
+                 "grep -c '\"event\":\"alloc\"' t.jsonl; grep -c '\"event\":\"free\"' t.jsonl; "
+                 "grep -o '\"label\":\"cuheap: recording [a-z]*\"' t.jsonl; "
+                 "grep -c '\"size\":12288' t.jsonl; true",
+            build, build, build);
+    assert_int_equal(r.status, 0);
+    /* on, then paused (already paused), then resumed (already on) */
+    assert_non_null(strstr(r.out, "pause: 1 0 0 1 allocs 12\n"));
+    /* 3 + 1 + 2 allocations recorded, 3 + 1 + 2 frees (the one made during the pause and freed
+     * after it shows as a free); none of the paused pairs */
+    assert_non_null(strstr(r.out, "\n6\n6\n\"label\":\"cuheap: recording paused\"\n"
+                                  "\"label\":\"cuheap: recording resumed\"\n0\n"));
+    done(&r);
+    struct result off = run(FAKE " " PRELOAD " CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 " RECPROG " pause",
+                            build, build, build);
+    assert_int_equal(off.status, 0);
+    assert_non_null(strstr(off.out, "pause: -1 -1 -1 -1 allocs 12\n"));
+    done(&off);
+}
+
 static void test_rec_ring_resident_as_it_fills(void **state)
 {
     (void)state;
@@ -1437,6 +1464,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
         /* the recorder's cases */
         cmocka_unit_test_setup_teardown(test_rec_ring_resident_as_it_fills, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_paused_and_resumed, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_killed_run_keeps_flushed_events, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_chrome_name_with_a_rank, fresh_dir, remove_dir),

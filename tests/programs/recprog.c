@@ -157,6 +157,29 @@ int main(int argc, char **argv)
         printf("mark-rss: growth %ld KiB\n", rss_kib() - before);
         return 0;
     }
+    if (!strcmp(cmd, "pause")) {
+        /* 3 pairs recorded, 5 while paused (one block allocated before the pause and freed
+         * during it, one allocated during it and freed after), 2 recorded again; the answers
+         * of every call, then the statistics' event count */
+        int (*set)(int);
+        *(void **)&set = dlsym(RTLD_DEFAULT, "cuheap_set_recording");
+        int (*stats)(struct cuheap_stats *, size_t) = stats_fn();
+        if (!set || !stats)
+            return 1;
+        CUdeviceptr before, during;
+        if (pairs(3, 4096) || cuMemAlloc(&before, 8192))
+            return 1;
+        int a = set(0), b = set(0);
+        if (cuMemFree(before) || pairs(5, 12288) || cuMemAlloc(&during, 16384))
+            return 1;
+        int c = set(1), d = set(1);
+        if (cuMemFree(during) || pairs(2, 4096))
+            return 1;
+        struct cuheap_stats s;
+        stats(&s, sizeof(s));
+        printf("pause: %d %d %d %d allocs %llu\n", a, b, c, d, (unsigned long long)s.nr_allocs);
+        return 0;
+    }
     if (!strcmp(cmd, "huge")) {
         CUdeviceptr p;
         CUresult a = cuMemAlloc(&p, (size_t)1 << 63);

@@ -1101,13 +1101,15 @@ static void test_thread_cache_keeps_fence(void **state)
         struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 32, 0)
                                     : setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
         fixture_thread_cache = 0;
-        enum { N = 900 }; /* enough 4 KiB frees to close and reap a thread's batches */
+        /* 4 KiB pairs first, enough to close and reap the thread's batches (a pool-path
+         * allocation may hand its open batch to the pool), then mixed with 300 KiB ones */
+        enum { N = 900, SMALL_ONLY = 600 };
         static uint64_t freed[N];
         for (int round = 0; round < 2; round++) {
             int waits = f->dev.nr_waits;
             int from = 0; /* blocks freed since the pool last waited for a fence */
             for (int i = 0; i < N; i++) {
-                uint64_t a = alloc(f, i % 3 ? 4096 : 300 * 1024, 0);
+                uint64_t a = alloc(f, i < SMALL_ONLY || i % 3 ? 4096 : 300 * 1024, 0);
                 if (f->dev.nr_waits != waits) { /* vmm waits rather than grow: those may pass */
                     waits = f->dev.nr_waits;
                     from = i;
