@@ -16,7 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 #include <sched.h>
+#include <linux/membarrier.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 
 #include "event.h"
@@ -139,9 +141,17 @@ static int map_update(struct cuheap_arena *a, bool add)
     return 0;
 }
 
+static atomic_bool tc_asym; /* thread caches, below */
+static void tc_asym_register(void);
+static pthread_once_t tc_asym_once;
+
 void cuheap_pool_atfork_child(void)
 {
     pthread_mutex_init(&g_map_lock, NULL);
+    /* whether the registration crossed the fork or not, the child's own (the only thread is
+     * this one, inside no cache) */
+    if (atomic_load(&tc_asym))
+        tc_asym_register();
 }
 
 struct cuheap_pool *cuheap_pool_of(uint64_t ptr)
@@ -238,6 +248,8 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     /* under CUHEAP_RELEASE=empty a block goes back as soon as it can: none are kept aside */
     p->tc_bytes = cfg->release == CUHEAP_RELEASE_EMPTY ? 0 : cfg->thread_cache;
+    if (p->tc_bytes)
+        pthread_once(&tc_asym_once, tc_asym_register);
     /* A block a thread keeps holds its memory from every other size: under vmm its granules,
      * which the pool would otherwise move to where they are needed; under legacy its place in
      * an arena, so other sizes grow the pool. Measured on the GPT replay (held/live): vmm
@@ -1224,7 +1236,9 @@ struct tc_batch {
 };
 
 struct cuheap_tcache {
-    _Alignas(64) _Atomic int lock; /* whole cache lines: no other thread's data shares them */
+    /* whole cache lines: no other thread's data shares them */
+    _Alignas(64) _Atomic int busy; /* the owner is inside (tc_enter) */
+    _Atomic int held;              /* a drainer has it or wants it (tc_hold, under p->lock) */
     struct cuheap_pool *pool;
     uint64_t gen;               /* pool->gen when made: a pool set up again is another pool */
     struct cuheap_tcache *next; /* on pool->tcaches (p->lock) */
@@ -1243,15 +1257,97 @@ static __thread struct cuheap_tcache *tc_slot[TC_SLOTS] __attribute__((tls_model
 static pthread_key_t tc_key;
 static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
 
-static __attribute__((always_inline)) inline void tc_lock(struct cuheap_tcache *tc)
+/* A cache is its owner's but for drainers (trim, out of memory, stats, checks, a thread's
+ * end), which are rare and hold p->lock. So the owner enters and leaves without an atomic
+ * read-modify-write (an exchange is a full barrier: 24% of 16 threads' samples on the H200
+ * went to the two a pair made): it marks itself busy with a plain store and looks for a
+ * drainer; a drainer marks the cache held, makes every running thread of the process pass a
+ * full memory barrier (membarrier(2)), then waits for the owner to leave. Either the owner
+ * sees the drainer or the drainer sees the owner busy: the barrier puts the owner's store
+ * before its load. Where membarrier is not to be had, the owner pays a fence instead. */
+static atomic_bool tc_asym; /* membarrier's private expedited command registered */
+
+static void tc_asym_register(void)
 {
-    while (atomic_exchange_explicit(&tc->lock, 1, memory_order_acquire))
-        sched_yield(); /* a drainer holds it: trim, out of memory, stats */
+    atomic_store(&tc_asym,
+                 syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0);
 }
 
-static __attribute__((always_inline)) inline void tc_unlock(struct cuheap_tcache *tc)
+static pthread_once_t tc_asym_once = PTHREAD_ONCE_INIT;
+
+/* The drainer's half of the barrier (after marking caches held, before reading busy). */
+static void tc_barrier(void)
 {
-    atomic_store_explicit(&tc->lock, 0, memory_order_release);
+    if (!atomic_load_explicit(&tc_asym, memory_order_relaxed)) {
+        atomic_thread_fence(memory_order_seq_cst); /* owners fence too */
+        return;
+    }
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+        return;
+    /* Refused (a registration that did not carry over): from now on owners fence, and the
+     * slow global command (every CPU, no registration) covers those that entered without. */
+    atomic_store(&tc_asym, false);
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) != 0) {
+        /* no barrier at all: wait out a scheduling round (a context switch is one) */
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static __attribute__((always_inline)) inline void tc_enter(struct cuheap_tcache *tc)
+{
+    for (;;) {
+        atomic_store_explicit(&tc->busy, 1, memory_order_relaxed);
+        if (__builtin_expect(atomic_load_explicit(&tc_asym, memory_order_relaxed), 1))
+            atomic_signal_fence(memory_order_seq_cst); /* the store stays before the load */
+        else
+            atomic_thread_fence(memory_order_seq_cst);
+        if (__builtin_expect(!atomic_load_explicit(&tc->held, memory_order_acquire), 1))
+            return;
+        atomic_store_explicit(&tc->busy, 0, memory_order_release);
+        while (atomic_load_explicit(&tc->held, memory_order_acquire))
+            sched_yield(); /* a drainer has it */
+    }
+}
+
+static __attribute__((always_inline)) inline void tc_leave(struct cuheap_tcache *tc)
+{
+    atomic_store_explicit(&tc->busy, 0, memory_order_release);
+}
+
+/* A drainer takes caches (p->lock held, which serializes drainers): mark each held, one
+ * barrier for all, then wait for each owner to leave. */
+static void tc_wait_out(struct cuheap_tcache *tc)
+{
+    while (atomic_load_explicit(&tc->busy, memory_order_acquire))
+        sched_yield();
+}
+
+static void tc_hold(struct cuheap_tcache *tc)
+{
+    atomic_store_explicit(&tc->held, 1, memory_order_seq_cst);
+    tc_barrier();
+    tc_wait_out(tc);
+}
+
+static void tc_hold_all(struct cuheap_pool *p)
+{
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
+        atomic_store_explicit(&tc->held, 1, memory_order_seq_cst);
+    tc_barrier();
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
+        tc_wait_out(tc);
+}
+
+static void tc_unhold(struct cuheap_tcache *tc)
+{
+    atomic_store_explicit(&tc->held, 0, memory_order_release);
+}
+
+static void tc_unhold_all(struct cuheap_pool *p)
+{
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
+        tc_unhold(tc);
 }
 
 static __attribute__((always_inline)) inline struct cuheap_tcache *
@@ -1302,54 +1398,58 @@ static void tc_give_freed_locked(struct cuheap_pool *p, const struct tc_batch *b
         p->be.fence_destroy(p->be.ctx, b->fence);
 }
 
-/* Take everything out of a cache (p->lock held, the cache's lock not): freed blocks go to the
- * pool (behind its fence unless theirs has passed), and with !freed_only ready blocks are
- * merged back too (a drain is for others to find room). Returns how many blocks moved. */
-static unsigned tc_drain_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, bool freed_only)
+/* Take everything out of a cache the caller holds (tc_hold, p->lock held): freed blocks go
+ * to the pool (behind its fence unless theirs has passed), and with !freed_only ready blocks
+ * are merged back too (a drain is for others to find room). Returns how many blocks moved. */
+static unsigned tc_drain_held_locked(struct cuheap_pool *p, struct cuheap_tcache *tc,
+                                     bool freed_only)
 {
-    struct tc_batch b;
     unsigned n = 0;
-    for (;;) {
-        tc_lock(tc);
-        tc_fold_locked(p, tc);
-        if (tc->closed_head != tc->closed_tail) {
-            b = tc->closed[tc->closed_head++ % TC_NR_CLOSED];
-        } else if (tc->open.nr) {
-            b = tc->open;
-            tc->open.nr = 0;
-            tc->open.bytes = 0;
-        } else {
-            tc_unlock(tc);
-            break;
-        }
-        tc_unlock(tc);
-        tc_give_freed_locked(p, &b, b.fence && (b.passed || p->be.fence_query(p->be.ctx, b.fence)));
-        n += b.nr;
+    tc_fold_locked(p, tc);
+    for (; tc->closed_head != tc->closed_tail; tc->closed_head++) {
+        struct tc_batch *b = &tc->closed[tc->closed_head % TC_NR_CLOSED];
+        tc_give_freed_locked(p, b,
+                             b->fence && (b->passed || p->be.fence_query(p->be.ctx, b->fence)));
+        n += b->nr;
     }
-    struct tc_block ready[TC_PER_ORDER];
+    if (tc->open.nr) {
+        tc_give_freed_locked(p, &tc->open, false);
+        n += tc->open.nr;
+        tc->open.nr = 0;
+        tc->open.bytes = 0;
+    }
     for (unsigned o = 0; !freed_only && o < TC_NR_ORDERS; o++) {
-        tc_lock(tc);
-        uint16_t nr = tc->nr_ready[o];
-        memcpy(ready, tc->ready[o], nr * sizeof(ready[0]));
-        tc->nr_ready[o] = 0;
-        tc->ready_bytes -= (uint64_t)nr << o;
-        tc_unlock(tc);
-        for (unsigned i = 0; i < nr; i++) {
+        for (unsigned i = 0; i < tc->nr_ready[o]; i++) {
+            const struct tc_block *k = &tc->ready[o][i];
             if (p->vmm)
-                unuse_granules_locked(p, ready[i].arena, ready[i].ptr);
-            merge_block_locked(p, ready[i].arena, ready[i].ptr);
+                unuse_granules_locked(p, k->arena, k->ptr);
+            merge_block_locked(p, k->arena, k->ptr);
         }
-        n += nr;
+        n += tc->nr_ready[o];
+        tc->ready_bytes -= (uint64_t)tc->nr_ready[o] << o;
+        tc->nr_ready[o] = 0;
     }
     return n;
 }
 
-/* Every thread's cache drained (out of memory, trim). Returns how many blocks moved. */
+/* tc_drain_held_locked() of one cache (p->lock held). */
+static unsigned tc_drain_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, bool freed_only)
+{
+    tc_hold(tc);
+    unsigned n = tc_drain_held_locked(p, tc, freed_only);
+    tc_unhold(tc);
+    return n;
+}
+
+/* Every thread's cache drained (out of memory, trim): one barrier for all of them. Returns
+ * how many blocks moved. */
 static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool freed_only)
 {
     unsigned n = 0;
+    tc_hold_all(p);
     for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
-        n += tc_drain_locked(p, tc, freed_only);
+        n += tc_drain_held_locked(p, tc, freed_only);
+    tc_unhold_all(p);
     return n;
 }
 
@@ -1449,15 +1549,15 @@ static bool tc_keep_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint6
  * go back to the pool (p->lock held, the cache's lock not). Returns whether one did. */
 static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
 {
-    tc_lock(tc);
+    tc_enter(tc);
     if (tc->closed_head == tc->closed_tail) {
-        tc_unlock(tc);
+        tc_leave(tc);
         return false;
     }
     struct tc_batch *b = &tc->closed[tc->closed_head % TC_NR_CLOSED];
     /* no query while a stream captures: the driver may refuse it, which is no answer */
     if (!b->passed && (p->nr_capturing || !p->be.fence_query(p->be.ctx, b->fence))) {
-        tc_unlock(tc);
+        tc_leave(tc);
         return false;
     }
     struct tc_batch spill; /* not zeroed: a kilobyte, and only the first nr blocks count */
@@ -1469,7 +1569,7 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
             spill.blocks[spill.nr++] = *k;
     }
     tc->closed_head++;
-    tc_unlock(tc);
+    tc_leave(tc);
     tc_give_freed_locked(p, &spill, true); /* and the fence goes back */
     return true;
 }
@@ -1478,10 +1578,11 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
  * (asking the driver about a fence the thread owns needs no pool lock, and 16 threads each
  * holding it for that serialized on it). What does not fit, and the fence, go back to the pool
  * later, under its lock (tc_reap_locked, tc_drain_locked). Returns whether a block came. */
-static bool tc_reap_unlocked(struct cuheap_pool *p, struct cuheap_tcache *tc)
+static __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p,
+                                                       struct cuheap_tcache *tc)
 {
     bool got = false;
-    tc_lock(tc);
+    tc_enter(tc);
     for (unsigned c = tc->closed_head; c != tc->closed_tail; c++) {
         struct tc_batch *b = &tc->closed[c % TC_NR_CLOSED];
         if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))
@@ -1499,14 +1600,14 @@ static bool tc_reap_unlocked(struct cuheap_pool *p, struct cuheap_tcache *tc)
         }
         b->nr = keep;
     }
-    tc_unlock(tc);
+    tc_leave(tc);
     return got;
 }
 
 /* The thread's open batch is full: close it behind a fence of its own, so its blocks come back
  * to this thread without passing through the pool; while a stream captures (no fence may be
  * recorded), both closed slots wait, or no fence is to be had, the pool takes them. */
-static void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
+static __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
 {
     pthread_mutex_lock(&p->lock);
     if (tc->closed_tail - tc->closed_head == TC_NR_CLOSED)
@@ -1518,7 +1619,7 @@ static void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
     if (own)
         p->st.nr_fences++;
     struct tc_batch b;
-    tc_lock(tc);
+    tc_enter(tc);
     if (own) {
         struct tc_batch *c = &tc->closed[tc->closed_tail++ % TC_NR_CLOSED];
         *c = tc->open;
@@ -1529,7 +1630,7 @@ static void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
     }
     tc->open.nr = 0;
     tc->open.bytes = 0;
-    tc_unlock(tc);
+    tc_leave(tc);
     if (!own) {
         tc_give_freed_locked(p, &b, false);
         close_if_due_locked(p);
@@ -1552,10 +1653,10 @@ static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, un
     struct cuheap_quick *q = &p->quick[order];
     struct tc_block got[TC_REFILL];
     unsigned n = 0;
-    tc_lock(tc);
+    tc_enter(tc);
     unsigned room = tc_ready_cap(order) - tc->nr_ready[order];
     uint64_t bytes = tc->ready_bytes;
-    tc_unlock(tc);
+    tc_leave(tc);
     /* Small blocks also come from the arenas when the list is out: splitting is cheap there. */
     bool split = order <= CUHEAP_QUICK_MAX_ORDER && (!p->vmm || order < p->granule_shift);
     while (n < TC_REFILL && n < room && (q->head || split) &&
@@ -1584,11 +1685,11 @@ static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, un
         got[n++] = (struct tc_block){ptr, a};
         bytes += 1ull << order;
     }
-    tc_lock(tc);
+    tc_enter(tc);
     for (unsigned i = 0; i < n; i++)
         if (!tc_keep_ready(p, tc, got[i].ptr, got[i].arena, order))
             cuheap_assert(!"room for a refill was counted");
-    tc_unlock(tc);
+    tc_leave(tc);
 }
 
 /* The newest ready block of the order size needs, whatever its memory covers (p->lock held).
@@ -1599,7 +1700,7 @@ static bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint6
     unsigned order = order_of_size(p, size);
     if (order > p->tc_max_order)
         return false;
-    tc_lock(tc);
+    tc_enter(tc);
     uint16_t nr = tc->nr_ready[order];
     if (nr) {
         *ret_ptr = tc->ready[order][nr - 1].ptr;
@@ -1607,7 +1708,7 @@ static bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint6
         tc->nr_ready[order] = nr - 1;
         tc->ready_bytes -= 1ull << order;
     }
-    tc_unlock(tc);
+    tc_leave(tc);
     return nr != 0;
 }
 
@@ -1618,16 +1719,16 @@ static __attribute__((always_inline)) inline int tc_alloc(struct cuheap_pool *p,
                                                           unsigned order, uint64_t *ret_ptr,
                                                           uint64_t *ret_block, uint64_t *ret_seq)
 {
-    tc_lock(tc);
+    tc_enter(tc);
     uint16_t nr = tc->nr_ready[order];
     if (!nr) {
-        tc_unlock(tc);
+        tc_leave(tc);
         return -EAGAIN;
     }
     struct tc_block b = tc->ready[order][nr - 1];
     uint32_t u = unit_of(b.arena, b.ptr);
     if (p->vmm && b.arena->extent[u] < size) {
-        tc_unlock(tc); /* its memory is held for a smaller request: the pool maps the rest */
+        tc_leave(tc); /* its memory is held for a smaller request: the pool maps the rest */
         return -EAGAIN;
     }
     tc->nr_ready[order] = nr - 1;
@@ -1643,7 +1744,7 @@ static __attribute__((always_inline)) inline int tc_alloc(struct cuheap_pool *p,
     tc->nr_hits++;
     if (ret_seq)
         *ret_seq = cuheap_seq_next();
-    tc_unlock(tc);
+    tc_leave(tc);
     *ret_ptr = b.ptr;
     *ret_block = 1ull << order;
     return 0;
@@ -1668,10 +1769,10 @@ static __attribute__((always_inline)) inline int tc_free(struct cuheap_pool *p,
         return -EAGAIN;
     /* Whoever clears the size frees the block: a double free racing on two threads frees once.
      * Cleared under the cache's lock, with the live count: a check sees both or neither. */
-    tc_lock(tc);
+    tc_enter(tc);
     uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
     if (!size) { /* a double free, or its arena died with its context meanwhile */
-        tc_unlock(tc);
+        tc_leave(tc);
         return -EAGAIN;
     }
     unsigned order = order_of_size(p, size); /* a block's order is its request's */
@@ -1689,7 +1790,7 @@ static __attribute__((always_inline)) inline int tc_free(struct cuheap_pool *p,
         /* a batch holds at most half the cache's bytes: the pool must not wait long for them */
         full = o->nr == TC_BATCH || o->bytes >= p->tc_bytes / 2;
     }
-    tc_unlock(tc);
+    tc_leave(tc);
     *ret_size = size;
     *ret_block = block;
     if (full)
@@ -1772,14 +1873,21 @@ static void tc_after_alloc_locked(struct cuheap_pool *p, uint64_t size)
     struct cuheap_tcache *tc = tc_get_locked(p);
     if (!tc)
         return;
-    tc_lock(tc);
+    tc_enter(tc);
     tc_fold_locked(p, tc);
-    tc_unlock(tc);
+    tc_leave(tc);
     unsigned order = order_of_size(p, size);
     if (order < CUHEAP_NR_ORDERS)
         tc_refill_locked(p, tc, order, size);
 }
 
+static __attribute__((noinline)) int pool_alloc_slow(struct cuheap_pool *p, uint64_t size,
+                                                     uint64_t stream, unsigned order, bool cached,
+                                                     uint64_t *ret_ptr, uint64_t *ret_block,
+                                                     uint64_t *ret_seq);
+
+/* The thread cache's allocation here, everything else out of line: the common call then saves
+ * and restores only the registers it uses. */
 int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
                       uint64_t *ret_block, uint64_t *ret_seq)
 {
@@ -1795,6 +1903,12 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
                     tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0)))
             return 0;
     }
+    return pool_alloc_slow(p, size, stream, order, cached, ret_ptr, ret_block, ret_seq);
+}
+
+static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream, unsigned order,
+                           bool cached, uint64_t *ret_ptr, uint64_t *ret_block, uint64_t *ret_seq)
+{
     pthread_mutex_lock(&p->lock);
     if (p->nr_capturing && !stream) {
         pthread_mutex_unlock(&p->lock);
@@ -1926,6 +2040,11 @@ out_of_memory:
     return -ENOMEM;
 }
 
+static __attribute__((noinline)) int pool_free_slow(struct cuheap_pool *p, uint64_t ptr,
+                                                    uint64_t stream, uint64_t *ret_size,
+                                                    uint64_t *ret_block, uint64_t *ret_seq);
+
+/* The thread cache's free here, everything else out of line (as cuheap_pool_alloc). */
 int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
                      uint64_t *ret_block, uint64_t *ret_seq)
 {
@@ -1935,6 +2054,12 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         if (tc && tc_free(p, tc, ptr, ret_size, ret_block, ret_seq) == 0)
             return 0;
     }
+    return pool_free_slow(p, ptr, stream, ret_size, ret_block, ret_seq);
+}
+
+static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
+                          uint64_t *ret_block, uint64_t *ret_seq)
+{
     pthread_mutex_lock(&p->lock);
     struct cuheap_arena *a = map_lookup(ptr);
     int found = a && a->pool == p ? cuheap_buddy_order_at(&a->buddy, ptr) : -EINVAL;
@@ -1977,7 +2102,7 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         if (p->cfg->release == CUHEAP_RELEASE_EMPTY)
             reclaim_locked(p);
     }
-    if (cached)
+    if (!stream && p->tc_bytes && p->cfg->reuse != CUHEAP_REUSE_SYNC)
         tc_get_locked(p); /* this thread's next frees need no lock */
     uint64_t bases[CUHEAP_NR_SPARE_MAX], sizes[CUHEAP_NR_SPARE_MAX];
     unsigned nr = spare_empty_locked(p, bases, sizes);
@@ -2158,11 +2283,10 @@ int cuheap_pool_grant_access(struct cuheap_pool *p)
 void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
 {
     pthread_mutex_lock(&p->lock);
-    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
-        tc_lock(tc);
+    tc_hold_all(p);
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
         tc_fold_locked(p, tc);
-        tc_unlock(tc);
-    }
+    tc_unhold_all(p);
     *ret = p->st;
     pthread_mutex_unlock(&p->lock);
 }
@@ -2309,15 +2433,13 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
 {
     pthread_mutex_lock(&p->lock);
     /* every thread's cache held still: their blocks change size without p->lock */
-    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
-        tc_lock(tc);
+    tc_hold_all(p);
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
         tc_fold_locked(p, tc);
-    }
     int r = check_tcaches_locked(p, why, why_size);
     if (!r)
         r = check_locked(p, why, why_size);
-    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
-        tc_unlock(tc);
+    tc_unhold_all(p);
     pthread_mutex_unlock(&p->lock);
     return r;
 }
@@ -2442,9 +2564,9 @@ failed:
  * a child after fork). Their counts are folded in first. */
 static void tc_forget_all_locked(struct cuheap_pool *p, bool lock)
 {
+    if (lock)
+        tc_hold_all(p);
     for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
-        if (lock)
-            tc_lock(tc);
         tc_fold_locked(p, tc);
         memset(tc->nr_ready, 0, sizeof(tc->nr_ready));
         tc->ready_bytes = 0;
@@ -2452,11 +2574,14 @@ static void tc_forget_all_locked(struct cuheap_pool *p, bool lock)
         tc->open.bytes = 0;
         tc->closed_head = tc->closed_tail = 0; /* their fences died with the context */
         tc->next_id = tc->end_id = 0;
-        if (lock)
-            tc_unlock(tc);
-        else
-            atomic_store(&tc->lock, 0); /* a thread that held it is gone with the fork */
+        if (!lock) /* a thread that was inside is gone with the fork */
+            atomic_store(&tc->busy, 0);
     }
+    if (lock)
+        tc_unhold_all(p);
+    else
+        for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
+            atomic_store(&tc->held, 0);
 }
 
 uint64_t cuheap_pool_abandon(struct cuheap_pool *p)

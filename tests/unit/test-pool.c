@@ -1268,6 +1268,78 @@ static void test_thread_cache_pairs_take_no_pool_lock(void **state)
     teardown(f);
 }
 
+/* Owners and drainers at once: threads go round their caches (small pairs, a few blocks held)
+ * while another thread checks every invariant (holding every cache) and trims (draining them)
+ * again and again. A drainer must find each cache still, and an owner must not run inside a
+ * cache a drainer holds: either breaks the counts or hands a block out twice. */
+struct owner_arg {
+    struct fixture *f;
+    unsigned seed;
+    _Atomic bool *stop;
+    int failed;
+};
+
+static void *owner_thread(void *arg)
+{
+    struct owner_arg *o = arg;
+    uint64_t held[8] = {0};
+    for (int i = 0; !atomic_load(o->stop) && !o->failed; i++) {
+        int k = (int)(rand_r(&o->seed) % 8);
+        uint64_t ptr, block, seq, size;
+        if (held[k]) {
+            if (cuheap_pool_free(&o->f->pool, held[k], 0, &size, &block, &seq))
+                o->failed = 1;
+            held[k] = 0;
+        } else if (cuheap_pool_alloc(&o->f->pool, 512u << (rand_r(&o->seed) % 4), 0, &ptr, &block,
+                                     &seq) == 0) {
+            for (int j = 0; j < 8; j++)
+                if (held[j] == ptr)
+                    o->failed = 2; /* handed out twice */
+            held[k] = ptr;
+        }
+        if (i % 4096 == 0)
+            complete_fences(&o->f->dev);
+    }
+    for (int k = 0; k < 8; k++) {
+        uint64_t size, block, seq;
+        if (held[k] && cuheap_pool_free(&o->f->pool, held[k], 0, &size, &block, &seq))
+            o->failed = 1;
+    }
+    return NULL;
+}
+
+static void test_thread_cache_owners_and_drainers_at_once(void **state)
+{
+    (void)state;
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
+    fixture_thread_cache = 0;
+    _Atomic bool stop = false;
+    struct owner_arg o[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+        o[i] = (struct owner_arg){f, (unsigned)i + 7, &stop, 0};
+        pthread_create(&t[i], NULL, owner_thread, &o[i]);
+    }
+    char why[256];
+    for (int i = 0; i < 8000; i++) {
+        if (cuheap_pool_check(&f->pool, why, sizeof(why)))
+            fail_msg("check %d: %s", i, why);
+        if (i % 3 == 0)
+            cuheap_pool_trim(&f->pool, false);
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(o[i].failed, 0);
+    }
+    check_invariants(f);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.live, 0);
+    teardown(f);
+}
+
 struct double_free {
     uint64_t *blocks;
     int n;
@@ -1360,6 +1432,7 @@ int main(void)
         cmocka_unit_test(test_thread_cache_drained_for_others),
         cmocka_unit_test(test_thread_exit_gives_cache_back),
         cmocka_unit_test(test_thread_cache_pairs_take_no_pool_lock),
+        cmocka_unit_test(test_thread_cache_owners_and_drainers_at_once),
         cmocka_unit_test(test_thread_cache_double_free_across_threads),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
