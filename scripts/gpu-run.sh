@@ -16,6 +16,8 @@
 #                                gpu-bundle/old/libcuheap.so (little device time)
 #   scripts/gpu-run.sh profile   where 16 threads' pairs spend their time (BENCH_PROFILE) and
 #                                recording's cost in the GPT loop, against gpu-bundle/*/ builds
+#   scripts/gpu-run.sh hot       one-thread pairs and 16 threads, every build in the bundle, and
+#                                cudaMallocAsync
 #   scripts/gpu-run.sh toggle    recording's cost in the GPT loop within one process (paused
 #                                and resumed every few steps)
 #   scripts/gpu-run.sh all       tests, clients and bench
@@ -467,8 +469,36 @@ run_toggle() {
     done
 }
 
+# The hot path, this build against the other builds in the bundle (gpu-bundle/NAME/): per
+# round (HOT_ROUNDS, default 3), cudaMallocAsync's warm pool and each build at 512 B, 2 MiB
+# and 20 MiB on one thread, then 16 threads of 512 B pairs against one; then a sampled profile
+# of this build's 16 threads (threads-profile.txt).
+run_hot() {
+    local libs="new=$PRE" lib r d
+    for d in "$B"/*/libcuheap.so; do
+        [ -f "$d" ] && libs="$(basename "$(dirname "$d")")=$d $libs"
+    done
+    for ((r = 1; r <= ${HOT_ROUNDS:-3}; r++)); do
+        say "hot round=$r cudaMallocAsync $(timeout 60 "$B/bench-alloc" async 512 2097152 20971520 2>&1 |
+            sed -n 's/.*case=\([0-9]*\) ns_per_pair=\([0-9.]*\).*/\1:\2/p' | tr '\n' ' ')"
+        for lib in $libs; do
+            say "hot round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
+                timeout 60 "$B/bench-alloc" sync 512 2097152 20971520 2>&1 |
+                sed -n 's/.*case=\([0-9]*\) ns_per_pair=\([0-9.]*\).*/\1:\2/p' | tr '\n' ' ')"
+        done
+        for lib in $libs; do
+            say "threads round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" CUHEAP_RECORD=0 \
+                CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" threads 16 512 2>&1 | tail -1)"
+        done
+    done
+    BENCH_PROFILE=1 BENCH_PAIRS=${PROFILE_PAIRS:-1000000} LD_PRELOAD=$PRE CUHEAP_RECORD=0 \
+        CUHEAP_SUMMARY=0 timeout 120 "$B/bench-alloc" threads 16 512 >"$OUT/threads-profile.txt" 2>&1
+    grep -E '^profile-object|^config' "$OUT/threads-profile.txt" | tee -a "$OUT/summary.txt"
+}
+
 case $what in
 tests) run_tests ;;
+hot) run_hot ;;
 toggle) run_toggle ;;
 profile) run_profile ;;
 quick) run_quick ;;
@@ -485,7 +515,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|profile|toggle|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|profile|toggle|hot|all" >&2
     exit 2
     ;;
 esac
