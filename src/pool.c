@@ -2429,6 +2429,33 @@ failed:
 
 static int check_locked(struct cuheap_pool *p, char *why, size_t why_size);
 
+bool cuheap_pool_debug_enter(struct cuheap_pool *p)
+{
+    struct cuheap_tcache *tc = tc_find(p);
+    if (tc)
+        tc_enter(tc);
+    return tc != NULL;
+}
+
+void cuheap_pool_debug_leave(struct cuheap_pool *p)
+{
+    struct cuheap_tcache *tc = tc_find(p);
+    if (tc)
+        tc_leave(tc);
+}
+
+void cuheap_pool_debug_hold(struct cuheap_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    tc_hold_all(p);
+}
+
+void cuheap_pool_debug_unhold(struct cuheap_pool *p)
+{
+    tc_unhold_all(p);
+    pthread_mutex_unlock(&p->lock);
+}
+
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
 {
     pthread_mutex_lock(&p->lock);

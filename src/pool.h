@@ -265,6 +265,15 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
  * description in why. Expensive: tests and CUHEAP_DEBUG builds. */
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size);
 
+/* For tests of the thread caches' hand-over: the calling thread enters its own cache of p as
+ * its allocations do, and stays inside until cuheap_pool_debug_leave() (false: no cache);
+ * cuheap_pool_debug_hold() holds every cache as a drain does (p->lock taken) until
+ * cuheap_pool_debug_unhold(). */
+bool cuheap_pool_debug_enter(struct cuheap_pool *p);
+void cuheap_pool_debug_leave(struct cuheap_pool *p);
+void cuheap_pool_debug_hold(struct cuheap_pool *p);
+void cuheap_pool_debug_unhold(struct cuheap_pool *p);
+
 /* The device context is being destroyed or reset: the driver frees every arena itself. Drop
  * them all without calling it (a trace note per arena), along with pending fences. Returns
  * the bytes of live pooled allocations that went with them. */

@@ -1315,28 +1315,110 @@ static void test_thread_cache_owners_and_drainers_at_once(void **state)
     struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
     fixture_thread_cache = 0;
     _Atomic bool stop = false;
-    struct owner_arg o[3];
-    pthread_t t[3];
-    for (int i = 0; i < 3; i++) {
+    struct owner_arg o[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
         o[i] = (struct owner_arg){f, (unsigned)i + 7, &stop, 0};
         pthread_create(&t[i], NULL, owner_thread, &o[i]);
     }
     char why[256];
-    for (int i = 0; i < 8000; i++) {
+    int bad = -1;
+    for (int i = 0; i < 3000 && bad < 0; i++) {
         if (cuheap_pool_check(&f->pool, why, sizeof(why)))
-            fail_msg("check %d: %s", i, why);
-        if (i % 3 == 0)
+            bad = i;
+        else if (i % 3 == 0)
             cuheap_pool_trim(&f->pool, false);
     }
-    atomic_store(&stop, true);
-    for (int i = 0; i < 3; i++) {
+    atomic_store(&stop, true); /* the threads end before any verdict */
+    for (int i = 0; i < 4; i++)
         pthread_join(t[i], NULL);
+    if (bad >= 0)
+        fail_msg("check %d: %s", bad, why);
+    for (int i = 0; i < 4; i++)
         assert_int_equal(o[i].failed, 0);
-    }
     check_invariants(f);
     struct cuheap_pool_stats st;
     cuheap_pool_get_stats(&f->pool, &st);
     assert_int_equal(st.live, 0);
+    teardown(f);
+}
+
+/* The hand-over itself, step by step: a drainer waits while a thread is inside its cache, and
+ * a thread waits while a drainer holds its cache. */
+struct handover {
+    struct fixture *f;
+    pthread_barrier_t *step;
+    _Atomic bool done;
+};
+
+static void *inside_cache_thread(void *arg)
+{
+    struct handover *h = arg;
+    for (int i = 0; i < 40; i++) /* a cache of its own, with ready blocks */
+        release(h->f, alloc(h->f, 4096, 0), 0);
+    assert_true(cuheap_pool_debug_enter(&h->f->pool));
+    pthread_barrier_wait(h->step); /* inside */
+    pthread_barrier_wait(h->step); /* told to leave */
+    cuheap_pool_debug_leave(&h->f->pool);
+    return NULL;
+}
+
+static void *trim_then_done_thread(void *arg)
+{
+    struct handover *h = arg;
+    cuheap_pool_trim(&h->f->pool, false);
+    atomic_store(&h->done, true);
+    return NULL;
+}
+
+static void *pairs_then_done_thread(void *arg)
+{
+    struct handover *h = arg;
+    for (int i = 0; i < 40; i++)
+        release(h->f, alloc(h->f, 4096, 0), 0);
+    pthread_barrier_wait(h->step); /* warm: ready blocks in its cache */
+    pthread_barrier_wait(h->step); /* the caches are held now */
+    release(h->f, alloc(h->f, 4096, 0), 0);
+    atomic_store(&h->done, true);
+    return NULL;
+}
+
+static void test_thread_cache_handover(void **state)
+{
+    (void)state;
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 32, 64 * MIB, 0);
+    fixture_thread_cache = 0;
+    pthread_barrier_t step;
+    pthread_barrier_init(&step, NULL, 2);
+    /* a drain (trim) does not run while a thread is inside its cache */
+    struct handover h = {f, &step, false};
+    pthread_t owner, drainer;
+    pthread_create(&owner, NULL, inside_cache_thread, &h);
+    pthread_barrier_wait(&step);
+    pthread_create(&drainer, NULL, trim_then_done_thread, &h);
+    usleep(100 * 1000);
+    bool drained_meanwhile = atomic_load(&h.done);
+    pthread_barrier_wait(&step);
+    pthread_join(owner, NULL);
+    pthread_join(drainer, NULL);
+    assert_false(drained_meanwhile);
+    assert_true(atomic_load(&h.done));
+    /* a thread's pair waits while a drainer holds its cache */
+    struct handover g = {f, &step, false};
+    pthread_t pairs;
+    pthread_create(&pairs, NULL, pairs_then_done_thread, &g);
+    pthread_barrier_wait(&step);
+    cuheap_pool_debug_hold(&f->pool);
+    pthread_barrier_wait(&step);
+    usleep(100 * 1000);
+    bool paired_meanwhile = atomic_load(&g.done);
+    cuheap_pool_debug_unhold(&f->pool);
+    pthread_join(pairs, NULL);
+    assert_false(paired_meanwhile);
+    assert_true(atomic_load(&g.done));
+    pthread_barrier_destroy(&step);
+    check_invariants(f);
     teardown(f);
 }
 
@@ -1433,8 +1515,11 @@ int main(void)
         cmocka_unit_test(test_thread_exit_gives_cache_back),
         cmocka_unit_test(test_thread_cache_pairs_take_no_pool_lock),
         cmocka_unit_test(test_thread_cache_owners_and_drainers_at_once),
+        cmocka_unit_test(test_thread_cache_handover),
         cmocka_unit_test(test_thread_cache_double_free_across_threads),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
+    if (getenv("POOL_TEST_FILTER")) /* one case by name (a pattern), when chasing one */
+        cmocka_set_test_filter(getenv("POOL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
