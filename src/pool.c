@@ -1524,13 +1524,21 @@ static struct cuheap_tcache *tc_get_locked(struct cuheap_pool *p)
 }
 
 /* Ready blocks of one order a cache keeps at most: TC_PER_ORDER of the smallest, whose batches
- * close by count, and no more than 64 (as many as a batch of them when batches were 64) from
- * 8 KiB on: a large count of larger blocks kept memory from every other size (the GPT replay
- * held 1.043x live with 512 of every order, 1.036x this way). */
+ * close by count, then half as many an order up to 512 KiB of them, and no more than 64 (as
+ * many as a batch of them when batches were 64) from 8 KiB on: a large count of larger blocks kept
+ * memory from every other size (the GPT replay held 1.043x live with 512 of every order, 1.036x
+ * this way). */
+#define TC_CAP(o) ((o) <= 10 ? TC_PER_ORDER : (o) == 11 ? 256 : (o) == 12 ? 128 : 64)
+static const uint16_t tc_caps[TC_NR_ORDERS] = {
+    TC_CAP(0),  TC_CAP(1),  TC_CAP(2),  TC_CAP(3),  TC_CAP(4),  TC_CAP(5),
+    TC_CAP(6),  TC_CAP(7),  TC_CAP(8),  TC_CAP(9),  TC_CAP(10), TC_CAP(11),
+    TC_CAP(12), TC_CAP(13), TC_CAP(14), TC_CAP(15), TC_CAP(16), TC_CAP(17),
+};
+_Static_assert(TC_NR_ORDERS == 18, "one cap per order");
+
 static unsigned tc_ready_cap(unsigned order)
 {
-    unsigned cap = order < 19 ? (512u << 10) >> order : 0;
-    return cap > TC_PER_ORDER ? TC_PER_ORDER : cap < 64 ? 64 : cap;
+    return tc_caps[order];
 }
 
 /* Put a block into the cache's ready lists if there is room (its lock held). */
@@ -1588,16 +1596,29 @@ static __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p,
         if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))
             break; /* fences pass in order */
         b->passed = true;
+        /* tc_keep_ready() for each block, its invariant checks taken out of the loop (every
+         * block of a batch is of a cached order): a thread's every block passes here once a
+         * round */
         uint32_t keep = 0;
+        uint64_t room = p->tc_bytes > tc->ready_bytes ? p->tc_bytes - tc->ready_bytes : 0,
+                 moved = 0;
         for (uint32_t i = 0; i < b->nr; i++) {
             const struct tc_block k = b->blocks[i];
-            if (tc_keep_ready(p, tc, tc_ptr(&k), k.arena, tc_order(&k))) {
-                b->bytes -= 1ull << tc_order(&k);
-                got = true;
+            unsigned o = tc_order(&k);
+            uint64_t bytes = 1ull << o;
+            uint16_t n = tc->nr_ready[o];
+            if (n < tc_caps[o] && bytes <= room) {
+                tc->ready[o][n] = (struct tc_block){tc_ptr(&k), k.arena};
+                tc->nr_ready[o] = (uint16_t)(n + 1);
+                room -= bytes;
+                moved += bytes;
             } else {
                 b->blocks[keep++] = k;
             }
         }
+        tc->ready_bytes += moved;
+        b->bytes -= moved;
+        got |= moved != 0;
         b->nr = keep;
     }
     tc_leave(tc);
