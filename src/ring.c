@@ -75,6 +75,20 @@ static void set_turn(const struct cuheap_ring *r, struct cuheap_ring_slot *slot,
     atomic_store_explicit(&slot->turn, turn - (uint64_t)(slot - r->slots), memory_order_release);
 }
 
+/* The lines the next event will most likely write (its header and first native frames, and its
+ * first Python frames), asked for ahead: a slot was last touched a lap ago, and filling it
+ * from cold memory cost the producer about 300 ns an event on the H200. */
+static void prefetch_slot(struct cuheap_ring_slot *next)
+{
+    const char *c = (const char *)next;
+    __builtin_prefetch(c, 1, 3);
+    __builtin_prefetch(c + 64, 1, 3);
+    __builtin_prefetch(c + 128, 1, 3);
+    __builtin_prefetch(c + 192, 1, 3);
+    __builtin_prefetch((const char *)next->event.py, 1, 3);
+    __builtin_prefetch((const char *)next->event.py + 64, 1, 3);
+}
+
 struct cuheap_event *cuheap_ring_claim(struct cuheap_ring *r)
 {
     uint64_t pos = atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);
@@ -84,8 +98,10 @@ struct cuheap_event *cuheap_ring_claim(struct cuheap_ring *r)
         int64_t diff = (int64_t)(turn - pos);
         if (diff == 0) {
             if (atomic_compare_exchange_weak_explicit(&r->enqueue_pos, &pos, pos + 1,
-                                                      memory_order_relaxed, memory_order_relaxed))
+                                                      memory_order_relaxed, memory_order_relaxed)) {
+                prefetch_slot(&r->slots[(pos + 1) & r->mask]);
                 return &slot->event;
+            }
         } else if (diff < 0) {
             atomic_fetch_add_explicit(&r->nr_dropped, 1, memory_order_relaxed);
             return NULL;
