@@ -1021,7 +1021,14 @@ static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, stru
  * blocks that come back to them. Growing past the budget is what waiting beats (the driver's
  * own free waits for the whole device every time): blocks that wait for a fence are waited
  * for first, and the question asked again. When the device or the limit is full, idle chunks
- * go, then pending ones are waited for. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+ * go, then pending ones are waited for. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO; or, where
+ * waiting is next, MAP_FENCE_POLL, MAP_FENCE or MAP_WAIT for the caller to do with nothing held
+ * (map_wait_locked), since each drops p->lock: granules of the block's range that were
+ * unmapped may be mapped meanwhile by a thread whose block shares them, and a run mapped over
+ * them broke the accounting (seen once under CI's load, `pool_check`: a chunk idle with a
+ * granule in use). */
+enum { MAP_FENCE_POLL = 1, MAP_FENCE, MAP_WAIT };
+
 static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
                           uint32_t nr, struct acquire *acq)
 {
@@ -1042,15 +1049,10 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             /* past the job's high-water mark: blocks that wait for a fence first */
             if (reclaim_locked(p))
                 continue;
-            if (fence_pending_once_locked(p, acq)) {
-                if (poll_oldest_locked(p))
-                    continue;
-                waiting = p->ep_head != p->ep_tail;
-            }
-            if (waiting && p->st.pending >= granule_bytes(p)) {
-                wait_oldest_locked(p);
-                continue;
-            }
+            if (!acq->fenced)
+                return MAP_FENCE_POLL;
+            if (waiting && p->st.pending >= granule_bytes(p))
+                return MAP_WAIT;
         }
         for (uint64_t n = p->nr_idle; n && p->nr_idle && p->st.reserved + need > budget; n--)
             if (release_chunk_locked(p, p->idle.idle_next))
@@ -1063,12 +1065,21 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             continue;
         if (reclaim_locked(p))
             continue;
-        if (fence_pending_once_locked(p, acq))
-            continue;
+        if (!acq->fenced)
+            return MAP_FENCE;
         if (p->ep_head == p->ep_tail)
             return r;
-        wait_oldest_locked(p);
+        return MAP_WAIT;
     }
+}
+
+/* What map_run_locked() asked for (p->lock held on entry and exit, dropped meanwhile). */
+static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq)
+{
+    if (what == MAP_WAIT)
+        wait_oldest_locked(p);
+    else if (fence_pending_once_locked(p, acq) && what == MAP_FENCE_POLL)
+        poll_oldest_locked(p);
 }
 
 /* The block at ptr is about to hold size bytes: hold the granules they reach into, beyond
@@ -1082,6 +1093,7 @@ static int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     uint64_t old = a->extent[u];
     if (size <= old)
         return 0;
+again:
     granule_span(p, a, ptr, size, &first, &last);
     if (old) {
         granule_span(p, a, ptr, old, &held_first, &held_last);
@@ -1104,6 +1116,11 @@ static int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
             for (uint32_t h = first; h <= last; h++)
                 if (a->granules[h].chunk) /* below g all, beyond it those held above */
                     drop_granule_locked(p, &a->granules[h]);
+            if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT) {
+                /* nothing held while p->lock is dropped; then the range is looked at anew */
+                map_wait_locked(p, r, acq);
+                goto again;
+            }
             return r;
         }
         for (; g <= end; g++)
@@ -1568,17 +1585,18 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
         tc_leave(tc);
         return false;
     }
-    struct tc_batch spill; /* not zeroed: a kilobyte, and only the first nr blocks count */
-    spill.fence = b->fence;
-    spill.nr = 0;
+    /* what does not fit goes to the pool from the batch itself (no copy on the stack: a batch
+     * is 4 KiB, on the free path); p->lock keeps drainers out meanwhile */
+    uint32_t spill = 0;
     for (uint32_t i = 0; i < b->nr; i++) {
-        const struct tc_block *k = &b->blocks[i];
-        if (!tc_keep_ready(p, tc, tc_ptr(k), k->arena, tc_order(k)))
-            spill.blocks[spill.nr++] = *k;
+        const struct tc_block k = b->blocks[i];
+        if (!tc_keep_ready(p, tc, tc_ptr(&k), k.arena, tc_order(&k)))
+            b->blocks[spill++] = k;
     }
+    b->nr = spill;
+    tc_give_freed_locked(p, b, true); /* and the fence goes back */
     tc->closed_head++;
     tc_leave(tc);
-    tc_give_freed_locked(p, &spill, true); /* and the fence goes back */
     return true;
 }
 
@@ -1596,18 +1614,20 @@ static __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p,
         if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))
             break; /* fences pass in order */
         b->passed = true;
-        /* tc_keep_ready() for each block, its invariant checks taken out of the loop (every
-         * block of a batch is of a cached order): a thread's every block passes here once a
-         * round */
+        /* tc_keep_ready() for each block, with the caps from a table and the room reckoned
+         * once: a thread's every block passes here once a round */
         uint32_t keep = 0;
         uint64_t room = p->tc_bytes > tc->ready_bytes ? p->tc_bytes - tc->ready_bytes : 0,
                  moved = 0;
         for (uint32_t i = 0; i < b->nr; i++) {
             const struct tc_block k = b->blocks[i];
             unsigned o = tc_order(&k);
-            uint64_t bytes = 1ull << o;
-            uint16_t n = tc->nr_ready[o];
-            if (n < tc_caps[o] && bytes <= room) {
+            /* o is a cached order but for a double free racing with a reuse of the address as
+             * a larger block (tc_free files it under the size it cleared): that one stays in
+             * the batch and goes to the pool */
+            uint64_t bytes = o <= p->tc_max_order ? 1ull << o : UINT64_MAX;
+            if (bytes <= room && tc->nr_ready[o] < tc_caps[o]) {
+                uint16_t n = tc->nr_ready[o];
                 tc->ready[o][n] = (struct tc_block){tc_ptr(&k), k.arena};
                 tc->nr_ready[o] = (uint16_t)(n + 1);
                 room -= bytes;
@@ -1639,7 +1659,6 @@ static __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuh
                p->be.fence_record(p->be.ctx, &fence) == 0;
     if (own)
         p->st.nr_fences++;
-    struct tc_batch b;
     tc_enter(tc);
     if (own) {
         struct tc_batch *c = &tc->closed[tc->closed_tail++ % TC_NR_CLOSED];
@@ -1647,15 +1666,13 @@ static __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuh
         c->fence = fence;
         c->passed = false;
     } else {
-        b = tc->open;
+        tc_give_freed_locked(p, &tc->open, false); /* from where it is: no 4 KiB copy */
     }
     tc->open.nr = 0;
     tc->open.bytes = 0;
     tc_leave(tc);
-    if (!own) {
-        tc_give_freed_locked(p, &b, false);
+    if (!own)
         close_if_due_locked(p);
-    }
     pthread_mutex_unlock(&p->lock);
 }
 

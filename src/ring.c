@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 int cuheap_ring_init(struct cuheap_ring *r, unsigned capacity)
 {
@@ -36,7 +37,7 @@ int cuheap_ring_init(struct cuheap_ring *r, unsigned capacity)
 
 bool cuheap_ring_populate(struct cuheap_ring *r, size_t ahead)
 {
-    const size_t page = 4096, slot = sizeof(struct cuheap_ring_slot);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), slot = sizeof(struct cuheap_ring_slot);
     if (r->populated >= r->map_bytes)
         return false;
     uint64_t pos = atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);

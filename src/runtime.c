@@ -137,6 +137,10 @@ static void fork_parent(void)
     pthread_mutex_unlock(&boot_lock);
 }
 
+/* cuheap_set_recording: two threads pausing and resuming at once make each change and its
+ * mark together, so that the trace's marks follow the changes in order. */
+static pthread_mutex_t set_recording_lock = PTHREAD_MUTEX_INITIALIZER;
+
 /* The child cannot use the parent's device memory (CUDA does not survive fork): forget the
  * pools without touching the driver; the child's own CUDA use starts fresh. */
 static void fork_child(void)
@@ -148,6 +152,7 @@ static void fork_child(void)
         return;
     cuheap_pool_atfork_child();
     cuheap_py_atfork_child();
+    pthread_mutex_init(&set_recording_lock, NULL); /* a parent's thread inside it is gone */
     unsigned n = atomic_load(&nr_devices);
     for (unsigned i = 0; i < n; i++) {
         cuheap_pool_forget(&devices[i].pool);
@@ -533,9 +538,11 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
 
 CUHEAP_API int cuheap_set_recording(int on)
 {
-    if (cuheap_busy || !cuheap_boot() || !cuheap_cfg.record)
+    /* CUHEAP_RECORD=0, or a recorder that could not start (no ring, no writer) */
+    if (cuheap_busy || !cuheap_boot() || !cuheap_cfg.record || !cuheap_recording())
         return -1;
     cuheap_busy = 1; /* as in cuheap_mark */
+    pthread_mutex_lock(&set_recording_lock);
     struct cuheap_device *d = cuheap_device_current();
     int ordinal = d ? d->ordinal : -1;
     bool was_paused;
@@ -549,6 +556,7 @@ CUHEAP_API int cuheap_set_recording(int on)
         if (!was_paused)
             cuheap_record_mark(ordinal, "cuheap: recording paused");
     }
+    pthread_mutex_unlock(&set_recording_lock);
     cuheap_busy = 0;
     return !was_paused;
 }
