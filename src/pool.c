@@ -1255,7 +1255,7 @@ struct tc_batch {
 struct cuheap_tcache {
     /* whole cache lines: no other thread's data shares them */
     _Alignas(64) _Atomic int busy; /* the owner is inside (tc_enter) */
-    _Atomic int held;              /* a drainer has it or wants it (tc_hold, under p->lock) */
+    _Atomic int held;              /* a drainer has it or wants it (tc_hold_all, under p->lock) */
     struct cuheap_pool *pool;
     uint64_t gen;               /* pool->gen when made: a pool set up again is another pool */
     struct cuheap_tcache *next; /* on pool->tcaches (p->lock) */
@@ -1332,19 +1332,12 @@ static __attribute__((always_inline)) inline void tc_leave(struct cuheap_tcache 
     atomic_store_explicit(&tc->busy, 0, memory_order_release);
 }
 
-/* A drainer takes caches (p->lock held, which serializes drainers): mark each held, one
- * barrier for all, then wait for each owner to leave. */
+/* A drainer takes the caches (p->lock held, which serializes drainers): marks each held, one
+ * barrier for all, then waits for each owner to leave. */
 static void tc_wait_out(struct cuheap_tcache *tc)
 {
     while (atomic_load_explicit(&tc->busy, memory_order_acquire))
         sched_yield();
-}
-
-static void tc_hold(struct cuheap_tcache *tc)
-{
-    atomic_store_explicit(&tc->held, 1, memory_order_seq_cst);
-    tc_barrier();
-    tc_wait_out(tc);
 }
 
 static void tc_hold_all(struct cuheap_pool *p)
@@ -1415,9 +1408,10 @@ static void tc_give_freed_locked(struct cuheap_pool *p, const struct tc_batch *b
         p->be.fence_destroy(p->be.ctx, b->fence);
 }
 
-/* Take everything out of a cache the caller holds (tc_hold, p->lock held): freed blocks go
- * to the pool (behind its fence unless theirs has passed), and with !freed_only ready blocks
- * are merged back too (a drain is for others to find room). Returns how many blocks moved. */
+/* Take everything out of a cache the caller holds (tc_hold_all, or one off every list: p->lock
+ * held): freed blocks go to the pool (behind its fence unless theirs has passed), and with
+ * !freed_only ready blocks are merged back too (a drain is for others to find room). Returns how
+ * many blocks moved. */
 static unsigned tc_drain_held_locked(struct cuheap_pool *p, struct cuheap_tcache *tc,
                                      bool freed_only)
 {
@@ -1446,15 +1440,6 @@ static unsigned tc_drain_held_locked(struct cuheap_pool *p, struct cuheap_tcache
         tc->ready_bytes -= (uint64_t)tc->nr_ready[o] << o;
         tc->nr_ready[o] = 0;
     }
-    return n;
-}
-
-/* tc_drain_held_locked() of one cache (p->lock held). */
-static unsigned tc_drain_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, bool freed_only)
-{
-    tc_hold(tc);
-    unsigned n = tc_drain_held_locked(p, tc, freed_only);
-    tc_unhold(tc);
     return n;
 }
 
@@ -1488,7 +1473,9 @@ static void tc_thread_exit(void *arg)
                 break;
             }
         if (listed) { /* else the pool was set up again: what the cache held went with it */
-            tc_drain_locked(p, tc, false);
+            /* off the list under p->lock, its owner this thread, outside it: no drainer can
+             * reach it, so no hold (and no membarrier a thread's end) */
+            tc_drain_held_locked(p, tc, false);
             close_if_due_locked(p);
         }
         pthread_mutex_unlock(&p->lock);
