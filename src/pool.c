@@ -1349,15 +1349,10 @@ static void tc_hold_all(struct cuheap_pool *p)
         tc_wait_out(tc);
 }
 
-static void tc_unhold(struct cuheap_tcache *tc)
-{
-    atomic_store_explicit(&tc->held, 0, memory_order_release);
-}
-
 static void tc_unhold_all(struct cuheap_pool *p)
 {
     for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
-        tc_unhold(tc);
+        atomic_store_explicit(&tc->held, 0, memory_order_release);
 }
 
 static __attribute__((always_inline)) inline struct cuheap_tcache *
@@ -1540,16 +1535,11 @@ static const uint16_t tc_caps[TC_NR_ORDERS] = {
 };
 _Static_assert(TC_NR_ORDERS == 18, "one cap per order");
 
-static unsigned tc_ready_cap(unsigned order)
-{
-    return tc_caps[order];
-}
-
-/* Put a block into the cache's ready lists if there is room (its lock held). */
+/* Put a block into the cache's ready lists if there is room (inside the cache: tc_enter). */
 static bool tc_keep_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ptr,
                           struct cuheap_arena *a, unsigned order)
 {
-    if (order > p->tc_max_order || tc->nr_ready[order] >= tc_ready_cap(order) ||
+    if (order > p->tc_max_order || tc->nr_ready[order] >= tc_caps[order] ||
         tc->ready_bytes + (1ull << order) > p->tc_bytes)
         return false;
     tc->ready[order][tc->nr_ready[order]++] = (struct tc_block){ptr, a};
@@ -1558,7 +1548,7 @@ static bool tc_keep_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint6
 }
 
 /* The oldest closed batch, if its fence has passed, becomes ready blocks; those that do not fit
- * go back to the pool (p->lock held, the cache's lock not). Returns whether one did. */
+ * go back to the pool (p->lock held, outside the cache). Returns whether one did. */
 static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
 {
     tc_enter(tc);
@@ -1590,7 +1580,7 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
 /* Without p->lock: closed batches whose fence has passed give this thread's cache what fits
  * (asking the driver about a fence the thread owns needs no pool lock, and 16 threads each
  * holding it for that serialized on it). What does not fit, and the fence, go back to the pool
- * later, under its lock (tc_reap_locked, tc_drain_locked). Returns whether a block came. */
+ * later, under its lock (tc_reap_locked, tc_drain_held_locked). Returns whether a block came. */
 static __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p,
                                                        struct cuheap_tcache *tc)
 {
@@ -1679,7 +1669,7 @@ static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, un
     struct tc_block got[TC_REFILL];
     unsigned n = 0;
     tc_enter(tc);
-    unsigned room = tc_ready_cap(order) - tc->nr_ready[order];
+    unsigned room = tc_caps[order] - tc->nr_ready[order];
     uint64_t bytes = tc->ready_bytes;
     tc_leave(tc);
     /* Small blocks also come from the arenas when the list is out: splitting is cheap there. */
@@ -1793,7 +1783,7 @@ static __attribute__((always_inline)) inline int tc_free(struct cuheap_pool *p,
     if (!asked || order_of_size(p, asked) > p->tc_max_order)
         return -EAGAIN;
     /* Whoever clears the size frees the block: a double free racing on two threads frees once.
-     * Cleared under the cache's lock, with the live count: a check sees both or neither. */
+     * Cleared inside the cache, with the live count: a check sees both or neither. */
     tc_enter(tc);
     uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
     if (!size) { /* a double free, or its arena died with its context meanwhile */
@@ -2066,8 +2056,9 @@ out_of_memory:
 }
 
 static __attribute__((noinline)) int pool_free_slow(struct cuheap_pool *p, uint64_t ptr,
-                                                    uint64_t stream, uint64_t *ret_size,
-                                                    uint64_t *ret_block, uint64_t *ret_seq);
+                                                    uint64_t stream, bool cached,
+                                                    uint64_t *ret_size, uint64_t *ret_block,
+                                                    uint64_t *ret_seq);
 
 /* The thread cache's free here, everything else out of line (as cuheap_pool_alloc). */
 int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
@@ -2079,11 +2070,11 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
         if (tc && tc_free(p, tc, ptr, ret_size, ret_block, ret_seq) == 0)
             return 0;
     }
-    return pool_free_slow(p, ptr, stream, ret_size, ret_block, ret_seq);
+    return pool_free_slow(p, ptr, stream, cached, ret_size, ret_block, ret_seq);
 }
 
-static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
-                          uint64_t *ret_block, uint64_t *ret_seq)
+static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, bool cached,
+                          uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
 {
     pthread_mutex_lock(&p->lock);
     struct cuheap_arena *a = map_lookup(ptr);
@@ -2127,7 +2118,7 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
         if (p->cfg->release == CUHEAP_RELEASE_EMPTY)
             reclaim_locked(p);
     }
-    if (!stream && p->tc_bytes && p->cfg->reuse != CUHEAP_REUSE_SYNC)
+    if (cached)
         tc_get_locked(p); /* this thread's next frees need no lock */
     uint64_t bases[CUHEAP_NR_SPARE_MAX], sizes[CUHEAP_NR_SPARE_MAX];
     unsigned nr = spare_empty_locked(p, bases, sizes);

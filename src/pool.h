@@ -28,10 +28,11 @@
  *
  * Thread caches (CUHEAP_THREAD_CACHE): each thread keeps, per pool, a few ready blocks per order
  * (fence passed, granules held) and the blocks it freed since it last handed them to the pool's
- * open epoch. A thread allocates from and frees into its own cache under the cache's own lock,
- * which only it takes but for the rare drainer (trim, out of memory, stats, checks, context
- * death), so the common pair touches no shared cache line. Lock order: p->lock before a
- * cache's lock; a thread never takes p->lock while holding its cache's.
+ * open epoch. A thread allocates from and frees into its own cache, which no other thread
+ * touches but the rare drainer (trim, out of memory, stats, checks, context death) holding
+ * p->lock, so the common pair touches no shared cache line and takes no atomic exchange
+ * (pool.c, tc_enter). Order: p->lock before a cache; a thread never takes p->lock inside
+ * its own cache.
  */
 #ifndef CUHEAP_POOL_H
 #define CUHEAP_POOL_H

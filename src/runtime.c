@@ -539,22 +539,15 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
 CUHEAP_API int cuheap_set_recording(int on)
 {
     /* CUHEAP_RECORD=0, or a recorder that could not start (no ring, no writer) */
-    if (cuheap_busy || !cuheap_boot() || !cuheap_cfg.record || !cuheap_recording())
+    if (cuheap_busy || !cuheap_boot() || !cuheap_recording())
         return -1;
     cuheap_busy = 1; /* as in cuheap_mark */
     pthread_mutex_lock(&set_recording_lock);
-    struct cuheap_device *d = cuheap_device_current();
-    int ordinal = d ? d->ordinal : -1;
-    bool was_paused;
-    if (on) {
-        was_paused = cuheap_recorder_pause(false);
-        if (was_paused)
-            cuheap_record_mark(ordinal, "cuheap: recording resumed");
-    } else {
-        /* the mark goes in whether paused or not: a pause shows in the trace */
-        was_paused = cuheap_recorder_pause(true);
-        if (!was_paused)
-            cuheap_record_mark(ordinal, "cuheap: recording paused");
+    bool was_paused = cuheap_recorder_pause(!on);
+    if (was_paused == (on != 0)) { /* a change: marks go in paused or not */
+        struct cuheap_device *d = cuheap_device_current();
+        cuheap_record_mark(d ? d->ordinal : -1,
+                           on ? "cuheap: recording resumed" : "cuheap: recording paused");
     }
     pthread_mutex_unlock(&set_recording_lock);
     cuheap_busy = 0;
