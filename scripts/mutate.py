@@ -106,6 +106,14 @@ MUTATIONS = [
      "    } else {\n        pend_locked(p, a, ptr, block);",
      "    } else {\n        if (p->vmm)\n            unuse_granules_locked(p, a, ptr);\n"
      "        pend_locked(p, a, ptr, block);"),
+    ("vmm-maps-after-wait-without-looking",
+     "vmm: a thread that waited for a fence (the pool's lock dropped) maps the granules it chose "
+     "before the wait, over one another thread's block mapped meanwhile (the race CI's ASan "
+     "run found once)",
+     "memory held stays close to what is used (pool v2)", "src/pool.c",
+     "            if (waiting && p->st.pending >= granule_bytes(p))\n                return MAP_WAIT;",
+     "            if (waiting && p->st.pending >= granule_bytes(p)) {\n"
+     "                wait_oldest_locked(p);\n                continue;\n            }"),
     ("sync-does-not-wait",
      "CUHEAP_REUSE=sync frees without waiting for the device",
      "reuse waits for the device (sync)", "src/pool.c",

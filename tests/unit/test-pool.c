@@ -1054,6 +1054,72 @@ static void test_fence_wait_leaves_pool_unlocked(void **state)
     }
 }
 
+/* A thread that must wait for a fence before it can map its block's granule lets go of the
+ * pool while it waits; meanwhile another thread's block in the same granule may map it. The
+ * waiter must take the granule as it finds it when it comes back, not map a second chunk over
+ * it (a chunk with a user left idle, then released under it: seen once under CI's load as
+ * "chunk idle with a granule in use"). Here the interleaving is forced: A waits at the gate
+ * for a 64 MiB block freed on another stream, main then maps the granule A's block starts in
+ * for a block of its own, and only then does A go on. */
+struct small_waiter {
+    struct fixture *f;
+    uint64_t ptr;
+    _Atomic bool done;
+};
+
+static void *small_alloc_thread(void *arg)
+{
+    struct small_waiter *w = arg;
+    uint64_t block, seq;
+    assert_int_equal(cuheap_pool_alloc(&w->f->pool, 4096, 0, &w->ptr, &block, &seq), 0);
+    atomic_store(&w->done, true);
+    return NULL;
+}
+
+static void test_vmm_granule_mapped_while_waiting(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    pthread_cond_init(&f->dev.gate, NULL);
+    uint64_t big = alloc(f, 64 * MIB, 0x5); /* the pool's high-water mark: 64 MiB */
+    release(f, big, 0x5);                   /* waits in stream 0x5's cache */
+    uint64_t live = alloc(f, 16 * MIB, 0);  /* up to the budget: the next granule must wait */
+    pthread_mutex_lock(&f->dev.lock);
+    f->dev.gated = true;
+    pthread_mutex_unlock(&f->dev.lock);
+    struct small_waiter a = {f, 0, false};
+    pthread_t ta;
+    pthread_create(&ta, NULL, small_alloc_thread, &a);
+    bool waiting = false;
+    for (int i = 0; i < 30000 && !waiting && !atomic_load(&a.done); i++) {
+        pthread_mutex_lock(&f->dev.lock);
+        waiting = f->dev.waiting;
+        pthread_mutex_unlock(&f->dev.lock);
+        if (!waiting)
+            usleep(1000);
+    }
+    complete_fences(&f->dev); /* the 64 MiB block's fence passes; A still sleeps at the gate */
+    int creates = f->dev.nr_creates;
+    uint64_t y = alloc(f, 4096, 0);
+    bool main_mapped = f->dev.nr_creates > creates;
+    pthread_mutex_lock(&f->dev.lock);
+    f->dev.gated = false;
+    pthread_cond_broadcast(&f->dev.gate);
+    pthread_mutex_unlock(&f->dev.lock);
+    pthread_join(ta, NULL);
+    /* the interleaving this test is about happened, or it proves nothing */
+    assert_true(waiting);
+    assert_true(main_mapped);
+    assert_int_equal(a.ptr / GRANULE, y / GRANULE);
+    check_invariants(f);
+    assert_int_equal(atomic_load(&f->reserved), f->dev.used); /* no chunk mapped twice */
+    release(f, a.ptr, 0);
+    release(f, y, 0);
+    release(f, live, 0);
+    check_invariants(f);
+    teardown(f);
+}
+
 static void test_threaded_storm(void **state)
 {
     (void)state;
@@ -1505,6 +1571,7 @@ int main(void)
         cmocka_unit_test(test_threaded_storm),
         cmocka_unit_test(test_vmm_late_fences_do_not_raise_the_budget),
         cmocka_unit_test(test_fence_wait_leaves_pool_unlocked),
+        cmocka_unit_test(test_vmm_granule_mapped_while_waiting),
         cmocka_unit_test(test_double_free_and_ranges_thread_cache),
         cmocka_unit_test(test_random_with_invariants_thread_cache),
         cmocka_unit_test(test_vmm_random_with_invariants_thread_cache),
