@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPT loop (bench/torch_gpt.py) under several builds of the shim side by side, in
 # interleaved rounds, to tell a change's cost from the host's noise. Runs on the GPU machine.
-#   bench/compare-gpt.sh OUT "label=path/libcuheap.so ..." [extra-env...]
+#   bench/compare-gpt.sh OUT "label=path/libcuheap.so[,VAR=value...] ..." [extra-env...]
+# (a build may come with settings of its own: "small=gpu-bundle/libcuheap.so,CUHEAP_VMM_CUSHION=2M")
 # Each round runs PyTorch's caching allocator alone, then every build with caching off,
 # recording off and on (native + Python stacks, the defaults; FULL=0 leaves recording out;
 # MODES picks from "norecord events full", events being recording without stacks).
@@ -38,8 +39,11 @@ for ((r = 0; r < ROUNDS; r++)); do
             events) set -- CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 CUHEAP_SUMMARY=0 ;;
             *) set -- CUHEAP_SUMMARY=0 ;;
             esac
+            spec=${lib#*=}
+            IFS=, read -r -a settings <<<"${spec#*,}"
+            [ "$spec" = "${spec#*,}" ] && settings=()
             run "$r" "${lib%%=*}-$mode" "${EXTRA[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-                LD_PRELOAD="${lib#*=}" "$@"
+                LD_PRELOAD="${spec%%,*}" "$@" "${settings[@]}"
         done
     done
 done

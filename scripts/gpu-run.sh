@@ -20,6 +20,9 @@
 #                                cudaMallocAsync
 #   scripts/gpu-run.sh toggle    recording's cost in the GPT loop within one process (paused
 #                                and resumed every few steps)
+#   scripts/gpu-run.sh settings  the GPT loop (caching off, no recording) under several
+#                                settings of this build (GPT_SETTINGS) beside the caching
+#                                allocator: step time, held/live, driver calls
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -501,7 +504,25 @@ run_hot() {
     grep -E '^profile-object|^config' "$OUT/threads-profile.txt" | tee -a "$OUT/summary.txt"
 }
 
+# One build, several settings (GPT_SETTINGS: "label=VAR=value,VAR=value ..."; default: the
+# vmm cushion from 2 MiB to 256 MiB, and the legacy backing), SETTINGS_ROUNDS interleaved
+# rounds of SETTINGS_STEPS steps, after the gpu suite once under the default settings.
+run_settings() {
+    LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/gpu-settings-%p.jsonl" timeout 120 "$B/test-gpu" \
+        >"$OUT/gpu-suite.log" 2>&1
+    say "gpu suite (default settings): exit $?, $(grep -c '^ok' "$OUT/gpu-suite.log") ok, $(grep -c '^not ok' "$OUT/gpu-suite.log") not ok"
+    local libs="" s
+    for s in ${GPT_SETTINGS:-c2=CUHEAP_VMM_CUSHION=2M c16=CUHEAP_VMM_CUSHION=16M \
+        c64=CUHEAP_VMM_CUSHION=64M c256=CUHEAP_VMM_CUSHION=256M legacy=CUHEAP_BACKING=legacy}; do
+        libs="$libs ${s%%=*}=$PRE,${s#*=}"
+    done
+    ROUNDS=${SETTINGS_ROUNDS:-3} STEPS=${SETTINGS_STEPS:-100} MODES=norecord \
+        bash bench/compare-gpt.sh "$OUT" "$libs"
+    grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
+}
+
 case $what in
+settings) run_settings ;;
 tests) run_tests ;;
 hot) run_hot ;;
 toggle) run_toggle ;;

@@ -238,6 +238,10 @@ static const struct option options[] = {
     {"CUHEAP_VMM_CHUNK", "8M",
      "vmm: most physical memory mapped in one piece (fewer driver calls, but held whole)",
      parse_bytes, FIELD(vmm_chunk), 2 * MIB, 1 * GIB, NULL},
+    {"CUHEAP_VMM_CUSHION", "16M",
+     "vmm: idle memory kept mapped beyond the most the job's blocks have used at once (less "
+     "memory held, more driver calls)",
+     parse_bytes, FIELD(vmm_cushion), 0, 64 * GIB, NULL},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "
      "lock (0: every allocation takes the pool's lock)",
@@ -345,6 +349,7 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_REUSE=%s", reuse_names[cfg->reuse]);
     EMIT("CUHEAP_BACKING=%s", backing_names[cfg->backing]);
     EMIT("CUHEAP_VMM_CHUNK=%" PRIu64, cfg->vmm_chunk);
+    EMIT("CUHEAP_VMM_CUSHION=%" PRIu64, cfg->vmm_cushion);
     EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);
     EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
     if (cfg->limit_permille)

@@ -51,6 +51,7 @@ struct cuheap_config {
     enum cuheap_reuse reuse;
     enum cuheap_backing backing;
     uint64_t vmm_chunk;           /* vmm: most bytes mapped as one piece (rounded to granules) */
+    uint64_t vmm_cushion;         /* vmm: idle bytes kept beyond the most blocks used at once */
     uint64_t thread_cache;        /* per thread and pool: bytes of ready blocks held lock-free */
     unsigned fence_batch;         /* frees per fence epoch */
     uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */

@@ -942,9 +942,6 @@ static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, ui
 
 /* ---- physical memory: where a block gets it (vmm) ---- */
 
-/* Granules the pool may hold beyond the most its blocks have used at once. */
-#define CUHEAP_IDLE_CUSHION 8
-
 struct acquire {
     bool fenced; /* the open epoch was closed for this allocation already */
 };
@@ -1043,7 +1040,7 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             moves = false; /* the driver would not unmap it: make a new one instead */
             continue;
         }
-        uint64_t budget = p->peak_busy + CUHEAP_IDLE_CUSHION * granule_bytes(p);
+        uint64_t budget = p->peak_busy + p->cfg->vmm_cushion; /* CUHEAP_VMM_CUSHION */
         bool waiting = p->ep_head != p->ep_tail;
         if (p->st.reserved + need > budget && p->st.reserved + need - budget > p->idle_bytes) {
             /* past the job's high-water mark: blocks that wait for a fence first */
@@ -1844,8 +1841,8 @@ static unsigned release_empty_unlocked(struct cuheap_pool *p)
 static unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases, uint64_t *sizes)
 {
     if (p->vmm && p->cfg->release == CUHEAP_RELEASE_EMPTY) {
-        /* idle granules go back at once, but for a cushion of 8 against churn */
-        release_idle_locked(p, p->cfg->pool_init + 8 * granule_bytes(p));
+        /* idle granules go back at once, but for a cushion against churn */
+        release_idle_locked(p, p->cfg->pool_init + p->cfg->vmm_cushion);
         return 0;
     }
     if (p->cfg->release != CUHEAP_RELEASE_EMPTY || p->nr_empty <= 1)
