@@ -238,7 +238,7 @@ static const struct option options[] = {
     {"CUHEAP_VMM_CHUNK", "8M",
      "vmm: most physical memory mapped in one piece (fewer driver calls, but held whole)",
      parse_bytes, FIELD(vmm_chunk), 2 * MIB, 1 * GIB, NULL},
-    {"CUHEAP_VMM_CUSHION", "16M",
+    {"CUHEAP_VMM_CUSHION", "2M",
      "vmm: idle memory kept mapped beyond the most the job's blocks have used at once (less "
      "memory held, more driver calls)",
      parse_bytes, FIELD(vmm_cushion), 0, 64 * GIB, NULL},

@@ -52,7 +52,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.min_block, 512);
     assert_int_equal(c.pool_max, 64ull << 20);
     assert_int_equal(c.vmm_chunk, 8ull << 20);
-    assert_int_equal(c.vmm_cushion, 16ull << 20);
+    assert_int_equal(c.vmm_cushion, 2ull << 20);
     assert_int_equal(c.reuse, CUHEAP_REUSE_FENCE);
     assert_int_equal(c.release, CUHEAP_RELEASE_OOM);
     assert_int_equal(c.limit_bytes, 0);

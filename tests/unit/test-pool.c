@@ -1080,6 +1080,7 @@ static void test_vmm_granule_mapped_while_waiting(void **state)
 {
     (void)state;
     struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    f->cfg.vmm_cushion = 16 * MIB; /* the budget: 64 MiB below, plus this */
     pthread_cond_init(&f->dev.gate, NULL);
     uint64_t big = alloc(f, 64 * MIB, 0x5); /* the pool's high-water mark: 64 MiB */
     release(f, big, 0x5);                   /* waits in stream 0x5's cache */
