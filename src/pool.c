@@ -1228,7 +1228,7 @@ static uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
  * every 256, 102-114 every 1024), and the ready blocks hold two batches' worth, so that a closed
  * batch's fence has a batch's time to pass before the thread needs its blocks. In bytes a batch
  * is small (TC_BATCH_BYTES): what waits in it is memory the pool holds for nobody. */
-#define TC_PER_ORDER 2048 /* ready blocks of one order at most (tc_ready_cap) */
+#define TC_PER_ORDER 2048 /* ready blocks of one order at most (tc_caps) */
 #define TC_BATCH     1024 /* frees behind one fence of the thread's own */
 #define TC_NR_CLOSED 2    /* batches of a thread waiting for their fence */
 #define TC_REFILL    16   /* ready blocks taken at once from the pool */
