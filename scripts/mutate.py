@@ -106,6 +106,13 @@ MUTATIONS = [
      "    } else {\n        pend_locked(p, a, ptr, block);",
      "    } else {\n        if (p->vmm)\n            unuse_granules_locked(p, a, ptr);\n"
      "        pend_locked(p, a, ptr, block);"),
+    ("sync-fallback-under-lock",
+     "when no fence can be recorded, the device sync that replaces it runs with the pool's lock "
+     "held, so every other thread's allocation waits for the GPU too",
+     "no lock held while waiting on the GPU", "src/pool.c",
+     "        pthread_mutex_unlock(&p->lock);\n        p->be.device_sync(p->be.ctx);\n"
+     "        pthread_mutex_lock(&p->lock);\n        struct cuheap_syncing **at",
+     "        p->be.device_sync(p->be.ctx);\n        struct cuheap_syncing **at"),
     ("vmm-maps-after-wait-without-looking",
      "vmm: a thread that waited for a fence (the pool's lock dropped) maps the granules it chose "
      "before the wait, over one another thread's block mapped meanwhile (the race CI's ASan "

@@ -892,9 +892,20 @@ static void close_epoch_locked(struct cuheap_pool *p)
         return;
     void *fence = NULL;
     if (p->be.fence_record(p->be.ctx, &fence) != 0) {
-        /* No fence to be had: fall back to what the driver's own free does. */
+        /* No fence to be had: fall back to what the driver's own free does, a device sync,
+         * with p->lock dropped like every other wait. The blocks wait aside meanwhile: a free
+         * made during the sync joins a fresh open epoch, which the sync does not cover. */
+        struct cuheap_syncing s = {*e, p->syncing};
+        memset(e, 0, sizeof(*e));
+        p->syncing = &s;
+        pthread_mutex_unlock(&p->lock);
         p->be.device_sync(p->be.ctx);
-        release_epoch_locked(p, e);
+        pthread_mutex_lock(&p->lock);
+        struct cuheap_syncing **at = &p->syncing;
+        while (*at != &s)
+            at = &(*at)->next;
+        *at = s.next;
+        release_epoch_locked(p, &s.epoch);
         return;
     }
     e->fence = fence;
@@ -2541,8 +2552,15 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
              (unsigned long)p->st.live_blocks, (unsigned long)live, (unsigned long)live_blocks);
     /* Every pending block is allocated in its buddy and not live. */
     uint64_t pending = 0, pending_mapped = 0;
-    for (unsigned e = p->ep_head; e != p->ep_tail + 1; e++) {
-        struct cuheap_epoch *ep = &p->epochs[e % CUHEAP_NR_EPOCHS];
+    struct cuheap_syncing *syncing = p->syncing;
+    for (unsigned e = p->ep_head; e != p->ep_tail + 1 || syncing;) {
+        struct cuheap_epoch *ep;
+        if (e != p->ep_tail + 1) {
+            ep = &p->epochs[e++ % CUHEAP_NR_EPOCHS];
+        } else {
+            ep = &syncing->epoch; /* then those a device sync covers */
+            syncing = syncing->next;
+        }
         for (uint64_t ptr = ep->head; ptr;) {
             struct cuheap_arena *a = map_lookup(ptr);
             if (!a || size_at(a, unit_of(a, ptr)))

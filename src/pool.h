@@ -105,6 +105,13 @@ struct cuheap_epoch {
     uint64_t bytes;
 };
 
+/* An epoch whose blocks wait for a device sync with the pool's lock dropped, because no fence
+ * could be recorded for them: on the syncing thread's stack, listed for the checks. */
+struct cuheap_syncing {
+    struct cuheap_epoch epoch;
+    struct cuheap_syncing *next;
+};
+
 /* Reusable blocks kept whole, per order, so steady alloc/free churn does not split and merge
  * an arena from top to bottom every time (the kernel's per-cpu page lists play this part).
  * They are merged back into their arenas on a miss, on trim and before out-of-memory. */
@@ -173,6 +180,7 @@ struct cuheap_pool {
     struct cuheap_epoch
         epochs[CUHEAP_NR_EPOCHS]; /* ring: [ep_head, ep_tail) closed, ep_tail open */
     unsigned ep_head, ep_tail;
+    struct cuheap_syncing *syncing; /* epochs out of the ring while a device sync covers them */
     unsigned nr_since_poll;
     struct cuheap_stream_cache caches[CUHEAP_NR_STREAM_CACHES];
     struct cuheap_quick quick[CUHEAP_NR_ORDERS];

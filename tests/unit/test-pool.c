@@ -31,8 +31,10 @@ struct host_device {
     int nr_fences;
     bool fences_done[4096];
     int fence_refs[4096]; /* record: 1, hold: +1, destroy: -1 (never below 0) */
-    /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked) */
-    bool gated, waiting;
+    /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
+     * does a device sync while syncs_gated */
+    bool gated, waiting, syncs_gated;
+    bool fences_fail; /* fence_record refuses, as the driver does when out of resources */
     pthread_cond_t gate;
     uint64_t sizes[4096]; /* by (addr - base) / 2 MiB: for frees */
     /* vmm: physical memory in multiples of 2 MiB, and a log of what happened in order */
@@ -160,6 +162,10 @@ static int hd_fence_record(void *ctx, void **ret)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    if (d->fences_fail) {
+        pthread_mutex_unlock(&d->lock);
+        return -1;
+    }
     int id = d->nr_fences++ % 4096;
     for (int tries = 0; d->fence_refs[id] > 0 && tries < 4096; tries++)
         id = (id + 1) % 4096; /* as the driver, never an event still held */
@@ -222,6 +228,12 @@ static int hd_sync(void *ctx)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    while (d->syncs_gated) {
+        d->waiting = true;
+        pthread_cond_wait(&d->gate, &d->lock);
+    }
+    for (int i = 0; i < 4096; i++) /* the device is idle: every fence has passed */
+        d->fences_done[i] = true;
     d->nr_syncs++;
     pthread_mutex_unlock(&d->lock);
     return 0;
@@ -1121,6 +1133,77 @@ static void test_vmm_granule_mapped_while_waiting(void **state)
     teardown(f);
 }
 
+/* When no fence can be recorded (the driver out of resources), a batch of frees falls back to
+ * what cuMemFree itself does, a device sync; it can last as long as the longest kernel in
+ * flight, so it too is waited for with the pool unlocked: others allocate and free meanwhile,
+ * and the batch's blocks come back only once the sync has returned. */
+struct batch_free_arg {
+    struct fixture *f;
+    uint64_t ptrs[4];
+    _Atomic bool done;
+};
+
+static void *batch_free_thread(void *arg)
+{
+    struct batch_free_arg *b = arg;
+    for (int i = 0; i < 4; i++) /* the fixture's batch: 4 frees, then the fence */
+        release(b->f, b->ptrs[i], 0);
+    atomic_store(&b->done, true);
+    return NULL;
+}
+
+static void test_sync_fallback_leaves_pool_unlocked(void **state)
+{
+    (void)state;
+    for (int backing = 0; backing < 2; backing++) {
+        struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0)
+                                    : setup(CUHEAP_REUSE_FENCE, 1ull << 30, 16 * MIB, 0);
+        pthread_cond_init(&f->dev.gate, NULL);
+        struct batch_free_arg batch = {.f = f};
+        for (int i = 0; i < 4; i++)
+            batch.ptrs[i] = alloc(f, 1 * MIB, 0);
+        pthread_mutex_lock(&f->dev.lock);
+        f->dev.fences_fail = true;
+        f->dev.syncs_gated = true;
+        pthread_mutex_unlock(&f->dev.lock);
+        pthread_t tb, to;
+        pthread_create(&tb, NULL, batch_free_thread, &batch);
+        bool syncing = false;
+        for (int i = 0; i < 30000 && !syncing; i++) { /* until the batch's sync blocks */
+            pthread_mutex_lock(&f->dev.lock);
+            syncing = f->dev.waiting;
+            f->dev.fences_fail = !syncing; /* the other thread's frees get their fences */
+            pthread_mutex_unlock(&f->dev.lock);
+            if (!syncing)
+                usleep(1000);
+        }
+        struct waiter_arg other = {f, false};
+        pthread_create(&to, NULL, alloc_thread, &other);
+        for (int i = 0; i < 10000 && !atomic_load(&other.done); i++)
+            usleep(1000);
+        bool others_went_on = atomic_load(&other.done), batch_waited = !atomic_load(&batch.done);
+        char why[256] = "";
+        int broken = others_went_on ? cuheap_pool_check(&f->pool, why, sizeof(why)) : 0;
+        pthread_mutex_lock(&f->dev.lock);
+        f->dev.syncs_gated = false;
+        pthread_cond_broadcast(&f->dev.gate);
+        pthread_mutex_unlock(&f->dev.lock);
+        pthread_join(tb, NULL);
+        pthread_join(to, NULL);
+        assert_true(syncing);
+        assert_true(batch_waited);
+        assert_true(others_went_on);
+        if (broken) /* checked while the batch's blocks waited aside for the sync */
+            fail_msg("pool invariant during the sync: %s", why);
+        check_invariants(f);
+        cuheap_pool_trim(&f->pool, false); /* the batch's blocks came back, none was lost */
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_int_equal(st.pending, 0);
+        teardown(f);
+    }
+}
+
 static void test_threaded_storm(void **state)
 {
     (void)state;
@@ -1573,6 +1656,7 @@ int main(void)
         cmocka_unit_test(test_vmm_late_fences_do_not_raise_the_budget),
         cmocka_unit_test(test_fence_wait_leaves_pool_unlocked),
         cmocka_unit_test(test_vmm_granule_mapped_while_waiting),
+        cmocka_unit_test(test_sync_fallback_leaves_pool_unlocked),
         cmocka_unit_test(test_double_free_and_ranges_thread_cache),
         cmocka_unit_test(test_random_with_invariants_thread_cache),
         cmocka_unit_test(test_vmm_random_with_invariants_thread_cache),
