@@ -149,6 +149,39 @@ static uintptr_t addr_of(const struct cuheap_buddy *b, uint32_t unit)
     return b->base + ((uintptr_t)unit << b->min_order);
 }
 
+/* A place's score, CUHEAP_BUDDY_SCORE_NOTHING counted as the 0 it stands for. */
+static int64_t judge(cuheap_buddy_score_fn score, void *arg, uintptr_t addr, uint64_t len,
+                     uint64_t size)
+{
+    int64_t s = score(arg, addr, len, size);
+    return s == CUHEAP_BUDDY_SCORE_NOTHING ? 0 : s;
+}
+
+/* The unit where the greedy split of the free block at unit (order high) ends for a block of
+ * order (the better scored half at each level, the lower one on a tie): with nothing to score
+ * anywhere in it, every tie goes to the lower half. With add, the halves left behind go onto
+ * their free lists. */
+static uint32_t split_scored(struct cuheap_buddy *b, uint32_t unit, unsigned high, unsigned order,
+                             uint64_t want, cuheap_buddy_score_fn score, void *arg, bool add)
+{
+    bool nothing = high > order &&
+                   score(arg, addr_of(b, unit), 1ull << high, want) == CUHEAP_BUDDY_SCORE_NOTHING;
+    while (high > order) {
+        high--;
+        uint32_t upper = unit + units_of(b, high);
+        uint64_t half = high == order ? want : 1ull << high;
+        if (!nothing && judge(score, arg, addr_of(b, upper), half, want) >
+                            judge(score, arg, addr_of(b, unit), half, want)) {
+            if (add)
+                list_add(b, unit, high);
+            unit = upper;
+        } else if (add) {
+            list_add(b, upper, high);
+        }
+    }
+    return unit;
+}
+
 int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_buddy_score_fn score,
                               void *arg, unsigned max_candidates, uintptr_t *ret_addr,
                               unsigned *ret_order)
@@ -173,16 +206,8 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
         unsigned n = 0;
         for (uint32_t u = b->free_area[o].head; u != CUHEAP_BUDDY_NIL && n < max_candidates;
              u = b->next[u], n++) {
-            uint32_t unit = u;
-            for (unsigned high = o; high > order;) {
-                high--;
-                uint32_t upper = unit + units_of(b, high);
-                uint64_t half = high == order ? want : 1ull << high;
-                if (score(arg, addr_of(b, upper), half, want) >
-                    score(arg, addr_of(b, unit), half, want))
-                    unit = upper;
-            }
-            int64_t s = score(arg, addr_of(b, unit), want, want);
+            uint32_t unit = split_scored(b, u, o, order, want, score, arg, false);
+            int64_t s = judge(score, arg, addr_of(b, unit), want, want);
             if (!have || s > best_score) {
                 have = true;
                 best = u;
@@ -195,18 +220,7 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
     }
     found = best_order;
     list_del(b, best, found);
-    uint32_t unit = best;
-    for (unsigned high = found; high > order;) {
-        high--;
-        uint32_t upper = unit + units_of(b, high);
-        uint64_t half = high == order ? (size ? size : 1) : 1ull << high;
-        if (score(arg, addr_of(b, upper), half, want) > score(arg, addr_of(b, unit), half, want)) {
-            list_add(b, unit, high);
-            unit = upper;
-        } else {
-            list_add(b, upper, high);
-        }
-    }
+    uint32_t unit = split_scored(b, best, found, order, want, score, arg, true);
     b->unit_state[unit] = (uint8_t)(UNIT_HEAD | order);
     *ret_addr = addr_of(b, unit);
     *ret_order = order;

@@ -70,6 +70,11 @@ int cuheap_buddy_alloc(struct cuheap_buddy *b, uint64_t size, uintptr_t *ret_add
  * than a place the caller does not care about. */
 typedef int64_t (*cuheap_buddy_score_fn)(void *arg, uintptr_t addr, uint64_t len, uint64_t size);
 
+/* What a score function may answer instead of 0 for a region that has nothing it cares about
+ * anywhere (every place in it would score 0): the region is then split without scoring its
+ * halves (a large free block of a vmm arena with no memory mapped in it). */
+#define CUHEAP_BUDDY_SCORE_NOTHING INT64_MIN
+
 /* Like cuheap_buddy_alloc, but where the block comes from is chosen by score: the first
  * max_candidates free blocks of every order that fits are each split greedily (at each level
  * the better scored half) and the best place wins; the first that scores full ends the search.

@@ -91,6 +91,7 @@ struct cuheap_arena {
     struct cuheap_granule *granules; /* vmm: one per granule of the range */
     struct cuheap_chunk *chunks;     /* vmm: per granule, the chunk that starts there */
     uint64_t *mapped_bits;           /* vmm: one bit per granule with memory mapped */
+    uint64_t *mapped_words;          /* vmm: one bit per word of mapped_bits with a bit set */
     uint32_t nr_granules;
     _Alignas(64) uint64_t nr_live; /* allocated blocks, pending ones included */
     uint32_t nr_mapped;            /* granules with physical memory mapped */
