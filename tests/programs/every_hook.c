@@ -75,6 +75,8 @@ static void check_stream_fenced(const char *name, CUstream s)
     struct race_result r = race_on_stream(&d, s);
     bool ok = !r.error && !r.changed && !r.reused_early;
     check(name, ok, "a freed block was reused while a kernel on the stream still read it");
+    if (ok && pool_on && !r.came_back && !r.full)
+        check(name, false, "the freed block never came back: an early reuse could not be seen");
 }
 
 static void allocations(void)

@@ -23,10 +23,16 @@
 
 #include "driver_api.h"
 
-#define RACE_BLOCK       (1u << 20) /* the buffer the reader reads */
-#define RACE_NR_SMALL    130        /* small frees: enough to close two fence batches */
-#define RACE_NR_REUSE    96         /* same-size blocks handed out after the free */
-#define RACE_READER_MS   300        /* how long the "kernel" waits before it reads */
+#define RACE_BLOCK    (1u << 20) /* the buffer the reader reads */
+#define RACE_NR_SMALL 130        /* other frees: enough to close two fence batches */
+/* Their size: above what a thread cache keeps (128 KiB), so that they join the pool's fence
+ * batch as the block's free did, and close it (512 B frees stay in the thread's own batch:
+ * the block's batch stayed open, it never came back, and the race tests of the legacy backing
+ * proved nothing). */
+#define RACE_SMALL_SIZE  (256u << 10)
+#define RACE_NR_REUSE    96  /* same-size blocks handed out after the free */
+#define RACE_NR_AFTER    64  /* and more once the reader is done, until it comes back */
+#define RACE_READER_MS   300 /* how long the "kernel" waits before it reads */
 #define RACE_OLD_PATTERN 0xAA
 #define RACE_NEW_PATTERN 0x55
 
@@ -52,6 +58,9 @@ struct race_result {
     int error;         /* a driver call failed: its CUresult, or -1 */
     size_t changed;    /* bytes changed under the reader: must be 0 unless reuse is unsafe */
     bool reused_early; /* the freed block's address came back while the reader could run */
+    bool came_back;    /* it came back at all, early or once the reader was done: without
+                          this the test could not have seen an early reuse */
+    bool full;         /* an allocation ran out of memory (a limit or a small device) */
 };
 
 /* Run the race with the reader queued on `reader_stream` (a stream handle, CU_STREAM_LEGACY or
@@ -60,8 +69,8 @@ struct race_result {
 static struct race_result race_run(const struct driver_api *cu, CUstream reader_stream,
                                    bool destroy)
 {
-    struct race_result res = {0, 0, false};
-    CUdeviceptr small[RACE_NR_SMALL], reuse[RACE_NR_REUSE], a;
+    struct race_result res = {0, 0, false, false, false};
+    CUdeviceptr small[RACE_NR_SMALL], reuse[RACE_NR_REUSE + RACE_NR_AFTER], a;
     int nr_reuse = 0, nr_small = 0;
     CUresult r;
 #define RACE_TRY(call)                                                                             \
@@ -70,7 +79,7 @@ static struct race_result race_run(const struct driver_api *cu, CUstream reader_
         goto out;                                                                                  \
     }
     for (; nr_small < RACE_NR_SMALL; nr_small++)
-        RACE_TRY(cu->cuMemAlloc_v2(&small[nr_small], 512));
+        RACE_TRY(cu->cuMemAlloc_v2(&small[nr_small], RACE_SMALL_SIZE));
     RACE_TRY(cu->cuMemAlloc_v2(&a, RACE_BLOCK));
     RACE_TRY(cu->cuMemsetD8_v2(a, RACE_OLD_PATTERN, RACE_BLOCK));
     struct race_reader reader = {(const unsigned char *)(uintptr_t)a, RACE_BLOCK, RACE_READER_MS, 0,
@@ -85,20 +94,33 @@ static struct race_result race_run(const struct driver_api *cu, CUstream reader_
     for (; nr_reuse < RACE_NR_REUSE; nr_reuse++) {
         CUdeviceptr b;
         r = cu->cuMemAlloc_v2(&b, RACE_BLOCK);
-        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+            res.full = true;
             break; /* under a limit: the device is full, and that is all the reuse there is */
+        }
         RACE_TRY(r);
         reuse[nr_reuse] = b;
         /* written at once, ordered after nothing: a kernel on another stream */
         memset((void *)(uintptr_t)b, RACE_NEW_PATTERN, RACE_BLOCK);
-        if (b == a && !atomic_load(&reader.done)) {
-            res.reused_early = true;
+        if (b == a) {
+            res.came_back = true;
+            res.reused_early = !atomic_load(&reader.done);
             nr_reuse++;
             break;
         }
     }
     RACE_TRY(destroy ? cu->cuCtxSynchronize() : cu->cuStreamSynchronize(reader_stream));
     res.changed = reader.changed;
+    /* the reader is done: now the block must come back (to these or to further requests) */
+    while (!res.came_back && nr_reuse < RACE_NR_REUSE + RACE_NR_AFTER) {
+        CUdeviceptr b;
+        if (cu->cuMemAlloc_v2(&b, RACE_BLOCK) != CUDA_SUCCESS) {
+            res.full = true;
+            break;
+        }
+        reuse[nr_reuse++] = b;
+        res.came_back = b == a;
+    }
 out:
     cu->cuCtxSynchronize();
     while (nr_reuse > 0)
