@@ -75,8 +75,8 @@ MUTATIONS = [
      "vmm: the place score ignores idle chunks larger than the block, so a small block keeps a "
      "large chunk busy",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "            if (c->nr_busy || c->nr <= fits)",
-     "            if (c->nr_busy || c->nr <= fits || 1)"),
+     "        if (c->nr_busy || c->nr <= fits)",
+     "        if (c->nr_busy || c->nr <= fits || 1)"),
     ("vmm-budget-counts-pending",
      "vmm: the pool's budget counts granules held by blocks waiting for a fence as needed, so "
      "every late fence raises how much the pool may hold",
