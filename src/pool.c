@@ -58,10 +58,17 @@ static uint32_t map_hash(uint64_t key)
  * arena's size is 0, so it never answers again. */
 static __thread struct cuheap_arena *map_last __attribute__((tls_model("initial-exec")));
 
+/* An arena's size as a lock-free reader sees it: 0 once retired (under p->lock, while a
+ * thread cache's free may be looking; TSan saw the plain read race with the retire). */
+static uint64_t arena_size_seen(const struct cuheap_arena *a)
+{
+    return __atomic_load_n(&a->buddy.size, __ATOMIC_ACQUIRE);
+}
+
 static struct cuheap_arena *map_lookup(uint64_t addr)
 {
     struct cuheap_arena *last = map_last;
-    if (last && addr - last->buddy.base < last->buddy.size)
+    if (last && addr - last->buddy.base < arena_size_seen(last))
         return last;
     struct map_slot *map = g_map;
     if (!map)
@@ -75,7 +82,7 @@ static struct cuheap_arena *map_lookup(uint64_t addr)
         if (k != key)
             continue;
         struct cuheap_arena *a = atomic_load_explicit(&map[i].arena, memory_order_acquire);
-        if (a && addr >= a->buddy.base && addr < a->buddy.base + a->buddy.size) {
+        if (a && addr >= a->buddy.base && addr < a->buddy.base + arena_size_seen(a)) {
             map_last = a;
             return a;
         }
