@@ -236,6 +236,50 @@ static void test_scored_alloc_goes_where_liked(void **state)
     cuheap_buddy_destroy(&b);
 }
 
+/* A score that answers CUHEAP_BUDDY_SCORE_NOTHING for regions with nothing liked in them
+ * gets the same places as one that answers 0 there, with far fewer calls: a large free block
+ * with nothing liked is split without its halves being scored. */
+static int nr_scores;
+
+static int64_t like_range_counted(void *arg, uintptr_t addr, uint64_t len, uint64_t size)
+{
+    nr_scores++;
+    int64_t s = like_range(arg, addr, len, size);
+    return s == 0 && arg ? CUHEAP_BUDDY_SCORE_NOTHING : s;
+}
+
+static void test_scored_alloc_skips_what_scores_nothing(void **state)
+{
+    (void)state;
+    const uintptr_t base = 1ull << 40;
+    uintptr_t got[2][64];
+    int calls[2] = {0, 0};
+    for (int nothing = 0; nothing < 2; nothing++) {
+        struct cuheap_buddy b;
+        assert_int_equal(cuheap_buddy_init(&b, base, 1ull << 32, 512), 0);
+        liked_lo = base + (3ull << 30); /* a liked 2 MiB far up in the arena */
+        liked_hi = liked_lo + (2u << 20);
+        nr_scores = 0;
+        unsigned order;
+        for (int i = 0; i < 64; i++) /* 2 MiB blocks, then smaller ones */
+            assert_int_equal(cuheap_buddy_alloc_scored(&b, i < 32 ? 2u << 20 : 4096,
+                                                       like_range_counted, nothing ? &b : NULL, 8,
+                                                       &got[nothing][i], &order),
+                             0);
+        calls[nothing] = nr_scores;
+        char why[256];
+        if (cuheap_buddy_check(&b, why, sizeof(why)))
+            fail_msg("%s", why);
+        cuheap_buddy_destroy(&b);
+    }
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(got[1][i], got[0][i]);
+    assert_int_equal(got[0][0], liked_lo); /* the liked place first, as before */
+    print_message("score calls: %d answering nothing, %d answering 0\n", calls[1], calls[0]);
+    if (calls[1] * 2 > calls[0])
+        fail_msg("%d score calls with NOTHING against %d without", calls[1], calls[0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -244,6 +288,7 @@ int main(void)
         cmocka_unit_test(test_exhaustion_and_whole_arena),
         cmocka_unit_test(test_block_of_finds_interior_pointers),
         cmocka_unit_test(test_scored_alloc_goes_where_liked),
+        cmocka_unit_test(test_scored_alloc_skips_what_scores_nothing),
         cmocka_unit_test(test_random_small_arena),
         cmocka_unit_test(test_random_large_arena),
         cmocka_unit_test(test_random_other_min_block),
