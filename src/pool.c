@@ -534,6 +534,48 @@ static void place_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     idle_push_locked(p, c);
 }
 
+/* The clock for the time spent in the driver's mapping calls (st.map_ns, in the summary):
+ * each call costs tens of microseconds, the clock tens of nanoseconds. */
+static uint64_t map_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The driver's mapping calls, timed. */
+static int be_phys_unmap(struct cuheap_pool *p, uint64_t va, uint64_t bytes)
+{
+    uint64_t t0 = map_clock();
+    int r = p->be.phys_unmap(p->be.ctx, va, bytes);
+    p->st.map_ns += map_clock() - t0;
+    return r;
+}
+
+static int be_phys_release(struct cuheap_pool *p, uint64_t handle)
+{
+    uint64_t t0 = map_clock();
+    int r = p->be.phys_release(p->be.ctx, handle);
+    p->st.map_ns += map_clock() - t0;
+    return r;
+}
+
+static int be_phys_create(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle)
+{
+    uint64_t t0 = map_clock();
+    int r = p->be.phys_create(p->be.ctx, bytes, ret_handle);
+    p->st.map_ns += map_clock() - t0;
+    return r;
+}
+
+static int be_phys_map(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle)
+{
+    uint64_t t0 = map_clock();
+    int r = p->be.phys_map(p->be.ctx, va, bytes, handle);
+    p->st.map_ns += map_clock() - t0;
+    return r;
+}
+
 /* Unmap an idle chunk: its physical memory goes to *ret_handle, for the caller to map
  * elsewhere or give back, and its slot is empty afterwards. Returns 0, or -EIO when the
  * driver refused (the chunk then stays mapped and idle, at the back of the list). */
@@ -541,7 +583,7 @@ static int unmap_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c, uint
 {
     cuheap_assert(!c->nr_busy);
     idle_remove_locked(p, c);
-    if (p->be.phys_unmap(p->be.ctx, chunk_va(c), chunk_bytes(p, c))) {
+    if (be_phys_unmap(p, chunk_va(c), chunk_bytes(p, c))) {
         idle_push_locked(p, c);
         return -EIO;
     }
@@ -558,7 +600,7 @@ static int unmap_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c, uint
  * process still holds it: it stays counted, and a later trim tries again. */
 static void give_back_locked(struct cuheap_pool *p, uint64_t handle, uint64_t bytes)
 {
-    if (p->be.phys_release(p->be.ctx, handle) == 0) {
+    if (be_phys_release(p, handle) == 0) {
         p->st.reserved -= bytes;
         atomic_fetch_sub(p->device_reserved, bytes);
     } else if (p->nr_stuck < CUHEAP_NR_STUCK) {
@@ -587,7 +629,7 @@ static uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
 {
     uint64_t released = 0;
     for (unsigned i = 0; i < p->nr_stuck;) {
-        if (p->be.phys_release(p->be.ctx, p->stuck[i].handle) == 0) {
+        if (be_phys_release(p, p->stuck[i].handle) == 0) {
             p->st.reserved -= p->stuck[i].bytes;
             atomic_fetch_sub(p->device_reserved, p->stuck[i].bytes);
             released += p->stuck[i].bytes;
@@ -608,7 +650,7 @@ static int create_chunk_locked(struct cuheap_pool *p, uint64_t bytes, uint64_t *
 {
     if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
         return -EDQUOT;
-    int r = p->be.phys_create(p->be.ctx, bytes, ret_handle);
+    int r = be_phys_create(p, bytes, ret_handle);
     if (r)
         return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
     p->st.reserved += bytes;
@@ -1018,7 +1060,7 @@ static int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint3
     int r = create_chunk_locked(p, bytes, &h);
     if (r)
         return r;
-    if (p->be.phys_map(p->be.ctx, va, bytes, h)) {
+    if (be_phys_map(p, va, bytes, h)) {
         /* cannot map it here: give it back to the driver rather than hold it unmapped */
         give_back_locked(p, h, bytes);
         return -EIO;
@@ -1048,7 +1090,7 @@ static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, stru
     if (unmap_idle_locked(p, c, &h))
         return -EAGAIN;
     note(p, CUHEAP_EV_ARENA_RELEASE, from, bytes, p->st.reserved, 0);
-    if (p->be.phys_map(p->be.ctx, va, bytes, h)) {
+    if (be_phys_map(p, va, bytes, h)) {
         give_back_locked(p, h, bytes);
         return -EIO;
     }

@@ -141,6 +141,8 @@ struct cuheap_pool_stats {
     uint64_t nr_moves;    /* vmm: idle chunks moved whole to where a block needed them */
     uint64_t nr_creates;  /* vmm: chunks taken from the driver */
     uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one */
+    uint64_t map_ns;      /* vmm: time in the driver's create, map (with access), unmap and
+                             release calls */
     uint64_t lost; /* bytes the driver would not take back and the pool could not keep track of
                       (counted in reserved for good) */
 };
