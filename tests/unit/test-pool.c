@@ -1034,6 +1034,30 @@ static void *alloc_thread(void *arg)
     return NULL;
 }
 
+/* Wait (30 s at most) until a thread blocks at the device's gate, or until *done (when
+ * given) says the thread finished without. Returns whether one blocked. */
+static bool wait_at_gate(struct fixture *f, _Atomic bool *done)
+{
+    for (int i = 0; i < 30000 && !(done && atomic_load(done)); i++) {
+        pthread_mutex_lock(&f->dev.lock);
+        bool waiting = f->dev.waiting;
+        pthread_mutex_unlock(&f->dev.lock);
+        if (waiting)
+            return true;
+        usleep(1000);
+    }
+    return false;
+}
+
+static void open_gate(struct fixture *f)
+{
+    pthread_mutex_lock(&f->dev.lock);
+    f->dev.gated = false;
+    f->dev.syncs_gated = false;
+    pthread_cond_broadcast(&f->dev.gate);
+    pthread_mutex_unlock(&f->dev.lock);
+}
+
 static void test_fence_wait_leaves_pool_unlocked(void **state)
 {
     (void)state;
@@ -1046,23 +1070,13 @@ static void test_fence_wait_leaves_pool_unlocked(void **state)
         struct waiter_arg waiter = {f, false}, other = {f, false};
         pthread_t tw, to;
         pthread_create(&tw, NULL, trim_thread, &waiter);
-        for (int i = 0; i < 30000; i++) { /* until the trim blocks in its fence wait */
-            pthread_mutex_lock(&f->dev.lock);
-            bool w = f->dev.waiting;
-            pthread_mutex_unlock(&f->dev.lock);
-            if (w)
-                break;
-            usleep(1000);
-        }
+        wait_at_gate(f, NULL); /* until the trim blocks in its fence wait */
         pthread_create(&to, NULL, alloc_thread, &other);
         /* generous: sanitizer builds check every invariant as they go */
         for (int i = 0; i < 30000 && !atomic_load(&other.done); i++)
             usleep(1000);
         bool others_went_on = atomic_load(&other.done), trim_waited = !atomic_load(&waiter.done);
-        pthread_mutex_lock(&f->dev.lock);
-        f->dev.gated = false;
-        pthread_cond_broadcast(&f->dev.gate);
-        pthread_mutex_unlock(&f->dev.lock);
+        open_gate(f);
         pthread_join(tw, NULL);
         pthread_join(to, NULL);
         assert_true(trim_waited);
@@ -1109,22 +1123,12 @@ static void test_vmm_granule_mapped_while_waiting(void **state)
     struct small_waiter a = {f, 0, false};
     pthread_t ta;
     pthread_create(&ta, NULL, small_alloc_thread, &a);
-    bool waiting = false;
-    for (int i = 0; i < 30000 && !waiting && !atomic_load(&a.done); i++) {
-        pthread_mutex_lock(&f->dev.lock);
-        waiting = f->dev.waiting;
-        pthread_mutex_unlock(&f->dev.lock);
-        if (!waiting)
-            usleep(1000);
-    }
+    bool waiting = wait_at_gate(f, &a.done);
     complete_fences(&f->dev); /* the 64 MiB block's fence passes; A still sleeps at the gate */
     int creates = f->dev.nr_creates;
     uint64_t y = alloc(f, 4096, 0);
     bool main_mapped = f->dev.nr_creates > creates;
-    pthread_mutex_lock(&f->dev.lock);
-    f->dev.gated = false;
-    pthread_cond_broadcast(&f->dev.gate);
-    pthread_mutex_unlock(&f->dev.lock);
+    open_gate(f);
     pthread_join(ta, NULL);
     /* the interleaving this test is about happened, or it proves nothing */
     assert_true(waiting);
@@ -1174,15 +1178,10 @@ static void test_sync_fallback_leaves_pool_unlocked(void **state)
         pthread_mutex_unlock(&f->dev.lock);
         pthread_t tb, to;
         pthread_create(&tb, NULL, batch_free_thread, &batch);
-        bool syncing = false;
-        for (int i = 0; i < 30000 && !syncing; i++) { /* until the batch's sync blocks */
-            pthread_mutex_lock(&f->dev.lock);
-            syncing = f->dev.waiting;
-            f->dev.fences_fail = !syncing; /* the other thread's frees get their fences */
-            pthread_mutex_unlock(&f->dev.lock);
-            if (!syncing)
-                usleep(1000);
-        }
+        bool syncing = wait_at_gate(f, NULL); /* until the batch's sync blocks */
+        pthread_mutex_lock(&f->dev.lock);
+        f->dev.fences_fail = false; /* the other thread's frees get their fences */
+        pthread_mutex_unlock(&f->dev.lock);
         struct waiter_arg other = {f, false};
         pthread_create(&to, NULL, alloc_thread, &other);
         for (int i = 0; i < 10000 && !atomic_load(&other.done); i++)
@@ -1190,10 +1189,7 @@ static void test_sync_fallback_leaves_pool_unlocked(void **state)
         bool others_went_on = atomic_load(&other.done), batch_waited = !atomic_load(&batch.done);
         char why[256] = "";
         int broken = others_went_on ? cuheap_pool_check(&f->pool, why, sizeof(why)) : 0;
-        pthread_mutex_lock(&f->dev.lock);
-        f->dev.syncs_gated = false;
-        pthread_cond_broadcast(&f->dev.gate);
-        pthread_mutex_unlock(&f->dev.lock);
+        open_gate(f);
         pthread_join(tb, NULL);
         pthread_join(to, NULL);
         assert_true(syncing);
