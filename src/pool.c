@@ -238,6 +238,7 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
 {
     memset(p, 0, sizeof(*p));
     pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->synced, NULL);
     p->cfg = cfg;
     p->be = *be;
     p->device = device;
@@ -981,15 +982,29 @@ static void close_epoch_locked(struct cuheap_pool *p)
         p->be.device_sync(p->be.ctx);
         pthread_mutex_lock(&p->lock);
         struct cuheap_syncing **at = &p->syncing;
-        while (*at != &s)
+        while (*at && *at != &s)
             at = &(*at)->next;
-        *at = s.next;
-        release_epoch_locked(p, &s.epoch);
+        if (*at) { /* else the context went meanwhile (cuheap_pool_abandon), its blocks too */
+            *at = s.next;
+            release_epoch_locked(p, &s.epoch);
+            p->nr_synced++;
+            pthread_cond_broadcast(&p->synced);
+        }
         return;
     }
     e->fence = fence;
     p->st.nr_fences++;
     p->ep_tail++;
+}
+
+/* Out of memory while another thread syncs the device for blocks no fence covers (above):
+ * wait, p->lock dropped, until one such batch has come back (or went with its context); the
+ * caller asks again. */
+static void wait_syncing_locked(struct cuheap_pool *p)
+{
+    p->st.nr_waits++;
+    for (uint64_t n = p->nr_synced; p->syncing && p->nr_synced == n;)
+        pthread_cond_wait(&p->synced, &p->lock);
 }
 
 /* Move every stream-cached block onto the open epoch. */
@@ -1114,7 +1129,7 @@ static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, stru
  * unmapped may be mapped meanwhile by a thread whose block shares them, and a run mapped over
  * them broke the accounting (seen once under CI's load, `pool_check`: a chunk idle with a
  * granule in use). */
-enum { MAP_FENCE_POLL = 1, MAP_FENCE, MAP_WAIT };
+enum { MAP_FENCE_POLL = 1, MAP_FENCE, MAP_WAIT, MAP_DEVICE_SYNC };
 
 static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
                           uint32_t nr, struct acquire *acq)
@@ -1154,8 +1169,8 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             continue;
         if (!acq->fenced)
             return MAP_FENCE;
-        if (p->ep_head == p->ep_tail)
-            return r;
+        if (p->ep_head == p->ep_tail) /* blocks another thread syncs for come back soon */
+            return p->syncing ? MAP_DEVICE_SYNC : r;
         return MAP_WAIT;
     }
 }
@@ -1163,7 +1178,9 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
 /* What map_run_locked() asked for (p->lock held on entry and exit, dropped meanwhile). */
 static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq)
 {
-    if (what == MAP_WAIT)
+    if (what == MAP_DEVICE_SYNC)
+        wait_syncing_locked(p);
+    else if (what == MAP_WAIT)
         wait_oldest_locked(p);
     else if (fence_pending_once_locked(p, acq) && what == MAP_FENCE_POLL)
         poll_oldest_locked(p);
@@ -1203,7 +1220,7 @@ again:
             for (uint32_t h = first; h <= last; h++)
                 if (a->granules[h].chunk) /* below g all, beyond it those held above */
                     drop_granule_locked(p, &a->granules[h]);
-            if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT) {
+            if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT || r == MAP_DEVICE_SYNC) {
                 /* nothing held while p->lock is dropped; then the range is looked at anew */
                 map_wait_locked(p, r, acq);
                 goto again;
@@ -1317,7 +1334,8 @@ static uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
  * of 512 B pairs on the H200, ns of one core a pair: 598-643 closing every 64 frees, 177-206
  * every 256, 102-114 every 1024), and the ready blocks hold two batches' worth, so that a closed
  * batch's fence has a batch's time to pass before the thread needs its blocks. In bytes a batch
- * is small (TC_BATCH_BYTES): what waits in it is memory the pool holds for nobody. */
+ * is small (a sixteenth of CUHEAP_THREAD_CACHE, in tc_free): what waits in it is memory the pool
+ * holds for nobody. */
 #define TC_PER_ORDER 2048 /* ready blocks of one order at most (tc_caps) */
 #define TC_BATCH     1024 /* frees behind one fence of the thread's own */
 #define TC_NR_CLOSED 2    /* batches of a thread waiting for their fence */
@@ -1652,7 +1670,7 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
         return false;
     }
     /* what does not fit goes to the pool from the batch itself (no copy on the stack: a batch
-     * is 4 KiB, on the free path); p->lock keeps drainers out meanwhile */
+     * is 16 KiB, on the free path); p->lock keeps drainers out meanwhile */
     uint32_t spill = 0;
     for (uint32_t i = 0; i < b->nr; i++) {
         const struct tc_block k = b->blocks[i];
@@ -1732,7 +1750,7 @@ static __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuh
         c->fence = fence;
         c->passed = false;
     } else {
-        tc_give_freed_locked(p, &tc->open, false); /* from where it is: no 4 KiB copy */
+        tc_give_freed_locked(p, &tc->open, false); /* from where it is: no 16 KiB copy */
     }
     tc->open.nr = 0;
     tc->open.bytes = 0;
@@ -2062,6 +2080,7 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
     bool from_cache = r == 0 && !from_tc;
 again:;
     bool flushed = false, trimmed = false;
+    unsigned synced = 0;
     while (r) {
         r = take_block_locked(p, size, &ptr, &block, &arena);
         if (r == 0)
@@ -2099,6 +2118,10 @@ again:;
             trimmed = true;
             if (release_empty_unlocked(p))
                 continue;
+        }
+        if (p->syncing && synced++ < CUHEAP_NR_EPOCHS) {
+            wait_syncing_locked(p); /* blocks another thread syncs for come back soon */
+            continue;
         }
         goto out_of_memory;
     }
@@ -2766,6 +2789,8 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     p->st.nr_hits = keep_hits;
     p->st.nr_misses = keep_misses;
     memset(p->epochs, 0, sizeof(p->epochs)); /* their events died with the context */
+    p->syncing = NULL; /* a thread syncing for some finds them gone and drops them */
+    pthread_cond_broadcast(&p->synced);
     memset(p->caches, 0, sizeof(p->caches));
     memset(p->quick, 0, sizeof(p->quick));
     p->quick_bytes = 0;
@@ -2793,10 +2818,12 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->nr_stuck = 0;
     memset(&p->st, 0, sizeof(p->st));
     memset(p->epochs, 0, sizeof(p->epochs));
+    p->syncing = NULL; /* on the stack of a thread the fork left behind */
     memset(p->caches, 0, sizeof(p->caches));
     memset(p->quick, 0, sizeof(p->quick));
     p->quick_bytes = 0;
     p->pending_mapped = 0;
     p->ep_head = p->ep_tail = 0;
     pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->synced, NULL);
 }

@@ -184,6 +184,8 @@ struct cuheap_pool {
         epochs[CUHEAP_NR_EPOCHS]; /* ring: [ep_head, ep_tail) closed, ep_tail open */
     unsigned ep_head, ep_tail;
     struct cuheap_syncing *syncing; /* epochs out of the ring while a device sync covers them */
+    uint64_t nr_synced;             /* of those, given back (or dropped with the context) */
+    pthread_cond_t synced;          /* broadcast when one is */
     unsigned nr_since_poll;
     struct cuheap_stream_cache caches[CUHEAP_NR_STREAM_CACHES];
     struct cuheap_quick quick[CUHEAP_NR_ORDERS];

@@ -114,8 +114,9 @@ static struct race_result race_run(const struct driver_api *cu, CUstream reader_
     /* the reader is done: now the block must come back (to these or to further requests) */
     while (!res.came_back && nr_reuse < RACE_NR_REUSE + RACE_NR_AFTER) {
         CUdeviceptr b;
-        if (cu->cuMemAlloc_v2(&b, RACE_BLOCK) != CUDA_SUCCESS) {
-            res.full = true;
+        if ((r = cu->cuMemAlloc_v2(&b, RACE_BLOCK)) != CUDA_SUCCESS) {
+            res.full = r == CUDA_ERROR_OUT_OF_MEMORY;
+            res.error = res.full ? 0 : (int)r;
             break;
         }
         reuse[nr_reuse++] = b;

@@ -1150,14 +1150,19 @@ static void test_vmm_granule_mapped_while_waiting(void **state)
 struct batch_free_arg {
     struct fixture *f;
     uint64_t ptrs[4];
+    bool after_reset; /* frees of blocks the pool has forgotten meanwhile are refused */
     _Atomic bool done;
 };
 
 static void *batch_free_thread(void *arg)
 {
     struct batch_free_arg *b = arg;
-    for (int i = 0; i < 4; i++) /* the fixture's batch: 4 frees, then the fence */
-        release(b->f, b->ptrs[i], 0);
+    for (int i = 0; i < 4; i++) { /* the fixture's batch: 4 frees, then the fence */
+        uint64_t size, block, seq;
+        int r = cuheap_pool_free(&b->f->pool, b->ptrs[i], 0, &size, &block, &seq);
+        if (!b->after_reset)
+            assert_int_equal(r, 0);
+    }
     atomic_store(&b->done, true);
     return NULL;
 }
@@ -1202,6 +1207,67 @@ static void test_sync_fallback_leaves_pool_unlocked(void **state)
         struct cuheap_pool_stats st;
         cuheap_pool_get_stats(&f->pool, &st);
         assert_int_equal(st.pending, 0);
+        teardown(f);
+    }
+}
+
+/* The same fallback on a full device: an allocation that needs the memory of blocks another
+ * thread is syncing for waits for them (a sync of its own, the lock dropped) rather than fail;
+ * and a context reset during the sync (the pool abandoned) leaves nothing for the syncing
+ * thread to give back. */
+struct sized_waiter {
+    struct fixture *f;
+    uint64_t size, ptr;
+    int result;
+    _Atomic bool done;
+};
+
+static void *sized_alloc_thread(void *arg)
+{
+    struct sized_waiter *w = arg;
+    uint64_t block, seq;
+    w->result = cuheap_pool_alloc(&w->f->pool, w->size, 0, &w->ptr, &block, &seq);
+    atomic_store(&w->done, true);
+    return NULL;
+}
+
+static void test_sync_fallback_full_device_and_reset(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 4; round++) {
+        bool vmm = round & 1, reset = round & 2;
+        struct fixture *f = vmm ? setup_vmm(CUHEAP_REUSE_FENCE, 16 * MIB, 0)
+                                : setup(CUHEAP_REUSE_FENCE, 16 * MIB, 16 * MIB, 0);
+        f->cfg.pool_max = 16 * MIB;
+        pthread_cond_init(&f->dev.gate, NULL);
+        struct batch_free_arg batch = {.f = f, .after_reset = reset};
+        for (int i = 0; i < 4; i++) /* the whole device */
+            batch.ptrs[i] = alloc(f, 4 * MIB, 0);
+        pthread_mutex_lock(&f->dev.lock);
+        f->dev.fences_fail = true;
+        f->dev.syncs_gated = true;
+        pthread_mutex_unlock(&f->dev.lock);
+        pthread_t tb, ta;
+        pthread_create(&tb, NULL, batch_free_thread, &batch);
+        assert_true(wait_at_gate(f, NULL));
+        struct sized_waiter want = {.f = f, .size = 4 * MIB};
+        if (reset) {
+            cuheap_pool_abandon(&f->pool); /* the context went while the batch's sync ran */
+        } else {
+            pthread_create(&ta, NULL, sized_alloc_thread, &want);
+            usleep(200000);
+        }
+        bool failed_early = atomic_load(&want.done) && want.result != 0;
+        open_gate(f);
+        pthread_join(tb, NULL);
+        if (!reset)
+            pthread_join(ta, NULL);
+        assert_false(failed_early); /* it waited for the batch's memory, as cuMemFree would */
+        if (!reset) {
+            assert_int_equal(want.result, 0);
+            release(f, want.ptr, 0);
+        }
+        check_invariants(f);
         teardown(f);
     }
 }
@@ -1659,6 +1725,7 @@ int main(void)
         cmocka_unit_test(test_fence_wait_leaves_pool_unlocked),
         cmocka_unit_test(test_vmm_granule_mapped_while_waiting),
         cmocka_unit_test(test_sync_fallback_leaves_pool_unlocked),
+        cmocka_unit_test(test_sync_fallback_full_device_and_reset),
         cmocka_unit_test(test_double_free_and_ranges_thread_cache),
         cmocka_unit_test(test_random_with_invariants_thread_cache),
         cmocka_unit_test(test_vmm_random_with_invariants_thread_cache),
