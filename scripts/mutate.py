@@ -97,8 +97,8 @@ MUTATIONS = [
     ("chunk-release-failure-forgotten",
      "vmm: memory the driver refused to release is dropped from the pool's count",
      "memory the driver still holds stays counted", "src/pool.c",
-     "    if (p->be.phys_release(p->be.ctx, handle) == 0) {",
-     "    if (p->be.phys_release(p->be.ctx, handle) == 0 || 1) {"),
+     "    if (be_phys_release(p, handle) == 0) {",
+     "    if (be_phys_release(p, handle) == 0 || 1) {"),
     ("vmm-granule-moves-while-pending",
      "vmm: a freed block lets go of its granules at the free, not when its fence has passed, so "
      "an idle granule can be moved away while queued work still uses it",
