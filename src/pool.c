@@ -535,45 +535,44 @@ static void place_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     idle_push_locked(p, c);
 }
 
-/* The clock for the time spent in the driver's mapping calls (st.map_ns, in the summary):
- * each call costs tens of microseconds, the clock tens of nanoseconds. */
-static uint64_t map_clock(void)
+static uint64_t mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* The driver's mapping calls, timed. */
+/* The driver's mapping calls, timed for the summary (st.map_ns): each costs tens of
+ * microseconds, the clock tens of nanoseconds. */
 static int be_phys_unmap(struct cuheap_pool *p, uint64_t va, uint64_t bytes)
 {
-    uint64_t t0 = map_clock();
+    uint64_t t0 = mono_ns();
     int r = p->be.phys_unmap(p->be.ctx, va, bytes);
-    p->st.map_ns += map_clock() - t0;
+    p->st.map_ns += mono_ns() - t0;
     return r;
 }
 
 static int be_phys_release(struct cuheap_pool *p, uint64_t handle)
 {
-    uint64_t t0 = map_clock();
+    uint64_t t0 = mono_ns();
     int r = p->be.phys_release(p->be.ctx, handle);
-    p->st.map_ns += map_clock() - t0;
+    p->st.map_ns += mono_ns() - t0;
     return r;
 }
 
 static int be_phys_create(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle)
 {
-    uint64_t t0 = map_clock();
+    uint64_t t0 = mono_ns();
     int r = p->be.phys_create(p->be.ctx, bytes, ret_handle);
-    p->st.map_ns += map_clock() - t0;
+    p->st.map_ns += mono_ns() - t0;
     return r;
 }
 
 static int be_phys_map(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle)
 {
-    uint64_t t0 = map_clock();
+    uint64_t t0 = mono_ns();
     int r = p->be.phys_map(p->be.ctx, va, bytes, handle);
-    p->st.map_ns += map_clock() - t0;
+    p->st.map_ns += mono_ns() - t0;
     return r;
 }
 
@@ -930,13 +929,6 @@ static void wait_oldest_locked(struct cuheap_pool *p)
     pthread_mutex_lock(&p->lock);
     unpin_fence_locked(p, fence);
     reclaim_locked(p);
-}
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* An idle GPU passes a fence within microseconds: poll the oldest one briefly (p->lock
