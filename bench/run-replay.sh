@@ -11,25 +11,36 @@ RUNS=${RUNS:-3}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export LD_LIBRARY_PATH=$B/tests/fakecuda FAKECUDA_DEVICE_MEM=${FAKECUDA_DEVICE_MEM:-16G}
-printf '%-10s %-28s %8s %8s %8s\n' sequence configuration worst best runs
+printf '%-10s %-28s %8s %8s %8s %s\n' sequence configuration worst best runs "mapping calls (vmm)"
 for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     name=$(basename "$seq" .jsonl.gz)
     gunzip -c "$seq" >"$T/$name.jsonl"
     r=$("$B/bench/bench-replay" "$T/$name.jsonl" | sed -n 's/.*held_over_live=//p')
     printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "driver alone" "$r" "$r" 1
-    for cfg in ${CONFIGS:-fence sync immediate vmm-fence vmm-sync}; do
+    for cfg in ${CONFIGS:-fence sync immediate vmm-fence vmm-sync aligned-fence}; do
         backing=legacy
         reuse=$cfg
-        case $cfg in vmm-*) backing=vmm reuse=${cfg#vmm-} ;; esac
-        ratios=()
+        layout=tight
+        case $cfg in
+        vmm-*) backing=vmm reuse=${cfg#vmm-} ;;
+        aligned-*) backing=vmm reuse=${cfg#aligned-} layout=aligned ;; # CUHEAP_VMM_LAYOUT
+        esac
+        ratios=() calls=()
         for ((i = 0; i < RUNS; i++)); do
-            ratios+=("$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=0 CUHEAP_RECORD=0 \
-                CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing "$B/bench/bench-replay" "$T/$name.jsonl" |
-                sed -n 's/.*held_over_live=//p')")
+            out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=1 CUHEAP_RECORD=0 \
+                CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing CUHEAP_VMM_LAYOUT=$layout \
+                "$B/bench/bench-replay" "$T/$name.jsonl" 2>&1)
+            ratios+=("$(sed -n 's/.*held_over_live=//p' <<<"$out")")
+            # the summary's vmm line: each chunk made, moved or given back is two driver calls
+            calls+=("$(sed -n 's/.*vmm: \([0-9]*\) chunks[^,]*, \([0-9]*\) moved, \([0-9]*\) given.*/\1 \2 \3/p' \
+                <<<"$out" | awk '{print 2 * ($1 + $2 + $3)}')")
         done
         sorted=$(printf '%s\n' "${ratios[@]}" | sort -g)
-        printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "cuheap $backing $reuse" \
-            "$(tail -1 <<<"$sorted")" "$(head -1 <<<"$sorted")" "$RUNS"
+        label="cuheap $backing $reuse"
+        [ "$layout" = tight ] || label="$label $layout"
+        called=$(printf '%s\n' "${calls[@]}" | sort -n | sed -n '1p;$p' | paste -sd-)
+        printf '%-10s %-28s %8s %8s %8s %s\n' "${name#gpt-seq-}" "$label" \
+            "$(tail -1 <<<"$sorted")" "$(head -1 <<<"$sorted")" "$RUNS" "${called#-}"
     done
     # A long run: the job's steps replayed LONG_PASSES times (default 8) under the default
     # backing; held memory must not creep up as fences come late now and then.

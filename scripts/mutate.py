@@ -121,6 +121,18 @@ MUTATIONS = [
      "            if (waiting && p->st.pending >= granule_bytes(p))\n                return MAP_WAIT;",
      "            if (waiting && p->st.pending >= granule_bytes(p)) {\n"
      "                wait_oldest_locked(p);\n                continue;\n            }"),
+    ("aligned-piece-not-cut",
+     "vmm, CUHEAP_VMM_LAYOUT=aligned: a block of a piece or more maps its last piece whole, "
+     "past its bytes (a 20 MiB block holds 24 MiB)",
+     "memory held stays close to what is used (pool v2)", "src/pool.c",
+     "            piece_end > last)\n            piece_end = last;",
+     "            piece_end > last && false)\n            piece_end = last;"),
+    ("aligned-idle-piece-avoided",
+     "vmm, CUHEAP_VMM_LAYOUT=aligned: placement avoids idle pieces larger than the block, as "
+     "under tight, so small blocks go where nothing is mapped and pieces move for them",
+     "memory held stays close to what is used (pool v2)", "src/pool.c",
+     "        else if (aligned)\n            idle += end - g + 1;",
+     "        else if (aligned)\n            bad += end - g + 1;"),
     ("sync-does-not-wait",
      "CUHEAP_REUSE=sync frees without waiting for the device",
      "reuse waits for the device (sync)", "src/pool.c",

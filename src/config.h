@@ -29,6 +29,12 @@ enum cuheap_backing {
                               mapped only under blocks in use (cuMemCreate/cuMemMap) */
 };
 
+enum cuheap_vmm_layout {
+    CUHEAP_VMM_TIGHT,   /* physical memory only under the bytes blocks use (default) */
+    CUHEAP_VMM_ALIGNED, /* in whole CUHEAP_VMM_CHUNK pieces at addresses aligned to their size:
+                           fewer driver calls, a few percent more memory */
+};
+
 enum cuheap_format {
     CUHEAP_FORMAT_JSONL,  /* JSON Lines, the cuheap trace format (default) */
     CUHEAP_FORMAT_CHROME, /* Chrome Trace Event JSON for Perfetto */
@@ -50,8 +56,9 @@ struct cuheap_config {
     enum cuheap_release release;
     enum cuheap_reuse reuse;
     enum cuheap_backing backing;
-    uint64_t vmm_chunk;           /* vmm: most bytes mapped as one piece (rounded to granules) */
-    uint64_t vmm_cushion;         /* vmm: idle bytes kept beyond the most blocks used at once */
+    uint64_t vmm_chunk;   /* vmm: most bytes mapped as one piece (rounded to granules) */
+    uint64_t vmm_cushion; /* vmm: idle bytes kept beyond the most blocks used at once */
+    enum cuheap_vmm_layout vmm_layout; /* vmm: where chunks start and end */
     uint64_t thread_cache;        /* per thread and pool: bytes of ready blocks held lock-free */
     unsigned fence_batch;         /* frees per fence epoch */
     uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */

@@ -265,7 +265,8 @@ struct fixture {
 };
 
 static struct fixture *current;
-static uint64_t fixture_thread_cache; /* CUHEAP_THREAD_CACHE of the next fixture */
+static uint64_t fixture_thread_cache;         /* CUHEAP_THREAD_CACHE of the next fixture */
+static enum cuheap_vmm_layout fixture_layout; /* CUHEAP_VMM_LAYOUT of the next fixture */
 
 static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
 {
@@ -303,6 +304,7 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
     f->cfg.vmm_chunk = 8 * MIB;
     /* off unless a test asks: the pool's own rules are tested without a cache in front */
     f->cfg.thread_cache = fixture_thread_cache;
+    f->cfg.vmm_layout = fixture_layout;
     f->dev.next_va = 1ull << 46;
     struct cuheap_backend be = {
         .ctx = &f->dev,
@@ -777,6 +779,88 @@ static void test_vmm_idle_chunk_moves(void **state)
     check_invariants(f);
     release(f, y, 0);
     teardown(f);
+}
+
+/* CUHEAP_VMM_LAYOUT=aligned: memory comes in whole 8 MiB pieces at 8 MiB-aligned addresses.
+ * A small block maps its piece, which the blocks placed beside it then share without a driver
+ * call; a block of a piece or more holds only the bytes it reaches into (a 20 MiB block holds
+ * 20 MiB, not 24: PyTorch's 20 MiB segments, stacked on the pool, must not cost more). */
+static void test_vmm_aligned_chunks_are_pieces(void **state)
+{
+    (void)state;
+    fixture_layout = CUHEAP_VMM_ALIGNED;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    fixture_layout = CUHEAP_VMM_TIGHT;
+    uint64_t small = alloc(f, 4096, 0);
+    assert_int_equal(f->dev.nr_creates, 1);
+    assert_int_equal(f->dev.used, 8 * MIB);
+    uint64_t two[3];
+    for (int i = 0; i < 3; i++) /* the rest of the piece: no driver call */
+        two[i] = alloc(f, 2 * MIB, 0);
+    assert_int_equal(f->dev.nr_creates, 1);
+    assert_int_equal(f->dev.nr_maps, 1);
+    uint64_t seg = alloc(f, 20 * MIB, 0);
+    assert_int_equal(f->dev.used, 28 * MIB);
+    assert_int_equal(f->dev.nr_creates, 4); /* 8 + 8 + 4 MiB */
+    check_invariants(f);
+    release(f, small, 0);
+    for (int i = 0; i < 3; i++)
+        release(f, two[i], 0);
+    release(f, seg, 0);
+    complete_fences(&f->dev);
+    /* an idle piece serves a block smaller than itself (under tight, the block would go where
+     * nothing is mapped and keep a large chunk whole): no driver call */
+    int calls = f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases;
+    uint64_t again = alloc(f, 2 * MIB, 0);
+    assert_int_equal(f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases,
+                     calls);
+    release(f, again, 0);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* Why the aligned layout makes fewer driver calls: its chunks are one size, so an idle one
+ * moves to wherever a block needs memory. Under tight, a 3 MiB block's chunk is 2 granules,
+ * which a 32 MiB block's 4-granule runs cannot use: at the budget it goes back to the driver
+ * and a new chunk is made (two more driver calls); under aligned its piece moves. */
+static void test_vmm_aligned_idle_piece_moves_anywhere(void **state)
+{
+    (void)state;
+    for (int layout = 0; layout < 2; layout++) {
+        fixture_layout = layout ? CUHEAP_VMM_ALIGNED : CUHEAP_VMM_TIGHT;
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+        fixture_layout = CUHEAP_VMM_TIGHT;
+        f->cfg.vmm_cushion = 0;
+        uint64_t big = alloc(f, 32 * MIB, 0); /* the high-water mark: 32 MiB */
+        release(f, big, 0);
+        complete_fences(&f->dev);
+        cuheap_pool_trim(&f->pool, false);
+        assert_int_equal(f->dev.used, 0);
+        uint64_t a = alloc(f, 3 * MIB, 0), b = alloc(f, 8 * MIB, 0);
+        release(f, a, 0);
+        complete_fences(&f->dev);
+        int calls = f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases;
+        uint64_t c = alloc(f, 32 * MIB, 0); /* not where a was: b sits beside it */
+        assert_true(c >= b + 8 * MIB || c + 32 * MIB <= a);
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        int made =
+            f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases - calls;
+        if (layout) {
+            assert_int_equal(st.nr_moves, 1); /* a's piece: one unmap, one map */
+            assert_int_equal(st.nr_releases, 0);
+            assert_int_equal(made, 2 + 3 * 2); /* and three new pieces: create, map */
+        } else {
+            assert_int_equal(st.nr_moves, 0);
+            assert_int_equal(st.nr_releases, 1); /* a's 2 granules could not serve a run of 4 */
+            assert_int_equal(made, 2 + 4 * 2);
+        }
+        assert_int_equal(f->dev.used, 40 * MIB); /* b and c, whatever the layout */
+        check_invariants(f);
+        release(f, b, 0);
+        release(f, c, 0);
+        teardown(f);
+    }
 }
 
 /* A granule under a block that waits for its fence never moves before the fence has passed:
@@ -1309,6 +1393,19 @@ WITH_THREAD_CACHE(test_vmm_random_with_invariants)
 WITH_THREAD_CACHE(test_threaded_storm)
 WITH_THREAD_CACHE(test_fence_wait_leaves_pool_unlocked)
 
+/* The vmm tests whose rules hold under either layout, again under CUHEAP_VMM_LAYOUT=aligned. */
+#define WITH_ALIGNED(name)                                                                         \
+    static void name##_aligned(void **state)                                                       \
+    {                                                                                              \
+        fixture_layout = CUHEAP_VMM_ALIGNED;                                                       \
+        name(state);                                                                               \
+        fixture_layout = CUHEAP_VMM_TIGHT;                                                         \
+    }
+WITH_ALIGNED(test_vmm_random_with_invariants)
+WITH_ALIGNED(test_vmm_random_with_invariants_thread_cache)
+WITH_ALIGNED(test_vmm_pending_granules_stay)
+WITH_ALIGNED(test_vmm_out_of_memory_and_limit)
+
 /* A block freed into a thread's cache is not handed out again, by that thread or another,
  * before a fence recorded after its free has passed. */
 static void test_thread_cache_keeps_fence(void **state)
@@ -1729,6 +1826,12 @@ int main(void)
         cmocka_unit_test(test_double_free_and_ranges_thread_cache),
         cmocka_unit_test(test_random_with_invariants_thread_cache),
         cmocka_unit_test(test_vmm_random_with_invariants_thread_cache),
+        cmocka_unit_test(test_vmm_aligned_chunks_are_pieces),
+        cmocka_unit_test(test_vmm_aligned_idle_piece_moves_anywhere),
+        cmocka_unit_test(test_vmm_random_with_invariants_aligned),
+        cmocka_unit_test(test_vmm_random_with_invariants_thread_cache_aligned),
+        cmocka_unit_test(test_vmm_pending_granules_stay_aligned),
+        cmocka_unit_test(test_vmm_out_of_memory_and_limit_aligned),
         cmocka_unit_test(test_threaded_storm_thread_cache),
         cmocka_unit_test(test_fence_wait_leaves_pool_unlocked_thread_cache),
         cmocka_unit_test(test_thread_cache_keeps_fence),
