@@ -3,7 +3,7 @@
 # interleaved rounds, to tell a change's cost from the host's noise. Runs on the GPU machine.
 #   bench/compare-gpt.sh OUT "label=path/libcuheap.so[,VAR=value...] ..." [extra-env...]
 # (a build may come with settings of its own: "small=gpu-bundle/libcuheap.so,CUHEAP_VMM_CUSHION=2M")
-# Each round runs PyTorch's caching allocator alone, then every build with caching off,
+# Each round runs PyTorch's caching allocator alone and every build with caching off,
 # recording off and on (native + Python stacks, the defaults; FULL=0 leaves recording out;
 # MODES picks from "norecord events full", events being recording without stacks).
 # ROUNDS (default 3) and STEPS (default 30) size the run. Lines go to OUT/compare.log:
@@ -30,21 +30,32 @@ run() { # round label env...
 MODES=${MODES:-norecord full}
 [ "${FULL:-1}" = 0 ] && MODES=norecord
 EXTRA=("$@")
+# One round is every job once; each round starts one job later than the one before, so that no
+# configuration always runs first (after the host has been idle) or last.
+jobs=(caching)
+for mode in $MODES; do
+    for lib in $LIBS; do
+        jobs+=("$mode $lib")
+    done
+done
 for ((r = 0; r < ROUNDS; r++)); do
-    run "$r" caching "${EXTRA[@]}"
-    for mode in $MODES; do
-        for lib in $LIBS; do
-            case $mode in
-            norecord) set -- CUHEAP_RECORD=0 CUHEAP_SUMMARY=1 ;;
-            events) set -- CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 CUHEAP_SUMMARY=0 ;;
-            *) set -- CUHEAP_SUMMARY=0 ;;
-            esac
-            spec=${lib#*=}
-            IFS=, read -r -a settings <<<"${spec#*,}"
-            [ "$spec" = "${spec#*,}" ] && settings=()
-            run "$r" "${lib%%=*}-$mode" "${EXTRA[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-                LD_PRELOAD="${spec%%,*}" "$@" "${settings[@]}"
-        done
+    for ((k = 0; k < ${#jobs[@]}; k++)); do
+        job=${jobs[(k + r) % ${#jobs[@]}]}
+        if [ "$job" = caching ]; then
+            run "$r" caching "${EXTRA[@]}"
+            continue
+        fi
+        mode=${job%% *} lib=${job#* }
+        case $mode in
+        norecord) set -- CUHEAP_RECORD=0 CUHEAP_SUMMARY=1 ;;
+        events) set -- CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 CUHEAP_SUMMARY=0 ;;
+        *) set -- CUHEAP_SUMMARY=0 ;;
+        esac
+        spec=${lib#*=}
+        IFS=, read -r -a settings <<<"${spec#*,}"
+        [ "$spec" = "${spec#*,}" ] && settings=()
+        run "$r" "${lib%%=*}-$mode" "${EXTRA[@]}" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+            LD_PRELOAD="${spec%%,*}" "$@" "${settings[@]}"
     done
 done
 rm -rf "$T"
