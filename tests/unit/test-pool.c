@@ -265,8 +265,10 @@ struct fixture {
 };
 
 static struct fixture *current;
-static uint64_t fixture_thread_cache;         /* CUHEAP_THREAD_CACHE of the next fixture */
-static enum cuheap_vmm_layout fixture_layout; /* CUHEAP_VMM_LAYOUT of the next fixture */
+static uint64_t fixture_thread_cache; /* CUHEAP_THREAD_CACHE of the next fixture */
+/* CUHEAP_VMM_LAYOUT of the next fixture: tight unless a test asks (the vmm tests count driver
+ * calls of its rules; WITH_ALIGNED runs the ones that hold under both again, aligned) */
+static enum cuheap_vmm_layout fixture_layout = CUHEAP_VMM_TIGHT;
 
 static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
 {
