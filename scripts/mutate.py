@@ -125,14 +125,27 @@ MUTATIONS = [
      "vmm, CUHEAP_VMM_LAYOUT=aligned: a block of a piece or more maps its last piece whole, "
      "past its bytes (a 20 MiB block holds 24 MiB)",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "            piece_end > last)\n            piece_end = last;",
-     "            piece_end > last && false)\n            piece_end = last;"),
+     "        if ((owns || only_needed) && piece_end > last)",
+     "        if (((owns && false) || only_needed) && piece_end > last)"),
     ("aligned-idle-piece-avoided",
      "vmm, CUHEAP_VMM_LAYOUT=aligned: placement avoids idle pieces larger than the block, as "
      "under tight, so small blocks go where nothing is mapped and pieces move for them",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
      "        else if (aligned)\n            idle += end - g + 1;",
      "        else if (aligned)\n            bad += end - g + 1;"),
+    ("aligned-whole-piece-near-limit",
+     "vmm, CUHEAP_VMM_LAYOUT=aligned: a small block near the limit or on a full device asks "
+     "for a whole piece only, and fails where the granules it needs would fit",
+     "out of memory only when the driver alone would say so", "src/pool.c",
+     "            if ((r == CUHEAP_BE_OOM || r == -EDQUOT) && !acq->only_needed &&",
+     "            if ((r == CUHEAP_BE_OOM || r == -EDQUOT) && !acq->only_needed && false &&"),
+    ("aligned-reserve-over-mapped",
+     "vmm, CUHEAP_VMM_LAYOUT=aligned: CUHEAP_POOL_INIT's reserve maps whole pieces, over "
+     "granules of a piece mapped in part, and more than asked for",
+     "memory held stays close to what is used (pool v2)", "src/pool.c",
+     "        while (end < piece_end && end + 1 < a->nr_granules && !a->granules[end + 1].chunk &&\n"
+     "               end + 1 - g < want)",
+     "        (void)want;\n        while (end < piece_end && end + 1 < a->nr_granules)"),
     ("sync-does-not-wait",
      "CUHEAP_REUSE=sync frees without waiting for the device",
      "reuse waits for the device (sync)", "src/pool.c",

@@ -254,6 +254,10 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->granule_shift = p->vmm ? 63u - (unsigned)__builtin_clzll(be->granule) : 0;
     p->chunk_max =
         p->vmm && cfg->vmm_chunk > be->granule ? (uint32_t)(cfg->vmm_chunk >> p->granule_shift) : 1;
+    /* aligned pieces line up with buddy blocks only when they are a power of two of granules:
+     * a 6 MiB piece would reach into a neighbour block's address space */
+    if (cfg->vmm_layout == CUHEAP_VMM_ALIGNED)
+        p->chunk_max = 1u << (31 - __builtin_clz(p->chunk_max));
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     /* under CUHEAP_RELEASE=empty a block goes back as soon as it can: none are kept aside */
     p->tc_bytes = cfg->release == CUHEAP_RELEASE_EMPTY ? 0 : cfg->thread_cache;
@@ -1045,7 +1049,9 @@ static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, ui
 /* ---- physical memory: where a block gets it (vmm) ---- */
 
 struct acquire {
-    bool fenced; /* the open epoch was closed for this allocation already */
+    bool fenced;      /* the open epoch was closed for this allocation already */
+    bool only_needed; /* aligned layout: a whole piece did not fit under the limit or on the
+                         device, so map only the granules the block needs */
 };
 
 static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool freed_only);
@@ -1197,7 +1203,8 @@ static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq
  * so its last chunk ends where the block's bytes do (a 20 MiB block holds 20 MiB, as PyTorch's
  * segments need); a smaller one maps the piece its neighbours will share. */
 static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena *a, uint64_t ptr,
-                         uint32_t g, uint32_t last, uint32_t *ret_start, uint32_t *ret_end)
+                         uint32_t g, uint32_t last, bool only_needed, uint32_t *ret_start,
+                         uint32_t *ret_end)
 {
     uint32_t start = g, end = g;
     if (p->cfg->vmm_layout == CUHEAP_VMM_TIGHT) {
@@ -1208,10 +1215,12 @@ static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena 
         if (piece_end >= a->nr_granules)
             piece_end = a->nr_granules - 1;
         int order = cuheap_buddy_order_at(&a->buddy, ptr);
-        if (order >= 0 && (1ull << order) >= ((uint64_t)p->chunk_max << p->granule_shift) &&
-            piece_end > last)
+        bool owns = order >= 0 && (1ull << order) >= ((uint64_t)p->chunk_max << p->granule_shift);
+        /* near the limit or a full device, the granules the block needs, still inside the
+         * piece: a whole piece must not turn the last few MiB into out-of-memory */
+        if ((owns || only_needed) && piece_end > last)
             piece_end = last;
-        while (start > piece && !a->granules[start - 1].chunk)
+        while (start > piece && !only_needed && !a->granules[start - 1].chunk)
             start--;
         while (end < piece_end && !a->granules[end + 1].chunk)
             end++;
@@ -1247,7 +1256,7 @@ again:
             continue;
         }
         uint32_t start, end;
-        chunk_bounds(p, a, ptr, g, last, &start, &end);
+        chunk_bounds(p, a, ptr, g, last, acq->only_needed, &start, &end);
         int r = map_run_locked(p, a, start, end - start + 1, acq);
         if (r) {
             for (uint32_t h = first; h <= last; h++)
@@ -1256,6 +1265,11 @@ again:
             if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT || r == MAP_DEVICE_SYNC) {
                 /* nothing held while p->lock is dropped; then the range is looked at anew */
                 map_wait_locked(p, r, acq);
+                goto again;
+            }
+            if ((r == CUHEAP_BE_OOM || r == -EDQUOT) && !acq->only_needed &&
+                p->cfg->vmm_layout == CUHEAP_VMM_ALIGNED) {
+                acq->only_needed = true; /* a whole piece did not fit: what the block needs */
                 goto again;
             }
             return r;
@@ -1832,7 +1846,7 @@ static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, un
             merge_block_locked(p, a, ptr);
             break;
         }
-        struct acquire acq = {true}; /* mapped: no fence, no driver call */
+        struct acquire acq = {.fenced = true}; /* mapped: no fence, no driver call */
         if (p->vmm && use_granules_locked(p, a, ptr, size, &acq)) {
             merge_block_locked(p, a, ptr);
             break;
@@ -2162,7 +2176,7 @@ again:;
         prefer_mapped_locked(p, size, &ptr, &block, &arena);
     if (p->vmm) {
         uint64_t before = p->st.nr_creates + p->st.nr_moves;
-        struct acquire acq = {false};
+        struct acquire acq = {.fenced = false};
         g = use_granules_locked(p, arena, ptr, size, &acq);
         if (g) {
             if (from_cache)
@@ -2381,16 +2395,28 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
 
 /* CUHEAP_POOL_INIT under vmm: idle granules mapped at the start of the first arena, each its
  * own chunk so that blocks of any size can use them (one driver call each, once); under the
- * aligned layout, whole pieces, the one size its chunks come in. */
+ * aligned layout, the unmapped granules of each piece as one chunk (the size chunks come in;
+ * a piece may be mapped in part already), no more than asked for. */
 static int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
 {
     if (!p->nr_arenas && grow_va_locked(p, bytes))
         return -ENOMEM;
     struct cuheap_arena *a = p->arenas[0];
-    uint32_t nr = p->cfg->vmm_layout == CUHEAP_VMM_ALIGNED ? p->chunk_max : 1;
-    for (uint32_t g = 0; g + nr <= a->nr_granules && p->st.reserved < bytes; g += nr)
-        if (!a->granules[g].chunk && new_chunk_locked(p, a, g, nr))
+    uint32_t piece = p->cfg->vmm_layout == CUHEAP_VMM_ALIGNED ? p->chunk_max : 1;
+    for (uint32_t g = 0; g < a->nr_granules && p->st.reserved < bytes;) {
+        if (a->granules[g].chunk) {
+            g++;
+            continue;
+        }
+        uint64_t want = (bytes - p->st.reserved + granule_bytes(p) - 1) >> p->granule_shift;
+        uint32_t end = g, piece_end = g - g % piece + piece - 1;
+        while (end < piece_end && end + 1 < a->nr_granules && !a->granules[end + 1].chunk &&
+               end + 1 - g < want)
+            end++;
+        if (new_chunk_locked(p, a, g, end - g + 1))
             return -ENOMEM;
+        g = end + 1;
+    }
     if (p->st.reserved > p->peak_busy)
         p->peak_busy = p->st.reserved; /* asked for: not to be given back to make room */
     return p->st.reserved >= bytes ? 0 : -ENOMEM;

@@ -269,6 +269,7 @@ static uint64_t fixture_thread_cache; /* CUHEAP_THREAD_CACHE of the next fixture
 /* CUHEAP_VMM_LAYOUT of the next fixture: tight unless a test asks (the vmm tests count driver
  * calls of its rules; WITH_ALIGNED runs the ones that hold under both again, aligned) */
 static enum cuheap_vmm_layout fixture_layout = CUHEAP_VMM_TIGHT;
+static uint64_t fixture_vmm_chunk = 8 * MIB; /* CUHEAP_VMM_CHUNK of the next fixture */
 
 static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
 {
@@ -303,7 +304,7 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
     f->cfg.pool_max = arena / 2;
     f->cfg.fence_batch = 4;
     f->cfg.backing = backing;
-    f->cfg.vmm_chunk = 8 * MIB;
+    f->cfg.vmm_chunk = fixture_vmm_chunk;
     /* off unless a test asks: the pool's own rules are tested without a cache in front */
     f->cfg.thread_cache = fixture_thread_cache;
     f->cfg.vmm_layout = fixture_layout;
@@ -865,6 +866,88 @@ static void test_vmm_aligned_idle_piece_moves_anywhere(void **state)
     }
 }
 
+/* Near the limit or a full device, a block smaller than a piece maps only the granules it
+ * needs: a whole piece must not turn the last few MiB into out-of-memory (under a 4 MiB limit
+ * no 8 MiB piece fits at all). Found by review; both failed before. */
+static void test_vmm_aligned_small_block_near_the_limit(void **state)
+{
+    (void)state;
+    fixture_layout = CUHEAP_VMM_ALIGNED;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 4 * MIB);
+    uint64_t q, block, seq;
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &q, &block, &seq), 0);
+    assert_int_equal(atomic_load(&f->reserved), 2 * MIB);
+    check_invariants(f);
+    release(f, q, 0);
+    teardown(f);
+
+    f = setup_vmm(CUHEAP_REUSE_FENCE, 64 * MIB, 0);
+    fixture_layout = CUHEAP_VMM_TIGHT;
+    uint64_t p[16];
+    int n = 0;
+    while (n < 16 && cuheap_pool_alloc(&f->pool, 6 * MIB, 0, &p[n], &block, &seq) == 0)
+        n++;
+    assert_true(n >= 9); /* 10 x 6 MiB on a 64 MiB device: 4 MiB left */
+    assert_true(f->dev.used + 8 * MIB > f->dev.capacity); /* no room for a whole piece */
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &q, &block, &seq), 0);
+    check_invariants(f);
+    release(f, q, 0);
+    for (int i = 0; i < n; i++)
+        release(f, p[i], 0);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* CUHEAP_POOL_INIT's reserve maps the unmapped granules of each piece, also of one mapped in
+ * part (here the piece a 20 MiB block's cut tail, then a 4 MiB block, left half mapped), and
+ * no more than asked for. Found by review: it mapped whole pieces over mapped granules. */
+static void test_vmm_aligned_reserve_fills_pieces(void **state)
+{
+    (void)state;
+    fixture_layout = CUHEAP_VMM_ALIGNED;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    fixture_layout = CUHEAP_VMM_TIGHT;
+    uint64_t a = alloc(f, 20 * MIB, 0); /* pieces 0-3, 4-7 and the tail 8-9 */
+    release(f, a, 0);
+    complete_fences(&f->dev);
+    uint64_t x = alloc(f, 16 * MIB, 0), y = alloc(f, 4 * MIB, 0), z = alloc(f, 4 * MIB, 0);
+    release(f, y, 0);
+    complete_fences(&f->dev);
+    cuheap_pool_trim(&f->pool, false);
+    check_invariants(f);
+    uint64_t before = atomic_load(&f->reserved);
+    assert_int_equal(cuheap_pool_reserve(&f->pool, before + 10 * MIB), 0);
+    check_invariants(f);
+    assert_int_equal(atomic_load(&f->reserved), before + 10 * MIB);
+    assert_int_equal(f->dev.used, before + 10 * MIB);
+    release(f, x, 0);
+    release(f, z, 0);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* A piece is a power of two of granules, so that pieces line up with buddy blocks:
+ * CUHEAP_VMM_CHUNK=6M makes 4 MiB pieces (a 6 MiB piece would reach into the address space
+ * of the block beside a 4 MiB one). */
+static void test_vmm_aligned_piece_is_a_power_of_two(void **state)
+{
+    (void)state;
+    fixture_layout = CUHEAP_VMM_ALIGNED;
+    fixture_vmm_chunk = 6 * MIB;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    fixture_layout = CUHEAP_VMM_TIGHT;
+    fixture_vmm_chunk = 8 * MIB;
+    uint64_t small = alloc(f, 4096, 0);
+    assert_int_equal(f->dev.used, 4 * MIB);
+    uint64_t big = alloc(f, 16 * MIB, 0);
+    assert_int_equal(f->dev.used, 20 * MIB);
+    assert_int_equal(f->dev.nr_creates, 1 + 4);
+    check_invariants(f);
+    release(f, small, 0);
+    release(f, big, 0);
+    teardown(f);
+}
+
 /* A granule under a block that waits for its fence never moves before the fence has passed:
  * work queued before the free may still use it. */
 static void test_vmm_pending_granules_stay(void **state)
@@ -1407,6 +1490,7 @@ WITH_ALIGNED(test_vmm_random_with_invariants)
 WITH_ALIGNED(test_vmm_random_with_invariants_thread_cache)
 WITH_ALIGNED(test_vmm_pending_granules_stay)
 WITH_ALIGNED(test_vmm_out_of_memory_and_limit)
+WITH_ALIGNED(test_vmm_trim_and_reserve)
 
 /* A block freed into a thread's cache is not handed out again, by that thread or another,
  * before a fence recorded after its free has passed. */
@@ -1834,6 +1918,10 @@ int main(void)
         cmocka_unit_test(test_vmm_random_with_invariants_thread_cache_aligned),
         cmocka_unit_test(test_vmm_pending_granules_stay_aligned),
         cmocka_unit_test(test_vmm_out_of_memory_and_limit_aligned),
+        cmocka_unit_test(test_vmm_trim_and_reserve_aligned),
+        cmocka_unit_test(test_vmm_aligned_small_block_near_the_limit),
+        cmocka_unit_test(test_vmm_aligned_reserve_fills_pieces),
+        cmocka_unit_test(test_vmm_aligned_piece_is_a_power_of_two),
         cmocka_unit_test(test_threaded_storm_thread_cache),
         cmocka_unit_test(test_fence_wait_leaves_pool_unlocked_thread_cache),
         cmocka_unit_test(test_thread_cache_keeps_fence),
