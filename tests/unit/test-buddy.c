@@ -275,7 +275,7 @@ static void test_scored_alloc_skips_what_scores_nothing(void **state)
     for (int i = 0; i < 64; i++)
         assert_int_equal(got[1][i], got[0][i]);
     assert_int_equal(got[0][0], liked_lo); /* the liked place first, as before */
-    print_message("score calls: %d answering nothing, %d answering 0\n", calls[1], calls[0]);
+    print_message("# score calls: %d answering nothing, %d answering 0\n", calls[1], calls[0]);
     if (calls[1] * 2 > calls[0])
         fail_msg("%d score calls with NOTHING against %d without", calls[1], calls[0]);
 }
