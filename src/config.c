@@ -243,10 +243,10 @@ static const struct option options[] = {
      "vmm: idle memory kept mapped beyond the most the job's blocks have used at once (less "
      "memory held, more driver calls)",
      parse_bytes, FIELD(vmm_cushion), 0, 64 * GIB, NULL},
-    {"CUHEAP_VMM_LAYOUT", "aligned",
-     "vmm: aligned (whole CUHEAP_VMM_CHUNK pieces at aligned addresses, shared by smaller "
-     "blocks: about half the driver calls of tight) or tight (memory only under the bytes "
-     "blocks use: a few percent less memory)",
+    {"CUHEAP_VMM_LAYOUT", "tight",
+     "vmm: tight (memory only under the bytes blocks use) or aligned (whole CUHEAP_VMM_CHUNK "
+     "pieces at aligned addresses, shared by smaller blocks: about half the driver calls, a few "
+     "percent more memory)",
      parse_enum, FIELD(vmm_layout), 0, 0, vmm_layout_names},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "

@@ -30,9 +30,9 @@ enum cuheap_backing {
 };
 
 enum cuheap_vmm_layout {
-    CUHEAP_VMM_TIGHT,   /* physical memory only under the bytes blocks use */
+    CUHEAP_VMM_TIGHT,   /* physical memory only under the bytes blocks use (default) */
     CUHEAP_VMM_ALIGNED, /* in whole CUHEAP_VMM_CHUNK pieces at addresses aligned to their size:
-                           fewer driver calls, a few percent more memory (default) */
+                           fewer driver calls, a few percent more memory */
 };
 
 enum cuheap_format {

@@ -1195,11 +1195,12 @@ static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq
  * holds only what it uses; but the chunks made are of every size, and an idle one is moved
  * only to a place of its size, so the rest go back to the driver and new ones are made (the
  * GPT loop: about 13 of each a step, beside 14 moves).
- * aligned (the default): the unmapped granules of the CUHEAP_VMM_CHUNK-aligned piece around
+ * aligned: the unmapped granules of the CUHEAP_VMM_CHUNK-aligned piece around
  * g, so that chunks are one size and any idle one can move anywhere. The GPT loop on an H200:
  * half the time in mapping calls and a step 1.23x the caching allocator's against 1.39x, for
  * 1.06 held/live against 1.03 (measured, a mapping call costs the step two to four times
- * the call's own time). A block of a piece or more owns its pieces' address space,
+ * the call's own time; but in 2 of 15 long replays its memory rose to 1.10-1.12, so tight stays
+ * the default). A block of a piece or more owns its pieces' address space,
  * so its last chunk ends where the block's bytes do (a 20 MiB block holds 20 MiB, as PyTorch's
  * segments need); a smaller one maps the piece its neighbours will share. */
 static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena *a, uint64_t ptr,
