@@ -146,6 +146,12 @@ MUTATIONS = [
      "        while (end < piece_end && end + 1 < a->nr_granules && !a->granules[end + 1].chunk &&\n"
      "               end + 1 - g < want)",
      "        (void)want;\n        while (end < piece_end && end + 1 < a->nr_granules)"),
+    ("idle-fit-ignored",
+     "vmm, tight: CUHEAP_VMM_IDLE_FIT is read but placement keeps the fixed 125 percent, so a "
+     "block never goes into an idle chunk twice its size and maps memory of its own",
+     "every setting does what the README says", "src/pool.c",
+     "* a->pool->cfg->vmm_idle_fit / 100;",
+     "* 125 / 100;"),
     ("sync-does-not-wait",
      "CUHEAP_REUSE=sync frees without waiting for the device",
      "reuse waits for the device (sync)", "src/pool.c",

@@ -248,6 +248,11 @@ static const struct option options[] = {
      "pieces at aligned addresses, shared by smaller blocks: about half the driver calls, a few "
      "percent more memory)",
      parse_enum, FIELD(vmm_layout), 0, 0, vmm_layout_names},
+    {"CUHEAP_VMM_IDLE_FIT", "125",
+     "vmm, tight layout: a block goes into an idle chunk of up to this percentage of the "
+     "granules it needs rather than have memory mapped for it (higher: fewer driver calls, more "
+     "memory held)",
+     parse_uint, FIELD(vmm_idle_fit), 100, 10000, NULL},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "
      "lock (0: every allocation takes the pool's lock)",
@@ -357,6 +362,7 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_VMM_CHUNK=%" PRIu64, cfg->vmm_chunk);
     EMIT("CUHEAP_VMM_CUSHION=%" PRIu64, cfg->vmm_cushion);
     EMIT("CUHEAP_VMM_LAYOUT=%s", vmm_layout_names[cfg->vmm_layout]);
+    EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
     EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);
     EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
     if (cfg->limit_permille)

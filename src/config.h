@@ -59,6 +59,8 @@ struct cuheap_config {
     uint64_t vmm_chunk;   /* vmm: most bytes mapped as one piece (rounded to granules) */
     uint64_t vmm_cushion; /* vmm: idle bytes kept beyond the most blocks used at once */
     enum cuheap_vmm_layout vmm_layout; /* vmm: where chunks start and end */
+    unsigned vmm_idle_fit;        /* vmm, tight: largest idle chunk a block goes into, in percent of
+                                     the granules it needs */
     uint64_t thread_cache;        /* per thread and pool: bytes of ready blocks held lock-free */
     unsigned fence_batch;         /* frees per fence epoch */
     uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */

@@ -708,15 +708,18 @@ static unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
  * memory mapped the block should use (len when all of it has), less those of idle chunks it
  * should not. A place where memory is mapped needs no driver call; but a chunk is mapped and
  * released whole, so a block put into an idle chunk much larger than itself keeps all of it
- * busy: a 4 KiB block in a 64 MiB chunk holds 64 MiB. Busy chunks, and idle ones up to a
- * quarter larger than the block's granules, are good; larger idle ones are avoided, kept
- * whole for a block of their size. */
+ * busy: a 4 KiB block in a 64 MiB chunk holds 64 MiB. Busy chunks, and idle ones up to
+ * CUHEAP_VMM_IDLE_FIT percent of the block's granules, are good; larger idle ones are
+ * avoided, kept whole for a block of their size. (At 125, the GPT loop's 2 and 4 MiB blocks
+ * mapped chunks of their own next to idle ones twice their size, about 15 a step, and at the
+ * budget idle ones went back to make room for them: twice the driver calls of 200.) */
 static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t size)
 {
     const struct cuheap_arena *a = arg;
     unsigned shift = a->pool->granule_shift;
     uint64_t off = addr - a->buddy.base, first = off >> shift, last = (off + len - 1) >> shift;
-    uint64_t fits = ((size + (1ull << shift) - 1) >> shift) * 5 / 4, good = 0, bad = 0, idle = 0;
+    uint64_t fits = ((size + (1ull << shift) - 1) >> shift) * a->pool->cfg->vmm_idle_fit / 100;
+    uint64_t good = 0, bad = 0, idle = 0;
     /* CUHEAP_VMM_LAYOUT=aligned: chunks are one size, so an idle one serves any block; but the
      * free granules of a busy chunk cost nothing more, so they come first */
     bool aligned = a->pool->cfg->vmm_layout == CUHEAP_VMM_ALIGNED;
@@ -932,10 +935,12 @@ static void wait_oldest_locked(struct cuheap_pool *p)
     if (!fence)
         return;
     p->st.nr_waits++;
+    uint64_t t0 = mono_ns();
     pthread_mutex_unlock(&p->lock);
     if (p->be.fence_wait(p->be.ctx, fence) != 0)
         p->be.device_sync(p->be.ctx);
     pthread_mutex_lock(&p->lock);
+    p->st.fence_ns += mono_ns() - t0;
     unpin_fence_locked(p, fence);
     reclaim_locked(p);
 }
@@ -951,12 +956,13 @@ static bool poll_oldest_locked(struct cuheap_pool *p)
     void *fence = pin_oldest_locked(p);
     if (!fence)
         return false;
-    uint64_t deadline = mono_ns() + CUHEAP_FENCE_POLL_NS;
+    uint64_t t0 = mono_ns(), deadline = t0 + CUHEAP_FENCE_POLL_NS;
     pthread_mutex_unlock(&p->lock);
     bool done;
     while (!(done = p->be.fence_query(p->be.ctx, fence)) && mono_ns() < deadline)
         sched_yield();
     pthread_mutex_lock(&p->lock);
+    p->st.fence_ns += mono_ns() - t0;
     unpin_fence_locked(p, fence);
     return done && reclaim_locked(p);
 }
@@ -1004,8 +1010,10 @@ static void close_epoch_locked(struct cuheap_pool *p)
 static void wait_syncing_locked(struct cuheap_pool *p)
 {
     p->st.nr_waits++;
+    uint64_t t0 = mono_ns();
     for (uint64_t n = p->nr_synced; p->syncing && p->nr_synced == n;)
         pthread_cond_wait(&p->synced, &p->lock);
+    p->st.fence_ns += mono_ns() - t0;
 }
 
 /* Move every stream-cached block onto the open epoch. */

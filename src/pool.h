@@ -143,6 +143,8 @@ struct cuheap_pool_stats {
     uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one */
     uint64_t map_ns;      /* vmm: time in the driver's create, map (with access), unmap and
                              release calls */
+    uint64_t fence_ns;    /* time allocations spent polling and waiting for fences (and for
+                             another thread's device sync), the lock dropped */
     uint64_t lost; /* bytes the driver would not take back and the pool could not keep track of
                       (counted in reserved for good) */
 };

@@ -54,6 +54,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.vmm_chunk, 8ull << 20);
     assert_int_equal(c.vmm_cushion, 2ull << 20);
     assert_int_equal(c.vmm_layout, CUHEAP_VMM_TIGHT);
+    assert_int_equal(c.vmm_idle_fit, 125);
     assert_int_equal(c.reuse, CUHEAP_REUSE_FENCE);
     assert_int_equal(c.release, CUHEAP_RELEASE_OOM);
     assert_int_equal(c.limit_bytes, 0);
@@ -73,6 +74,7 @@ static void test_values(void **state)
                                   {"CUHEAP_VMM_CHUNK", "64M"},
                                   {"CUHEAP_VMM_CUSHION", "0"},
                                   {"CUHEAP_VMM_LAYOUT", "aligned"},
+                                  {"CUHEAP_VMM_IDLE_FIT", "300"},
                                   {"CUHEAP_REUSE", "immediate"},
                                   {"CUHEAP_RELEASE", "empty"},
                                   {"CUHEAP_LIMIT", "1.5G"},
@@ -89,6 +91,7 @@ static void test_values(void **state)
     assert_int_equal(c.vmm_chunk, 64ull << 20);
     assert_int_equal(c.vmm_cushion, 0);
     assert_int_equal(c.vmm_layout, CUHEAP_VMM_ALIGNED);
+    assert_int_equal(c.vmm_idle_fit, 300);
     assert_int_equal(c.reuse, CUHEAP_REUSE_IMMEDIATE);
     assert_int_equal(c.release, CUHEAP_RELEASE_EMPTY);
     assert_int_equal(c.limit_bytes, (uint64_t)(1.5 * (1ull << 30)));

@@ -866,6 +866,39 @@ static void test_vmm_aligned_idle_piece_moves_anywhere(void **state)
     }
 }
 
+/* CUHEAP_VMM_IDLE_FIT (tight): a 2 MiB block goes into an idle 4 MiB chunk at 200 percent,
+ * with no driver call; at 125 the chunk is kept whole for a block of its size, so the pool
+ * maps a granule of the block's own (and, at its budget, gives the idle chunk back first). */
+static void test_vmm_idle_fit(void **state)
+{
+    (void)state;
+    for (int fit = 0; fit < 2; fit++) {
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+        f->cfg.vmm_cushion = 0;
+        f->cfg.vmm_idle_fit = fit ? 200 : 125;
+        uint64_t a = alloc(f, 4 * MIB, 0); /* one chunk of two granules */
+        release(f, a, 0);
+        complete_fences(&f->dev);
+        assert_int_equal(f->dev.used, 4 * MIB);
+        int calls = f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases;
+        uint64_t b = alloc(f, 2 * MIB, 0);
+        int made =
+            f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases - calls;
+        if (fit) {
+            assert_int_equal(b, a);
+            assert_int_equal(made, 0);
+            assert_int_equal(f->dev.used, 4 * MIB);
+        } else {
+            assert_true(b != a);
+            assert_int_equal(made, 4); /* the idle chunk unmapped and released, one created */
+            assert_int_equal(f->dev.used, 2 * MIB);
+        }
+        check_invariants(f);
+        release(f, b, 0);
+        teardown(f);
+    }
+}
+
 /* Near the limit or a full device, a block smaller than a piece maps only the granules it
  * needs: a whole piece must not turn the last few MiB into out-of-memory (under a 4 MiB limit
  * no 8 MiB piece fits at all). Found by review; both failed before. */
@@ -1919,6 +1952,7 @@ int main(void)
         cmocka_unit_test(test_vmm_pending_granules_stay_aligned),
         cmocka_unit_test(test_vmm_out_of_memory_and_limit_aligned),
         cmocka_unit_test(test_vmm_trim_and_reserve_aligned),
+        cmocka_unit_test(test_vmm_idle_fit),
         cmocka_unit_test(test_vmm_aligned_small_block_near_the_limit),
         cmocka_unit_test(test_vmm_aligned_reserve_fills_pieces),
         cmocka_unit_test(test_vmm_aligned_piece_is_a_power_of_two),
