@@ -51,7 +51,19 @@ static const char spin_ptx[] = ".version 7.0\n.target sm_70\n.address_size 64\n"
                                ".reg .u64 %rd<5>;\n.reg .pred %p;\n"
                                "ld.param.u64 %rd1, [ns];\nmov.u64 %rd2, %globaltimer;\n"
                                "add.u64 %rd3, %rd2, %rd1;\nLOOP:\nmov.u64 %rd4, %globaltimer;\n"
-                               "setp.lt.u64 %p, %rd4, %rd3;\n@%p bra LOOP;\nret;\n}\n";
+                               "setp.lt.u64 %p, %rd4, %rd3;\n@%p bra LOOP;\nret;\n}\n"
+                               /* and one that writes n words of buf, every thread a stride */
+                               ".visible .entry touch(.param .u64 buf, .param .u64 n)\n{\n"
+                               ".reg .u64 %rd<8>;\n.reg .u32 %r<5>;\n.reg .pred %p;\n"
+                               "ld.param.u64 %rd1, [buf];\nld.param.u64 %rd2, [n];\n"
+                               "mov.u32 %r1, %ctaid.x;\nmov.u32 %r2, %ntid.x;\n"
+                               "mov.u32 %r3, %tid.x;\nmov.u32 %r4, %nctaid.x;\n"
+                               "mul.wide.u32 %rd3, %r1, %r2;\ncvt.u64.u32 %rd4, %r3;\n"
+                               "add.u64 %rd3, %rd3, %rd4;\nmul.wide.u32 %rd5, %r4, %r2;\n"
+                               "TLOOP:\nsetp.ge.u64 %p, %rd3, %rd2;\n@%p bra TDONE;\n"
+                               "shl.b64 %rd6, %rd3, 2;\nadd.u64 %rd7, %rd1, %rd6;\n"
+                               "st.global.u32 [%rd7], %r3;\nadd.u64 %rd3, %rd3, %rd5;\n"
+                               "bra TLOOP;\nTDONE:\nret;\n}\n";
 
 static void spin(CUfunction f, CUstream s, uint64_t ns)
 {
@@ -66,8 +78,8 @@ static const char *const op_names[NR_OPS] = {"cuMemCreate", "cuMemMap",         
 
 /* Which calls wait for a kernel running on another (non-blocking) stream: each is timed right
  * after a 20 ms kernel starts; a call that waits takes about the kernel's remaining time. */
-static void probe_busy(CUfunction f, CUdeviceptr va, const CUmemAllocationProp *prop,
-                       const CUmemAccessDesc *acc)
+static void probe_busy(CUfunction f, CUfunction touch, CUdeviceptr va,
+                       const CUmemAllocationProp *prop, const CUmemAccessDesc *acc)
 {
     enum { BUSY_ROUNDS = 5 };
     CUstream s, other;
@@ -95,11 +107,12 @@ static void probe_busy(CUfunction f, CUdeviceptr va, const CUmemAllocationProp *
                 if (op == OP_FREE)
                     CHECK(cuMemAlloc(&d, 2 * MiB));
                 CHECK(cuCtxSynchronize());
-                if (busy) {
+                if (busy)
                     spin(f, s, 20000000);
-                    struct timespec ms = {0, 1000000};
-                    nanosleep(&ms, NULL); /* the kernel has started */
-                }
+                /* 1 ms for the kernel to start, spent the same way in both columns: a sleep
+                 * here made the busy column time a CPU waking up (even cuMemMap 1 -> 14 us) */
+                for (double w = now_us(); now_us() - w < 1000;)
+                    ;
                 double t0 = now_us();
                 switch (op) {
                 case OP_CREATE:
@@ -151,31 +164,47 @@ static void probe_busy(CUfunction f, CUdeviceptr va, const CUmemAllocationProp *
     CHECK(cuMemMap(va, 2 * MiB, 0, h, 0));
     CHECK(cuMemSetAccess(va, 2 * MiB, acc, 1));
     int where = 0;
-    printf("400 x 50 us kernels on one stream, CPU moving a 2 MiB granule meanwhile:\n");
-    for (int moves = 0; moves <= 64; moves = moves ? moves * 4 : 4) {
-        double gpu[BUSY_ROUNDS], cpu[BUSY_ROUNDS];
-        for (int i = 0; i < BUSY_ROUNDS; i++) {
-            CHECK(cuCtxSynchronize());
-            CHECK(cuEventRecord(e0, s));
-            for (int k = 0; k < 400; k++)
-                spin(f, s, 50000);
-            CHECK(cuEventRecord(e1, s));
-            double t0 = now_us();
-            for (int m = 0; m < moves; m++) {
-                CHECK(cuMemUnmap(va + (uint64_t)where * 2 * MiB, 2 * MiB));
-                where ^= 1;
-                CHECK(cuMemMap(va + (uint64_t)where * 2 * MiB, 2 * MiB, 0, h, 0));
-                CHECK(cuMemSetAccess(va + (uint64_t)where * 2 * MiB, 2 * MiB, acc, 1));
+    /* kernels that touch no memory, then kernels that write 64 MiB each (does an unmap's TLB
+     * work slow the GPU's memory traffic?) */
+    CUdeviceptr buf;
+    uint64_t words = 16ull << 20;
+    CHECK(cuMemAlloc(&buf, words * 4));
+    for (int kind = 0; kind < 2; kind++)
+        for (int moves = 0; moves <= 64; moves = moves ? moves * 4 : 4) {
+            if (moves == 0)
+                printf("400 %s on one stream, CPU moving a 2 MiB granule meanwhile:\n",
+                       kind ? "kernels writing 64 MiB each (528 x 256 threads)"
+                            : "x 50 us kernels");
+            double gpu[BUSY_ROUNDS], cpu[BUSY_ROUNDS];
+            for (int i = 0; i < BUSY_ROUNDS; i++) {
+                CHECK(cuCtxSynchronize());
+                CHECK(cuEventRecord(e0, s));
+                for (int k = 0; k < 400; k++) {
+                    if (!kind) {
+                        spin(f, s, 50000);
+                        continue;
+                    }
+                    void *args[] = {&buf, &words};
+                    CHECK(cuLaunchKernel(touch, 528, 1, 1, 256, 1, 1, 0, s, args, NULL));
+                }
+                CHECK(cuEventRecord(e1, s));
+                double t0 = now_us();
+                for (int m = 0; m < moves; m++) {
+                    CHECK(cuMemUnmap(va + (uint64_t)where * 2 * MiB, 2 * MiB));
+                    where ^= 1;
+                    CHECK(cuMemMap(va + (uint64_t)where * 2 * MiB, 2 * MiB, 0, h, 0));
+                    CHECK(cuMemSetAccess(va + (uint64_t)where * 2 * MiB, 2 * MiB, acc, 1));
+                }
+                cpu[i] = (now_us() - t0) / 1e3;
+                CHECK(cuEventSynchronize(e1));
+                float ms;
+                CHECK(cuEventElapsedTime(&ms, e0, e1));
+                gpu[i] = ms;
             }
-            cpu[i] = (now_us() - t0) / 1e3;
-            CHECK(cuEventSynchronize(e1));
-            float ms;
-            CHECK(cuEventElapsedTime(&ms, e0, e1));
-            gpu[i] = ms;
+            printf("  %2d moves: GPU %.2f ms for the kernels, CPU %.3f ms for the moves\n", moves,
+                   median(gpu, BUSY_ROUNDS), median(cpu, BUSY_ROUNDS));
         }
-        printf("  %2d moves: GPU %.2f ms for the kernels, CPU %.3f ms for the moves\n", moves,
-               median(gpu, BUSY_ROUNDS), median(cpu, BUSY_ROUNDS));
-    }
+    CHECK(cuMemFree(buf));
     CHECK(cuMemUnmap(va + (uint64_t)where * 2 * MiB, 2 * MiB));
     CHECK(cuMemRelease(h));
     CHECK(cuEventDestroy(e0));
@@ -239,17 +268,19 @@ int main(void)
         CHECK(cuMemUnmap(va, 2 * MiB));
     else /* seen on driver 580 with POSIX FD handles: 801, not supported */
         printf("cuMemMap of 2 MiB at an offset into a 64 MiB handle: %d; skipped\n", (int)part);
-    for (int i = 0; i < ROUNDS && part == CUDA_SUCCESS; i++) {
-        double t0 = now_us();
-        for (int g = 0; g < 32; g++)
-            CHECK(cuMemMap(va + g * 2 * MiB, 2 * MiB, g * 2 * MiB, h, 0));
-        double t1 = now_us();
-        for (int g = 0; g < 32; g++)
-            CHECK(cuMemSetAccess(va + g * 2 * MiB, 2 * MiB, &acc, 1));
-        double t2 = now_us();
-        for (int g = 0; g < 32; g++)
-            CHECK(cuMemUnmap(va + g * 2 * MiB, 2 * MiB));
-        double t3 = now_us();
+    for (int i = 0; i < ROUNDS; i++) {
+        double t0 = now_us(), t1 = t0, t2 = t0, t3 = t0;
+        if (part == CUDA_SUCCESS) {
+            for (int g = 0; g < 32; g++)
+                CHECK(cuMemMap(va + g * 2 * MiB, 2 * MiB, g * 2 * MiB, h, 0));
+            t1 = now_us();
+            for (int g = 0; g < 32; g++)
+                CHECK(cuMemSetAccess(va + g * 2 * MiB, 2 * MiB, &acc, 1));
+            t2 = now_us();
+            for (int g = 0; g < 32; g++)
+                CHECK(cuMemUnmap(va + g * 2 * MiB, 2 * MiB));
+            t3 = now_us();
+        }
         /* the same 64 MiB as one mapping at another address: a move of the whole run */
         CHECK(cuMemMap(va + 128 * MiB, 64 * MiB, 0, h, 0));
         CHECK(cuMemSetAccess(va + 128 * MiB, 64 * MiB, &acc, 1));
@@ -257,11 +288,10 @@ int main(void)
         double t4 = now_us();
         map32[i] = t1 - t0, acc32[i] = t2 - t1, unmap32[i] = t3 - t2, remap1[i] = t4 - t3;
     }
-    if (part == CUDA_SUCCESS) {
+    if (part == CUDA_SUCCESS)
         printf("64 MiB handle as 32 x 2 MiB mappings: map %.1f, access %.1f, unmap %.1f us\n",
                median(map32, ROUNDS), median(acc32, ROUNDS), median(unmap32, ROUNDS));
-        printf("64 MiB handle as one mapping: map+access+unmap %.1f us\n", median(remap1, ROUNDS));
-    }
+    printf("64 MiB handle as one mapping: map+access+unmap %.1f us\n", median(remap1, ROUNDS));
     /* access over one range made of 32 adjacent mappings of one handle */
     double accr[ROUNDS];
     for (int i = 0; i < ROUNDS && part == CUDA_SUCCESS; i++) {
@@ -307,10 +337,11 @@ int main(void)
     CHECK(cuMemUnmap(va, 2 * MiB));
     CHECK(cuMemRelease(h));
     CUmodule mod;
-    CUfunction f;
+    CUfunction f, touch;
     CHECK(cuModuleLoadData(&mod, spin_ptx));
     CHECK(cuModuleGetFunction(&f, mod, "spin"));
-    probe_busy(f, va, &prop, &acc);
+    CHECK(cuModuleGetFunction(&touch, mod, "touch"));
+    probe_busy(f, touch, va, &prop, &acc);
     CHECK(cuModuleUnload(mod));
     CHECK(cuMemAddressFree(va, 1ull << 30));
     return 0;

@@ -76,7 +76,7 @@ compare() {
 # ONLY="cuda torch:graph jax" limits the clients run (default: all)
 wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
-# torch.multiprocessing sharing CUDA tensors (IPC) with and without cuheap, caching on and off
+# torch.multiprocessing sharing CUDA tensors (IPC) with and without cuheap (caching on; see below)
 run_ipc() {
     say "ipc (torch.multiprocessing, spawn):"
     # Caching on only: with PYTORCH_NO_CUDA_MEMORY_CACHING=1 PyTorch itself cannot share a CUDA

@@ -75,8 +75,8 @@ MUTATIONS = [
      "vmm: the place score ignores idle chunks larger than the block, so a small block keeps a "
      "large chunk busy",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "        if (c->nr_busy || c->nr <= fits)",
-     "        if (c->nr_busy || c->nr <= fits || 1)"),
+     "        if (c->nr_busy || (c->nr <= fits && !aligned))",
+     "        if (c->nr_busy || (c->nr <= fits && !aligned) || 1)"),
     ("vmm-budget-counts-pending",
      "vmm: the pool's budget counts granules held by blocks waiting for a fence as needed, so "
      "every late fence raises how much the pool may hold",
@@ -92,8 +92,8 @@ MUTATIONS = [
     ("fence-wait-holds-pool-lock",
      "the pool lock stays held while a thread waits for a fence",
      "no lock held while waiting on the GPU", "src/pool.c",
-     "    p->st.nr_waits++;\n    pthread_mutex_unlock(&p->lock);\n    if (p->be.fence_wait(p->be.ctx, fence) != 0)\n        p->be.device_sync(p->be.ctx);\n    pthread_mutex_lock(&p->lock);",
-     "    p->st.nr_waits++;\n    if (p->be.fence_wait(p->be.ctx, fence) != 0)\n        p->be.device_sync(p->be.ctx);"),
+     "    p->st.nr_waits++;\n    pthread_mutex_unlock(&p->lock);\n    if (p->be.fence_wait(p->be.ctx, fence) != 0)\n        p->be.device_sync(p->be.ctx);\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */\n    pthread_mutex_lock(&p->lock);",
+     "    p->st.nr_waits++;\n    if (p->be.fence_wait(p->be.ctx, fence) != 0)\n        p->be.device_sync(p->be.ctx);\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */"),
     ("chunk-release-failure-forgotten",
      "vmm: memory the driver refused to release is dropped from the pool's count",
      "memory the driver still holds stays counted", "src/pool.c",

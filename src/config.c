@@ -250,8 +250,8 @@ static const struct option options[] = {
      parse_enum, FIELD(vmm_layout), 0, 0, vmm_layout_names},
     {"CUHEAP_VMM_IDLE_FIT", "125",
      "vmm, tight layout: a block goes into an idle chunk of up to this percentage of the "
-     "granules it needs rather than have memory mapped for it (higher: fewer driver calls, more "
-     "memory held)",
+     "granules it needs (100 to 10000) rather than have memory mapped for it (higher: fewer "
+     "driver calls, more memory held)",
      parse_uint, FIELD(vmm_idle_fit), 100, 10000, NULL},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "

@@ -934,13 +934,14 @@ static void wait_oldest_locked(struct cuheap_pool *p)
     void *fence = pin_oldest_locked(p);
     if (!fence)
         return;
-    p->st.nr_waits++;
     uint64_t t0 = mono_ns();
+    p->st.nr_waits++;
     pthread_mutex_unlock(&p->lock);
     if (p->be.fence_wait(p->be.ctx, fence) != 0)
         p->be.device_sync(p->be.ctx);
+    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */
     pthread_mutex_lock(&p->lock);
-    p->st.fence_ns += mono_ns() - t0;
+    p->st.fence_ns += waited;
     unpin_fence_locked(p, fence);
     reclaim_locked(p);
 }
@@ -959,10 +960,12 @@ static bool poll_oldest_locked(struct cuheap_pool *p)
     uint64_t t0 = mono_ns(), deadline = t0 + CUHEAP_FENCE_POLL_NS;
     pthread_mutex_unlock(&p->lock);
     bool done;
-    while (!(done = p->be.fence_query(p->be.ctx, fence)) && mono_ns() < deadline)
+    uint64_t now = t0;
+    while (!(done = p->be.fence_query(p->be.ctx, fence)) && (now = mono_ns()) < deadline)
         sched_yield();
+    uint64_t waited = (done ? mono_ns() : now) - t0;
     pthread_mutex_lock(&p->lock);
-    p->st.fence_ns += mono_ns() - t0;
+    p->st.fence_ns += waited;
     unpin_fence_locked(p, fence);
     return done && reclaim_locked(p);
 }
@@ -1013,7 +1016,7 @@ static void wait_syncing_locked(struct cuheap_pool *p)
     uint64_t t0 = mono_ns();
     for (uint64_t n = p->nr_synced; p->syncing && p->nr_synced == n;)
         pthread_cond_wait(&p->synced, &p->lock);
-    p->st.fence_ns += mono_ns() - t0;
+    p->st.fence_ns += mono_ns() - t0; /* the lock taken again included: the wait does so */
 }
 
 /* Move every stream-cached block onto the open epoch. */

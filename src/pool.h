@@ -143,8 +143,10 @@ struct cuheap_pool_stats {
     uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one */
     uint64_t map_ns;      /* vmm: time in the driver's create, map (with access), unmap and
                              release calls */
-    uint64_t fence_ns;    /* time allocations spent polling and waiting for fences (and for
-                             another thread's device sync), the lock dropped */
+    uint64_t fence_ns;    /* time the pool's threads spent polling (up to 50 us at a time) and
+                             waiting for fences, and waiting for another thread's device sync,
+                             the lock dropped; not the device syncs themselves (no fence to be
+                             had, CUHEAP_REUSE=sync) */
     uint64_t lost; /* bytes the driver would not take back and the pool could not keep track of
                       (counted in reserved for good) */
 };

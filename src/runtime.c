@@ -591,7 +591,7 @@ static void summary(void)
         if (d->pool.vmm)
             cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
                               " moved, %" PRIu64 " given back to make room, %" PRIu64
-                              " fence waits (%.1f ms polling and waiting for fences), %.1f ms "
+                              " fence waits, %.1f ms polling and waiting for fences, %.1f ms "
                               "in mapping calls",
                               d->ordinal, ps.nr_creates, ps.nr_moves, ps.nr_releases, ps.nr_waits,
                               (double)ps.fence_ns / 1e6, (double)ps.map_ns / 1e6);

@@ -1273,16 +1273,26 @@ static void test_fence_wait_leaves_pool_unlocked(void **state)
         pthread_t tw, to;
         pthread_create(&tw, NULL, trim_thread, &waiter);
         wait_at_gate(f, NULL); /* until the trim blocks in its fence wait */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         pthread_create(&to, NULL, alloc_thread, &other);
         /* generous: sanitizer builds check every invariant as they go */
         for (int i = 0; i < 30000 && !atomic_load(&other.done); i++)
             usleep(1000);
         bool others_went_on = atomic_load(&other.done), trim_waited = !atomic_load(&waiter.done);
+        usleep(2000);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
         open_gate(f);
         pthread_join(tw, NULL);
         pthread_join(to, NULL);
         assert_true(trim_waited);
         assert_true(others_went_on);
+        /* the summary's time on fences holds the trim's wait, at least while the gate was shut */
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        uint64_t shut = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t1.tv_nsec -
+                        (uint64_t)t0.tv_nsec;
+        assert_true(st.fence_ns >= shut);
         check_invariants(f);
         teardown(f);
     }
