@@ -17,18 +17,21 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     gunzip -c "$seq" >"$T/$name.jsonl"
     r=$("$B/bench/bench-replay" "$T/$name.jsonl" | sed -n 's/.*held_over_live=//p')
     printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "driver alone" "$r" "$r" 1
-    for cfg in ${CONFIGS:-fence sync immediate vmm-fence vmm-sync aligned-fence}; do
+    for cfg in ${CONFIGS:-fence sync immediate vmm-fence vmm-sync aligned-fence fit200-fence}; do
         backing=legacy
         reuse=$cfg
         layout=tight
+        fit=125
         case $cfg in
         vmm-*) backing=vmm reuse=${cfg#vmm-} ;;
         aligned-*) backing=vmm reuse=${cfg#aligned-} layout=aligned ;; # CUHEAP_VMM_LAYOUT
+        fit200-*) backing=vmm reuse=${cfg#fit200-} fit=200 ;;          # CUHEAP_VMM_IDLE_FIT
         esac
         ratios=() calls=()
         for ((i = 0; i < RUNS; i++)); do
             out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=1 CUHEAP_RECORD=0 \
                 CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing CUHEAP_VMM_LAYOUT=$layout \
+                CUHEAP_VMM_IDLE_FIT=$fit \
                 "$B/bench/bench-replay" "$T/$name.jsonl" 2>&1)
             ratios+=("$(sed -n 's/.*held_over_live=//p' <<<"$out")")
             # the summary's vmm line: each chunk made, moved or given back is two driver calls
@@ -38,6 +41,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
         sorted=$(printf '%s\n' "${ratios[@]}" | sort -g)
         label="cuheap $backing $reuse"
         [ "$layout" = tight ] || label="$label $layout"
+        [ "$fit" = 125 ] || label="$label fit $fit"
         called=$(printf '%s\n' "${calls[@]}" | sort -n | sed -n '1p;$p' | paste -sd-)
         printf '%-10s %-28s %8s %8s %8s %s\n' "${name#gpt-seq-}" "$label" \
             "$(tail -1 <<<"$sorted")" "$(head -1 <<<"$sorted")" "$RUNS" "${called#-}"

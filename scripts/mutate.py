@@ -342,7 +342,22 @@ def main():
     ap.add_argument("--only", help="comma-separated mutation ids")
     ap.add_argument("--report", default=os.path.join(ROOT, "tests", "MUTATIONS.md"))
     ap.add_argument("--keep", action="store_true", help="keep the scratch tree")
+    ap.add_argument("--check", action="store_true",
+                    help="only check that every row's text occurs exactly once in its file")
     args = ap.parse_args()
+    if args.check:
+        # A row whose text the code no longer holds is never applied, yet its last verdict
+        # stays in MUTATIONS.md: two rows went unnoticed so on 2026-12-01. CI runs this.
+        stale = []
+        for mid, _what, _rule, path, text, _replacement in MUTATIONS:
+            with open(os.path.join(ROOT, path)) as f:
+                n = f.read().count(text)
+            if n != 1:
+                stale.append(f"{mid} ({path}: found {n} times)")
+        for s in stale:
+            print(f"mutate: stale row {s}", file=sys.stderr)
+        print(f"mutate: {len(MUTATIONS) - len(stale)} of {len(MUTATIONS)} rows apply")
+        return 1 if stale else 0
     chosen = MUTATIONS
     if args.only:
         ids = args.only.split(",")
