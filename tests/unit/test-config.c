@@ -120,9 +120,10 @@ static void test_bad_values_warn_and_keep_defaults(void **state)
                                   {"CUHEAP_LIMIT", "150%"},
                                   {"CUHEAP_STACK_DEPTH", "-1"},
                                   {"CUHEAP_POOL", "maybe"},
-                                  {"CUHEAP_RING", "1000"}}};
+                                  {"CUHEAP_RING", "1000"},
+                                  {"CUHEAP_VMM_IDLE_FIT", "99"}}}; /* below 100 percent */
     struct cuheap_config c;
-    assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 6);
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 7);
     assert_int_equal(c.arena_size, 256ull << 20);
     assert_int_equal(c.reuse, CUHEAP_REUSE_FENCE);
     assert_int_equal(c.limit_bytes, 0);
@@ -130,6 +131,7 @@ static void test_bad_values_warn_and_keep_defaults(void **state)
     assert_int_equal(c.stack_depth, 32);
     assert_true(c.pool);
     assert_int_equal(c.ring_slots, 65536);
+    assert_int_equal(c.vmm_idle_fit, 125);
     /* each warning names the variable and the value */
     assert_true(warned(&e, "CUHEAP_ARENA_SIZE=\"3M\""));
     assert_true(warned(&e, "CUHEAP_REUSE=\"sometimes\""));
@@ -137,7 +139,8 @@ static void test_bad_values_warn_and_keep_defaults(void **state)
     assert_true(warned(&e, "CUHEAP_STACK_DEPTH=\"-1\""));
     assert_true(warned(&e, "CUHEAP_POOL=\"maybe\""));
     assert_true(warned(&e, "CUHEAP_RING=\"1000\""));
-    for (int i = 0; i < 6; i++)
+    assert_true(warned(&e, "CUHEAP_VMM_IDLE_FIT=\"99\""));
+    for (int i = 0; i < 7; i++)
         assert_null(strchr(e.warnings[i], '\n'));
 }
 
