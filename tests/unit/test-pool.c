@@ -642,6 +642,12 @@ static struct fixture *setup_vmm(enum cuheap_reuse reuse, uint64_t capacity, uin
     return f;
 }
 
+/* The driver calls the vmm pool made on physical memory so far: create, map, unmap, release. */
+static int mapping_calls(const struct fixture *f)
+{
+    return f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases;
+}
+
 static void check_invariants(struct fixture *f)
 {
     char why[256];
@@ -813,10 +819,9 @@ static void test_vmm_aligned_chunks_are_pieces(void **state)
     complete_fences(&f->dev);
     /* an idle piece serves a block smaller than itself (under tight, the block would go where
      * nothing is mapped and keep a large chunk whole): no driver call */
-    int calls = f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases;
+    int calls = mapping_calls(f);
     uint64_t again = alloc(f, 2 * MIB, 0);
-    assert_int_equal(f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases,
-                     calls);
+    assert_int_equal(mapping_calls(f), calls);
     release(f, again, 0);
     check_invariants(f);
     teardown(f);
@@ -842,13 +847,12 @@ static void test_vmm_aligned_idle_piece_moves_anywhere(void **state)
         uint64_t a = alloc(f, 3 * MIB, 0), b = alloc(f, 8 * MIB, 0);
         release(f, a, 0);
         complete_fences(&f->dev);
-        int calls = f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases;
+        int calls = mapping_calls(f);
         uint64_t c = alloc(f, 32 * MIB, 0); /* not where a was: b sits beside it */
         assert_true(c >= b + 8 * MIB || c + 32 * MIB <= a);
         struct cuheap_pool_stats st;
         cuheap_pool_get_stats(&f->pool, &st);
-        int made =
-            f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases - calls;
+        int made = mapping_calls(f) - calls;
         if (layout) {
             assert_int_equal(st.nr_moves, 1); /* a's piece: one unmap, one map */
             assert_int_equal(st.nr_releases, 0);
@@ -880,10 +884,9 @@ static void test_vmm_idle_fit(void **state)
         release(f, a, 0);
         complete_fences(&f->dev);
         assert_int_equal(f->dev.used, 4 * MIB);
-        int calls = f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases;
+        int calls = mapping_calls(f);
         uint64_t b = alloc(f, 2 * MIB, 0);
-        int made =
-            f->dev.nr_creates + f->dev.nr_maps + f->dev.nr_unmaps + f->dev.nr_releases - calls;
+        int made = mapping_calls(f) - calls;
         if (fit) {
             assert_int_equal(b, a);
             assert_int_equal(made, 0);
