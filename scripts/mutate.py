@@ -81,8 +81,8 @@ MUTATIONS = [
      "vmm: the pool's budget counts granules held by blocks waiting for a fence as needed, so "
      "every late fence raises how much the pool may hold",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "    uint64_t busy = held > p->pending_mapped ? held - p->pending_mapped : 0;",
-     "    uint64_t busy = held;"),
+     "    return held > p->pending_mapped ? held - p->pending_mapped : 0;",
+     "    return held;"),
     ("vmm-ipc-ignores-buffer-id",
      "vmm: a shared block's handle is answered by address only, so a freed (or reused) block's "
      "memory goes to the importer",
@@ -150,8 +150,14 @@ MUTATIONS = [
      "vmm, tight: CUHEAP_VMM_IDLE_FIT is read but placement keeps the fixed 125 percent, so a "
      "block never goes into an idle chunk twice its size and maps memory of its own",
      "every setting does what the README says", "src/pool.c",
-     "* a->pool->cfg->vmm_idle_fit / 100;",
-     "* 125 / 100;"),
+     "unsigned fit = p->cfg->vmm_idle_fit;",
+     "unsigned fit = 125;"),
+    ("idle-fit-unguarded",
+     "vmm, tight: CUHEAP_VMM_IDLE_FIT above 125 applies however far the pool's busy memory "
+     "has spread beyond its live bytes, so free granules of busy chunks add up in long runs",
+     "memory held stays close to what is live", "src/pool.c",
+     "return busy ? 125 : fit;",
+     "return fit;"),
     ("sync-does-not-wait",
      "CUHEAP_REUSE=sync frees without waiting for the device",
      "reuse waits for the device (sync)", "src/pool.c",

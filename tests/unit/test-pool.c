@@ -902,6 +902,31 @@ static void test_vmm_idle_fit(void **state)
     }
 }
 
+/* CUHEAP_VMM_IDLE_FIT above 125 holds back while the pool's busy memory is more than 5%
+ * above its live bytes: here a 2 MiB + 4 KiB block keeps two granules busy, so a 2 MiB block
+ * gets a granule of its own instead of the idle 4 MiB chunk at 200 (in long runs, blocks put
+ * into larger idle chunks left free granules that added up to held / live 1.08-1.11). */
+static void test_vmm_idle_fit_holds_back_when_spread(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    f->cfg.vmm_cushion = 0;
+    f->cfg.vmm_idle_fit = 200;
+    uint64_t x = alloc(f, 2 * MIB + 4096, 0); /* 4 MiB busy for 2 MiB + 4 KiB live */
+    uint64_t a = alloc(f, 4 * MIB, 0);
+    release(f, a, 0);
+    complete_fences(&f->dev);
+    assert_int_equal(f->dev.used, 8 * MIB);
+    int calls = mapping_calls(f);
+    uint64_t b = alloc(f, 2 * MIB, 0);
+    assert_true(b != a);
+    assert_true(mapping_calls(f) > calls); /* a granule of b's own */
+    check_invariants(f);
+    release(f, b, 0);
+    release(f, x, 0);
+    teardown(f);
+}
+
 /* Near the limit or a full device, a block smaller than a piece maps only the granules it
  * needs: a whole piece must not turn the last few MiB into out-of-memory (under a 4 MiB limit
  * no 8 MiB piece fits at all). Found by review; both failed before. */
@@ -1966,6 +1991,7 @@ int main(void)
         cmocka_unit_test(test_vmm_out_of_memory_and_limit_aligned),
         cmocka_unit_test(test_vmm_trim_and_reserve_aligned),
         cmocka_unit_test(test_vmm_idle_fit),
+        cmocka_unit_test(test_vmm_idle_fit_holds_back_when_spread),
         cmocka_unit_test(test_vmm_aligned_small_block_near_the_limit),
         cmocka_unit_test(test_vmm_aligned_reserve_fills_pieces),
         cmocka_unit_test(test_vmm_aligned_piece_is_a_power_of_two),
