@@ -152,6 +152,12 @@ MUTATIONS = [
      "every setting does what the README says", "src/pool.c",
      "unsigned fit = p->cfg->vmm_idle_fit;",
      "unsigned fit = 125;"),
+    ("vmm-whole-block-hides-mapped",
+     "vmm: a block kept whole for its size is not merged before placement maps memory for a "
+     "block of another size, so that block maps memory of its own beside the idle granules",
+     "memory held stays close to what is live", "src/pool.c",
+     "if (r == 0 && p->nr_whole && !block_mapped_locked(p, a, addr, size) &&",
+     "if (r == 0 && p->nr_whole && !block_mapped_locked(p, a, addr, size) && false &&"),
     ("idle-fit-unguarded",
      "vmm, tight: CUHEAP_VMM_IDLE_FIT above 125 applies however far the pool's busy memory "
      "has spread beyond its live bytes, so free granules of busy chunks add up in long runs",

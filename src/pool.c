@@ -779,18 +779,56 @@ static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t siz
 
 #define CUHEAP_VMM_CANDIDATES 8 /* free blocks of one order looked at for a mapped one */
 
+static bool block_mapped_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                                uint64_t size);
+static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr);
+
+/* The first block of a quick list, off it. */
+static uint64_t quick_pop_locked(struct cuheap_pool *p, unsigned order, struct cuheap_arena **ret)
+{
+    struct cuheap_quick *q = &p->quick[order];
+    uint64_t ptr = q->head;
+    struct cuheap_arena *a = map_lookup(ptr);
+    q->head = a->link[unit_of(a, ptr)];
+    q->nr--;
+    p->quick_bytes -= 1ull << order;
+    if (order > CUHEAP_QUICK_MAX_ORDER)
+        p->nr_whole--;
+    *ret = a;
+    return ptr;
+}
+
+/* Merge the blocks kept whole (vmm, above CUHEAP_QUICK_MAX_ORDER) back into their arenas, so
+ * that placement sees their mapped granules. Returns how many. */
+static unsigned merge_whole_locked(struct cuheap_pool *p)
+{
+    unsigned n = 0;
+    for (unsigned o = CUHEAP_QUICK_MAX_ORDER + 1; p->nr_whole && o < CUHEAP_NR_ORDERS; o++)
+        while (p->quick[o].head) {
+            struct cuheap_arena *a;
+            uint64_t ptr = quick_pop_locked(p, o, &a);
+            merge_block_locked(p, a, ptr);
+            n++;
+        }
+    return n;
+}
+
 static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr,
                              uint64_t *ret_block, struct cuheap_arena **ret_arena)
 {
     unsigned order = order_of_size(p, size);
     struct cuheap_quick *q = order < CUHEAP_NR_ORDERS ? &p->quick[order] : NULL;
+    /* a block kept whole is taken only where its memory is still mapped: else placement
+     * decides, which may find mapped memory elsewhere */
+    if (q && q->head && order > CUHEAP_QUICK_MAX_ORDER &&
+        !block_mapped_locked(p, map_lookup(q->head), q->head, size)) {
+        struct cuheap_arena *a;
+        uint64_t ptr = quick_pop_locked(p, order, &a);
+        merge_block_locked(p, a, ptr);
+    }
     if (q && q->head) {
-        uint64_t ptr = q->head;
-        struct cuheap_arena *a = map_lookup(ptr);
-        q->head = a->link[unit_of(a, ptr)];
-        q->nr--;
-        p->quick_bytes -= 1ull << order;
-        *ret_ptr = ptr;
+        struct cuheap_arena *a;
+        *ret_ptr = quick_pop_locked(p, order, &a);
         *ret_block = 1ull << order;
         *ret_arena = a;
         return 0;
@@ -806,6 +844,15 @@ static int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret
         int r = score ? cuheap_buddy_alloc_scored(&a->buddy, size, place_score, a,
                                                   CUHEAP_VMM_CANDIDATES, &addr, &got)
                       : cuheap_buddy_alloc(&a->buddy, size, &addr, &got);
+        /* a place that needs memory mapped, while blocks kept whole hide mapped memory from
+         * placement: merge those and look again (without this the GPT replay's mapping calls
+         * rose by a third) */
+        if (r == 0 && p->nr_whole && !block_mapped_locked(p, a, addr, size) &&
+            merge_whole_locked(p)) {
+            cuheap_buddy_free(&a->buddy, addr);
+            n--; /* the same arena again */
+            continue;
+        }
         if (r == 0) {
             p->hint = i;
             if (a->nr_live++ == 0)
@@ -864,16 +911,23 @@ static void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, u
     struct cuheap_quick *q = &p->quick[order];
     /* Bounded: quick lists must not hoard what other sizes or the driver could use. Under vmm
      * a block on a quick list holds address space only (its granules went idle above), but it
-     * hides that mapped memory from placement: blocks above CUHEAP_QUICK_MAX_ORDER kept whole
-     * made the GPT replay move idle chunks 3.6 times as often (1,634 moves against 455, each
-     * an unmap and a map: about 50 us on an H200), so they merge as before. */
-    if (q->nr < CUHEAP_QUICK_MAX && p->cfg->release != CUHEAP_RELEASE_EMPTY &&
-        order <= CUHEAP_QUICK_MAX_ORDER &&
-        (p->vmm || p->quick_bytes + (1ull << order) <= p->cfg->arena_size / 8)) {
+     * hides that mapped memory from placement: blocks above CUHEAP_QUICK_MAX_ORDER kept whole,
+     * 64 an order, made the GPT replay move idle chunks 3.6 times as often (1,634 moves
+     * against 455, each an unmap and a map: about 50 us on an H200). One an order is kept
+     * (issue 14): a loop that frees a 2 or 20 MiB block and asks for another of its size then
+     * takes it back without merging it up through a 4 GiB arena and splitting it down again,
+     * scored at every level (9,800 instructions a pair, 3,900 so); and before placement maps
+     * memory for any block, those kept whole are merged (take_block_locked), so the mapping
+     * calls stay as they were. */
+    bool whole = p->vmm && order > CUHEAP_QUICK_MAX_ORDER && q->nr == 0;
+    bool small = q->nr < CUHEAP_QUICK_MAX && order <= CUHEAP_QUICK_MAX_ORDER &&
+                 (p->vmm || p->quick_bytes + (1ull << order) <= p->cfg->arena_size / 8);
+    if (p->cfg->release != CUHEAP_RELEASE_EMPTY && (whole || small)) {
         a->link[unit_of(a, ptr)] = q->head;
         q->head = ptr;
         q->nr++;
         p->quick_bytes += 1ull << order;
+        p->nr_whole += whole;
         return;
     }
     merge_block_locked(p, a, ptr);
@@ -895,6 +949,7 @@ static unsigned flush_quick_locked(struct cuheap_pool *p)
         q->nr = 0;
     }
     p->quick_bytes = 0;
+    p->nr_whole = 0;
     return n;
 }
 
@@ -2801,7 +2856,7 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
     if (pending_mapped != p->pending_mapped)
         FAIL("pending_mapped %lu, pending blocks reach %lu", (unsigned long)p->pending_mapped,
              (unsigned long)pending_mapped);
-    uint64_t quick = 0;
+    uint64_t quick = 0, whole = 0;
     for (unsigned o = 0; o < CUHEAP_NR_ORDERS; o++) {
         uint32_t nr = 0;
         for (uint64_t ptr = p->quick[o].head; ptr; nr++) {
@@ -2814,7 +2869,11 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
         }
         if (nr != p->quick[o].nr)
             FAIL("quick list of order %u: nr %u, counted %u", o, p->quick[o].nr, nr);
+        if (o > CUHEAP_QUICK_MAX_ORDER)
+            whole += nr;
     }
+    if (whole != p->nr_whole)
+        FAIL("%lu blocks kept whole, counted %u", (unsigned long)whole, p->nr_whole);
     if (quick != p->quick_bytes)
         FAIL("quick_bytes %lu, lists hold %lu", (unsigned long)p->quick_bytes,
              (unsigned long)quick);
@@ -2899,6 +2958,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     memset(p->caches, 0, sizeof(p->caches));
     memset(p->quick, 0, sizeof(p->quick));
     p->quick_bytes = 0;
+    p->nr_whole = 0;
     p->pending_mapped = 0;
     p->ep_head = p->ep_tail = 0;
     if (p->be.forget)
@@ -2927,6 +2987,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     memset(p->caches, 0, sizeof(p->caches));
     memset(p->quick, 0, sizeof(p->quick));
     p->quick_bytes = 0;
+    p->nr_whole = 0;
     p->pending_mapped = 0;
     p->ep_head = p->ep_tail = 0;
     pthread_mutex_init(&p->lock, NULL);

@@ -194,6 +194,7 @@ struct cuheap_pool {
     struct cuheap_stream_cache caches[CUHEAP_NR_STREAM_CACHES];
     struct cuheap_quick quick[CUHEAP_NR_ORDERS];
     uint64_t quick_bytes;     /* bytes held on the quick lists */
+    uint32_t nr_whole;        /* vmm: blocks above CUHEAP_QUICK_MAX_ORDER kept whole on them */
     uint32_t chunk_max;       /* granules per chunk at most (CUHEAP_VMM_CHUNK) */
     struct cuheap_chunk idle; /* list head: mapped chunks no block uses, oldest first */
     uint64_t nr_idle, idle_bytes;

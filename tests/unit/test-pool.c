@@ -902,6 +902,33 @@ static void test_vmm_idle_fit(void **state)
     }
 }
 
+/* A 2 MiB block given back (here at once: CUHEAP_REUSE=immediate) is kept whole, one an order,
+ * for the next block of its size (no merging up through the arena and splitting down again):
+ * it comes back with no driver call. But it must not hide its mapped granule from a block of
+ * another size: a 4 MiB block asked for next goes where that granule is and maps only the
+ * granule it lacks, rather than 4 MiB of its own beside the idle one. */
+static void test_vmm_whole_block_kept_and_given_up(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 0);
+    f->cfg.vmm_cushion = 0;
+    uint64_t x = alloc(f, 2 * MIB, 0);
+    release(f, x, 0);
+    int calls = mapping_calls(f);
+    uint64_t y = alloc(f, 2 * MIB, 0);
+    assert_int_equal(y, x);
+    assert_int_equal(mapping_calls(f), calls);
+    check_invariants(f);
+    release(f, y, 0);
+    check_invariants(f);
+    uint64_t w = alloc(f, 4 * MIB, 0);
+    assert_int_equal(w, x); /* over the granule the 2 MiB block had */
+    assert_int_equal(f->dev.used, 4 * MIB);
+    check_invariants(f);
+    release(f, w, 0);
+    teardown(f);
+}
+
 /* CUHEAP_VMM_IDLE_FIT above 125 holds back while the pool's busy memory is more than 5%
  * above its live bytes: here a 2 MiB + 4 KiB block keeps two granules busy, so a 2 MiB block
  * gets a granule of its own instead of the idle 4 MiB chunk at 200 (in long runs, blocks put
@@ -1991,6 +2018,7 @@ int main(void)
         cmocka_unit_test(test_vmm_out_of_memory_and_limit_aligned),
         cmocka_unit_test(test_vmm_trim_and_reserve_aligned),
         cmocka_unit_test(test_vmm_idle_fit),
+        cmocka_unit_test(test_vmm_whole_block_kept_and_given_up),
         cmocka_unit_test(test_vmm_idle_fit_holds_back_when_spread),
         cmocka_unit_test(test_vmm_aligned_small_block_near_the_limit),
         cmocka_unit_test(test_vmm_aligned_reserve_fills_pieces),
