@@ -93,7 +93,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 gen = torch.Generator(device=dev).manual_seed(1)
 data = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=dev, generator=gen)
 x, y = data[:, :-1], data[:, 1:]
-losses, times = [], []
+losses, times, launch, launch_cpu = [], [], [], []
 TOGGLE = int(os.environ.get("GPT_TOGGLE", "0"))
 set_recording = None
 if TOGGLE:
@@ -110,13 +110,18 @@ for step in range(STEPS):
             sys.exit("torch_gpt: GPT_TOGGLE needs recording on (cuheap_set_recording said -1)")
         recorded.append(on)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     used_peak = max(used_peak, device_used())
     opt.step()
+    # the step's work handed to the GPU, before anything waits for it: wall and this thread's
+    # CPU time (user and system, the driver's calls included); when launching takes as long as
+    # the step, the step is bound by the CPU, and the allocator's CPU time is the step's
+    launch.append(time.perf_counter() - t0)
+    launch_cpu.append(time.thread_time() - c0)
     losses.append(loss.item())
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
@@ -137,10 +142,12 @@ try:
             peak_live = stats[1]
 except (AttributeError, OSError):
     pass
-warm = times[5:] if len(times) > 10 else times
-print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f device_used=%d" % (
-    1000 * statistics.median(warm), peak_live, peak_reserved, source,
-    peak_reserved / peak_live if peak_live else 0, used_peak - used_at_start))
+skip = 5 if len(times) > 10 else 0
+print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f device_used=%d "
+      "launch_ms=%.3f launch_cpu_ms=%.3f" % (
+          1000 * statistics.median(times[skip:]), peak_live, peak_reserved, source,
+          peak_reserved / peak_live if peak_live else 0, used_peak - used_at_start,
+          1000 * statistics.median(launch[skip:]), 1000 * statistics.median(launch_cpu[skip:])))
 print("losses", " ".join(float(v).hex() for v in losses))
 if set_recording:
     off = [t for t, on in zip(times[5:], recorded[5:]) if not on]
