@@ -293,6 +293,10 @@ void cuheap_pool_debug_leave(struct cuheap_pool *p);
 void cuheap_pool_debug_hold(struct cuheap_pool *p);
 void cuheap_pool_debug_unhold(struct cuheap_pool *p);
 
+/* For tests: the pool's own count of live bytes as placement sees it (CUHEAP_VMM_IDLE_FIT's
+ * guard), without folding in what thread caches have not handed over yet. */
+uint64_t cuheap_pool_debug_live(struct cuheap_pool *p);
+
 /* The device context is being destroyed or reset: the driver frees every arena itself. Drop
  * them all without calling it (a trace note per arena), along with pending fences. Returns
  * the bytes of live pooled allocations that went with them. */

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -269,6 +270,7 @@ static uint64_t fixture_thread_cache; /* CUHEAP_THREAD_CACHE of the next fixture
 /* CUHEAP_VMM_LAYOUT of the next fixture: tight unless a test asks (the vmm tests count driver
  * calls of its rules; WITH_ALIGNED runs the ones that hold under both again, aligned) */
 static enum cuheap_vmm_layout fixture_layout = CUHEAP_VMM_TIGHT;
+static unsigned fixture_idle_fit = 125;      /* CUHEAP_VMM_IDLE_FIT of the next fixture */
 static uint64_t fixture_vmm_chunk = 8 * MIB; /* CUHEAP_VMM_CHUNK of the next fixture */
 
 static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
@@ -308,6 +310,7 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
     /* off unless a test asks: the pool's own rules are tested without a cache in front */
     f->cfg.thread_cache = fixture_thread_cache;
     f->cfg.vmm_layout = fixture_layout;
+    f->cfg.vmm_idle_fit = fixture_idle_fit;
     f->dev.next_va = 1ull << 46;
     struct cuheap_backend be = {
         .ctx = &f->dev,
@@ -929,28 +932,71 @@ static void test_vmm_whole_block_kept_and_given_up(void **state)
     teardown(f);
 }
 
-/* CUHEAP_VMM_IDLE_FIT above 125 holds back while the pool's busy memory is more than 5%
- * above its live bytes: here a 2 MiB + 4 KiB block keeps two granules busy, so a 2 MiB block
- * gets a granule of its own instead of the idle 4 MiB chunk at 200 (in long runs, blocks put
- * into larger idle chunks left free granules that added up to held / live 1.08-1.11). */
+/* CUHEAP_VMM_IDLE_FIT above 125 holds back while the pool's busy memory is more than 5% above
+ * its live bytes (in long runs, blocks put into larger idle chunks left memory that added up
+ * to held / live 1.08-1.11): a 2 MiB block in an idle 4 MiB chunk keeps 4 MiB busy, so a 4 MiB
+ * block next does not go into an idle 8 MiB chunk but maps memory of its own. */
 static void test_vmm_idle_fit_holds_back_when_spread(void **state)
 {
     (void)state;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 0);
     f->cfg.vmm_cushion = 0;
     f->cfg.vmm_idle_fit = 200;
-    uint64_t x = alloc(f, 2 * MIB + 4096, 0); /* 4 MiB busy for 2 MiB + 4 KiB live */
     uint64_t a = alloc(f, 4 * MIB, 0);
     release(f, a, 0);
-    complete_fences(&f->dev);
-    assert_int_equal(f->dev.used, 8 * MIB);
+    uint64_t b = alloc(f, 2 * MIB, 0); /* into a's idle chunk: 4 MiB busy for 2 MiB live */
+    assert_int_equal(b, a);
+    uint64_t c = alloc(f, 8 * MIB, 0);
+    release(f, c, 0); /* an idle 8 MiB chunk, twice what a 4 MiB block needs */
     int calls = mapping_calls(f);
-    uint64_t b = alloc(f, 2 * MIB, 0);
-    assert_true(b != a);
-    assert_true(mapping_calls(f) > calls); /* a granule of b's own */
+    uint64_t d = alloc(f, 4 * MIB, 0);
+    assert_true(d != c);
+    assert_true(mapping_calls(f) > calls); /* memory of its own */
     check_invariants(f);
+    release(f, d, 0);
     release(f, b, 0);
-    release(f, x, 0);
+    teardown(f);
+}
+
+/* A thread that only frees blocks another thread allocated from its cache folds its live count
+ * into the pool's at each batch it closes: else, while it lives, the pool's live bytes stay as
+ * high as before the frees (a review saw 253 MiB for 4 MiB live), and the CUHEAP_VMM_IDLE_FIT
+ * guard, which compares busy memory with them, never holds back. */
+static struct fixture *fold_fixture;
+static uint64_t fold_blocks[2000];
+static sem_t fold_freed, fold_done;
+
+static void *free_them_all(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 2000; i++)
+        release(fold_fixture, fold_blocks[i], 0);
+    sem_post(&fold_freed);
+    sem_wait(&fold_done); /* alive until the main thread has looked: an exit folds too */
+    return NULL;
+}
+
+static void test_thread_cache_frees_fold_live(void **state)
+{
+    (void)state;
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    fixture_thread_cache = 0;
+    fold_fixture = f;
+    for (int i = 0; i < 2000; i++) /* 125 MiB */
+        fold_blocks[i] = alloc(f, 64 * 1024, 0);
+    sem_init(&fold_freed, 0, 0);
+    sem_init(&fold_done, 0, 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_them_all, NULL), 0);
+    sem_wait(&fold_freed);
+    /* nothing is live; what is not folded yet (either way): this thread's last refill and
+     * the other's open batch, 1 MiB */
+    int64_t live = (int64_t)cuheap_pool_debug_live(&f->pool);
+    assert_true(live <= 4 * (int64_t)MIB && live >= -4 * (int64_t)MIB);
+    sem_post(&fold_done);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    check_invariants(f);
     teardown(f);
 }
 
@@ -1586,6 +1632,16 @@ WITH_THREAD_CACHE(test_fence_wait_leaves_pool_unlocked)
     }
 WITH_ALIGNED(test_vmm_random_with_invariants)
 WITH_ALIGNED(test_vmm_random_with_invariants_thread_cache)
+
+/* The same at CUHEAP_VMM_IDLE_FIT=400: blocks go into idle chunks up to four times their
+ * granules, and the guard (idle_fit_now) switches between that and 125 as the spread moves. */
+static void test_vmm_random_with_invariants_idle_fit(void **state)
+{
+    fixture_idle_fit = 400;
+    test_vmm_random_with_invariants(state);
+    test_vmm_random_with_invariants_thread_cache(state);
+    fixture_idle_fit = 125;
+}
 WITH_ALIGNED(test_vmm_pending_granules_stay)
 WITH_ALIGNED(test_vmm_out_of_memory_and_limit)
 WITH_ALIGNED(test_vmm_trim_and_reserve)
@@ -2014,12 +2070,14 @@ int main(void)
         cmocka_unit_test(test_vmm_aligned_idle_piece_moves_anywhere),
         cmocka_unit_test(test_vmm_random_with_invariants_aligned),
         cmocka_unit_test(test_vmm_random_with_invariants_thread_cache_aligned),
+        cmocka_unit_test(test_vmm_random_with_invariants_idle_fit),
         cmocka_unit_test(test_vmm_pending_granules_stay_aligned),
         cmocka_unit_test(test_vmm_out_of_memory_and_limit_aligned),
         cmocka_unit_test(test_vmm_trim_and_reserve_aligned),
         cmocka_unit_test(test_vmm_idle_fit),
         cmocka_unit_test(test_vmm_whole_block_kept_and_given_up),
         cmocka_unit_test(test_vmm_idle_fit_holds_back_when_spread),
+        cmocka_unit_test(test_thread_cache_frees_fold_live),
         cmocka_unit_test(test_vmm_aligned_small_block_near_the_limit),
         cmocka_unit_test(test_vmm_aligned_reserve_fills_pieces),
         cmocka_unit_test(test_vmm_aligned_piece_is_a_power_of_two),
