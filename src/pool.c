@@ -733,8 +733,8 @@ static uint64_t busy_bytes_locked(const struct cuheap_pool *p)
  * job whose blocks round up by more than the slack (3 MiB blocks keep 4 MiB busy), 200 acts as
  * 125, which a review found; but counting the rounding let the creep back (2 of 12 long
  * replays to 1.085-1.104), and so did measuring only the free granules of busy chunks (6 of 8
- * runs at slacks of 2-10%). The live bytes are the pool's with the thread caches' folded in at each batch
- * they close (tc_close), so they lag by at most a batch a thread. */
+ * runs at slacks of 2-10%). The live bytes are the pool's with the thread caches' folded in at each
+ * batch they close (tc_close), so they lag by at most a batch a thread. */
 static unsigned idle_fit_now(const struct cuheap_pool *p)
 {
     unsigned fit = p->cfg->vmm_idle_fit;
