@@ -704,15 +704,6 @@ static unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
     return 64u - (unsigned)__builtin_clzll(size - 1);
 }
 
-/* vmm: how good [addr, addr + len) is for a block of size bytes: the bytes of it that have
- * memory mapped the block should use (len when all of it has), less those of idle chunks it
- * should not. A place where memory is mapped needs no driver call; but a chunk is mapped and
- * released whole, so a block put into an idle chunk much larger than itself keeps all of it
- * busy: a 4 KiB block in a 64 MiB chunk holds 64 MiB. Busy chunks, and idle ones up to
- * CUHEAP_VMM_IDLE_FIT percent of the block's granules, are good; larger idle ones are
- * avoided, kept whole for a block of their size. (At 125, the GPT loop's 2 and 4 MiB blocks
- * mapped chunks of their own next to idle ones twice their size, about 15 a step, and at the
- * budget idle ones went back to make room for them: twice the driver calls of 200.) */
 /* The memory the pool's blocks use: busy chunks, less the granules under blocks that wait for
  * a fence (pending_mapped), which come back when it passes. */
 static uint64_t busy_bytes_locked(const struct cuheap_pool *p)
@@ -747,6 +738,15 @@ static unsigned idle_fit_now(const struct cuheap_pool *p)
     return fit;
 }
 
+/* vmm: how good [addr, addr + len) is for a block of size bytes: the bytes of it that have
+ * memory mapped the block should use (len when all of it has), less those of idle chunks it
+ * should not. A place where memory is mapped needs no driver call; but a chunk is mapped and
+ * released whole, so a block put into an idle chunk much larger than itself keeps all of it
+ * busy: a 4 KiB block in a 64 MiB chunk holds 64 MiB. Busy chunks, and idle ones up to
+ * CUHEAP_VMM_IDLE_FIT percent of the block's granules, are good; larger idle ones are
+ * avoided, kept whole for a block of their size. (At 125, the GPT loop's 2 and 4 MiB blocks
+ * mapped chunks of their own next to idle ones twice their size, about 15 a step, and at the
+ * budget idle ones went back to make room for them: twice the driver calls of 200.) */
 static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t size)
 {
     const struct cuheap_arena *a = arg;
@@ -920,9 +920,9 @@ static void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, u
      * against 455, each an unmap and a map: about 50 us on an H200). One an order is kept
      * (issue 14): a loop that frees a 2 or 20 MiB block and asks for another of its size then
      * takes it back without merging it up through a 4 GiB arena and splitting it down again,
-     * scored at every level (9,800 instructions a pair, 3,900 so); and before placement maps
-     * memory for any block, those kept whole are merged (take_block_locked), so the mapping
-     * calls stay as they were. */
+     * scored at every level (9,800 instructions a pair, 3,900 so); and when the scored
+     * placement settles on a place that needs memory mapped, those kept whole are merged and
+     * it looks again (take_block_locked), so the mapping calls stay as they were. */
     bool whole = p->vmm && order > CUHEAP_QUICK_MAX_ORDER && q->nr == 0;
     bool small = q->nr < CUHEAP_QUICK_MAX && order <= CUHEAP_QUICK_MAX_ORDER &&
                  (p->vmm || p->quick_bytes + (1ull << order) <= p->cfg->arena_size / 8);
@@ -1914,9 +1914,6 @@ static __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuh
  * they need no driver call (vmm: their granules are mapped), holding their memory for size
  * bytes as the block just allocated does (p->lock held): from the thread's own batch whose
  * fence has passed, the pool's quick list, or for small blocks by splitting. */
-/* Refills pop quick lists by hand, which is right only for orders never kept whole (nr_whole). */
-_Static_assert(TC_NR_ORDERS - 1 <= CUHEAP_QUICK_MAX_ORDER, "thread caches stop below whole blocks");
-
 static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, unsigned order,
                              uint64_t size)
 {
@@ -1939,13 +1936,9 @@ static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, un
         uint64_t ptr, block;
         struct cuheap_arena *a;
         if (q->head) {
-            ptr = q->head;
-            a = map_lookup(ptr);
-            if (p->vmm && !block_mapped_locked(p, a, ptr, size))
+            if (p->vmm && !block_mapped_locked(p, map_lookup(q->head), q->head, size))
                 break;
-            q->head = a->link[unit_of(a, ptr)];
-            q->nr--;
-            p->quick_bytes -= 1ull << order;
+            ptr = quick_pop_locked(p, order, &a);
         } else if (take_block_locked(p, size, &ptr, &block, &a)) {
             break;
         } else if (p->vmm && !block_mapped_locked(p, a, ptr, size)) {
