@@ -148,11 +148,12 @@ cuheap_alloc_pooled(struct cuheap_counters *ctr, struct cuheap_device *d, int ap
 static inline __attribute__((always_inline)) int
 cuheap_free_pooled(struct cuheap_counters *ctr, uint64_t ptr, uint64_t stream, int api)
 {
-    struct cuheap_pool *p = cuheap_pool_of(ptr);
-    if (!p)
-        return 0;
+    struct cuheap_pool *p = NULL;
     uint64_t size, block, seq = 0; /* a sequence number only for an event recorded */
-    if (cuheap_pool_free(p, ptr, stream, &size, &block, cuheap_recording() ? &seq : NULL))
+    int r = cuheap_pool_free_any(ptr, stream, &p, &size, &block, cuheap_recording() ? &seq : NULL);
+    if (r == CUHEAP_POOL_PASS)
+        return 0;
+    if (r)
         return -1;
     cuheap_account_in(ctr, cuheap_device_of_pool(p), -(int64_t)size, 0);
     cuheap_count_in(ctr, CUHEAP_CTR_FREES, 1);

@@ -237,6 +237,11 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
 int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
                      uint64_t *ret_block, uint64_t *ret_seq);
 
+/* cuheap_pool_free() on the pool whose arena contains ptr (*ret_pool, set when there is one);
+ * CUHEAP_POOL_PASS when ptr is in no pool's arena. */
+int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, struct cuheap_pool **ret_pool,
+                         uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq);
+
 /* The pool whose arena contains ptr, or NULL. Lock-free. */
 struct cuheap_pool *cuheap_pool_of(uint64_t ptr);
 

@@ -885,17 +885,12 @@ static void test_html_report_content(void **state)
 
 /* Headless Chromium (Debian's package) opens the report with no console message, and the
  * charts are drawn: one SVG per GPU chart, with the live step line, markers and the
- * refusal. The screenshot is kept in meson-logs/. Skipped without chromium. */
+ * refusal. The screenshot is kept in meson-logs/. The meson test html-chromium runs it alone,
+ * skipped as a whole where chromium is missing (main). */
 static void test_html_renders_in_chromium(void **state)
 {
     (void)state;
-    struct result r = run("command -v chromium");
-    if (r.status) {
-        done(&r);
-        print_message("# chromium is not installed\n");
-        skip();
-    }
-    done(&r);
+    struct result r;
     FILE *f = open_trace_of("oom.jsonl", 1);
     trace_event(f, 1, 1000, "alloc", 1, 0x1000, 1 << 20, 0, 0);
     fputs("{\"type\":\"event\",\"seq\":2,\"t\":2000,\"event\":\"oom\",\"api\":\"cuMemAlloc\","
@@ -1495,13 +1490,27 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_check_finds_damage, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_top_prints_what_it_is_asked, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
-        cmocka_unit_test_setup_teardown(test_html_renders_in_chromium, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_diff_two_runs, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_progress_only_on_a_terminal, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_chrome_time_window, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_stack_lines_are_the_calls, fresh_dir, remove_dir),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
+    /* Rendering in Chromium is a meson test of its own (html-chromium), skipped as a whole
+     * where Chromium is missing: a skipped cmocka case prints "not ok N # SKIP", which meson
+     * and scripts/test.sh count as a failure, so a machine without Chromium failed the README's
+     * test command. */
+    if (getenv("CUHEAP_TEST_CHROMIUM")) {
+        if (system("command -v chromium >/dev/null 2>&1")) {
+            printf("1..0 # SKIP chromium is not installed (scripts/setup.sh installs it with "
+                   "CI set)\n");
+            return 0;
+        }
+        const struct CMUnitTest chromium[] = {
+            cmocka_unit_test_setup_teardown(test_html_renders_in_chromium, fresh_dir, remove_dir),
+        };
+        return cmocka_run_group_tests(chromium, NULL, NULL);
+    }
     /* CUHEAP_TEST_FILTER=test_chrome* runs a few cases while working on them */
     if (getenv("CUHEAP_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CUHEAP_TEST_FILTER"));
