@@ -20,23 +20,34 @@ for cfg in "raw" "norecord CUHEAP_RECORD=0" "immediate CUHEAP_RECORD=0 CUHEAP_RE
     fi
 done
 # Instructions per pair from callgrind: the difference of two runs leaves out start-up
-# (8 timed repetitions of n pairs each). Arguments: size, then settings.
+# (8 timed repetitions of n pairs each). Printed whole, and split: the simulated driver's calls
+# (inclusive; a real driver's cuCtxGetCurrent is not this test double's, with its fault
+# injection), the benchmark's own loop, and what is left, cuheap's. Arguments: size, then settings.
 per_pair() {
-    local size=$1 n a c
+    local size=$1 n
     shift
     for n in 4000 8000; do
         env "$@" LD_PRELOAD=$pre BENCH_PAIRS=$n valgrind --tool=callgrind \
             --callgrind-out-file=/tmp/cuheap-cg.$n "$b/bench/bench-alloc" sync "$size" >/dev/null 2>&1
     done
-    a=$(grep -m1 '^summary:' /tmp/cuheap-cg.4000 | awk '{print $2}')
-    c=$(grep -m1 '^summary:' /tmp/cuheap-cg.8000 | awk '{print $2}')
-    rm -f /tmp/cuheap-cg.4000 /tmp/cuheap-cg.8000
-    echo $(( (c - a) / (8 * 4000) ))
+    local f=/tmp/cuheap-cg.4000 g=/tmp/cuheap-cg.8000
+    total() { grep -m1 '^summary:' "$1" | awk '{print $2}'; }
+    driver() {
+        callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
+            grep -E 'fakecuda.c:cu[A-Z][A-Za-z_0-9]* \[' | awk '{gsub(",", "", $1); s += $1} END {print s + 0}'
+    }
+    loop() {
+        callgrind_annotate --threshold=100 "$1" 2>/dev/null |
+            grep -E 'bench-alloc.c:.*\[' | awk '{gsub(",", "", $1); s += $1} END {print s + 0}'
+    }
+    local t=$(($(total $g) - $(total $f))) d=$(($(driver $g) - $(driver $f))) l=$(($(loop $g) - $(loop $f)))
+    rm -f "$f" "$g"
+    echo "instructions_per_pair=$((t / 32000)) simulated_driver=$((d / 32000)) benchmark_loop=$((l / 32000)) cuheap=$(((t - d - l) / 32000))"
 }
 echo "## instructions per pair (callgrind, recording off)"
-echo "case=immediate-512 instructions_per_pair=$(per_pair 512 CUHEAP_RECORD=0 CUHEAP_REUSE=immediate)"
+echo "case=immediate-512 $(per_pair 512 CUHEAP_RECORD=0 CUHEAP_REUSE=immediate)"
 for size in 512 2097152 20971520; do
-    echo "case=default-$size instructions_per_pair=$(per_pair $size CUHEAP_RECORD=0)"
+    echo "case=default-$size $(per_pair $size CUHEAP_RECORD=0)"
 done
 echo "## threads at once against one (recording off; ratio 1.0 = perfect scaling; $(nproc) cores here)"
 for n in 2 16; do

@@ -158,6 +158,12 @@ MUTATIONS = [
      "memory held stays close to what is live", "src/pool.c",
      "if (r == 0 && p->nr_whole && !block_mapped_locked(p, a, addr, size) &&",
      "if (r == 0 && p->nr_whole && !block_mapped_locked(p, a, addr, size) && false &&"),
+    ("budget-wait-drains-every-cache",
+     "vmm: an allocation past the budget that waits for a fence drains every thread's cache "
+     "(a barrier on every thread, and their next allocations take the pool's lock)",
+     "a thread's cache is its own but when memory runs out", "src/pool.c",
+     "fence_pending_once_locked(p, acq, what == MAP_FENCE)",
+     "fence_pending_once_locked(p, acq, true)"),
     ("idle-fit-unguarded",
      "vmm, tight: CUHEAP_VMM_IDLE_FIT above 125 applies however far the pool's busy memory "
      "has spread beyond its live bytes, so free granules of busy chunks add up in long runs",

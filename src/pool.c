@@ -1156,14 +1156,26 @@ struct acquire {
 
 static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool freed_only);
 
-/* Put every block freed but not yet behind a fence (thread caches, open epoch, stream caches)
- * behind one, once per allocation. Returns whether it did so now. */
-static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq)
+/* The calling thread's own cache drained (p->lock held): no other thread touches a cache but
+ * under p->lock, and its owner is here, so no hold and no barrier. */
+static void tc_drain_mine_locked(struct cuheap_pool *p);
+
+/* Put every block freed but not yet behind a fence (open epoch, stream caches, and thread
+ * caches: every thread's when the device or the limit is full, else only the caller's) behind
+ * one, once per allocation. Returns whether it did so now. Draining every thread's cache makes
+ * each of them pass a memory barrier (membarrier(2), an interrupt on each CPU that runs one):
+ * past the pool's budget that is a loop that frees and asks again for a large block on every
+ * pair, so with 16 such threads every pair of each would interrupt the 15 others, for the
+ * small blocks they keep (at most a sixteenth of a granule each). */
+static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq, bool all)
 {
     if (acq->fenced)
         return false;
     acq->fenced = true;
-    tc_drain_all_locked(p, false); /* what threads keep ready holds memory too */
+    if (all)
+        tc_drain_all_locked(p, false); /* what threads keep ready holds memory too */
+    else
+        tc_drain_mine_locked(p);
     flush_stream_caches_locked(p);
     close_epoch_locked(p);
     return true;
@@ -1285,7 +1297,7 @@ static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq
         wait_syncing_locked(p);
     else if (what == MAP_WAIT)
         wait_oldest_locked(p);
-    else if (fence_pending_once_locked(p, acq) && what == MAP_FENCE_POLL)
+    else if (fence_pending_once_locked(p, acq, what == MAP_FENCE) && what == MAP_FENCE_POLL)
         poll_oldest_locked(p);
 }
 
@@ -1727,6 +1739,13 @@ static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool freed_only)
         n += tc_drain_held_locked(p, tc, freed_only);
     tc_unhold_all(p);
     return n;
+}
+
+static void tc_drain_mine_locked(struct cuheap_pool *p)
+{
+    struct cuheap_tcache *tc = tc_find(p);
+    if (tc)
+        tc_drain_held_locked(p, tc, false);
 }
 
 /* A thread ends: its caches go back to their pools. */

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -998,6 +999,67 @@ static void test_thread_cache_frees_fold_live(void **state)
     assert_int_equal(pthread_join(t, NULL), 0);
     check_invariants(f);
     teardown(f);
+}
+
+/* Past the pool's budget, an allocation that waits for a fence puts only its own thread's
+ * freed blocks behind it: every other thread keeps its cache, and so allocates without the
+ * pool's lock. Draining every thread's cache there made each of them pass a memory barrier
+ * (an interrupt) at every such wait, which a loop of 2 MiB pairs on 16 threads made on every
+ * pair. (The OOM path still drains them all.) */
+static struct fixture *keep_fixture;
+static sem_t keep_ready, keep_go, keep_done, keep_end;
+
+static void *small_allocator(void *arg)
+{
+    (void)arg;
+    uint64_t a = alloc(keep_fixture, 4096, 0); /* through the pool: its cache gets ready blocks */
+    sem_post(&keep_ready);
+    sem_wait(&keep_go);
+    uint64_t b = alloc(keep_fixture, 4096, 0); /* from the cache, or waits for the pool's lock */
+    sem_post(&keep_done);
+    sem_wait(&keep_end);
+    release(keep_fixture, b, 0);
+    release(keep_fixture, a, 0);
+    return NULL;
+}
+
+static void test_vmm_budget_wait_leaves_other_caches(void **state)
+{
+    (void)state;
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    fixture_thread_cache = 0;
+    f->cfg.vmm_cushion = 0;
+    keep_fixture = f;
+    sem_init(&keep_ready, 0, 0);
+    sem_init(&keep_go, 0, 0);
+    sem_init(&keep_done, 0, 0);
+    sem_init(&keep_end, 0, 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, small_allocator, NULL), 0);
+    sem_wait(&keep_ready);
+    uint64_t x = alloc(f, 2 * MIB, 0);
+    release(f, x, 0); /* behind a fence that has not passed */
+    int waits = f->dev.nr_waits;
+    uint64_t y = alloc(f, 2 * MIB, 0); /* at the budget: waits for x's fence */
+    assert_true(f->dev.nr_waits > waits);
+    /* the other thread's allocation takes no pool lock: its cache was left alone */
+    pthread_mutex_lock(&f->pool.lock);
+    sem_post(&keep_go);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    int served = sem_timedwait(&keep_done, &until);
+    pthread_mutex_unlock(&f->pool.lock);
+    if (served)
+        sem_wait(&keep_done);
+    sem_post(&keep_end);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    release(f, y, 0);
+    check_invariants(f);
+    teardown(f); /* first: a failure here would leave this thread a cache of a pool gone */
+    if (served)
+        fail_msg("the other thread's cache was drained: its allocation waited for the pool");
 }
 
 /* Near the limit or a full device, a block smaller than a piece maps only the granules it
@@ -2078,6 +2140,7 @@ int main(void)
         cmocka_unit_test(test_vmm_whole_block_kept_and_given_up),
         cmocka_unit_test(test_vmm_idle_fit_holds_back_when_spread),
         cmocka_unit_test(test_thread_cache_frees_fold_live),
+        cmocka_unit_test(test_vmm_budget_wait_leaves_other_caches),
         cmocka_unit_test(test_vmm_aligned_small_block_near_the_limit),
         cmocka_unit_test(test_vmm_aligned_reserve_fills_pieces),
         cmocka_unit_test(test_vmm_aligned_piece_is_a_power_of_two),
