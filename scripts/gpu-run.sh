@@ -483,8 +483,8 @@ run_toggle() {
 
 # The hot path, this build against the other builds in the bundle (gpu-bundle/NAME/): per
 # round (HOT_ROUNDS, default 3), cudaMallocAsync's warm pool and each build at 512 B, 2 MiB
-# and 20 MiB on one thread, then 16 threads of 512 B pairs against one (HOT_THREAD_PAIRS pairs a
-# thread, default 100000: about 10 ms, where a thread started late or a neighbour's burst
+# and 20 MiB on one thread, then 16 threads of pairs against one (HOT_THREAD_SIZES, default
+# 512; HOT_THREAD_PAIRS pairs a thread, default 100000: about 10 ms, where a thread started late or a neighbour's burst
 # weighs on the wall clock); then a sampled profile of this build's 16 threads
 # (threads-profile.txt).
 run_hot() {
@@ -503,7 +503,7 @@ run_hot() {
         for lib in $libs; do
             say "threads round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" CUHEAP_RECORD=0 \
                 CUHEAP_SUMMARY=0 BENCH_PAIRS=${HOT_THREAD_PAIRS:-100000} timeout 120 \
-                "$B/bench-alloc" threads 16 512 2>&1 | tail -1)"
+                "$B/bench-alloc" threads 16 ${HOT_THREAD_SIZES:-512} 2>&1 | grep '^config' | tr '\n' ' ')"
         done
     done
     BENCH_PROFILE=1 BENCH_PAIRS=${PROFILE_PAIRS:-1000000} LD_PRELOAD=$PRE CUHEAP_RECORD=0 \
