@@ -232,12 +232,26 @@ static void note(struct cuheap_pool *p, int type, uint64_t ptr, uint64_t size, u
 
 #define TC_LEGACY_MAX_ORDER 17 /* largest block a legacy thread cache keeps: 128 KiB */
 
+/* The pool's lock spins a little before it sleeps (glibc's adaptive mutex): its holders make
+ * at most a driver call or two, and 16 threads of 2 MiB pairs, each taking it twice a pair,
+ * queued on futex sleeps and wake-ups (85% of their CPU samples at two offsets of libc's futex call
+ * on the H200): 43.3-43.7 us a pair a thread with it against 48.7-52.3 without (three rounds each,
+ * bench/RESULTS.md). A thread alone never waits, so nothing changes for it. */
+static void pool_lock_init(struct cuheap_pool *p)
+{
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&p->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+}
+
 int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
                      const struct cuheap_backend *be, int device, uint64_t limit,
                      _Atomic uint64_t *device_reserved, cuheap_pool_note_fn note_fn)
 {
     memset(p, 0, sizeof(*p));
-    pthread_mutex_init(&p->lock, NULL);
+    pool_lock_init(p);
     pthread_cond_init(&p->synced, NULL);
     p->cfg = cfg;
     p->be = *be;
@@ -3062,6 +3076,6 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->nr_whole = 0;
     p->pending_mapped = 0;
     p->ep_head = p->ep_tail = 0;
-    pthread_mutex_init(&p->lock, NULL);
+    pool_lock_init(p);
     pthread_cond_init(&p->synced, NULL);
 }
