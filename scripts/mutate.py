@@ -385,6 +385,9 @@ def main():
             return 2
         chosen = [m for m in MUTATIONS if m[0] in ids]
 
+    # the tree the run tests is the one copied now: a commit made meanwhile is not it
+    head = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
     scratch = tempfile.mkdtemp(prefix="cuheap-mutate-")
     log = os.path.join(scratch, "mutate.log")
     copy_tree(os.path.join(scratch, "src-tree"))
@@ -429,8 +432,6 @@ def main():
               f" ({secs:.0f} s)", flush=True)
     run(["ninja", "-C", build], tree, log)  # leave the scratch build matching the source
 
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                          capture_output=True, text=True).stdout.strip()
     with open(args.report, "w") as f:
         f.write("# Mutation testing\n\n")
         f.write("Each row is a deliberate breakage of a promise cuheap makes, applied by "
