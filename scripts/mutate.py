@@ -164,6 +164,12 @@ MUTATIONS = [
      "a thread's cache is its own but when memory runs out", "src/pool.c",
      "fence_pending_once_locked(p, acq, what == MAP_FENCE)",
      "fence_pending_once_locked(p, acq, true)"),
+    ("budget-wait-keeps-own-cache",
+     "vmm: an allocation past the budget that waits for a fence leaves its own thread's freed "
+     "small blocks in the thread's cache, so their granule stays held and the pool maps more",
+     "memory held stays close to what is used (pool v2)", "src/pool.c",
+     "if (tc)\n        tc_drain_held_locked(p, tc, false);",
+     "if (tc && false)\n        tc_drain_held_locked(p, tc, false);"),
     ("idle-fit-unguarded",
      "vmm, tight: CUHEAP_VMM_IDLE_FIT above 125 applies however far the pool's busy memory "
      "has spread beyond its live bytes, so free granules of busy chunks add up in long runs",

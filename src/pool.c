@@ -1164,6 +1164,7 @@ static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, ui
 
 struct acquire {
     bool fenced;      /* the open epoch was closed for this allocation already */
+    bool fenced_all;  /* ... with every thread's cache drained behind it (fenced too) */
     bool only_needed; /* aligned layout: a whole piece did not fit under the limit or on the
                          device, so map only the granules the block needs */
 };
@@ -1176,16 +1177,20 @@ static void tc_drain_mine_locked(struct cuheap_pool *p);
 
 /* Put every block freed but not yet behind a fence (open epoch, stream caches, and thread
  * caches: every thread's when the device or the limit is full, else only the caller's) behind
- * one, once per allocation. Returns whether it did so now. Draining every thread's cache makes
- * each of them pass a memory barrier (membarrier(2), an interrupt on each CPU that runs one):
- * past the pool's budget that is a loop that frees and asks again for a large block on every
- * pair, so with 16 such threads every pair of each would interrupt the 15 others, for the
- * small blocks they keep (at most a sixteenth of a granule each). */
+ * one, once per allocation (and once more for all threads' after the caller's alone). Returns
+ * whether it did so now. Draining every thread's cache makes each of them pass a memory
+ * barrier (membarrier(2), an interrupt on each CPU that runs one): past the pool's budget that
+ * is a loop that frees and asks again for a large block on every pair, so with 16 such threads
+ * every pair of each would interrupt the 15 others. What the others keep (their ready blocks,
+ * up to CUHEAP_THREAD_CACHE each, and the frees of an open batch) then keeps its granules past
+ * the budget, where the pool may map more rather than wait; a full device or limit takes it all
+ * back. The GPT replay (one thread) is unchanged. */
 static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq, bool all)
 {
-    if (acq->fenced)
+    if (all ? acq->fenced_all : acq->fenced)
         return false;
     acq->fenced = true;
+    acq->fenced_all = all;
     if (all)
         tc_drain_all_locked(p, false); /* what threads keep ready holds memory too */
     else
@@ -1296,7 +1301,7 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             continue;
         if (reclaim_locked(p))
             continue;
-        if (!acq->fenced)
+        if (!acq->fenced_all)
             return MAP_FENCE;
         if (p->ep_head == p->ep_tail) /* blocks another thread syncs for come back soon */
             return p->syncing ? MAP_DEVICE_SYNC : r;
@@ -2003,7 +2008,7 @@ static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, un
             merge_block_locked(p, a, ptr);
             break;
         }
-        struct acquire acq = {.fenced = true}; /* mapped: no fence, no driver call */
+        struct acquire acq = {.fenced = true, .fenced_all = true}; /* mapped: no driver call */
         if (p->vmm && use_granules_locked(p, a, ptr, size, &acq)) {
             merge_block_locked(p, a, ptr);
             break;
@@ -2790,6 +2795,10 @@ static int check_tcaches_locked(struct cuheap_pool *p, char *why, size_t why_siz
         if (ready != tc->ready_bytes)
             FAIL("thread cache holds %lu ready bytes, counted %lu", (unsigned long)tc->ready_bytes,
                  (unsigned long)ready);
+        if (tc->closed_tail - tc->closed_head > TC_NR_CLOSED)
+            FAIL("thread cache has %u closed batches", tc->closed_tail - tc->closed_head);
+        if (tc_open(tc)->fence || tc_open(tc)->passed)
+            FAIL("thread cache's open batch has a fence");
         if (check_batch(tc_open(tc), why, why_size))
             return -EFAULT;
         for (unsigned c = tc->closed_head; c != tc->closed_tail; c++)
