@@ -791,7 +791,33 @@ static int create_trace_file(void)
     return -1;
 }
 
-/* Open the trace for this process and write its header (io_lock held or single-threaded). */
+/* The JSONL header line (format, process, clock, settings), built before the file exists. */
+static json_t *trace_header(const char *host, const char *rank, const struct timespec *real)
+{
+    ssize_t n = readlink("/proc/self/exe", exe_path, sizeof(exe_path) - 1);
+    exe_path[n > 0 ? n : 0] = 0;
+    dl_iterate_phdr(find_exe_base, NULL);
+    json_t *conf = json_object();
+    cuheap_config_dump(cfg, config_item, conf);
+    json_t *h =
+        json_pack("{s:s, s:s, s:i, s:I, s:I, s:o, s:o, s:o, s:I, s:s, s:s, s:b, s:o}", "type",
+                  "header", "format", "cuheap-trace", "version", TRACE_FORMAT_VERSION, "pid",
+                  (json_int_t)getpid(), "ppid", (json_int_t)getppid(), "host", json_text(host),
+                  "exe", json_text(exe_path), "cmdline", cmdline_json(), "start_unix_ns",
+                  (json_int_t)((uint64_t)real->tv_sec * 1000000000ull + (uint64_t)real->tv_nsec),
+                  "clock", "CLOCK_MONOTONIC, t in ns since start", "unwinder",
+                  cuheap_unwinder_name(unwinder), "python", python, "config", conf);
+    if (h && rank)
+        json_object_set_new(h, "rank", json_integer(atoll(rank)));
+    if (h)
+        json_object_set_new(h, "stack_depth", json_integer(stack_depth));
+    return h;
+}
+
+/* Open the trace for this process and write its header (io_lock held or single-threaded).
+ * The header is built first and written the moment the file exists: a process killed in
+ * between leaves an empty file, which `cuheap check` cannot call a trace (CI's stress run saw
+ * one, killed 60 ms in on a loaded machine, while the header was being put together). */
 static void open_trace(void)
 {
     char host[128] = "", host_part[128], rank_part[64];
@@ -814,6 +840,10 @@ static void open_trace(void)
     write_failed = open_failed = header_written = false;
     trace_errno = 0;
     nr_written = 0;
+    t0_ns = now_ns();
+    struct timespec real;
+    clock_gettime(CLOCK_REALTIME, &real);
+    json_t *header = cfg->format == CUHEAP_FORMAT_CHROME ? NULL : trace_header(host, rank, &real);
     int fd = create_trace_file();
     out = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (fd >= 0 && !out)
@@ -821,6 +851,7 @@ static void open_trace(void)
     if (!out) {
         open_failed = true;
         trace_errno = errno;
+        json_decref(header);
         cuheap_log("cannot open trace %s: %s; the program goes on without a trace file "
                    "(set CUHEAP_OUTPUT to a writable path)",
                    out_path, strerror(errno));
@@ -830,9 +861,6 @@ static void open_trace(void)
      * the writer's batches into a write(2) every few events. Static, so the hook path that
      * opens a child's trace does not allocate it. */
     setvbuf(out, out_buf, _IOFBF, sizeof(out_buf));
-    t0_ns = now_ns();
-    struct timespec real;
-    clock_gettime(CLOCK_REALTIME, &real);
     if (cfg->format == CUHEAP_FORMAT_CHROME) {
         char name[160];
         snprintf(name, sizeof(name), "cuheap pid %ld%s%s", (long)getpid(), rank ? " rank " : "",
@@ -841,24 +869,7 @@ static void open_trace(void)
         check_write_error();
         return;
     }
-    ssize_t n = readlink("/proc/self/exe", exe_path, sizeof(exe_path) - 1);
-    exe_path[n > 0 ? n : 0] = 0;
-    dl_iterate_phdr(find_exe_base, NULL);
-    const char *exe = exe_path;
-    json_t *conf = json_object();
-    cuheap_config_dump(cfg, config_item, conf);
-    json_t *h =
-        json_pack("{s:s, s:s, s:i, s:I, s:I, s:o, s:o, s:o, s:I, s:s, s:s, s:b, s:o}", "type",
-                  "header", "format", "cuheap-trace", "version", TRACE_FORMAT_VERSION, "pid",
-                  (json_int_t)getpid(), "ppid", (json_int_t)getppid(), "host", json_text(host),
-                  "exe", json_text(exe), "cmdline", cmdline_json(), "start_unix_ns",
-                  (json_int_t)((uint64_t)real.tv_sec * 1000000000ull + (uint64_t)real.tv_nsec),
-                  "clock", "CLOCK_MONOTONIC, t in ns since start", "unwinder",
-                  cuheap_unwinder_name(unwinder), "python", python, "config", conf);
-    if (rank)
-        json_object_set_new(h, "rank", json_integer(atoll(rank)));
-    json_object_set_new(h, "stack_depth", json_integer(stack_depth));
-    put_line(h);
+    put_line(header);
     check_write_error(); /* the header on disk: a trace exists from here on */
 }
 
