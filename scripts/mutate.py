@@ -170,12 +170,6 @@ MUTATIONS = [
      "memory held stays close to what is used (pool v2)", "src/pool.c",
      "if (tc)\n        tc_drain_held_locked(p, tc, false);",
      "if (tc && false)\n        tc_drain_held_locked(p, tc, false);"),
-    ("cushion-ignored-for-waits",
-     "vmm: a CUHEAP_VMM_CUSHION of several blocks of a size does not make blocks of that size "
-     "map memory at once; they wait for a fence as under the default",
-     "every setting does what the README says", "src/pool.c",
-     "if (cushioned && p->st.reserved + need <= p->peak_busy + p->cfg->vmm_cushion)",
-     "if (false && cushioned && p->st.reserved + need <= p->peak_busy + p->cfg->vmm_cushion)"),
     ("idle-fit-unguarded",
      "vmm, tight: CUHEAP_VMM_IDLE_FIT above 125 applies however far the pool's busy memory "
      "has spread beyond its live bytes, so free granules of busy chunks add up in long runs",

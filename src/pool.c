@@ -1428,33 +1428,19 @@ static bool block_mapped_locked(struct cuheap_pool *p, struct cuheap_arena *a, u
     return true;
 }
 
-/* CUHEAP_VMM_CUSHION holds this many blocks of a size before a block of it maps memory of its
- * own within the cushion rather than wait for a fence (prefer_mapped_locked). */
-#define CUHEAP_CUSHION_BLOCKS 4
-
 /* vmm: the block the buddy gave needs granules mapped, but blocks freed before wait for a
  * fence. Once it passes they are free with their granules mapped, and the last one freed is
  * the first the buddy gives again: very likely one of this size, at an address that needs no
  * driver call. So wait for the oldest fence and ask again, rather than move memory (66 us a
- * granule on an H200) or take more. Bounded by the number of epochs.
- * But a cushion set large enough for several blocks of this size (CUHEAP_CUSHION_BLOCKS) asks
- * for time over memory: while the block's granules fit in it, they are mapped at once, and a
- * loop that frees a block and asks for another of its size soon has enough of them mapped
- * never to wait (the simulated device with a fence that passes 3 us after it is recorded:
- * 2 MiB pairs 3,500-4,000 ns at every cushion before, 560 ns at 16M and 190 ns at 64M so; the
- * GPT replay at the default 2M unchanged, since no block of a granule or more has 4 in it). */
+ * granule on an H200) or take more. Bounded by the number of epochs. */
 static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr,
                                  uint64_t *block, struct cuheap_arena **arena)
 {
-    uint64_t g = granule_bytes(p), need = (size + g - 1) & ~(g - 1);
-    bool cushioned = p->cfg->vmm_cushion / CUHEAP_CUSHION_BLOCKS >= need;
     for (unsigned tries = 0; tries <= CUHEAP_NR_EPOCHS; tries++) {
         if (block_mapped_locked(p, *arena, *ptr, size))
             return;
         if (p->ep_head == p->ep_tail && !open_epoch(p)->nr_blocks)
             return; /* nothing waits: moving or taking granules is all there is */
-        if (cushioned && p->st.reserved + need <= p->peak_busy + p->cfg->vmm_cushion)
-            return; /* mapped within the cushion, no wait */
         if (!reclaim_locked(p)) {
             if (p->ep_head == p->ep_tail) {
                 close_epoch_locked(p);

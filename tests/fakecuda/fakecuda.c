@@ -14,9 +14,8 @@
  *
  * Settings: FAKECUDA_DEVICE_COUNT (default 1), FAKECUDA_DEVICE_MEM (bytes per device,
  * K/M/G suffixes, default 4G), FAKECUDA_ALLOC_US / FAKECUDA_FREE_US (simulated cost of
- * cuMemAlloc_v2 / cuMemFree_v2 in microseconds, default 0), FAKECUDA_EVENT_US (an event
- * recorded on an idle stream completes that many microseconds later, as a real GPU's does,
- * default 0: at once), FAKECUDA_FAIL (fault injection, below).
+ * cuMemAlloc_v2 / cuMemFree_v2 in microseconds, default 0), FAKECUDA_FAIL (fault injection,
+ * below).
  *
  * One global mutex guards all state: this is a test double, clarity beats speed.
  */
@@ -84,7 +83,6 @@ struct fake_event {
     unsigned magic;
     unsigned long long recorded; /* generation of the last record */
     unsigned long long done;     /* generation that has completed */
-    uint64_t due_ns;             /* FAKECUDA_EVENT_US: when `recorded` completes by itself */
 };
 
 struct dep {
@@ -135,7 +133,7 @@ static size_t g_nr_allocs, g_cap_allocs;
 static struct fake_stream *g_streams[NR_MAX_STREAMS];
 static struct fake_stream *g_dead_streams; /* destroyed, kept for dependencies on them */
 static unsigned long long g_next_buffer_id = 1;
-static unsigned g_alloc_us, g_free_us, g_event_us;
+static unsigned g_alloc_us, g_free_us;
 static _Thread_local struct fake_ctx *tls_ctx;
 static atomic_ulong g_calls[FAKECUDA_NR_COUNTERS];
 
@@ -162,22 +160,6 @@ static size_t parse_size(const char *s, size_t dflt)
         break;
     }
     return v ? (size_t)v : dflt;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* An event recorded on an idle stream under FAKECUDA_EVENT_US completes once its time is up. */
-static void event_due_locked(struct fake_event *e)
-{
-    if (e->due_ns && now_ns() >= e->due_ns) {
-        e->done = e->recorded;
-        e->due_ns = 0;
-    }
 }
 
 static void spin_us(unsigned us)
@@ -799,8 +781,6 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
         const char *a = getenv("FAKECUDA_ALLOC_US"), *f = getenv("FAKECUDA_FREE_US");
         g_alloc_us = a ? (unsigned)atoi(a) : 0;
         g_free_us = f ? (unsigned)atoi(f) : 0;
-        const char *ev = getenv("FAKECUDA_EVENT_US");
-        g_event_us = ev ? (unsigned)atoi(ev) : 0;
         for (int i = 0; i < g_nr_devices; i++) {
             void *p = mmap(NULL, mem, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -1941,15 +1921,11 @@ FAKE_EXPORT CUresult cuEventRecord(CUevent h, CUstream st)
     w->event = e;
     w->gen = ++e->recorded;
     if (idle_for_record_locked(s)) {
-        if (g_event_us)
-            e->due_ns = now_ns() + (uint64_t)g_event_us * 1000; /* completes by itself, later */
-        else
-            e->done = w->gen;
+        e->done = w->gen;
         pthread_mutex_unlock(&g_lock);
         free(w);
         return CUDA_SUCCESS;
     }
-    e->due_ns = 0; /* this record completes with its stream's work */
     enqueue_locked(s, w);
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
@@ -1968,7 +1944,6 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent h)
     if (!e || e->magic != EVENT_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&g_lock);
-    event_due_locked(e);
     CUresult r = e->done >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&g_lock);
     return r;
@@ -1982,18 +1957,8 @@ FAKE_EXPORT CUresult cuEventSynchronize(CUevent h)
     if (!e || e->magic != EVENT_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&g_lock);
-    while (e->done < e->recorded) {
-        if (e->due_ns) { /* a record on an idle stream (FAKECUDA_EVENT_US): sleep it out */
-            uint64_t now = now_ns();
-            pthread_mutex_unlock(&g_lock);
-            if (e->due_ns > now)
-                spin_us((unsigned)((e->due_ns - now + 999) / 1000));
-            pthread_mutex_lock(&g_lock);
-            event_due_locked(e);
-            continue;
-        }
+    while (e->done < e->recorded)
         pthread_cond_wait(&g_progress, &g_lock);
-    }
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }

@@ -1001,33 +1001,6 @@ static void test_thread_cache_frees_fold_live(void **state)
     teardown(f);
 }
 
-/* A loop that frees a 2 MiB block and asks for another: under the default cushion the pool
- * waits for the freed block's fence rather than map more; with a cushion of several such
- * blocks (CUHEAP_VMM_CUSHION=64M) it maps the new one at once and waits for nothing, and the
- * blocks it mapped come round again. */
-static void test_vmm_cushion_maps_rather_than_waits(void **state)
-{
-    (void)state;
-    for (int large = 0; large < 2; large++) {
-        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
-        f->cfg.vmm_cushion = large ? 64 * MIB : 2 * MIB;
-        int waits = f->dev.nr_waits;
-        for (int i = 0; i < 16; i++) /* behind fences that pass only when waited for */
-            release(f, alloc(f, 2 * MIB, 0), 0);
-        int waited = f->dev.nr_waits - waits;
-        uint64_t reserved = f->pool.st.reserved;
-        check_invariants(f);
-        teardown(f);
-        if (large) {
-            assert_int_equal(waited, 0);
-            assert_true(reserved <= 2 * MIB + 64 * MIB);
-        } else {
-            assert_true(waited >= 8);
-            assert_true(reserved <= 4 * MIB);
-        }
-    }
-}
-
 /* Past the pool's budget, an allocation that waits for a fence puts only its own thread's
  * freed blocks behind it: every other thread keeps its cache, and so allocates without the
  * pool's lock. Draining every thread's cache there made each of them pass a memory barrier
@@ -2194,7 +2167,6 @@ int main(void)
         cmocka_unit_test(test_vmm_whole_block_kept_and_given_up),
         cmocka_unit_test(test_vmm_idle_fit_holds_back_when_spread),
         cmocka_unit_test(test_thread_cache_frees_fold_live),
-        cmocka_unit_test(test_vmm_cushion_maps_rather_than_waits),
         cmocka_unit_test(test_vmm_budget_wait_leaves_other_caches),
         cmocka_unit_test(test_vmm_budget_wait_drains_own_cache),
         cmocka_unit_test(test_vmm_aligned_small_block_near_the_limit),
