@@ -1179,9 +1179,11 @@ static void tc_drain_mine_locked(struct cuheap_pool *p);
  * caches: every thread's when the device or the limit is full, else only the caller's) behind
  * one, once per allocation (and once more for all threads' after the caller's alone). Returns
  * whether it did so now. Draining every thread's cache makes each of them pass a memory
- * barrier (membarrier(2), an interrupt on each CPU that runs one): past the pool's budget that
- * is a loop that frees and asks again for a large block on every pair, so with 16 such threads
- * every pair of each would interrupt the 15 others. What the others keep (their ready blocks,
+ * barrier (membarrier(2), an interrupt on each CPU that runs one) and takes their ready blocks,
+ * so that their next allocations take the pool's lock; past the pool's budget a loop that frees
+ * and asks again for a large block does so on every pair (on the H200 16 such threads were no
+ * faster without it, their time is the pool's lock: bench/RESULTS.md, 2026-12-02; it is what
+ * other threads keep that this spares). What the others keep (their ready blocks,
  * up to CUHEAP_THREAD_CACHE each, and the frees of an open batch) then keeps its granules past
  * the budget, where the pool may map more rather than wait; a full device or limit takes it all
  * back. The GPT replay (one thread) is unchanged. */
