@@ -1175,18 +1175,15 @@ static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool freed_only);
  * under p->lock, and its owner is here, so no hold and no barrier. */
 static void tc_drain_mine_locked(struct cuheap_pool *p);
 
-/* Put every block freed but not yet behind a fence (open epoch, stream caches, and thread
- * caches: every thread's when the device or the limit is full, else only the caller's) behind
- * one, once per allocation (and once more for all threads' after the caller's alone). Returns
- * whether it did so now. Draining every thread's cache makes each of them pass a memory
- * barrier (membarrier(2), an interrupt on each CPU that runs one) and takes their ready blocks,
- * so that their next allocations take the pool's lock; past the pool's budget a loop that frees
- * and asks again for a large block does so on every pair (on the H200 16 such threads were no
- * faster without it, their time is the pool's lock: bench/RESULTS.md, 2026-12-02; it is what
- * other threads keep that this spares). What the others keep (their ready blocks,
- * up to CUHEAP_THREAD_CACHE each, and the frees of an open batch) then keeps its granules past
- * the budget, where the pool may map more rather than wait; a full device or limit takes it all
- * back. The GPT replay (one thread) is unchanged. */
+/* Put every block freed but not yet behind a fence (open epoch, stream caches, thread caches)
+ * behind one, once per allocation. Returns whether it did so now. Past the pool's budget only
+ * the caller's own cache is drained (all: false): draining every thread's makes each pass a
+ * memory barrier (membarrier(2)) and takes its ready blocks, so that its next allocations take
+ * the pool's lock, and a loop of large pairs past the budget did so on every pair. What the
+ * others keep may then make the pool map more rather than wait; a full device or limit drains
+ * them all (all: true, once more after the caller's alone). On the H200, 16 threads of 2 MiB
+ * pairs were no faster for it (their time is the pool's lock, bench/RESULTS.md 2026-12-02);
+ * the GPT replay (one thread) is unchanged. */
 static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq, bool all)
 {
     if (all ? acq->fenced_all : acq->fenced)
@@ -1731,9 +1728,10 @@ static unsigned tc_drain_held_locked(struct cuheap_pool *p, struct cuheap_tcache
                              b->fence && (b->passed || p->be.fence_query(p->be.ctx, b->fence)));
         n += b->nr;
     }
-    if (tc_open(tc)->nr) {
-        tc_give_freed_locked(p, tc_open(tc), false);
-        n += tc_open(tc)->nr;
+    struct tc_batch *open = tc_open(tc);
+    if (open->nr) {
+        tc_give_freed_locked(p, open, false);
+        n += open->nr;
         tc_open_reset(tc);
     }
     for (unsigned o = 0; !freed_only && o < TC_NR_ORDERS; o++) {
