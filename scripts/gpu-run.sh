@@ -493,6 +493,9 @@ run_hot() {
         [ -f "$d" ] && libs="$(basename "$(dirname "$d")")=$d $libs"
     done
     for ((r = 1; r <= ${HOT_ROUNDS:-3}; r++)); do
+        # every other round the builds run in the other order: the host favours whichever
+        # runs first after a pause (2026-12-02)
+        libs=$(tr ' ' '\n' <<<"$libs" | grep . | tac | tr '\n' ' ')
         say "hot round=$r cudaMallocAsync $(timeout 60 "$B/bench-alloc" async 512 2097152 20971520 2>&1 |
             sed -n 's/.*case=\([0-9]*\) ns_per_pair=\([0-9.]*\).*/\1:\2/p' | tr '\n' ' ')"
         for lib in $libs; do

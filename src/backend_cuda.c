@@ -5,7 +5,9 @@
  * non-blocking stream cuheap saw created in that context: together they complete only once
  * all work submitted before them has, which is what the driver's own cuMemFree waits for.
  *
- * Fence slots live in struct cuheap_device and are touched only under the pool lock.
+ * Fence slots live in struct cuheap_cuda_device. A slot is taken with a compare-and-swap and
+ * let go when its last holder lets go: the pool takes them under its lock, and the timeline
+ * of threads' large blocks under its own (pool.c).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -107,13 +109,16 @@ static int record_on(struct cuheap_fence *f, CUstream s)
 
 static struct cuheap_fence *fence_slot(struct cuheap_cuda_device *d)
 {
-    for (unsigned i = 0; i < CUHEAP_NR_FENCES; i++)
-        if (!d->fences[i].in_use) {
-            d->fences[i].in_use = true;
-            d->fences[i].refs = 1;
-            d->fences[i].nr = 0;
-            return &d->fences[i];
+    for (unsigned i = 0; i < CUHEAP_NR_FENCES; i++) {
+        struct cuheap_fence *f = &d->fences[i];
+        bool free_slot = false;
+        if (!atomic_load_explicit(&f->in_use, memory_order_relaxed) &&
+            atomic_compare_exchange_strong(&f->in_use, &free_slot, true)) {
+            atomic_store_explicit(&f->refs, 1, memory_order_relaxed);
+            f->nr = 0;
+            return f;
         }
+    }
     return NULL;
 }
 
@@ -133,7 +138,7 @@ static int fence_record(void *ctx, void **ret_fence)
     pthread_mutex_unlock(&streams_lock);
     leave_ctx(pushed);
     if (r) {
-        f->in_use = false;
+        atomic_store_explicit(&f->in_use, false, memory_order_release);
         return -1;
     }
     *ret_fence = f;
@@ -165,20 +170,19 @@ static int fence_wait(void *ctx, void *fence)
     return r;
 }
 
-/* Fences are slots of the device record, guarded by the pool's lock; a slot is taken again
- * (its events recorded anew) only once nobody holds it. */
+/* A slot is taken again (its events recorded anew) only once nobody holds it. */
 static void fence_hold(void *ctx, void *fence)
 {
     (void)ctx;
-    ((struct cuheap_fence *)fence)->refs++;
+    atomic_fetch_add_explicit(&((struct cuheap_fence *)fence)->refs, 1, memory_order_relaxed);
 }
 
 static void fence_destroy(void *ctx, void *fence)
 {
     (void)ctx;
     struct cuheap_fence *f = fence;
-    if (--f->refs == 0)
-        f->in_use = false; /* events stay created for the next fence */
+    if (atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) == 1)
+        atomic_store_explicit(&f->in_use, false, memory_order_release); /* events stay made */
 }
 
 static int stream_fence_record(void *ctx, uint64_t stream, void **ret_fence)
@@ -191,7 +195,7 @@ static int stream_fence_record(void *ctx, uint64_t stream, void **ret_fence)
     int r = record_on(f, (CUstream)(uintptr_t)stream);
     leave_ctx(pushed);
     if (r) {
-        f->in_use = false;
+        atomic_store_explicit(&f->in_use, false, memory_order_release);
         return -1;
     }
     *ret_fence = f;

@@ -17,14 +17,15 @@
 
 #define CUHEAP_NR_MAX_FENCE_STREAMS 256
 #define CUHEAP_NR_FENCES                                                                           \
-    144 /* a pool's epochs (64), two per thread cache for 32 threads, a few stream fences; when    \
-           they run out a thread cache hands its frees to the pool's epochs instead */
+    208 /* a pool's epochs (64), three per thread cache for 32 threads (two batches, one large     \
+           block), a few stream fences; when they run out a thread cache hands its frees to the    \
+           pool's epochs instead */
 
 /* One device fence: an event on the legacy stream and on every non-blocking stream. */
 struct cuheap_fence {
-    unsigned nr;   /* events recorded */
-    unsigned refs; /* the epoch that owns it, and waiters holding it; free at 0 */
-    bool in_use;
+    unsigned nr;           /* events recorded */
+    _Atomic unsigned refs; /* the epoch that owns it, and waiters holding it; free at 0 */
+    _Atomic bool in_use;
     CUevent events[CUHEAP_NR_MAX_FENCE_STREAMS]; /* created on first use, then reused */
 };
 
@@ -33,7 +34,9 @@ struct cuheap_cuda_device {
     int ordinal;
     uint64_t granule;           /* VMM granularity, 0 = the device has no VMM */
     _Atomic bool not_shareable; /* VMM memory cannot be exported as file descriptors here */
-    struct cuheap_fence fences[CUHEAP_NR_FENCES]; /* guarded by the pool's lock */
+    /* taken and let go atomically: by the pool's paths under its lock, and for the timeline
+     * of threads' large blocks (pool.c, tl_record_locked) under the timeline's own */
+    struct cuheap_fence fences[CUHEAP_NR_FENCES];
 };
 
 /* Set up a backend for the device of ctx; d holds its state and must outlive it. */

@@ -553,6 +553,17 @@ static void place_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     idle_push_locked(p, c);
 }
 
+/* A spinning thread's pause: cheaper for the core's other hardware thread, and for the cache
+ * line it watches. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 static uint64_t mono_ns(void)
 {
     struct timespec ts;
@@ -1554,6 +1565,14 @@ struct cuheap_tcache {
     int64_t live, live_blocks; /* not yet folded into pool->st */
     uint64_t nr_hits;
     uint64_t next_id, end_id; /* buffer ids this thread may hand out */
+    /* One large block (above tc_max_order) the thread freed, kept only while the thread keeps
+     * finding the pool's lock taken (large_on, pool_lock_noting): reusable once a fence of the
+     * pool's timeline numbered above its ticket has passed */
+    struct tc_block large; /* the order in the low bits; ptr 0: none */
+    uint64_t large_ticket;
+    bool large_on;
+    uint8_t nr_locks, nr_contended; /* the owner's pool-lock takings, and those that waited */
+    uint64_t nr_fences, fence_ns;   /* the large block's, not yet folded into pool->st */
 };
 
 _Static_assert(TC_NR_CLOSED < TC_NR_BATCHES && !(TC_NR_BATCHES & (TC_NR_BATCHES - 1)),
@@ -1692,8 +1711,10 @@ static void tc_fold_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
     p->st.live += (uint64_t)tc->live;
     p->st.live_blocks += (uint64_t)tc->live_blocks;
     p->st.nr_hits += tc->nr_hits;
+    p->st.nr_fences += tc->nr_fences;
+    p->st.fence_ns += tc->fence_ns;
     tc->live = tc->live_blocks = 0;
-    tc->nr_hits = 0;
+    tc->nr_hits = tc->nr_fences = tc->fence_ns = 0;
 }
 
 /* Freed blocks handed to the pool (p->lock held): behind its open epoch, or straight back
@@ -1711,6 +1732,30 @@ static void tc_give_freed_locked(struct cuheap_pool *p, const struct tc_batch *b
     }
     if (b->fence)
         p->be.fence_destroy(p->be.ctx, b->fence);
+}
+
+/* Whether a block freed with this ticket (tl_ticket) may be used again: a fence whose recording
+ * began after its free has passed. */
+static bool tl_passed(struct cuheap_timeline *tl, uint64_t ticket)
+{
+    return atomic_load_explicit(&tl->passed, memory_order_acquire) > ticket;
+}
+
+/* The cache's large block to the pool (the caller holds the cache, or is its owner, with
+ * p->lock): straight back when its fence has passed, else behind the pool's open epoch.
+ * Returns how many blocks moved. */
+static unsigned tc_large_give_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
+{
+    if (!tc->large.ptr)
+        return 0;
+    uint64_t ptr = tc_ptr(&tc->large);
+    struct cuheap_arena *a = tc->large.arena;
+    if (tl_passed(&p->tl, tc->large_ticket))
+        return_block_locked(p, a, ptr);
+    else /* the pool's next fence is recorded after the free, as the timeline's would be */
+        pend_nowait_locked(p, a, ptr, 1ull << tc_order(&tc->large));
+    tc->large = (struct tc_block){0, NULL};
+    return 1;
 }
 
 /* Take everything out of a cache the caller holds (tc_hold_all, or one off every list: p->lock
@@ -1734,6 +1779,7 @@ static unsigned tc_drain_held_locked(struct cuheap_pool *p, struct cuheap_tcache
         n += open->nr;
         tc_open_reset(tc);
     }
+    n += tc_large_give_locked(p, tc);
     for (unsigned o = 0; !freed_only && o < TC_NR_ORDERS; o++) {
         for (unsigned i = 0; i < tc->nr_ready[o]; i++) {
             const struct tc_block *k = &tc->ready[o][i];
@@ -2128,6 +2174,243 @@ tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a,
     return 0;
 }
 
+/* ---- large blocks off the pool's lock ----
+ *
+ * A block above tc_max_order is not kept ready: it holds its memory from every other size. But
+ * each pair of such blocks then takes the pool's lock twice and waits for a fence recorded
+ * under it, and 16 threads of 2 MiB pairs on the H200 spent 85% of their time waiting for that
+ * lock, 32-42 times one thread's time a pair (bench/RESULTS.md, 2026-12-02). So a thread that
+ * keeps finding the lock taken keeps one large block of its own, freed with no pool lock, and
+ * its next allocation of that order takes the block back once a fence recorded after the free
+ * has passed (the timeline below, also without the pool's lock). A thread that finds the lock free
+ * keeps none, so a job with one allocating thread at a time (the GPT loop, its replay) holds no
+ * more memory for it. */
+
+#define TC_LOCK_WINDOW 16 /* pool-lock takings a thread's verdict is made over */
+
+/* Take p->lock for the calling thread (its cache tc, or NULL), counting whether it had to
+ * wait. At the end of each window of takings the thread keeps a large block from then on if it
+ * waited in a quarter of them or more, and stops (its block goes to the pool) if it never
+ * waited. */
+static void pool_lock_noting(struct cuheap_pool *p, struct cuheap_tcache *tc)
+{
+    bool waited = pthread_mutex_trylock(&p->lock) != 0;
+    if (waited)
+        pthread_mutex_lock(&p->lock);
+    if (!tc)
+        return;
+    /* the owner's own counts (no drainer reads them): no tc_enter */
+    tc->nr_contended += waited;
+    if (++tc->nr_locks < TC_LOCK_WINDOW)
+        return;
+    bool on = tc->nr_contended * 4 >= TC_LOCK_WINDOW || (tc->large_on && tc->nr_contended);
+    tc->nr_locks = tc->nr_contended = 0;
+    if (on == tc->large_on)
+        return;
+    tc->large_on = on;
+    /* p->lock held and this thread the owner: no drainer can be inside (tc_drain_mine_locked) */
+    if (!on && tc_large_give_locked(p, tc))
+        close_if_due_locked(p);
+}
+
+/* The fences of the threads' large blocks form one timeline per pool, shared: a block freed
+ * takes a ticket, the number of fences whose recording has begun, and may be used again once a
+ * later one has passed. One fence recorded serves every block freed before it, and one thread at
+ * a time records or asks the driver (tl->busy) while the others read tl->passed: a fence for
+ * each free, recorded and polled by 16 threads at once on the legacy stream, made 16 threads of
+ * 2 MiB pairs slower than waiting for the pool's lock (76 against 45 us a pair, CPU 11 against
+ * 29 us: they slept in the driver; bench/RESULTS.md 2026-12-02). Fences pass in the order they
+ * were recorded: each is an event on the same streams, each stream in order. */
+static uint64_t tl_ticket(struct cuheap_timeline *tl)
+{
+    return atomic_load_explicit(&tl->started, memory_order_seq_cst);
+}
+
+/* Whether the calling thread may record or ask the driver now (tl_leave when done): it never
+ * waits, and threads waiting for fences look before they try (tl_wait). */
+static bool tl_try_enter(struct cuheap_timeline *tl)
+{
+    return !atomic_load_explicit(&tl->busy, memory_order_relaxed) &&
+           !atomic_exchange_explicit(&tl->busy, true, memory_order_acquire);
+}
+
+static void tl_leave(struct cuheap_timeline *tl)
+{
+    atomic_store_explicit(&tl->busy, false, memory_order_release);
+}
+
+/* Ask the driver about recorded fences, oldest first, until one has not passed (inside
+ * tl_try_enter). */
+static void tl_query_locked(struct cuheap_pool *p, struct cuheap_timeline *tl)
+{
+    uint64_t n = atomic_load_explicit(&tl->passed, memory_order_relaxed);
+    uint64_t last = atomic_load_explicit(&tl->recorded, memory_order_relaxed);
+    for (; n < last; n++) {
+        void **slot = &tl->ring[(n + 1) % CUHEAP_NR_TIMELINE];
+        if (!p->be.fence_query(p->be.ctx, *slot))
+            break;
+        p->be.fence_destroy(p->be.ctx, *slot);
+        *slot = NULL;
+        atomic_store_explicit(&tl->passed, n + 1, memory_order_release);
+    }
+}
+
+/* A fence numbered need or later, recorded now unless one is already (inside tl_try_enter). The
+ * count of started fences goes up before the driver is asked, so that a free meanwhile waits
+ * for the next one; when the driver refuses, it goes back down: a free that took the refused
+ * number waits for one more fence than it needs, never for fewer. Returns whether one is. */
+static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, uint64_t need,
+                             struct cuheap_tcache *tc)
+{
+    uint64_t last = atomic_load_explicit(&tl->recorded, memory_order_relaxed);
+    if (last >= need)
+        return true;
+    if (last + 1 - atomic_load_explicit(&tl->passed, memory_order_relaxed) > CUHEAP_NR_TIMELINE) {
+        tl_query_locked(p, tl); /* the ring is full of fences in flight: its oldest slot */
+        if (last + 1 - atomic_load_explicit(&tl->passed, memory_order_relaxed) > CUHEAP_NR_TIMELINE)
+            return false;
+    }
+    atomic_store_explicit(&tl->started, last + 1, memory_order_seq_cst);
+    void *fence = NULL;
+    if (p->be.fence_record(p->be.ctx, &fence)) {
+        atomic_store_explicit(&tl->started, last, memory_order_seq_cst);
+        return false;
+    }
+    tl->ring[(last + 1) % CUHEAP_NR_TIMELINE] = fence;
+    atomic_store_explicit(&tl->recorded, last + 1, memory_order_release);
+    tc->nr_fences++;
+    return true;
+}
+
+/* The context is gone, its fences with it (p->lock and every cache held, so nobody is inside
+ * the timeline; or a child after fork): everything counts as passed. */
+static void tl_forget(struct cuheap_timeline *tl, bool fork_child)
+{
+    if (fork_child)
+        atomic_store(&tl->busy, false); /* a thread that was inside is gone with the fork */
+    memset(tl->ring, 0, sizeof(tl->ring));
+    uint64_t n = atomic_load(&tl->started);
+    atomic_store(&tl->recorded, n);
+    atomic_store(&tl->passed, n);
+}
+
+/* A large block freed by a thread that keeps one (large_on) and keeps none yet: it takes the
+ * timeline's ticket and stays with the thread. Returns 0, or -EAGAIN for the pool's path
+ * (which also answers double frees). */
+static __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct cuheap_tcache *tc,
+                                                   struct cuheap_arena *a, uint64_t ptr,
+                                                   uint64_t *ret_size, uint64_t *ret_block,
+                                                   uint64_t *ret_seq)
+{
+    if (!a || a->pool != p || p->cfg->reuse != CUHEAP_REUSE_FENCE || tc->large.ptr ||
+        ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
+        return -EAGAIN;
+    uint32_t u = unit_of(a, ptr);
+    if (u >= a->buddy.nr_units) /* retired since the lookup */
+        return -EAGAIN;
+    uint64_t asked = size_at(a, u);
+    if (!asked || order_of_size(p, asked) <= p->tc_max_order)
+        return -EAGAIN;
+    tc_enter(tc);
+    /* whoever clears the size frees the block (tc_free); a size cleared by a racing double
+     * free of the address reused meanwhile may be of another order: the block is kept all the
+     * same, and goes back to the pool from here (tc_large_give_locked takes any order) */
+    uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
+    if (!size) {
+        tc_leave(tc);
+        return -EAGAIN;
+    }
+    unsigned order = order_of_size(p, size);
+    uint64_t block = 1ull << order;
+    tc->live -= (int64_t)size;
+    tc->live_blocks -= (int64_t)block;
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
+    tc->large_ticket = tl_ticket(&p->tl); /* after the size is cleared: the free has begun */
+    tc->large = (struct tc_block){ptr | order, a};
+    tc_leave(tc);
+    *ret_size = size;
+    *ret_block = block;
+    return 0;
+}
+
+/* Wait, up to CUHEAP_FENCE_POLL_NS (as the pool's path polls before it maps more memory), for
+ * a fence after the ticket to pass: recording one if none is, asking the driver when no other
+ * thread is. No fence is recorded while a stream captures (it would join the capture's graph;
+ * the count is read inside the cache, cuheap_pool_capture). Returns whether one passed. */
+static bool tl_wait(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ticket)
+{
+    struct cuheap_timeline *tl = &p->tl;
+    uint64_t t0 = mono_ns(), now = t0;
+    bool passed;
+    for (unsigned round = 0; !(passed = tl_passed(tl, ticket)); round++) {
+        /* Never asleep on a lock, and a look before a try: 16 threads asleep on a mutex while
+         * one recorded woke up late (33 us a 2 MiB pair on the H200), and 16 threads trying a
+         * mutex between yields spent 18% of their time in the try (11 us a pair). */
+        if (atomic_load_explicit(&tl->recorded, memory_order_acquire) <= ticket) {
+            if (__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
+                break;
+            if (tl_try_enter(tl)) {
+                bool ok = tl_record_locked(p, tl, ticket + 1, tc);
+                tl_leave(tl);
+                if (!ok)
+                    break;
+            }
+        } else if (tl_try_enter(tl)) {
+            tl_query_locked(p, tl);
+            tl_leave(tl);
+            if ((passed = tl_passed(tl, ticket)))
+                break;
+        }
+        if ((now = mono_ns()) >= t0 + CUHEAP_FENCE_POLL_NS)
+            break;
+        /* a fence takes microseconds: spin a little, and let others run now and then */
+        if (round % 8 == 7)
+            sched_yield();
+        else
+            for (int i = 0; i < 64; i++)
+                cpu_relax();
+    }
+    tc->fence_ns += (passed ? mono_ns() : now) - t0;
+    return passed;
+}
+
+/* A large allocation of the order of the thread's kept block: that block, once a fence after
+ * its free has passed (tl_wait). Returns 0, or -EAGAIN for the pool's path, which takes the
+ * block back with the thread's other frees when it needs memory (fence_pending_once_locked). */
+static __attribute__((noinline)) int tc_large_alloc(struct cuheap_pool *p, struct cuheap_tcache *tc,
+                                                    uint64_t size, unsigned order,
+                                                    uint64_t *ret_ptr, uint64_t *ret_block,
+                                                    uint64_t *ret_seq)
+{
+    tc_enter(tc);
+    struct tc_block b = tc->large;
+    uint64_t ptr = tc_ptr(&b);
+    if (!b.ptr || tc_order(&b) != order ||
+        (p->vmm && b.arena->extent[unit_of(b.arena, ptr)] < size) ||
+        !tl_wait(p, tc, tc->large_ticket)) {
+        tc_leave(tc);
+        return -EAGAIN;
+    }
+    tc->large = (struct tc_block){0, NULL};
+    uint32_t u = unit_of(b.arena, ptr);
+    if (tc->next_id == tc->end_id) {
+        tc->next_id = buffer_id_prefix(p) | next_buffer_ids(p, TC_IDS);
+        tc->end_id = tc->next_id + TC_IDS;
+    }
+    __atomic_store_n(&b.arena->block_size[u], size, __ATOMIC_RELAXED);
+    __atomic_store_n(&b.arena->buffer_id[u], tc->next_id++, __ATOMIC_RELAXED);
+    tc->live += (int64_t)size;
+    tc->live_blocks += (int64_t)(1ull << order);
+    tc->nr_hits++;
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
+    tc_leave(tc);
+    *ret_ptr = ptr;
+    *ret_block = 1ull << order;
+    return 0;
+}
+
 /* Give every empty arena back (p->lock held on entry and exit, dropped around the driver
  * calls). Returns how many were released. */
 static unsigned release_empty_unlocked(struct cuheap_pool *p)
@@ -2232,6 +2515,11 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
                    (tc_reap_unlocked(p, tc) &&
                     tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0)))
             return 0;
+    } else if (!stream && p->tc_bytes && order > p->tc_max_order) {
+        struct cuheap_tcache *tc = tc_find(p);
+        if (tc && tc->large_on &&
+            tc_large_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0)
+            return 0;
     }
     return pool_alloc_slow(p, size, stream, order, cached, ret_ptr, ret_block, ret_seq);
 }
@@ -2239,7 +2527,7 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
 static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream, unsigned order,
                            bool cached, uint64_t *ret_ptr, uint64_t *ret_block, uint64_t *ret_seq)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock_noting(p, tc_find(p));
     if (p->nr_capturing && !stream) {
         pthread_mutex_unlock(&p->lock);
         return CUHEAP_POOL_PASS;
@@ -2389,7 +2677,9 @@ pool_free_in(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64
     bool cached = !stream && p->tc_bytes && p->cfg->reuse != CUHEAP_REUSE_SYNC;
     if (cached) {
         struct cuheap_tcache *tc = tc_find(p);
-        if (tc && tc_free(p, tc, a, ptr, ret_size, ret_block, ret_seq) == 0)
+        if (tc &&
+            (tc_free(p, tc, a, ptr, ret_size, ret_block, ret_seq) == 0 ||
+             (tc->large_on && tc_large_free(p, tc, a, ptr, ret_size, ret_block, ret_seq) == 0)))
             return 0;
     }
     return pool_free_slow(p, ptr, stream, cached, ret_size, ret_block, ret_seq);
@@ -2416,7 +2706,7 @@ int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, struct cuheap_pool **ret
 static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, bool cached,
                           uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock_noting(p, tc_find(p));
     struct cuheap_arena *a = map_lookup(ptr);
     int found = a && a->pool == p ? cuheap_buddy_order_at(&a->buddy, ptr) : -EINVAL;
     uint32_t u = found < 0 ? 0 : unit_of(a, ptr);
@@ -2539,6 +2829,10 @@ out:
 
 uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
 {
+    while (!tl_try_enter(&p->tl))
+        sched_yield();
+    tl_query_locked(p, &p->tl); /* the timeline's passed fences let go (they hold no memory) */
+    tl_leave(&p->tl);
     pthread_mutex_lock(&p->lock);
     tc_drain_all_locked(p, false);
     flush_stream_caches_locked(p);
@@ -2630,6 +2924,13 @@ void cuheap_pool_capture(struct cuheap_pool *p, int delta)
         return;
     }
     __atomic_store_n(&p->nr_capturing, (unsigned)((int)p->nr_capturing + delta), __ATOMIC_RELAXED);
+    if (delta > 0) {
+        /* a thread may be recording a timeline fence with no pool lock (tl_wait): the capture
+         * begins once every owner has left its cache, and they read the count inside theirs
+         * from now on */
+        tc_hold_all(p);
+        tc_unhold_all(p);
+    }
     if (!p->nr_capturing && open_epoch(p)->nr_blocks >= p->cfg->fence_batch)
         close_epoch_locked(p);
     pthread_mutex_unlock(&p->lock);
@@ -2801,6 +3102,12 @@ static int check_tcaches_locked(struct cuheap_pool *p, char *why, size_t why_siz
             FAIL("thread cache's open batch has a fence");
         if (check_batch(tc_open(tc), why, why_size))
             return -EFAULT;
+        if (tc->large.ptr &&
+            (map_lookup(tc_ptr(&tc->large)) != tc->large.arena ||
+             idle_block_order(tc->large.arena, tc_ptr(&tc->large)) != (int)tc_order(&tc->large) ||
+             tc->large_ticket > atomic_load(&p->tl.started)))
+            FAIL("thread's large block %#lx is live, not a block or has a ticket from the future",
+                 (unsigned long)tc_ptr(&tc->large));
         for (unsigned c = tc->closed_head; c != tc->closed_tail; c++)
             if (check_batch(tc_batch_at(tc, c), why, why_size))
                 return -EFAULT;
@@ -2990,24 +3297,22 @@ failed:
 }
 
 /* Empty every thread's cache without giving anything back: the memory is gone (context death,
- * a child after fork). Their counts are folded in first. */
-static void tc_forget_all_locked(struct cuheap_pool *p, bool lock)
+ * a child after fork). Their counts are folded in first. held: the caller holds every cache
+ * (tc_hold_all); else a child after fork, whose other threads are gone from inside them. */
+static void tc_forget_all_locked(struct cuheap_pool *p, bool held)
 {
-    if (lock)
-        tc_hold_all(p);
     for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
         tc_fold_locked(p, tc);
         memset(tc->nr_ready, 0, sizeof(tc->nr_ready));
         tc->ready_bytes = 0;
         tc->closed_head = tc->closed_tail = 0; /* their fences died with the context */
         tc_open_reset(tc);
+        tc->large = (struct tc_block){0, NULL}; /* the timeline's fences died too (tl_forget) */
         tc->next_id = tc->end_id = 0;
-        if (!lock) /* a thread that was inside is gone with the fork */
+        if (!held) /* a thread that was inside is gone with the fork */
             atomic_store(&tc->busy, 0);
     }
-    if (lock)
-        tc_unhold_all(p);
-    else
+    if (!held)
         for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
             atomic_store(&tc->held, 0);
 }
@@ -3015,7 +3320,11 @@ static void tc_forget_all_locked(struct cuheap_pool *p, bool lock)
 uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
 {
     pthread_mutex_lock(&p->lock);
+    /* the caches stay held until the backend has forgotten its fences too: a thread records
+     * the timeline's inside its cache without p->lock (tl_wait) */
+    tc_hold_all(p);
     tc_forget_all_locked(p, true);
+    tl_forget(&p->tl, false);
     uint64_t live = p->st.live;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
@@ -3058,6 +3367,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     p->ep_head = p->ep_tail = 0;
     if (p->be.forget)
         p->be.forget(p->be.ctx);
+    tc_unhold_all(p);
     pthread_mutex_unlock(&p->lock);
     return live;
 }
@@ -3067,6 +3377,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     /* The caches of threads that did not cross the fork stay listed, empty: their owners'
      * thread-local pointers are gone with them, the forking thread's are still in use. */
     tc_forget_all_locked(p, false);
+    tl_forget(&p->tl, true);
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         map_update(p->arenas[i], false);
         arena_retire(p->arenas[i]);

@@ -160,6 +160,19 @@ struct cuheap_pool_note {
 };
 typedef void (*cuheap_pool_note_fn)(struct cuheap_pool *p, const struct cuheap_pool_note *n);
 
+#define CUHEAP_NR_TIMELINE 16
+
+/* Fences shared by the threads that keep a large block of their own (pool.c, "large blocks off
+ * the pool's lock"), numbered in the order they are recorded: fence n is
+ * ring[n % CUHEAP_NR_TIMELINE] until it has passed. */
+struct cuheap_timeline {
+    _Alignas(64) _Atomic bool busy; /* a thread records a fence or asks the driver about them */
+    _Atomic uint64_t started;       /* fences whose recording has begun */
+    _Atomic uint64_t recorded;      /* ... and ended */
+    void *ring[CUHEAP_NR_TIMELINE];
+    _Alignas(64) _Atomic uint64_t passed; /* every fence up to this one has passed */
+};
+
 struct cuheap_pool {
     /* Read by every allocation and free of the thread caches, written only at setup (and
      * nr_capturing when a capture begins or ends): on cache lines of their own, away from the
@@ -209,6 +222,7 @@ struct cuheap_pool {
     uint64_t peak_busy;
     uint64_t pending_mapped;       /* vmm: bytes the extents of pending blocks reach */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
+    struct cuheap_timeline tl;     /* fences of the threads' large blocks */
     struct cuheap_pool_stats st;   /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };
 

@@ -36,7 +36,8 @@ struct host_device {
     /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
      * does a device sync while syncs_gated */
     bool gated, waiting, syncs_gated;
-    bool fences_fail; /* fence_record refuses, as the driver does when out of resources */
+    bool fences_fail;  /* fence_record refuses, as the driver does when out of resources */
+    _Atomic bool idle; /* nothing runs: a fence passes as soon as it is recorded */
     pthread_cond_t gate;
     uint64_t sizes[4096]; /* by (addr - base) / 2 MiB: for frees */
     /* vmm: physical memory in multiples of 2 MiB, and a log of what happened in order */
@@ -171,7 +172,7 @@ static int hd_fence_record(void *ctx, void **ret)
     int id = d->nr_fences++ % 4096;
     for (int tries = 0; d->fence_refs[id] > 0 && tries < 4096; tries++)
         id = (id + 1) % 4096; /* as the driver, never an event still held */
-    d->fences_done[id] = false;
+    d->fences_done[id] = atomic_load(&d->idle);
     d->fence_refs[id] = 1;
     pthread_mutex_unlock(&d->lock);
     *ret = (void *)(uintptr_t)(id + 1);
@@ -2117,6 +2118,124 @@ static void test_thread_cache_double_free_across_threads(void **state)
     teardown(f);
 }
 
+/* Large pairs on a thread that the test makes find the pool's lock taken (stage 0), then one
+ * pair checked against its fence (1), then a free while a capture begins (2, 3). */
+struct large_pairs {
+    struct fixture *f;
+    _Atomic int stage;
+    _Atomic int nr_pairs;
+    _Atomic int done; /* the stage the thread finished last */
+    int reused_early; /* the kept block came back before its fence passed */
+    uint64_t kept;    /* stage 2: a block the thread holds while the capture begins */
+    int passed_on;    /* stage 2: what the pool answered an allocation during the capture */
+};
+
+static int device_waits(struct host_device *d)
+{
+    pthread_mutex_lock(&d->lock);
+    int n = d->nr_waits + d->nr_syncs;
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}
+
+static int device_fences(struct host_device *d)
+{
+    pthread_mutex_lock(&d->lock);
+    int n = d->nr_fences;
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}
+
+static void wait_for(_Atomic int *what, int value)
+{
+    for (int i = 0; i < 100000 && atomic_load(what) != value; i++)
+        usleep(100);
+    assert_int_equal(atomic_load(what), value);
+}
+
+static void *large_pairs_thread(void *arg)
+{
+    struct large_pairs *l = arg;
+    while (atomic_load(&l->stage) == 0) {
+        release(l->f, alloc(l->f, 2 * MIB, 0), 0);
+        atomic_fetch_add(&l->nr_pairs, 1);
+    }
+    atomic_store(&l->done, 0);
+    wait_for(&l->stage, 1);
+    uint64_t a = alloc(l->f, 2 * MIB, 0);
+    int waits = device_waits(&l->f->dev);
+    release(l->f, a, 0); /* work queued before this free may still use the block */
+    uint64_t b = alloc(l->f, 2 * MIB, 0);
+    l->reused_early = b == a && device_waits(&l->f->dev) == waits;
+    release(l->f, b, 0);
+    complete_fences(&l->f->dev);
+    l->kept = alloc(l->f, 2 * MIB, 0);
+    atomic_store(&l->done, 1);
+    wait_for(&l->stage, 2); /* a stream capture has begun */
+    release(l->f, l->kept, 0);
+    uint64_t ptr, block, seq; /* waits for no fence: captured allocations go to the driver */
+    l->passed_on = cuheap_pool_alloc(&l->f->pool, 2 * MIB, 0, &ptr, &block, &seq);
+    atomic_store(&l->done, 2);
+    return NULL;
+}
+
+/* A thread that keeps finding the pool's lock taken keeps its large block for itself: its
+ * pairs go on while another thread holds the lock; the block still waits for its fence, and
+ * no fence is recorded while a stream captures (it would join the capture's graph). */
+static void test_thread_large_block_off_pool_lock(void **state)
+{
+    (void)state;
+    for (int backing = 0; backing < 2; backing++) {
+        fixture_thread_cache = 16 * MIB;
+        struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 32, 0)
+                                    : setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
+        fixture_thread_cache = 0;
+        struct large_pairs l = {.f = f, .done = -1};
+        atomic_store(&f->dev.idle, true); /* the blocks may come back as soon as they are fenced */
+        pthread_t t;
+        pthread_create(&t, NULL, large_pairs_thread, &l);
+        /* the lock taken again and again, for 50 us at a time, as by threads of their own
+         * pairs, until the thread's pairs go on while it is held (or 10 s) */
+        struct timespec start, held, now;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        for (bool on = false; !on;) {
+            pthread_mutex_lock(&f->pool.lock);
+            int n0 = atomic_load(&l.nr_pairs);
+            clock_gettime(CLOCK_MONOTONIC, &held);
+            do
+                clock_gettime(CLOCK_MONOTONIC, &now);
+            while ((now.tv_sec - held.tv_sec) * 1000000000L + now.tv_nsec - held.tv_nsec < 50000);
+            on = atomic_load(&l.nr_pairs) - n0 >= 10;
+            pthread_mutex_unlock(&f->pool.lock);
+            if (now.tv_sec > start.tv_sec + 10)
+                break;
+        }
+        pthread_mutex_lock(&f->pool.lock);
+        int before = atomic_load(&l.nr_pairs);
+        for (int i = 0; i < 100000 && atomic_load(&l.nr_pairs) < before + 200; i++)
+            usleep(100);
+        int went_on = atomic_load(&l.nr_pairs) - before;
+        pthread_mutex_unlock(&f->pool.lock);
+        if (went_on < 200)
+            fail_msg("backing %d: %d large pairs while the pool's lock was held", backing, went_on);
+        atomic_store(&f->dev.idle, false);
+        atomic_store(&l.stage, 1);
+        wait_for(&l.done, 1);
+        assert_false(l.reused_early);
+        cuheap_pool_capture(&f->pool, 1);
+        int fences = device_fences(&f->dev);
+        atomic_store(&l.stage, 2);
+        wait_for(&l.done, 2);
+        assert_int_equal(l.passed_on, CUHEAP_POOL_PASS);
+        assert_int_equal(device_fences(&f->dev), fences);
+        cuheap_pool_capture(&f->pool, -1);
+        pthread_join(t, NULL);
+        check_invariants(f);
+        complete_fences(&f->dev);
+        teardown(f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2181,6 +2300,7 @@ int main(void)
         cmocka_unit_test(test_thread_cache_owners_and_drainers_at_once),
         cmocka_unit_test(test_thread_cache_handover),
         cmocka_unit_test(test_thread_cache_double_free_across_threads),
+        cmocka_unit_test(test_thread_large_block_off_pool_lock),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     if (getenv("POOL_TEST_FILTER")) /* one case by name (a pattern), when chasing one */
