@@ -2347,6 +2347,7 @@ static bool tl_wait(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ti
         /* Never asleep on a lock, and a look before a try: 16 threads asleep on a mutex while
          * one recorded woke up late (33 us a 2 MiB pair on the H200), and 16 threads trying a
          * mutex between yields spent 18% of their time in the try (11 us a pair). */
+        bool recorded_now = false;
         if (atomic_load_explicit(&tl->recorded, memory_order_acquire) <= ticket) {
             if (__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
                 break;
@@ -2355,6 +2356,7 @@ static bool tl_wait(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ti
                 tl_leave(tl);
                 if (!ok)
                     break;
+                recorded_now = true;
             }
         } else if (tl_try_enter(tl)) {
             tl_query_locked(p, tl);
@@ -2362,7 +2364,9 @@ static bool tl_wait(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ti
             if ((passed = tl_passed(tl, ticket)))
                 break;
         }
-        if ((now = mono_ns()) >= t0 + CUHEAP_FENCE_POLL_NS)
+        /* a fence just recorded is asked about at least once, however long the recording (or
+         * the thread's time off the CPU) took */
+        if ((now = mono_ns()) >= t0 + CUHEAP_FENCE_POLL_NS && !recorded_now)
             break;
         /* a fence takes microseconds: spin a little, and let others run now and then */
         if (round % 8 == 7)

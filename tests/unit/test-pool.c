@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -2123,6 +2124,7 @@ static void test_thread_cache_double_free_across_threads(void **state)
 struct large_pairs {
     struct fixture *f;
     _Atomic int stage;
+    _Atomic int turn; /* stage 0: pairs the thread may make (the test holds the lock for each) */
     _Atomic int nr_pairs;
     _Atomic int done; /* the stage the thread finished last */
     int reused_early; /* the kept block came back before its fence passed */
@@ -2157,6 +2159,10 @@ static void *large_pairs_thread(void *arg)
 {
     struct large_pairs *l = arg;
     while (atomic_load(&l->stage) == 0) {
+        if (atomic_load(&l->nr_pairs) >= atomic_load(&l->turn)) {
+            usleep(10);
+            continue;
+        }
         release(l->f, alloc(l->f, 2 * MIB, 0), 0);
         atomic_fetch_add(&l->nr_pairs, 1);
     }
@@ -2190,29 +2196,30 @@ static void test_thread_large_block_off_pool_lock(void **state)
         struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 32, 0)
                                     : setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
         fixture_thread_cache = 0;
-        struct large_pairs l = {.f = f, .done = -1};
+        static struct large_pairs l; /* static: a failure leaves the thread running */
+        l = (struct large_pairs){.f = f, .done = -1};
         atomic_store(&f->dev.idle, true); /* the blocks may come back as soon as they are fenced */
         pthread_t t;
         pthread_create(&t, NULL, large_pairs_thread, &l);
-        /* the lock taken again and again, for 50 us at a time, as by threads of their own
-         * pairs, until the thread's pairs go on while it is held (or 10 s) */
-        struct timespec start, held, now;
-        clock_gettime(CLOCK_MONOTONIC, &start);
-        for (bool on = false; !on;) {
+        /* Each pair in step with the test, which holds the pool's lock while the thread makes
+         * it: its allocation finds the lock taken (scheduling aside, on a loaded machine), as
+         * among threads of their own pairs, until a pair goes through while the lock is held. */
+        bool on = false;
+        for (int i = 0; i < 400 && !on; i++) {
             pthread_mutex_lock(&f->pool.lock);
-            int n0 = atomic_load(&l.nr_pairs);
-            clock_gettime(CLOCK_MONOTONIC, &held);
-            do
-                clock_gettime(CLOCK_MONOTONIC, &now);
-            while ((now.tv_sec - held.tv_sec) * 1000000000L + now.tv_nsec - held.tv_nsec < 50000);
-            on = atomic_load(&l.nr_pairs) - n0 >= 10;
+            atomic_store(&l.turn, i + 1);
+            usleep(2000);
+            on = atomic_load(&l.nr_pairs) == i + 1;
             pthread_mutex_unlock(&f->pool.lock);
-            if (now.tv_sec > start.tv_sec + 10)
-                break;
+            wait_for(&l.nr_pairs, i + 1);
         }
+        if (!on)
+            fail_msg("backing %d: the thread's large pairs still take the pool's lock", backing);
+        /* then free to go, with the lock held */
         pthread_mutex_lock(&f->pool.lock);
         int before = atomic_load(&l.nr_pairs);
-        for (int i = 0; i < 100000 && atomic_load(&l.nr_pairs) < before + 200; i++)
+        atomic_store(&l.turn, INT32_MAX);
+        for (int i = 0; i < 300000 && atomic_load(&l.nr_pairs) < before + 200; i++)
             usleep(100);
         int went_on = atomic_load(&l.nr_pairs) - before;
         pthread_mutex_unlock(&f->pool.lock);
