@@ -2519,11 +2519,6 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
                    (tc_reap_unlocked(p, tc) &&
                     tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0)))
             return 0;
-    } else if (!stream && p->tc_bytes && order > p->tc_max_order) {
-        struct cuheap_tcache *tc = tc_find(p);
-        if (tc && tc->large_on &&
-            tc_large_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0)
-            return 0;
     }
     return pool_alloc_slow(p, size, stream, order, cached, ret_ptr, ret_block, ret_seq);
 }
@@ -2531,7 +2526,12 @@ int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uin
 static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream, unsigned order,
                            bool cached, uint64_t *ret_ptr, uint64_t *ret_block, uint64_t *ret_seq)
 {
-    pool_lock_noting(p, tc_find(p));
+    struct cuheap_tcache *mine = tc_find(p);
+    /* here rather than in cuheap_pool_alloc, where it cost the small blocks' path registers */
+    if (mine && mine->large_on && !stream && order > p->tc_max_order &&
+        tc_large_alloc(p, mine, size, order, ret_ptr, ret_block, ret_seq) == 0)
+        return 0;
+    pool_lock_noting(p, mine);
     if (p->nr_capturing && !stream) {
         pthread_mutex_unlock(&p->lock);
         return CUHEAP_POOL_PASS;
@@ -2681,9 +2681,7 @@ pool_free_in(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64
     bool cached = !stream && p->tc_bytes && p->cfg->reuse != CUHEAP_REUSE_SYNC;
     if (cached) {
         struct cuheap_tcache *tc = tc_find(p);
-        if (tc &&
-            (tc_free(p, tc, a, ptr, ret_size, ret_block, ret_seq) == 0 ||
-             (tc->large_on && tc_large_free(p, tc, a, ptr, ret_size, ret_block, ret_seq) == 0)))
+        if (tc && tc_free(p, tc, a, ptr, ret_size, ret_block, ret_seq) == 0)
             return 0;
     }
     return pool_free_slow(p, ptr, stream, cached, ret_size, ret_block, ret_seq);
@@ -2710,7 +2708,11 @@ int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, struct cuheap_pool **ret
 static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, bool cached,
                           uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
 {
-    pool_lock_noting(p, tc_find(p));
+    struct cuheap_tcache *mine = tc_find(p);
+    if (mine && mine->large_on && cached && /* here for the reason pool_alloc_slow says */
+        tc_large_free(p, mine, map_lookup(ptr), ptr, ret_size, ret_block, ret_seq) == 0)
+        return 0;
+    pool_lock_noting(p, mine);
     struct cuheap_arena *a = map_lookup(ptr);
     int found = a && a->pool == p ? cuheap_buddy_order_at(&a->buddy, ptr) : -EINVAL;
     uint32_t u = found < 0 ? 0 : unit_of(a, ptr);
