@@ -2282,6 +2282,27 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
     return true;
 }
 
+/* Every recorded fence waited for and let go (trim, with p->lock not held): nothing of the
+ * timeline stays held, and the blocks threads keep may go back to the pool at once. Threads
+ * waiting meanwhile spin (tl_wait). */
+static void tl_settle(struct cuheap_pool *p)
+{
+    struct cuheap_timeline *tl = &p->tl;
+    while (!tl_try_enter(tl))
+        sched_yield();
+    uint64_t n = atomic_load_explicit(&tl->passed, memory_order_relaxed);
+    uint64_t last = atomic_load_explicit(&tl->recorded, memory_order_relaxed);
+    for (; n < last; n++) {
+        void **slot = &tl->ring[(n + 1) % CUHEAP_NR_TIMELINE];
+        if (p->be.fence_wait(p->be.ctx, *slot) != 0)
+            p->be.device_sync(p->be.ctx); /* what the pool's own waits fall back to */
+        p->be.fence_destroy(p->be.ctx, *slot);
+        *slot = NULL;
+        atomic_store_explicit(&tl->passed, n + 1, memory_order_release);
+    }
+    tl_leave(tl);
+}
+
 /* The context is gone, its fences with it (p->lock and every cache held, so nobody is inside
  * the timeline; or a child after fork): everything counts as passed. */
 static void tl_forget(struct cuheap_timeline *tl, bool fork_child)
@@ -2836,10 +2857,7 @@ out:
 
 uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
 {
-    while (!tl_try_enter(&p->tl))
-        sched_yield();
-    tl_query_locked(p, &p->tl); /* the timeline's passed fences let go (they hold no memory) */
-    tl_leave(&p->tl);
+    tl_settle(p); /* as the pool's epochs are waited for below */
     pthread_mutex_lock(&p->lock);
     tc_drain_all_locked(p, false);
     flush_stream_caches_locked(p);
