@@ -2089,6 +2089,31 @@ static bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint6
     return nr != 0;
 }
 
+/* Hand out a block the thread's cache took (inside it, tc_enter): its size and buffer id set,
+ * the thread's counts, the event's sequence number; leaves the cache. Returns 0. */
+static __attribute__((always_inline)) inline int
+tc_hand_out(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a, uint64_t ptr,
+            uint64_t size, unsigned order, uint64_t *ret_ptr, uint64_t *ret_block,
+            uint64_t *ret_seq)
+{
+    uint32_t u = unit_of(a, ptr);
+    if (tc->next_id == tc->end_id) {
+        tc->next_id = buffer_id_prefix(p) | next_buffer_ids(p, TC_IDS);
+        tc->end_id = tc->next_id + TC_IDS;
+    }
+    __atomic_store_n(&a->block_size[u], size, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->buffer_id[u], tc->next_id++, __ATOMIC_RELAXED);
+    tc->live += (int64_t)size;
+    tc->live_blocks += (int64_t)(1ull << order);
+    tc->nr_hits++;
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
+    tc_leave(tc);
+    *ret_ptr = ptr;
+    *ret_block = 1ull << order;
+    return 0;
+}
+
 /* The fast allocation: a ready block of order (that of size, at most tc_max_order) from the
  * thread's own cache. Returns 0, or -EAGAIN for the pool's path. */
 static __attribute__((always_inline)) inline int tc_alloc(struct cuheap_pool *p,
@@ -2110,21 +2135,7 @@ static __attribute__((always_inline)) inline int tc_alloc(struct cuheap_pool *p,
     }
     tc->nr_ready[order] = nr - 1;
     tc->ready_bytes -= 1ull << order;
-    if (tc->next_id == tc->end_id) {
-        tc->next_id = buffer_id_prefix(p) | next_buffer_ids(p, TC_IDS);
-        tc->end_id = tc->next_id + TC_IDS;
-    }
-    __atomic_store_n(&b.arena->block_size[u], size, __ATOMIC_RELAXED);
-    __atomic_store_n(&b.arena->buffer_id[u], tc->next_id++, __ATOMIC_RELAXED);
-    tc->live += (int64_t)size;
-    tc->live_blocks += (int64_t)(1ull << order);
-    tc->nr_hits++;
-    if (ret_seq)
-        *ret_seq = cuheap_seq_next();
-    tc_leave(tc);
-    *ret_ptr = b.ptr;
-    *ret_block = 1ull << order;
-    return 0;
+    return tc_hand_out(p, tc, b.arena, b.ptr, size, order, ret_ptr, ret_block, ret_seq);
 }
 
 /* The fast free: the block joins the thread's open batch (or, under CUHEAP_REUSE=immediate,
@@ -2419,22 +2430,7 @@ static __attribute__((noinline)) int tc_large_alloc(struct cuheap_pool *p, struc
         return -EAGAIN;
     }
     tc->large = (struct tc_block){0, NULL};
-    uint32_t u = unit_of(b.arena, ptr);
-    if (tc->next_id == tc->end_id) {
-        tc->next_id = buffer_id_prefix(p) | next_buffer_ids(p, TC_IDS);
-        tc->end_id = tc->next_id + TC_IDS;
-    }
-    __atomic_store_n(&b.arena->block_size[u], size, __ATOMIC_RELAXED);
-    __atomic_store_n(&b.arena->buffer_id[u], tc->next_id++, __ATOMIC_RELAXED);
-    tc->live += (int64_t)size;
-    tc->live_blocks += (int64_t)(1ull << order);
-    tc->nr_hits++;
-    if (ret_seq)
-        *ret_seq = cuheap_seq_next();
-    tc_leave(tc);
-    *ret_ptr = ptr;
-    *ret_block = 1ull << order;
-    return 0;
+    return tc_hand_out(p, tc, b.arena, ptr, size, order, ret_ptr, ret_block, ret_seq);
 }
 
 /* Give every empty arena back (p->lock held on entry and exit, dropped around the driver
