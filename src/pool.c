@@ -2266,10 +2266,13 @@ static void tl_query_locked(struct cuheap_pool *p, struct cuheap_timeline *tl)
     }
 }
 
-/* A fence numbered need or later, recorded now unless one is already (inside tl_try_enter). The
- * count of started fences goes up before the driver is asked, so that a free meanwhile waits
- * for the next one; when the driver refuses, it goes back down: a free that took the refused
- * number waits for one more fence than it needs, never for fewer. Returns whether one is. */
+/* A fence numbered above the last recorded one, recorded now unless one numbered need or later
+ * is already (inside tl_try_enter; the caller asks again while its need is not met). The count
+ * of started fences goes up before the driver is asked, so that a free meanwhile waits for the
+ * next one; when the driver refuses, it stays up and the next fence recorded takes the number:
+ * a free that took it waits for one fence more than it needs, never for fewer, and no ticket is
+ * above the count (lowering it again made one so, which pool_check rightly refused; a review
+ * found it). Returns whether a fence was recorded or one is. */
 static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, uint64_t need,
                              struct cuheap_tcache *tc)
 {
@@ -2283,10 +2286,8 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
     }
     atomic_store_explicit(&tl->started, last + 1, memory_order_seq_cst);
     void *fence = NULL;
-    if (p->be.fence_record(p->be.ctx, &fence)) {
-        atomic_store_explicit(&tl->started, last, memory_order_seq_cst);
+    if (p->be.fence_record(p->be.ctx, &fence))
         return false;
-    }
     tl->ring[(last + 1) % CUHEAP_NR_TIMELINE] = fence;
     atomic_store_explicit(&tl->recorded, last + 1, memory_order_release);
     tc->nr_fences++;
@@ -2314,8 +2315,8 @@ static void tl_settle(struct cuheap_pool *p)
     tl_leave(tl);
 }
 
-/* The context is gone, its fences with it (p->lock and every cache held, so nobody is inside
- * the timeline; or a child after fork): everything counts as passed. */
+/* The context is gone, its fences with it (p->lock, every cache and the timeline held:
+ * cuheap_pool_abandon; or a child after fork): everything counts as passed. */
 static void tl_forget(struct cuheap_timeline *tl, bool fork_child)
 {
     if (fork_child)
@@ -2334,7 +2335,7 @@ static __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct
                                                    uint64_t *ret_size, uint64_t *ret_block,
                                                    uint64_t *ret_seq)
 {
-    if (!a || a->pool != p || p->cfg->reuse != CUHEAP_REUSE_FENCE || tc->large.ptr ||
+    if (!a || a->pool != p || p->cfg->reuse != CUHEAP_REUSE_FENCE ||
         ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
         return -EAGAIN;
     uint32_t u = unit_of(a, ptr);
@@ -2344,6 +2345,10 @@ static __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct
     if (!asked || order_of_size(p, asked) <= p->tc_max_order)
         return -EAGAIN;
     tc_enter(tc);
+    if (tc->large.ptr) { /* read inside: a drainer may be taking it (ThreadSanitizer saw it) */
+        tc_leave(tc);
+        return -EAGAIN;
+    }
     /* whoever clears the size frees the block (tc_free); a size cleared by a racing double
      * free of the address reused meanwhile may be of another order: the block is kept all the
      * same, and goes back to the pool from here (tc_large_give_locked takes any order) */
@@ -3104,6 +3109,12 @@ failed:
 /* The thread caches' lists (every cache locked by the caller). */
 static int check_tcaches_locked(struct cuheap_pool *p, char *why, size_t why_size)
 {
+    /* each only grows: read in this order, a later one is never below an earlier one */
+    uint64_t passed = atomic_load(&p->tl.passed), recorded = atomic_load(&p->tl.recorded),
+             started = atomic_load(&p->tl.started);
+    if (passed > recorded || recorded > started)
+        FAIL("timeline: %lu fences passed, %lu recorded, %lu begun", (unsigned long)passed,
+             (unsigned long)recorded, (unsigned long)started);
     for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next) {
         uint64_t ready = 0;
         for (unsigned o = 0; o < TC_NR_ORDERS; o++)
@@ -3345,6 +3356,10 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
      * the timeline's inside its cache without p->lock (tl_wait) */
     tc_hold_all(p);
     tc_forget_all_locked(p, true);
+    /* and the timeline, which a trim settles holding neither p->lock nor a cache (a review
+     * found a trim letting go of a fence abandon had cleared) */
+    while (!tl_try_enter(&p->tl))
+        sched_yield();
     tl_forget(&p->tl, false);
     uint64_t live = p->st.live;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
@@ -3388,6 +3403,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     p->ep_head = p->ep_tail = 0;
     if (p->be.forget)
         p->be.forget(p->be.ctx);
+    tl_leave(&p->tl);
     tc_unhold_all(p);
     pthread_mutex_unlock(&p->lock);
     return live;
