@@ -59,8 +59,8 @@ MUTATIONS = [
     ("timeline-skips-fence",
      "a thread's kept large block counts its timeline fence as passed without asking the driver",
      "reuse waits for the fence", "src/pool.c",
-     "        if (!p->be.fence_query(p->be.ctx, *slot))\n            break;",
-     "        if (0)\n            break;"),
+     "        } else if (!p->be.fence_query(p->be.ctx, *slot)) {",
+     "        } else if (0) {"),
     ("timeline-ticket-too-early",
      "a large block a thread keeps takes the ticket of the fence begun before its free, so a "
      "fence recorded before the free lets it be reused",

@@ -2250,16 +2250,20 @@ static void tl_leave(struct cuheap_timeline *tl)
     atomic_store_explicit(&tl->busy, false, memory_order_release);
 }
 
-/* Ask the driver about recorded fences, oldest first, until one has not passed (inside
- * tl_try_enter). */
-static void tl_query_locked(struct cuheap_pool *p, struct cuheap_timeline *tl)
+/* Recorded fences let go, oldest first, as they pass (inside tl_try_enter): asked about until
+ * one has not (wait: false), or each waited for (a trim, tl_settle). */
+static void tl_pass_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, bool wait)
 {
     uint64_t n = atomic_load_explicit(&tl->passed, memory_order_relaxed);
     uint64_t last = atomic_load_explicit(&tl->recorded, memory_order_relaxed);
     for (; n < last; n++) {
         void **slot = &tl->ring[(n + 1) % CUHEAP_NR_TIMELINE];
-        if (!p->be.fence_query(p->be.ctx, *slot))
+        if (wait) {
+            if (p->be.fence_wait(p->be.ctx, *slot) != 0)
+                p->be.device_sync(p->be.ctx); /* what the pool's own waits fall back to */
+        } else if (!p->be.fence_query(p->be.ctx, *slot)) {
             break;
+        }
         p->be.fence_destroy(p->be.ctx, *slot);
         *slot = NULL;
         atomic_store_explicit(&tl->passed, n + 1, memory_order_release);
@@ -2280,7 +2284,7 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
     if (last >= need)
         return true;
     if (last + 1 - atomic_load_explicit(&tl->passed, memory_order_relaxed) > CUHEAP_NR_TIMELINE) {
-        tl_query_locked(p, tl); /* the ring is full of fences in flight: its oldest slot */
+        tl_pass_locked(p, tl, false); /* the ring is full of fences in flight: its oldest slot */
         if (last + 1 - atomic_load_explicit(&tl->passed, memory_order_relaxed) > CUHEAP_NR_TIMELINE)
             return false;
     }
@@ -2299,20 +2303,10 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
  * waiting meanwhile spin (tl_wait). */
 static void tl_settle(struct cuheap_pool *p)
 {
-    struct cuheap_timeline *tl = &p->tl;
-    while (!tl_try_enter(tl))
+    while (!tl_try_enter(&p->tl))
         sched_yield();
-    uint64_t n = atomic_load_explicit(&tl->passed, memory_order_relaxed);
-    uint64_t last = atomic_load_explicit(&tl->recorded, memory_order_relaxed);
-    for (; n < last; n++) {
-        void **slot = &tl->ring[(n + 1) % CUHEAP_NR_TIMELINE];
-        if (p->be.fence_wait(p->be.ctx, *slot) != 0)
-            p->be.device_sync(p->be.ctx); /* what the pool's own waits fall back to */
-        p->be.fence_destroy(p->be.ctx, *slot);
-        *slot = NULL;
-        atomic_store_explicit(&tl->passed, n + 1, memory_order_release);
-    }
-    tl_leave(tl);
+    tl_pass_locked(p, &p->tl, true);
+    tl_leave(&p->tl);
 }
 
 /* The context is gone, its fences with it (p->lock, every cache and the timeline held:
@@ -2396,7 +2390,7 @@ static bool tl_wait(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ti
                 recorded_now = true;
             }
         } else if (tl_try_enter(tl)) {
-            tl_query_locked(p, tl);
+            tl_pass_locked(p, tl, false);
             tl_leave(tl);
             if ((passed = tl_passed(tl, ticket)))
                 break;

@@ -1737,16 +1737,23 @@ WITH_ALIGNED(test_vmm_pending_granules_stay)
 WITH_ALIGNED(test_vmm_out_of_memory_and_limit)
 WITH_ALIGNED(test_vmm_trim_and_reserve)
 
+/* A pool under the fence policy with thread caches of 16 MiB: legacy (0) or vmm (1). */
+static struct fixture *setup_thread_cached(int backing)
+{
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 32, 0)
+                                : setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
+    fixture_thread_cache = 0;
+    return f;
+}
+
 /* A block freed into a thread's cache is not handed out again, by that thread or another,
  * before a fence recorded after its free has passed. */
 static void test_thread_cache_keeps_fence(void **state)
 {
     (void)state;
     for (int backing = 0; backing < 2; backing++) {
-        fixture_thread_cache = 16 * MIB;
-        struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 32, 0)
-                                    : setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
-        fixture_thread_cache = 0;
+        struct fixture *f = setup_thread_cached(backing);
         /* 4 KiB pairs first, enough to close and reap the thread's batches (a pool-path
          * allocation may hand its open batch to the pool), then mixed with 300 KiB ones */
         enum { N = 900, SMALL_ONLY = 600 };
@@ -2194,10 +2201,7 @@ static void test_thread_large_block_off_pool_lock(void **state)
 {
     (void)state;
     for (int backing = 0; backing < 2; backing++) {
-        fixture_thread_cache = 16 * MIB;
-        struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 32, 0)
-                                    : setup(CUHEAP_REUSE_FENCE, 1ull << 32, 64 * MIB, 0);
-        fixture_thread_cache = 0;
+        struct fixture *f = setup_thread_cached(backing);
         static struct large_pairs l; /* static: a failure leaves the thread running */
         l = (struct large_pairs){.f = f, .done = -1};
         atomic_store(&f->dev.idle, true); /* the blocks may come back as soon as they are fenced */
