@@ -253,11 +253,6 @@ static const struct option options[] = {
      "granules it needs (100 to 10000) rather than have memory mapped for it (higher: fewer "
      "driver calls, more memory held)",
      parse_uint, FIELD(vmm_idle_fit), 100, 10000, NULL},
-    {"CUHEAP_VMM_DEFER", "1",
-     "vmm: a thread of cuheap's unmaps the memory idle pieces leave when they move, and gives "
-     "back those that make room, so the allocating thread does not wait for those calls (0: it "
-     "makes them itself)",
-     parse_bool, FIELD(vmm_defer), 0, 0, NULL},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "
      "lock (0: every allocation takes the pool's lock)",
@@ -368,7 +363,6 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_VMM_CUSHION=%" PRIu64, cfg->vmm_cushion);
     EMIT("CUHEAP_VMM_LAYOUT=%s", vmm_layout_names[cfg->vmm_layout]);
     EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
-    EMIT("CUHEAP_VMM_DEFER=%d", cfg->vmm_defer);
     EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);
     EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
     if (cfg->limit_permille)

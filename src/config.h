@@ -61,7 +61,6 @@ struct cuheap_config {
     enum cuheap_vmm_layout vmm_layout; /* vmm: where chunks start and end */
     unsigned vmm_idle_fit;        /* vmm, tight: largest idle chunk a block goes into, in percent of
                                      the granules it needs */
-    bool vmm_defer;               /* vmm: unmaps and releases left to cuheap's own thread */
     uint64_t thread_cache;        /* per thread and pool: bytes of ready blocks held lock-free */
     unsigned fence_batch;         /* frees per fence epoch */
     uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */

@@ -273,7 +273,6 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     if (cfg->vmm_layout == CUHEAP_VMM_ALIGNED)
         p->chunk_max = 1u << (31 - __builtin_clz(p->chunk_max));
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
-    cuheap_unmapper_init(&p->unmapper, &p->be, device_reserved, p->vmm && cfg->vmm_defer);
     /* under CUHEAP_RELEASE=empty a block goes back as soon as it can: none are kept aside */
     p->tc_bytes = cfg->release == CUHEAP_RELEASE_EMPTY ? 0 : cfg->thread_cache;
     if (p->tc_bytes)
@@ -606,55 +605,24 @@ static int be_phys_map(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint6
     return r;
 }
 
-/* Take an idle chunk off its granules, its slot empty afterwards; no driver call. When
- * leaving, its memory is still mapped there until the unmapper's job for it is done. */
-static void detach_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c, bool leaving)
-{
-    cuheap_assert(!c->nr_busy);
-    idle_remove_locked(p, c);
-    for (uint32_t g = c->first; g < c->first + c->nr; g++) {
-        c->arena->granules[g].chunk = NULL;
-        c->arena->granules[g].leaving = leaving;
-    }
-    set_mapped_bits(c->arena, c->first, c->nr, false);
-    c->arena->nr_mapped -= c->nr;
-    c->handle = 0;
-}
-
 /* Unmap an idle chunk: its physical memory goes to *ret_handle, for the caller to map
  * elsewhere or give back, and its slot is empty afterwards. Returns 0, or -EIO when the
  * driver refused (the chunk then stays mapped and idle, at the back of the list). */
 static int unmap_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c, uint64_t *ret_handle)
 {
+    cuheap_assert(!c->nr_busy);
+    idle_remove_locked(p, c);
     if (be_phys_unmap(p, chunk_va(c), chunk_bytes(p, c))) {
-        idle_remove_locked(p, c);
         idle_push_locked(p, c);
         return -EIO;
     }
     *ret_handle = c->handle;
-    detach_idle_locked(p, c, false);
+    for (uint32_t g = c->first; g < c->first + c->nr; g++)
+        c->arena->granules[g].chunk = NULL;
+    set_mapped_bits(c->arena, c->first, c->nr, false);
+    c->arena->nr_mapped -= c->nr;
+    c->handle = 0;
     return 0;
-}
-
-/* Leave an idle chunk's unmap (and, with release, the release of its memory) to the
- * unmapper (CUHEAP_VMM_DEFER); the caller has checked cuheap_unmapper_ready(). */
-static void defer_unmap_locked(struct cuheap_pool *p, struct cuheap_chunk *c, bool release)
-{
-    struct cuheap_unmap_job job = {
-        .va = chunk_va(c),
-        .bytes = chunk_bytes(p, c),
-        .handle = c->handle,
-        .release = release,
-        .owner = c->arena,
-        .first = c->first,
-        .nr = c->nr,
-    };
-    bool queued = cuheap_unmapper_push(&p->unmapper, &job);
-    cuheap_assert(queued);
-    (void)queued;
-    if (release)
-        p->releasing += job.bytes;
-    detach_idle_locked(p, c, true);
 }
 
 /* Physical memory no mapping uses goes back to the driver. When the driver refuses, the
@@ -672,17 +640,10 @@ static void give_back_locked(struct cuheap_pool *p, uint64_t handle, uint64_t by
     }
 }
 
-/* Give an idle chunk back to the driver; deferred, by the unmapper (the memory is then held
- * until its job is done: p->releasing, at most one CUHEAP_VMM_CHUNK's worth at a time).
- * Returns its bytes, 0 when it could not be unmapped. */
-static uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, bool deferred)
+/* Give an idle chunk back to the driver. Returns its bytes, 0 when it could not be unmapped. */
+static uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
 {
     uint64_t va = chunk_va(c), bytes = chunk_bytes(p, c), h;
-    if (deferred && p->releasing + bytes <= p->cfg->vmm_cushion &&
-        cuheap_unmapper_ready(&p->unmapper)) {
-        defer_unmap_locked(p, c, true);
-        return bytes;
-    }
     if (unmap_idle_locked(p, c, &h))
         return 0;
     give_back_locked(p, h, bytes);
@@ -690,80 +651,12 @@ static uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk 
     return bytes;
 }
 
-/* Account for the unmapper's jobs done so far, oldest first (p->lock held). A chunk that was
- * to go back but would not unmap is idle where it was; one that moved and whose old mapping
- * would not go is tried once more here, and its granules stay leaving for good otherwise. */
-static void reap_unmaps_locked(struct cuheap_pool *p)
-{
-    struct cuheap_unmap_job *j;
-    while ((j = cuheap_unmapper_done(&p->unmapper))) {
-        struct cuheap_arena *a = j->owner;
-        for (uint32_t g = j->first; g < j->first + j->nr; g++)
-            a->granules[g].leaving = false;
-        if (j->release)
-            p->releasing -= j->bytes;
-        switch (j->result) {
-        case CUHEAP_UNMAP_DROPPED: /* the context went, and its memory with it */
-            if (j->release)
-                atomic_fetch_sub(p->device_reserved, j->bytes);
-            /* fall through */
-        case CUHEAP_UNMAP_OK:
-            if (j->release) {
-                p->st.reserved -= j->bytes;
-                note(p, CUHEAP_EV_ARENA_RELEASE, j->va, j->bytes, p->st.reserved, 0);
-            }
-            break;
-        case CUHEAP_UNMAP_UNMAP_FAILED:
-            if (j->release) {
-                place_chunk_locked(p, a, j->first, j->nr, j->handle);
-            } else if (be_phys_unmap(p, j->va, j->bytes)) {
-                for (uint32_t g = j->first; g < j->first + j->nr; g++)
-                    a->granules[g].leaving = true;
-                p->nr_ghost_granules += j->nr;
-            }
-            break;
-        case CUHEAP_UNMAP_RELEASE_FAILED: /* unmapped, still held: as give_back_locked() */
-            if (p->nr_stuck < CUHEAP_NR_STUCK) {
-                p->stuck[p->nr_stuck].handle = j->handle;
-                p->stuck[p->nr_stuck++].bytes = j->bytes;
-            } else {
-                p->st.lost += j->bytes;
-            }
-            break;
-        }
-        cuheap_unmapper_pop(&p->unmapper);
-    }
-}
-
-/* Every job of the unmapper's done and accounted for (p->lock held): the queued ones by this
- * thread, the one the worker is in the middle of waited for. */
-static void finish_unmaps_locked(struct cuheap_pool *p)
-{
-    if (!cuheap_unmapper_nr_queued(&p->unmapper))
-        return;
-    uint64_t t0 = mono_ns();
-    cuheap_unmapper_finish(&p->unmapper);
-    p->st.map_ns += mono_ns() - t0;
-    reap_unmaps_locked(p);
-}
-
-/* Whether a chunk that left is still mapped somewhere in granules [first, first + nr). */
-static bool leaving_in(const struct cuheap_arena *a, uint32_t first, uint32_t nr)
-{
-    for (uint32_t g = first; g < first + nr; g++)
-        if (a->granules[g].leaving)
-            return true;
-    return false;
-}
-
 /* Give idle chunks back to the driver, oldest first, while the pool holds more than keep
  * bytes without them; first, memory the driver refused to take back before. Returns the
  * bytes released. */
 static uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
 {
-    uint64_t before = p->st.reserved;
-    finish_unmaps_locked(p); /* what was on its way back has gone */
-    uint64_t released = before - p->st.reserved;
+    uint64_t released = 0;
     for (unsigned i = 0; i < p->nr_stuck;) {
         if (be_phys_release(p, p->stuck[i].handle) == 0) {
             p->st.reserved -= p->stuck[i].bytes;
@@ -776,7 +669,7 @@ static uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
     }
     for (uint64_t n = p->nr_idle;
          n && p->nr_idle && p->st.reserved >= keep + chunk_bytes(p, p->idle.idle_next); n--)
-        released += release_chunk_locked(p, p->idle.idle_next, false);
+        released += release_chunk_locked(p, p->idle.idle_next);
     return released;
 }
 
@@ -1353,21 +1246,10 @@ static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, stru
 {
     uint32_t nr = c->nr;
     uint64_t from = chunk_va(c), bytes = chunk_bytes(p, c), va = granule_va(a, first), h;
-    bool aliased = false;
-    if (!p->no_alias && cuheap_unmapper_ready(&p->unmapper)) {
-        /* mapped at its new place first (a handle may be mapped at two), the old mapping
-         * left to the unmapper */
-        h = c->handle;
-        aliased = be_phys_map(p, va, bytes, h) == 0;
-        if (aliased)
-            defer_unmap_locked(p, c, false);
-        else
-            p->no_alias = true; /* not on this driver: unmapped first from now on */
-    }
-    if (!aliased && unmap_idle_locked(p, c, &h))
+    if (unmap_idle_locked(p, c, &h))
         return -EAGAIN;
     note(p, CUHEAP_EV_ARENA_RELEASE, from, bytes, p->st.reserved, 0);
-    if (!aliased && be_phys_map(p, va, bytes, h)) {
+    if (be_phys_map(p, va, bytes, h)) {
         give_back_locked(p, h, bytes);
         return -EIO;
     }
@@ -1391,20 +1273,13 @@ static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, stru
  * unmapped may be mapped meanwhile by a thread whose block shares them, and a run mapped over
  * them broke the accounting (seen once under CI's load, `pool_check`: a chunk idle with a
  * granule in use). */
-enum { MAP_FENCE_POLL = 1, MAP_FENCE, MAP_WAIT, MAP_DEVICE_SYNC, MAP_AGAIN };
+enum { MAP_FENCE_POLL = 1, MAP_FENCE, MAP_WAIT, MAP_DEVICE_SYNC };
 
 static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
                           uint32_t nr, struct acquire *acq)
 {
     uint64_t need = (uint64_t)nr << p->granule_shift;
     bool moves = true;
-    reap_unmaps_locked(p);
-    if (leaving_in(a, first, nr)) {
-        /* a chunk that left is still mapped here: its unmap first, then the range afresh (a
-         * chunk whose release failed to unmap is back where it was) */
-        finish_unmaps_locked(p);
-        return leaving_in(a, first, nr) ? -EIO : MAP_AGAIN;
-    }
     for (;;) {
         struct cuheap_chunk *c = moves ? idle_of_size_locked(p, nr) : NULL;
         if (c) {
@@ -1415,9 +1290,8 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             continue;
         }
         uint64_t budget = p->peak_busy + p->cfg->vmm_cushion; /* CUHEAP_VMM_CUSHION */
-        uint64_t held = p->st.reserved - p->releasing;        /* what is given back is gone soon */
         bool waiting = p->ep_head != p->ep_tail;
-        if (held + need > budget && held + need - budget > p->idle_bytes) {
+        if (p->st.reserved + need > budget && p->st.reserved + need - budget > p->idle_bytes) {
             /* past the job's high-water mark: blocks that wait for a fence first */
             if (reclaim_locked(p))
                 continue;
@@ -1426,9 +1300,8 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             if (waiting && p->st.pending >= granule_bytes(p))
                 return MAP_WAIT;
         }
-        for (uint64_t n = p->nr_idle;
-             n && p->nr_idle && p->st.reserved - p->releasing + need > budget; n--)
-            if (release_chunk_locked(p, p->idle.idle_next, true))
+        for (uint64_t n = p->nr_idle; n && p->nr_idle && p->st.reserved + need > budget; n--)
+            if (release_chunk_locked(p, p->idle.idle_next))
                 p->st.nr_releases++;
         int r = new_chunk_locked(p, a, first, nr);
         if (r == 0 || r == -EIO)
@@ -1449,8 +1322,6 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
 /* What map_run_locked() asked for (p->lock held on entry and exit, dropped meanwhile). */
 static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq)
 {
-    if (what == MAP_AGAIN)
-        return;
     if (what == MAP_DEVICE_SYNC)
         wait_syncing_locked(p);
     else if (what == MAP_WAIT)
@@ -1533,8 +1404,7 @@ again:
             for (uint32_t h = first; h <= last; h++)
                 if (a->granules[h].chunk) /* below g all, beyond it those held above */
                     drop_granule_locked(p, &a->granules[h]);
-            if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT || r == MAP_DEVICE_SYNC ||
-                r == MAP_AGAIN) {
+            if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT || r == MAP_DEVICE_SYNC) {
                 /* nothing held while p->lock is dropped; then the range is looked at anew */
                 map_wait_locked(p, r, acq);
                 goto again;
@@ -3023,7 +2893,6 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
  * a piece may be mapped in part already), no more than asked for. */
 static int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
 {
-    finish_unmaps_locked(p); /* nothing is mapped where a chunk that left still is */
     if (!p->nr_arenas && grow_va_locked(p, bytes))
         return -ENOMEM;
     struct cuheap_arena *a = p->arenas[0];
@@ -3109,18 +2978,7 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
         tc_fold_locked(p, tc);
     tc_unhold_all(p);
-    finish_unmaps_locked(p); /* so that reserved is what the driver holds */
     *ret = p->st;
-    ret->defer_ns = atomic_load(&p->unmapper.worker_ns);
-    ret->nr_deferred = atomic_load(&p->unmapper.nr_by_worker);
-    pthread_mutex_unlock(&p->lock);
-}
-
-void cuheap_pool_stop_unmapper(struct cuheap_pool *p)
-{
-    pthread_mutex_lock(&p->lock);
-    cuheap_unmapper_stop(&p->unmapper);
-    reap_unmaps_locked(p);
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -3168,12 +3026,10 @@ static int check_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, 
         mapped += c != NULL;
         bool bit = (a->mapped_bits[g / 64] >> (g % 64)) & 1;
         if (gr->nr_users != users[g] || (gr->nr_users && !c) || bit != (c != NULL) ||
-            (gr->leaving && c) ||
             (c && (!c->handle || c->arena != a || &a->chunks[c->first] != c || g < c->first ||
                    g >= c->first + c->nr))) {
-            snprintf(why, why_size, "granule %u at %#lx: %u users (counted %u), mapped %d%s", g,
-                     (unsigned long)granule_va(a, g), gr->nr_users, users[g], c != NULL,
-                     gr->leaving ? ", leaving" : "");
+            snprintf(why, why_size, "granule %u at %#lx: %u users (counted %u), mapped %d", g,
+                     (unsigned long)granule_va(a, g), gr->nr_users, users[g], c != NULL);
             r = -EFAULT;
         }
     }
@@ -3339,35 +3195,9 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
     return r;
 }
 
-/* vmm: the granules leaving are those of the unmapper's jobs not yet accounted for, and those
- * the driver would not unmap; the bytes on their way back are those of its release jobs. */
-static int check_unmaps_locked(struct cuheap_pool *p, char *why, size_t why_size)
-{
-    uint64_t leaving = 0, jobs = p->nr_ghost_granules, releasing = 0;
-    for (unsigned i = 0; i < p->nr_arenas; i++)
-        for (uint32_t g = 0; g < p->arenas[i]->nr_granules; g++)
-            leaving += p->arenas[i]->granules[g].leaving;
-    for (unsigned n = p->unmapper.head; n != p->unmapper.tail; n++) {
-        const struct cuheap_unmap_job *j = &p->unmapper.jobs[n % CUHEAP_NR_UNMAP_JOBS];
-        jobs += j->nr;
-        releasing += j->release ? j->bytes : 0;
-    }
-    if (leaving != jobs || releasing != p->releasing) {
-        snprintf(why, why_size,
-                 "%lu granules leaving, the unmapper's jobs cover %lu; %lu bytes on their way "
-                 "back, counted %lu",
-                 (unsigned long)leaving, (unsigned long)jobs, (unsigned long)p->releasing,
-                 (unsigned long)releasing);
-        return -EFAULT;
-    }
-    return 0;
-}
-
 static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
 {
     uint64_t reserved = 0, live = 0, live_blocks = 0;
-    if (p->vmm && check_unmaps_locked(p, why, why_size))
-        return -EFAULT;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
         if (cuheap_buddy_check(&a->buddy, why, why_size))
@@ -3410,7 +3240,7 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
         FAIL("nr_empty %u, counted %u", p->nr_empty, empty);
     for (unsigned i = 0; i < p->nr_stuck; i++)
         reserved += p->stuck[i].bytes;
-    reserved += p->st.lost + p->releasing;
+    reserved += p->st.lost;
     if (reserved != p->st.reserved)
         FAIL("reserved %lu, arenas add up to %lu", (unsigned long)p->st.reserved,
              (unsigned long)reserved);
@@ -3525,9 +3355,6 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     while (!tl_try_enter(&p->tl))
         sched_yield();
     tl_forget(&p->tl, false);
-    cuheap_unmapper_drop(&p->unmapper); /* the driver freed what the jobs were for */
-    reap_unmaps_locked(p);
-    p->nr_ghost_granules = 0;
     uint64_t live = p->st.live;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
@@ -3582,9 +3409,6 @@ void cuheap_pool_forget(struct cuheap_pool *p)
      * thread-local pointers are gone with them, the forking thread's are still in use. */
     tc_forget_all_locked(p, false);
     tl_forget(&p->tl, true);
-    cuheap_unmapper_forget(&p->unmapper);
-    p->releasing = 0;
-    p->nr_ghost_granules = 0;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         map_update(p->arenas[i], false);
         arena_retire(p->arenas[i]);

@@ -45,7 +45,6 @@
 #include "backend.h"
 #include "buddy.h"
 #include "config.h"
-#include "unmapper.h"
 
 #define CUHEAP_NR_MAX_ARENAS    4096
 #define CUHEAP_NR_EPOCHS        64
@@ -75,8 +74,6 @@ struct cuheap_chunk {
 struct cuheap_granule {
     struct cuheap_chunk *chunk; /* the physical memory mapped here, NULL = none */
     uint32_t nr_users;          /* live or pending blocks whose used bytes reach into it */
-    bool leaving; /* a chunk that left is still mapped here until the unmapper's job for it is
-                     done: nothing is mapped here meanwhile */
 };
 
 /* A vmm arena's address range: 4 GiB, or the next power of two above a larger request. */
@@ -145,10 +142,7 @@ struct cuheap_pool_stats {
     uint64_t nr_creates;  /* vmm: chunks taken from the driver */
     uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one */
     uint64_t map_ns;      /* vmm: time in the driver's create, map (with access), unmap and
-                             release calls, on the allocating threads */
-    uint64_t defer_ns;    /* vmm: time in unmap and release calls on cuheap's unmapping thread
-                             (CUHEAP_VMM_DEFER) */
-    uint64_t nr_deferred; /* vmm: unmaps (and releases) that thread made */
+                             release calls */
     uint64_t fence_ns;    /* time the pool's threads spent polling (up to 50 us at a time) and
                              waiting for fences, and waiting for another thread's device sync,
                              the lock dropped; not the device syncs themselves (no fence to be
@@ -226,12 +220,7 @@ struct cuheap_pool {
      * the GPU's lag, not the job's need, and a budget that counted them rose with every late
      * fence (the GPT replay's held/live crept from 1.04 to 1.11 over 8 passes). */
     uint64_t peak_busy;
-    uint64_t pending_mapped; /* vmm: bytes the extents of pending blocks reach */
-    struct cuheap_unmapper
-        unmapper;               /* vmm: unmaps and releases left to a thread (CUHEAP_VMM_DEFER) */
-    uint64_t releasing;         /* vmm: bytes of chunks given back whose job is not done */
-    uint32_t nr_ghost_granules; /* vmm: leaving for good: the driver would not unmap them */
-    bool no_alias;              /* vmm: the driver would not map a chunk at a second place */
+    uint64_t pending_mapped;       /* vmm: bytes the extents of pending blocks reach */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
     struct cuheap_timeline tl;     /* fences of the threads' large blocks */
     struct cuheap_pool_stats st;   /* thread caches' shares folded in by cuheap_pool_get_stats() */
@@ -331,11 +320,6 @@ uint64_t cuheap_pool_debug_live(struct cuheap_pool *p);
  * them all without calling it (a trace note per arena), along with pending fences. Returns
  * the bytes of live pooled allocations that went with them. */
 uint64_t cuheap_pool_abandon(struct cuheap_pool *p);
-
-/* Every unmap left to cuheap's unmapping thread done, and the thread ended; the pool's own
- * threads make those calls from then on. Before a pool's memory goes (tests), and at exit, so
- * that no driver call of cuheap's is in flight while the driver is torn down. */
-void cuheap_pool_stop_unmapper(struct cuheap_pool *p);
 
 /* Forget everything without calling the driver: a child after fork cannot use the parent's
  * device memory. */

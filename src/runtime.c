@@ -82,10 +82,6 @@ static void at_exit(void)
     if (!atomic_load(&cuheap_booted))
         return;
     bool idle_child = cuheap_recorder_idle_child();
-    /* no unmap of cuheap's in flight while the driver is torn down; threads still allocating
-     * make their own from here on */
-    for (unsigned i = 0, n = atomic_load(&nr_devices); i < n; i++)
-        cuheap_pool_stop_unmapper(&devices[i].pool);
     cuheap_audit_stop(); /* its misses and verdict go into the trace before it closes */
     cuheap_recorder_stop();
     if (cuheap_cfg.summary && !idle_child)
@@ -596,11 +592,9 @@ static void summary(void)
             cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
                               " moved, %" PRIu64 " given back to make room, %" PRIu64
                               " fence waits, %.1f ms polling and waiting for fences, %.1f ms "
-                              "in mapping calls, %.1f ms in %" PRIu64
-                              " unmaps on cuheap's unmapping thread",
+                              "in mapping calls",
                               d->ordinal, ps.nr_creates, ps.nr_moves, ps.nr_releases, ps.nr_waits,
-                              (double)ps.fence_ns / 1e6, (double)ps.map_ns / 1e6,
-                              (double)ps.defer_ns / 1e6, ps.nr_deferred);
+                              (double)ps.fence_ns / 1e6, (double)ps.map_ns / 1e6);
     }
     cuheap_log_always(
         "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64
