@@ -6,12 +6,18 @@
  * one 64 MiB chunk mapped as 32 separate 2 MiB pieces (offsets into the handle), and whether a
  * sub-range of a mapping can be unmapped. Then which calls wait for work running on the GPU
  * (each timed right after a 20 ms kernel starts on another stream) and what mapping calls
- * made meanwhile cost a stream of short kernels. Build: gcc -O2 probe-vmm.c -lcuda (no cuheap).
+ * made meanwhile cost a stream of short kernels; and whether a thread's mapping calls wait for
+ * another thread's (CUHEAP_VMM_DEFER leaves unmaps to a thread of cuheap's). PROBE_PART=threads
+ * runs only that part. Build: gcc -O2 probe-vmm.c -lcuda -lpthread (no cuheap).
  */
 #include <cuda.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define ROUNDS 15
@@ -214,6 +220,74 @@ static void probe_busy(CUfunction f, CUfunction touch, CUdeviceptr va,
     CHECK(cuStreamDestroy(other));
 }
 
+/* The other thread of probe_threads(): a 2 MiB handle mapped and unmapped over and over. */
+struct other_thread {
+    CUcontext ctx;
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h;
+    atomic_bool stop;
+    long nr;
+    double us;
+};
+
+static void *other_main(void *arg)
+{
+    struct other_thread *o = arg;
+    CHECK(cuCtxSetCurrent(o->ctx));
+    double t0 = now_us();
+    while (!atomic_load(&o->stop)) {
+        CHECK(cuMemMap(o->va, 2 * MiB, 0, o->h, 0));
+        CHECK(cuMemUnmap(o->va, 2 * MiB));
+        o->nr++;
+    }
+    o->us = now_us() - t0;
+    return NULL;
+}
+
+/* Whether one thread's map, access and unmap of a 2 MiB granule take longer while another
+ * thread maps and unmaps a granule of its own: if the driver made the calls of two threads one
+ * at a time, leaving unmaps to another thread would save the allocating thread nothing. */
+static void probe_threads(CUcontext ctx, CUdeviceptr va, const CUmemAllocationProp *prop,
+                          const CUmemAccessDesc *acc)
+{
+    enum { N = 400 };
+    CUmemGenericAllocationHandle h;
+    CHECK(cuMemCreate(&h, 2 * MiB, prop, 0));
+    struct other_thread o = {.ctx = ctx, .va = va + 256 * MiB};
+    CHECK(cuMemCreate(&o.h, 2 * MiB, prop, 0));
+    for (int round = 0; round < 3; round++)
+        for (int with = 0; with < 2; with++) {
+            pthread_t t;
+            o.nr = 0;
+            atomic_store(&o.stop, false);
+            if (with)
+                pthread_create(&t, NULL, other_main, &o);
+            double it[N], map[N], access[N], unmap[N];
+            for (int i = 0; i < N; i++) {
+                double t0 = now_us();
+                CHECK(cuMemMap(va, 2 * MiB, 0, h, 0));
+                double t1 = now_us();
+                CHECK(cuMemSetAccess(va, 2 * MiB, acc, 1));
+                double t2 = now_us();
+                CHECK(cuMemUnmap(va, 2 * MiB));
+                double t3 = now_us();
+                it[i] = t3 - t0, map[i] = t1 - t0, access[i] = t2 - t1, unmap[i] = t3 - t2;
+            }
+            atomic_store(&o.stop, true);
+            if (with)
+                pthread_join(t, NULL);
+            printf("threads round %d: map+access+unmap %s: %.1f us (map %.1f, access %.1f, "
+                   "unmap %.1f)",
+                   round, with ? "while another thread maps and unmaps" : "alone", median(it, N),
+                   median(map, N), median(access, N), median(unmap, N));
+            if (with)
+                printf("; the other thread: %.1f us a map+unmap", o.us / (o.nr ? o.nr : 1));
+            printf("\n");
+        }
+    CHECK(cuMemRelease(h));
+    CHECK(cuMemRelease(o.h));
+}
+
 int main(void)
 {
     CUdevice dev;
@@ -230,6 +304,10 @@ int main(void)
     CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     CUdeviceptr va;
     CHECK(cuMemAddressReserve(&va, 1ull << 30, 0, 0, 0));
+    probe_threads(ctx, va, &prop, &acc);
+    const char *part_only = getenv("PROBE_PART");
+    if (part_only && !strcmp(part_only, "threads"))
+        return 0;
     printf("%-32s %9s %9s %9s %9s %9s %9s\n", "chunk (one mapping)", "create", "map", "access",
            "unmap", "release", "us/2MiB");
     uint64_t sizes[] = {2 * MiB, 8 * MiB, 32 * MiB, 64 * MiB, 256 * MiB};

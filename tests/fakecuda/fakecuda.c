@@ -1641,6 +1641,12 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     pthread_mutex_lock(&g_lock);
     int slot = -1;
     for (int i = 0; i < 4096; i++)
+        if (g_maps[i].va && g_maps[i].va < ptr + size && ptr < g_maps[i].va + g_maps[i].size) {
+            /* as the real driver: nothing is mapped over a mapping */
+            pthread_mutex_unlock(&g_lock);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    for (int i = 0; i < 4096; i++)
         if (!g_maps[i].va) {
             slot = i;
             break;

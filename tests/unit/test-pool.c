@@ -45,6 +45,10 @@ struct host_device {
     uint64_t next_va, next_handle;
     uint64_t handle_size[65536]; /* by handle */
     int nr_creates, nr_maps, nr_unmaps, nr_releases;
+    /* what is mapped now, as the real driver keeps it: it refuses a map over a mapping
+     * (counted in nr_overlaps); an unmap of what is not mapped is counted in nr_bad_unmaps */
+    uint64_t map_va[4096], map_size[4096];
+    int nr_overlaps, nr_bad_unmaps;
     char log_op[65536];
     uint64_t log_va[65536], log_size[65536];
     unsigned nr_log;
@@ -119,6 +123,20 @@ static int hd_phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t h)
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
     assert_int_equal(d->handle_size[h], size); /* a handle maps whole, as on the real driver */
+    int free_slot = -1;
+    for (int i = 0; i < 4096; i++) {
+        if (d->map_size[i] && d->map_va[i] < va + size && va < d->map_va[i] + d->map_size[i]) {
+            d->nr_overlaps++;
+            pthread_mutex_unlock(&d->lock);
+            return -5;
+        }
+        if (!d->map_size[i] && free_slot < 0)
+            free_slot = i;
+    }
+    if (free_slot >= 0) {
+        d->map_va[free_slot] = va;
+        d->map_size[free_slot] = size;
+    }
     d->nr_maps++;
     hd_log(d, 'M', va, size);
     pthread_mutex_unlock(&d->lock);
@@ -129,6 +147,13 @@ static int hd_phys_unmap(void *ctx, uint64_t va, uint64_t size)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    int i = 0;
+    while (i < 4096 && !(d->map_va[i] == va && d->map_size[i] == size))
+        i++;
+    if (i < 4096)
+        d->map_size[i] = 0;
+    else
+        d->nr_bad_unmaps++;
     d->nr_unmaps++;
     hd_log(d, 'U', va, size);
     pthread_mutex_unlock(&d->lock);
@@ -357,6 +382,9 @@ static void teardown(struct fixture *f)
         held += f->dev.fence_refs[i] > 0;
     if (held)
         fail_msg("%d fences still held after a trim", held);
+    if (f->dev.nr_overlaps || f->dev.nr_bad_unmaps)
+        fail_msg("%d maps over a mapping, %d unmaps of nothing mapped", f->dev.nr_overlaps,
+                 f->dev.nr_bad_unmaps);
     cuheap_pool_forget(&f->pool);
     free(f);
 }
