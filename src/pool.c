@@ -2245,6 +2245,13 @@ static bool tl_try_enter(struct cuheap_timeline *tl)
            !atomic_exchange_explicit(&tl->busy, true, memory_order_acquire);
 }
 
+/* For a trim or a context's death, which must get in: waits for the thread inside to leave. */
+static void tl_enter(struct cuheap_timeline *tl)
+{
+    while (!tl_try_enter(tl))
+        sched_yield();
+}
+
 static void tl_leave(struct cuheap_timeline *tl)
 {
     atomic_store_explicit(&tl->busy, false, memory_order_release);
@@ -2303,8 +2310,7 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
  * waiting meanwhile spin (tl_wait). */
 static void tl_settle(struct cuheap_pool *p)
 {
-    while (!tl_try_enter(&p->tl))
-        sched_yield();
+    tl_enter(&p->tl);
     tl_pass_locked(p, &p->tl, true);
     tl_leave(&p->tl);
 }
@@ -3352,8 +3358,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     tc_forget_all_locked(p, true);
     /* and the timeline, which a trim settles holding neither p->lock nor a cache (a review
      * found a trim letting go of a fence abandon had cleared) */
-    while (!tl_try_enter(&p->tl))
-        sched_yield();
+    tl_enter(&p->tl);
     tl_forget(&p->tl, false);
     uint64_t live = p->st.live;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
