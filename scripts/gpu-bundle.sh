@@ -24,8 +24,9 @@ if [ -e "$lib/liblzma.so.5" ]; then cp -L "$lib/liblzma.so.5" "$b/"; fi
 for c in /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda/lib64; do
     if [ -e "$c/libcupti.so.13" ]; then cp -L "$c/libcupti.so.13" "$b/"; break; fi
 done
-# the VMM cost probe links libcuda itself (it is no shim): the toolkit stub here, the driver there
+# the VMM and fence cost probes link libcuda itself (they are no shim): the toolkit stub here, the driver there
 gcc -O2 -I/usr/local/cuda/include -o "$b/probe-vmm" bench/probe-vmm.c -L/usr/local/cuda/lib64/stubs -lcuda -lpthread
+gcc -O2 -I/usr/local/cuda/include -o "$b/probe-fence" bench/probe-fence.c -L/usr/local/cuda/lib64/stubs -lcuda -lpthread
 nvcc -O2 -arch=sm_90 -cudart static -o "$b/cuda-static" tests/gpu/cuda_client.cu -ldl
 nvcc -O2 -arch=sm_90 -cudart shared -o "$b/cuda-shared" tests/gpu/cuda_client.cu -ldl
 nvcc -O2 -arch=sm_90 -o "$b/peer-client" tests/gpu/peer_client.cu
