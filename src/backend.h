@@ -27,6 +27,9 @@ struct cuheap_backend {
      * fence must stay safe to query and wait for). The pool holds the fence it waits for
      * while it lets other threads go on, which may destroy it meanwhile. */
     void (*fence_hold)(void *ctx, void *fence);
+    /* Whether every stream a fence covers is idle now, so that all work submitted before the
+     * call has completed: 1 when so, 0 when busy or not known (optional). */
+    int (*streams_idle)(void *ctx);
     /* A fence on one stream only (pluggable allocator frees). */
     int (*stream_fence_record)(void *ctx, uint64_t stream, void **ret_fence);
     /* Wait for the whole device, as the driver's free does. */

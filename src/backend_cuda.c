@@ -145,6 +145,27 @@ static int fence_record(void *ctx, void **ret_fence)
     return 0;
 }
 
+/* The streams a fence would record on, asked whether they are idle: the legacy stream (whose
+ * answer covers the blocking and per-thread default streams, as its events do: on the H200 it
+ * said busy while a kernel ran on either, bench/probe-fence.c), then each non-blocking stream
+ * known in the context. Anything but success on each, a capture's refusal included, is no. */
+static int streams_idle(void *ctx)
+{
+    struct cuheap_cuda_device *d = ctx;
+    if (!cuheap_drv.cuStreamQuery)
+        return 0;
+    bool pushed = enter_ctx(d);
+    bool idle = cuheap_drv.cuStreamQuery(CU_STREAM_LEGACY) == CUDA_SUCCESS;
+    CUcontext want = d->ctx;
+    pthread_mutex_lock(&streams_lock);
+    for (unsigned i = 0; i < nr_streams && idle; i++)
+        if (streams[i].ctx == want)
+            idle = cuheap_drv.cuStreamQuery(streams[i].stream) == CUDA_SUCCESS;
+    pthread_mutex_unlock(&streams_lock);
+    leave_ctx(pushed);
+    return idle;
+}
+
 static int fence_query(void *ctx, void *fence)
 {
     (void)ctx;
@@ -394,6 +415,7 @@ void cuheap_backend_cuda_init(struct cuheap_cuda_device *d, CUcontext ctx, int o
         .fence_wait = fence_wait,
         .fence_destroy = fence_destroy,
         .fence_hold = fence_hold,
+        .streams_idle = streams_idle,
         .stream_fence_record = stream_fence_record,
         .device_sync = device_sync,
         .mem_info = mem_info,

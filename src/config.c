@@ -259,6 +259,10 @@ static const struct option options[] = {
      parse_bytes, FIELD(thread_cache), 0, 1 * GIB, NULL},
     {"CUHEAP_FENCE_BATCH", "64", "frees collected before a fence is recorded", parse_uint,
      FIELD(fence_batch), 1, 1u << 20, NULL},
+    {"CUHEAP_IDLE_CHECK", "1",
+     "fence policy: before recording a fence, ask whether every stream is idle, and if so give "
+     "the freed blocks back at once (0: always a fence)",
+     parse_bool, FIELD(idle_check), 0, 0, NULL},
     {"CUHEAP_LIMIT", "none", "per-device limit: bytes (K/M/G) or a percentage of the device",
      parse_limit, 0, 0, 0, NULL},
     {"CUHEAP_RECORD", "1", "record events into the trace", parse_bool, FIELD(record), 0, 0, NULL},
@@ -365,6 +369,7 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
     EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);
     EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
+    EMIT("CUHEAP_IDLE_CHECK=%d", cfg->idle_check);
     if (cfg->limit_permille)
         EMIT("CUHEAP_LIMIT=%u.%u%%", cfg->limit_permille / 10, cfg->limit_permille % 10);
     else

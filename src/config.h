@@ -63,6 +63,7 @@ struct cuheap_config {
                                      the granules it needs */
     uint64_t thread_cache;        /* per thread and pool: bytes of ready blocks held lock-free */
     unsigned fence_batch;         /* frees per fence epoch */
+    bool idle_check;              /* fence: freed blocks back at once while every stream is idle */
     uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */
     unsigned limit_permille;      /* per-device limit as a share of the device, 0 = none */
     bool record;                  /* record events at all */

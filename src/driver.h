@@ -69,6 +69,7 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuEventQuery, (CUevent))                                                                     \
     X(cuEventSynchronize, (CUevent))                                                               \
     X(cuEventDestroy_v2, (CUevent))                                                                \
+    X(cuStreamQuery, (CUstream))                                                                   \
     X(cuDriverGetVersion, (int *))                                                                 \
     X(cuMemGetAllocationGranularity,                                                               \
       (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                   \

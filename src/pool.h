@@ -137,6 +137,7 @@ struct cuheap_pool_stats {
     uint64_t nr_misses;
     uint64_t nr_arenas;
     uint64_t nr_fences;   /* fences recorded */
+    uint64_t nr_idle;     /* fences not recorded: every stream was idle (CUHEAP_IDLE_CHECK) */
     uint64_t nr_waits;    /* times an allocation waited for a fence */
     uint64_t nr_moves;    /* vmm: idle chunks moved whole to where a block needed them */
     uint64_t nr_creates;  /* vmm: chunks taken from the driver */
@@ -223,7 +224,11 @@ struct cuheap_pool {
     uint64_t pending_mapped;       /* vmm: bytes the extents of pending blocks reach */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
     struct cuheap_timeline tl;     /* fences of the threads' large blocks */
-    struct cuheap_pool_stats st;   /* thread caches' shares folded in by cuheap_pool_get_stats() */
+    /* CUHEAP_IDLE_CHECK: checks to skip after the streams were found busy (idle_now), and the
+     * checks that found them idle on the timeline's side, folded into st.nr_idle when read */
+    _Atomic unsigned idle_skip;
+    _Atomic uint64_t nr_idle_tl;
+    struct cuheap_pool_stats st; /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };
 
 enum {

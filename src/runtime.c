@@ -588,6 +588,10 @@ static void summary(void)
             "(reserved/live), pool hit rate %.1f%% (%" PRIu64 " of %" PRIu64 ")",
             d->ordinal, pl, pr, peak_live ? (double)peak_res / (double)peak_live : 0.0,
             tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits, tries);
+        if (ps.nr_fences || ps.nr_idle)
+            cuheap_log_always("GPU %d: %" PRIu64 " fences recorded, %" PRIu64
+                              " times none needed (every stream idle, CUHEAP_IDLE_CHECK)",
+                              d->ordinal, ps.nr_fences, ps.nr_idle);
         if (d->pool.vmm)
             cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
                               " moved, %" PRIu64 " given back to make room, %" PRIu64

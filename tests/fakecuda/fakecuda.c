@@ -1863,7 +1863,11 @@ FAKE_EXPORT CUresult cuStreamQuery(CUstream h)
     pthread_mutex_lock(&g_lock);
     struct fake_stream *s;
     CUresult r = resolve_stream_locked(h, &s);
-    if (r == CUDA_SUCCESS && s->completed < s->submitted)
+    /* the legacy stream answers for the streams ordered with it too (blocking and per-thread
+     * default streams, destroyed ones with work left included), as the driver's did on an
+     * H200 (bench/probe-fence.c) */
+    if (r == CUDA_SUCCESS &&
+        (s->completed < s->submitted || (s->legacy && g_devices[s->device].nr_busy_ordered)))
         r = CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&g_lock);
     return r;

@@ -32,6 +32,7 @@ struct host_device {
     uint64_t capacity, used;
     int nr_allocs, nr_frees, nr_syncs, nr_waits;
     int nr_fences;
+    int nr_idle_checks; /* streams_idle asked */
     bool fences_done[4096];
     int fence_refs[4096]; /* record: 1, hold: +1, destroy: -1 (never below 0) */
     /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
@@ -205,6 +206,17 @@ static int hd_fence_record(void *ctx, void **ret)
     return 0;
 }
 
+/* Nothing runs while the device is idle: every stream answers idle (the pool then needs no
+ * fence); otherwise work may still use a freed block. */
+static int hd_streams_idle(void *ctx)
+{
+    struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    d->nr_idle_checks++;
+    pthread_mutex_unlock(&d->lock);
+    return atomic_load(&d->idle);
+}
+
 static int hd_fence_query(void *ctx, void *f)
 {
     struct host_device *d = ctx;
@@ -349,6 +361,7 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
         .fence_wait = hd_fence_wait,
         .fence_hold = hd_fence_hold,
         .fence_destroy = hd_fence_destroy,
+        .streams_idle = hd_streams_idle,
         .stream_fence_record = hd_stream_fence,
         .device_sync = hd_sync,
         .mem_info = hd_info,
@@ -462,6 +475,91 @@ static void test_fence_holds_blocks_until_complete(void **state)
     }
     assert_true(reused);
     assert_true(f->notes[CUHEAP_EV_FENCE] >= 1);
+    teardown(f);
+}
+
+/* Four pairs of 4 KiB blocks: the four frees close the fixture's fence batch. */
+static void batch_of_pairs(struct fixture *f)
+{
+    uint64_t a[4];
+    for (int i = 0; i < 4; i++)
+        a[i] = alloc(f, 4096, 0);
+    for (int i = 0; i < 4; i++)
+        release(f, a[i], 0);
+}
+
+static uint64_t pending_bytes(struct fixture *f)
+{
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    return st.pending;
+}
+
+/* While every stream is idle, a closing batch's blocks come back at once, with no fence and its
+ * round trip; while work runs, a fence again, which the blocks wait for; and after a busy answer
+ * the next 63 batches record their fences without asking (a busy GPU costs one question in 64),
+ * until a question finds the streams idle again. */
+static void test_idle_streams_need_no_fence(void **state)
+{
+    (void)state;
+    for (int backing = 0; backing < 2; backing++) {
+        struct fixture *f = setup_backing(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0,
+                                          backing ? CUHEAP_BACKING_VMM : CUHEAP_BACKING_LEGACY);
+        atomic_store(&f->dev.idle, true);
+        batch_of_pairs(f);
+        assert_int_equal(f->dev.nr_fences, 0);
+        assert_int_equal(f->dev.nr_idle_checks, 1);
+        assert_int_equal(pending_bytes(f), 0);
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_int_equal(st.nr_idle, 1);
+
+        atomic_store(&f->dev.idle, false);
+        batch_of_pairs(f);
+        assert_int_equal(f->dev.nr_fences, 1);
+        assert_int_equal(f->dev.nr_idle_checks, 2);
+        assert_int_equal(pending_bytes(f), 4 * 4096); /* they wait for the fence */
+        for (int b = 0; b < 63; b++) {
+            complete_fences(&f->dev);
+            batch_of_pairs(f);
+        }
+        assert_int_equal(f->dev.nr_idle_checks, 2);
+        assert_int_equal(f->dev.nr_fences, 64);
+
+        atomic_store(&f->dev.idle, true);
+        complete_fences(&f->dev);
+        batch_of_pairs(f); /* the 64th batch after the busy answer asks again */
+        assert_int_equal(f->dev.nr_idle_checks, 3);
+        assert_int_equal(f->dev.nr_fences, 64);
+        assert_int_equal(pending_bytes(f), 0); /* the closed epochs' fences had passed too */
+
+        /* nothing is asked while a stream captures (a query of the legacy stream then may end
+         * the program's capture): the frees wait for the capture's end */
+        uint64_t a[4];
+        for (int i = 0; i < 4; i++)
+            a[i] = alloc(f, 4096, 0);
+        cuheap_pool_capture(&f->pool, 1);
+        for (int i = 0; i < 4; i++)
+            release(f, a[i], 0);
+        assert_int_equal(f->dev.nr_idle_checks, 3);
+        assert_int_equal(pending_bytes(f), 4 * 4096);
+        cuheap_pool_capture(&f->pool, -1); /* its end closes the batch */
+        assert_int_equal(f->dev.nr_idle_checks, 4);
+        assert_int_equal(pending_bytes(f), 0);
+        teardown(f);
+    }
+}
+
+/* CUHEAP_IDLE_CHECK=0: a fence for every batch, idle streams or not. */
+static void test_idle_check_off_always_fences(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    f->cfg.idle_check = false;
+    atomic_store(&f->dev.idle, true);
+    batch_of_pairs(f);
+    assert_int_equal(f->dev.nr_idle_checks, 0);
+    assert_int_equal(f->dev.nr_fences, 1);
     teardown(f);
 }
 
@@ -2183,11 +2281,19 @@ static int device_fences(struct host_device *d)
     return n;
 }
 
-static void wait_for(_Atomic int *what, int value)
+/* Whether *what reaches value within 10 s. The worker thread only asks (cmocka's asserts jump
+ * back into the test's own thread, so they belong to the main thread: wait_for). */
+static bool reached(_Atomic int *what, int value)
 {
     for (int i = 0; i < 100000 && atomic_load(what) != value; i++)
         usleep(100);
-    assert_int_equal(atomic_load(what), value);
+    return atomic_load(what) == value;
+}
+
+static void wait_for(_Atomic int *what, int value)
+{
+    if (!reached(what, value))
+        fail_msg("waited 10 s for %d, still %d", value, atomic_load(what));
 }
 
 static void *large_pairs_thread(void *arg)
@@ -2202,7 +2308,8 @@ static void *large_pairs_thread(void *arg)
         atomic_fetch_add(&l->nr_pairs, 1);
     }
     atomic_store(&l->done, 0);
-    wait_for(&l->stage, 1);
+    if (!reached(&l->stage, 1))
+        return NULL; /* the test fails waiting for done */
     uint64_t a = alloc(l->f, 2 * MIB, 0);
     int waits = device_waits(&l->f->dev);
     release(l->f, a, 0); /* work queued before this free may still use the block */
@@ -2212,12 +2319,14 @@ static void *large_pairs_thread(void *arg)
     complete_fences(&l->f->dev);
     l->kept = alloc(l->f, 2 * MIB, 0);
     atomic_store(&l->done, 1);
-    wait_for(&l->stage, 2); /* a stream capture has begun */
+    if (!reached(&l->stage, 2)) /* a stream capture has begun */
+        return NULL;
     release(l->f, l->kept, 0);
     uint64_t ptr, block, seq; /* waits for no fence: captured allocations go to the driver */
     l->passed_on = cuheap_pool_alloc(&l->f->pool, 2 * MIB, 0, &ptr, &block, &seq);
     atomic_store(&l->done, 2);
-    wait_for(&l->stage, 3); /* the capture has ended: a fence for the kept block, not passed */
+    if (!reached(&l->stage, 3)) /* the capture has ended: a fence for the kept block, not passed */
+        return NULL;
     release(l->f, alloc(l->f, 2 * MIB, 0), 0);
     return NULL;
 }
@@ -2251,7 +2360,7 @@ static void test_thread_large_block_off_pool_lock(void **state)
             fail_msg("backing %d: the thread's large pairs still take the pool's lock", backing);
         /* then free to go, with the lock held */
         pthread_mutex_lock(&f->pool.lock);
-        int before = atomic_load(&l.nr_pairs);
+        int before = atomic_load(&l.nr_pairs), fences_before = device_fences(&f->dev);
         atomic_store(&l.turn, INT32_MAX);
         for (int i = 0; i < 300000 && atomic_load(&l.nr_pairs) < before + 200; i++)
             usleep(100);
@@ -2259,6 +2368,8 @@ static void test_thread_large_block_off_pool_lock(void **state)
         pthread_mutex_unlock(&f->pool.lock);
         if (went_on < 200)
             fail_msg("backing %d: %d large pairs while the pool's lock was held", backing, went_on);
+        /* every stream idle: the kept block came back each time without a fence */
+        assert_int_equal(device_fences(&f->dev), fences_before);
         atomic_store(&f->dev.idle, false);
         atomic_store(&l.stage, 1);
         wait_for(&l.done, 1);
@@ -2286,6 +2397,8 @@ int main(void)
         cmocka_unit_test(test_immediate_reuses_at_once),
         cmocka_unit_test(test_fence_holds_blocks_until_complete),
         cmocka_unit_test(test_fence_miss_waits_for_oldest_when_full),
+        cmocka_unit_test(test_idle_streams_need_no_fence),
+        cmocka_unit_test(test_idle_check_off_always_fences),
         cmocka_unit_test(test_sync_waits_for_device_on_every_free),
         cmocka_unit_test(test_out_of_memory_after_reclaim),
         cmocka_unit_test(test_limit_refuses_growth),
