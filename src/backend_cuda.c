@@ -146,7 +146,8 @@ static int fence_record(void *ctx, void **ret_fence)
 }
 
 /* The streams a fence would record on, asked whether they are idle: the legacy stream (whose
- * answer covers the blocking and per-thread default streams, as its events do: on the H200 it
+ * answer covers the blocking and per-thread default streams, as its events do: the query has
+ * default-stream semantics and its success counts as a cuStreamSynchronize, and on the H200 it
  * said busy while a kernel ran on either, bench/probe-fence.c), then each non-blocking stream
  * known in the context. Anything but success on each, a capture's refusal included, is no. */
 static int streams_idle(void *ctx)
