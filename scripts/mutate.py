@@ -60,8 +60,8 @@ MUTATIONS = [
      "the question whether every stream is idle asks only the legacy stream, not the "
      "non-blocking streams",
      "reuse waits for every stream", "src/backend_cuda.c",
-     "            idle = cuheap_drv.cuStreamQuery(streams[i].stream) == CUDA_SUCCESS;",
-     "            idle = true;"),
+     "                   cuheap_drv.cuStreamQuery(streams[i].stream) == CUDA_SUCCESS;",
+     "                   true;"),
     ("idle-check-answers-itself",
      "the pool takes every stream for idle without asking the driver",
      "reuse waits for every stream", "src/pool.c",

@@ -27,17 +27,38 @@ struct known_stream {
 static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct known_stream streams[NR_MAX_STREAMS]; /* guarded by streams_lock */
 static unsigned nr_streams;
+/* A non-blocking stream was created with the list full: neither an event on every listed
+ * stream nor their being idle says anything about it, so from then on every fence is a device
+ * sync (fence_record refuses) and no stream counts as idle. */
+static bool streams_unlisted;
 
 void cuheap_streams_add(CUcontext ctx, CUstream s)
 {
     pthread_mutex_lock(&streams_lock);
-    if (nr_streams < NR_MAX_STREAMS)
+    if (nr_streams < NR_MAX_STREAMS) {
         streams[nr_streams++] = (struct known_stream){ctx, s};
-    else
-        cuheap_log_once("more than %d non-blocking streams: frees on the newest are fenced by "
-                        "device syncs only through CUHEAP_REUSE=sync; consider it",
+    } else {
+        streams_unlisted = true;
+        cuheap_log_once("more than %d non-blocking streams: freed blocks now wait for a device "
+                        "sync (as with CUHEAP_REUSE=sync)",
                         NR_MAX_STREAMS);
+    }
     pthread_mutex_unlock(&streams_lock);
+}
+
+void cuheap_streams_atfork_prepare(void)
+{
+    pthread_mutex_lock(&streams_lock);
+}
+
+void cuheap_streams_atfork_parent(void)
+{
+    pthread_mutex_unlock(&streams_lock);
+}
+
+void cuheap_streams_atfork_child(void)
+{
+    pthread_mutex_init(&streams_lock, NULL);
 }
 
 void cuheap_streams_remove(CUstream s)
@@ -132,6 +153,8 @@ static int fence_record(void *ctx, void **ret_fence)
     int r = record_on(f, CU_STREAM_LEGACY);
     CUcontext want = d->ctx;
     pthread_mutex_lock(&streams_lock);
+    if (streams_unlisted)
+        r = -1;
     for (unsigned i = 0; i < nr_streams && r == 0; i++)
         if (streams[i].ctx == want)
             r = record_on(f, streams[i].stream);
@@ -159,9 +182,15 @@ static int streams_idle(void *ctx)
     bool idle = cuheap_drv.cuStreamQuery(CU_STREAM_LEGACY) == CUDA_SUCCESS;
     CUcontext want = d->ctx;
     pthread_mutex_lock(&streams_lock);
+    /* where a fence could not be recorded, no answer either: the list is incomplete, or the
+     * context has more streams than a fence holds events (asking them all under the pool's
+     * lock would take over 100 us) */
+    unsigned asked = 1;
+    idle = idle && !streams_unlisted;
     for (unsigned i = 0; i < nr_streams && idle; i++)
         if (streams[i].ctx == want)
-            idle = cuheap_drv.cuStreamQuery(streams[i].stream) == CUDA_SUCCESS;
+            idle = ++asked <= CUHEAP_NR_MAX_FENCE_STREAMS &&
+                   cuheap_drv.cuStreamQuery(streams[i].stream) == CUDA_SUCCESS;
     pthread_mutex_unlock(&streams_lock);
     leave_ctx(pushed);
     return idle;

@@ -51,5 +51,10 @@ void cuheap_backend_cuda_add_peer(int owner, int accessor);
 /* Non-blocking streams the fences must cover. */
 void cuheap_streams_add(CUcontext ctx, CUstream s);
 void cuheap_streams_remove(CUstream s);
+/* Around fork: the list's lock is taken by fences and idle checks of the threads' timeline,
+ * which no pool lock covers, so fork takes it itself (last: nothing is waited for under it). */
+void cuheap_streams_atfork_prepare(void);
+void cuheap_streams_atfork_parent(void);
+void cuheap_streams_atfork_child(void);
 
 #endif

@@ -1131,17 +1131,17 @@ static bool give_back_if_idle_locked(struct cuheap_pool *p)
 
 /* Close the open epoch behind a new fence, or give its blocks back at once while every stream
  * is idle. While a stream captures, recording would disturb the capture: the epoch stays
- * open. */
-static void close_epoch_locked(struct cuheap_pool *p)
+ * open. Returns whether its blocks came back at once (the caller may look for one again). */
+static bool close_epoch_locked(struct cuheap_pool *p)
 {
     if (give_back_if_idle_locked(p))
-        return;
+        return true;
     while (p->ep_tail - p->ep_head == CUHEAP_NR_EPOCHS - 1 && open_epoch(p)->nr_blocks &&
            !p->nr_capturing)
         wait_oldest_locked(p); /* drops the lock: the open epoch may change meanwhile */
     struct cuheap_epoch *e = open_epoch(p);
     if (!e->nr_blocks || p->nr_capturing)
-        return;
+        return false;
     void *fence = NULL;
     if (p->be.fence_record(p->be.ctx, &fence) != 0) {
         /* No fence to be had: fall back to what the driver's own free does, a device sync,
@@ -1156,17 +1156,18 @@ static void close_epoch_locked(struct cuheap_pool *p)
         struct cuheap_syncing **at = &p->syncing;
         while (*at && *at != &s)
             at = &(*at)->next;
-        if (*at) { /* else the context went meanwhile (cuheap_pool_abandon), its blocks too */
-            *at = s.next;
-            release_epoch_locked(p, &s.epoch);
-            p->nr_synced++;
-            pthread_cond_broadcast(&p->synced);
-        }
-        return;
+        if (!*at)
+            return false; /* the context went meanwhile (cuheap_pool_abandon), its blocks too */
+        *at = s.next;
+        release_epoch_locked(p, &s.epoch);
+        p->nr_synced++;
+        pthread_cond_broadcast(&p->synced);
+        return true;
     }
     e->fence = fence;
     p->st.nr_fences++;
     p->ep_tail++;
+    return false;
 }
 
 /* Out of memory while another thread syncs the device for blocks no fence covers (above):
@@ -1500,12 +1501,13 @@ static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t 
         if (p->ep_head == p->ep_tail && !open_epoch(p)->nr_blocks)
             return; /* nothing waits: moving or taking granules is all there is */
         if (!reclaim_locked(p)) {
+            bool back = false; /* every stream idle, or a device sync: they came back */
             if (p->ep_head == p->ep_tail) {
-                close_epoch_locked(p);
-                if (p->ep_head == p->ep_tail)
+                back = close_epoch_locked(p);
+                if (p->ep_head == p->ep_tail && !back)
                     return; /* could not close it (a stream captures) */
             }
-            if (!poll_oldest_locked(p))
+            if (!back && !poll_oldest_locked(p))
                 wait_oldest_locked(p);
         }
         /* back to the buddy, not a quick list: the list would hand this very block out again */
@@ -2685,7 +2687,8 @@ again:;
             flushed = true;
             tc_drain_all_locked(p, true);
             flush_stream_caches_locked(p);
-            close_epoch_locked(p);
+            if (close_epoch_locked(p))
+                continue; /* every stream idle: they came back, a reason not to grow */
         }
         if (poll_oldest_locked(p))
             continue;
@@ -3452,6 +3455,7 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     p->nr_stuck = 0;
     uint64_t keep_hits = p->st.nr_hits, keep_misses = p->st.nr_misses;
     memset(&p->st, 0, sizeof(p->st));
+    atomic_store(&p->nr_idle_tl, 0);
     p->st.nr_hits = keep_hits;
     p->st.nr_misses = keep_misses;
     memset(p->epochs, 0, sizeof(p->epochs)); /* their events died with the context */
@@ -3487,6 +3491,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->nr_idle = p->idle_bytes = 0;
     p->nr_stuck = 0;
     memset(&p->st, 0, sizeof(p->st));
+    atomic_store(&p->nr_idle_tl, 0);
     memset(p->epochs, 0, sizeof(p->epochs));
     p->syncing = NULL; /* on the stack of a thread the fork left behind */
     memset(p->caches, 0, sizeof(p->caches));

@@ -137,7 +137,8 @@ struct cuheap_pool_stats {
     uint64_t nr_misses;
     uint64_t nr_arenas;
     uint64_t nr_fences;   /* fences recorded */
-    uint64_t nr_idle;     /* fences not recorded: every stream was idle (CUHEAP_IDLE_CHECK) */
+    uint64_t nr_idle;     /* freed blocks given back with no fence: every stream was found
+                             idle (CUHEAP_IDLE_CHECK) */
     uint64_t nr_waits;    /* times an allocation waited for a fence */
     uint64_t nr_moves;    /* vmm: idle chunks moved whole to where a block needed them */
     uint64_t nr_creates;  /* vmm: chunks taken from the driver */

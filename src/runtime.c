@@ -121,6 +121,7 @@ static void fork_prepare(void)
     forking_devices = atomic_load(&nr_devices);
     for (unsigned i = 0; i < forking_devices; i++)
         pthread_mutex_lock(&devices[i].pool.lock);
+    cuheap_streams_atfork_prepare();
     cuheap_recorder_atfork_prepare();
 }
 
@@ -130,6 +131,7 @@ static void fork_parent(void)
         return;
     if (forking_booted) {
         cuheap_recorder_atfork_parent();
+        cuheap_streams_atfork_parent();
         for (unsigned i = forking_devices; i-- > 0;)
             pthread_mutex_unlock(&devices[i].pool.lock);
         pthread_mutex_unlock(&cuheap_streams_gate);
@@ -165,6 +167,7 @@ static void fork_child(void)
     pthread_mutex_init(&devices_lock, NULL);
     pthread_mutex_init(&capture_lock, NULL);
     pthread_mutex_init(&cuheap_streams_gate, NULL); /* pool locks: cuheap_pool_forget() */
+    cuheap_streams_atfork_child();
     pthread_mutex_init(&cuheap_passthru.lock, NULL);
     /* the allocation and free counts and every thread's pending live bytes start over */
     cuheap_counters_atfork_child(CUHEAP_CTR_ALLOCS, CUHEAP_CTR_LIVE + CUHEAP_NR_COUNTED_DEVICES);
@@ -589,8 +592,9 @@ static void summary(void)
             d->ordinal, pl, pr, peak_live ? (double)peak_res / (double)peak_live : 0.0,
             tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits, tries);
         if (ps.nr_fences || ps.nr_idle)
-            cuheap_log_always("GPU %d: %" PRIu64 " fences recorded, %" PRIu64
-                              " times none needed (every stream idle, CUHEAP_IDLE_CHECK)",
+            cuheap_log_always("GPU %d: %" PRIu64 " fences recorded; %" PRIu64
+                              " times every stream was idle and none was needed "
+                              "(CUHEAP_IDLE_CHECK)",
                               d->ordinal, ps.nr_fences, ps.nr_idle);
         if (d->pool.vmm)
             cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64

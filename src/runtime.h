@@ -132,9 +132,10 @@ static inline void cuheap_account(struct cuheap_device *d, int64_t live, int64_t
 uint64_t cuheap_device_live(struct cuheap_device *d);
 
 /* The known-stream list's lock (backend_cuda.c) must be free when the process forks: it is
- * taken by the fences, under a pool lock, and by these two, which the hooks call only through
- * cuheap_streams_changed() under cuheap_streams_gate. fork holds the gate and every pool lock,
- * so no thread is inside that lock when the child is made. */
+ * taken by the fences and idle checks, under a pool lock or inside a pool's timeline, and by
+ * these two, which the hooks call only through cuheap_streams_changed() under
+ * cuheap_streams_gate. fork holds the gate, every pool lock and then the list's lock itself
+ * (cuheap_streams_atfork_prepare), so no thread is inside it when the child is made. */
 extern pthread_mutex_t cuheap_streams_gate;
 void cuheap_streams_changed(CUcontext ctx, CUstream s, bool added);
 

@@ -5,6 +5,7 @@
  * same-stream reuse, range answers, trimming, and invariants under random and threaded use.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
@@ -32,7 +33,8 @@ struct host_device {
     uint64_t capacity, used;
     int nr_allocs, nr_frees, nr_syncs, nr_waits;
     int nr_fences;
-    int nr_idle_checks; /* streams_idle asked */
+    int nr_idle_checks;                  /* streams_idle asked */
+    void (*_Atomic on_idle_check)(void); /* called as streams_idle is asked (a test's probe) */
     bool fences_done[4096];
     int fence_refs[4096]; /* record: 1, hold: +1, destroy: -1 (never below 0) */
     /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
@@ -214,6 +216,9 @@ static int hd_streams_idle(void *ctx)
     pthread_mutex_lock(&d->lock);
     d->nr_idle_checks++;
     pthread_mutex_unlock(&d->lock);
+    void (*probe)(void) = atomic_load(&d->on_idle_check);
+    if (probe)
+        probe();
     return atomic_load(&d->idle);
 }
 
@@ -548,6 +553,30 @@ static void test_idle_streams_need_no_fence(void **state)
         assert_int_equal(pending_bytes(f), 0);
         teardown(f);
     }
+}
+
+/* vmm, every stream idle, a batch that never fills: a loop of 2 MiB pairs takes its freed
+ * block back each time, with no fence, no new memory and no memory moved (the blocks come back
+ * before the next one's place is chosen: chosen first, it was placed beside them, and memory
+ * was moved to it from theirs every pair). */
+static void test_vmm_idle_pairs_move_nothing(void **state)
+{
+    (void)state;
+    struct fixture *f =
+        setup_backing(CUHEAP_REUSE_FENCE, 1ull << 32, 256 * MIB, 0, CUHEAP_BACKING_VMM);
+    f->cfg.fence_batch = 1000;
+    atomic_store(&f->dev.idle, true);
+    uint64_t first = alloc(f, 2 * MIB, 0);
+    release(f, first, 0);
+    for (int i = 0; i < 100; i++)
+        release(f, alloc(f, 2 * MIB, 0), 0);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.nr_moves, 0);
+    assert_int_equal(st.nr_creates, 1);
+    assert_int_equal(f->dev.nr_fences, 0);
+    assert_true(st.nr_idle >= 100);
+    teardown(f);
 }
 
 /* CUHEAP_IDLE_CHECK=0: a fence for every batch, idle streams or not. */
@@ -2296,6 +2325,20 @@ static void wait_for(_Atomic int *what, int value)
         fail_msg("waited 10 s for %d, still %d", value, atomic_load(what));
 }
 
+/* The least count of timeline fences begun but not recorded seen as streams_idle was asked:
+ * a question for a timeline fence comes after its number was taken (tl_record_locked), so
+ * every free before it has a lower ticket. */
+static _Atomic long tl_gap_min = LONG_MAX;
+
+static void note_tl_gap(void)
+{
+    long gap =
+        (long)(atomic_load(&current->pool.tl.started) - atomic_load(&current->pool.tl.recorded));
+    for (long m = atomic_load(&tl_gap_min); gap < m;)
+        if (atomic_compare_exchange_weak(&tl_gap_min, &m, gap))
+            break;
+}
+
 static void *large_pairs_thread(void *arg)
 {
     struct large_pairs *l = arg;
@@ -2361,11 +2404,15 @@ static void test_thread_large_block_off_pool_lock(void **state)
         /* then free to go, with the lock held */
         pthread_mutex_lock(&f->pool.lock);
         int before = atomic_load(&l.nr_pairs), fences_before = device_fences(&f->dev);
+        atomic_store(&tl_gap_min, LONG_MAX);
+        atomic_store(&f->dev.on_idle_check, note_tl_gap); /* the lock held: the timeline asks */
         atomic_store(&l.turn, INT32_MAX);
         for (int i = 0; i < 300000 && atomic_load(&l.nr_pairs) < before + 200; i++)
             usleep(100);
         int went_on = atomic_load(&l.nr_pairs) - before;
+        atomic_store(&f->dev.on_idle_check, NULL);
         pthread_mutex_unlock(&f->pool.lock);
+        assert_true(atomic_load(&tl_gap_min) >= 1 && atomic_load(&tl_gap_min) != LONG_MAX);
         if (went_on < 200)
             fail_msg("backing %d: %d large pairs while the pool's lock was held", backing, went_on);
         /* every stream idle: the kept block came back each time without a fence */
@@ -2381,6 +2428,10 @@ static void test_thread_large_block_off_pool_lock(void **state)
         assert_int_equal(l.passed_on, CUHEAP_POOL_PASS);
         assert_int_equal(device_fences(&f->dev), fences);
         cuheap_pool_capture(&f->pool, -1);
+        /* the last pair finds every stream idle: its block comes back on the timeline's idle
+         * answer, and the teardown finds no fence of the timeline's held */
+        atomic_store(&f->dev.idle, true);
+        atomic_store(&f->pool.idle_skip, 0);
         atomic_store(&l.stage, 3);
         pthread_join(t, NULL);
         check_invariants(f);
@@ -2399,6 +2450,7 @@ int main(void)
         cmocka_unit_test(test_fence_miss_waits_for_oldest_when_full),
         cmocka_unit_test(test_idle_streams_need_no_fence),
         cmocka_unit_test(test_idle_check_off_always_fences),
+        cmocka_unit_test(test_vmm_idle_pairs_move_nothing),
         cmocka_unit_test(test_sync_waits_for_device_on_every_free),
         cmocka_unit_test(test_out_of_memory_after_reclaim),
         cmocka_unit_test(test_limit_refuses_growth),
