@@ -71,6 +71,12 @@ MUTATIONS = [
      "a capture's graph gets no node of cuheap's, and no call that ends it", "src/pool.c",
      "    if (!open_epoch(p)->nr_blocks || p->nr_capturing || !idle_now(p))",
      "    if (!open_epoch(p)->nr_blocks || !idle_now(p))"),
+    ("idle-give-back-still-grows",
+     "an allocation that finds the arena full gives the freed blocks back on an idle answer, "
+     "then grows the pool all the same",
+     "memory held stays close to what is used (pool v2)", "src/pool.c",
+     "            if (close_epoch_locked(p))\n                continue;",
+     "            if (close_epoch_locked(p))\n                (void)0;"),
     ("timeline-skips-fence",
      "a thread's kept large block counts its timeline fence as passed without asking the driver",
      "reuse waits for the fence", "src/pool.c",

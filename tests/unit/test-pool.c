@@ -579,6 +579,25 @@ static void test_vmm_idle_pairs_move_nothing(void **state)
     teardown(f);
 }
 
+/* Legacy backing, every stream idle: an allocation that finds the arena full of blocks freed on
+ * a stream (the pluggable allocator's) gets one of them once they come back, instead of a new
+ * arena. */
+static void test_idle_blocks_back_before_growing(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    atomic_store(&f->dev.idle, true);
+    uint64_t a = alloc(f, 32 * MIB, 0x77), b = alloc(f, 32 * MIB, 0x77);
+    assert_int_equal(atomic_load(&f->reserved), 64 * MIB);
+    release(f, a, 0x77);
+    release(f, b, 0x77);
+    uint64_t c = alloc(f, 32 * MIB, 0); /* another stream: not from the stream's own cache */
+    assert_true(c == a || c == b);
+    assert_int_equal(atomic_load(&f->reserved), 64 * MIB);
+    release(f, c, 0);
+    teardown(f);
+}
+
 /* CUHEAP_IDLE_CHECK=0: a fence for every batch, idle streams or not. */
 static void test_idle_check_off_always_fences(void **state)
 {
@@ -2451,6 +2470,7 @@ int main(void)
         cmocka_unit_test(test_idle_streams_need_no_fence),
         cmocka_unit_test(test_idle_check_off_always_fences),
         cmocka_unit_test(test_vmm_idle_pairs_move_nothing),
+        cmocka_unit_test(test_idle_blocks_back_before_growing),
         cmocka_unit_test(test_sync_waits_for_device_on_every_free),
         cmocka_unit_test(test_out_of_memory_after_reclaim),
         cmocka_unit_test(test_limit_refuses_growth),
