@@ -26,50 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#define MiB (1ull << 20)
-
-static double now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The q-quantile of v (sorted in place). */
-static double quantile(double *v, int n, double q)
-{
-    qsort(v, n, sizeof(*v), cmp);
-    return v[(int)(q * (n - 1))];
-}
-
-#define CHECK(x)                                                                                   \
-    do {                                                                                           \
-        CUresult r_ = (x);                                                                         \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #x, (int)r_);                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-/* A kernel that spins until the GPU's clock passes ns nanoseconds from its start. */
-static const char spin_ptx[] = ".version 7.0\n.target sm_70\n.address_size 64\n"
-                               ".visible .entry spin(.param .u64 ns)\n{\n"
-                               ".reg .u64 %rd<5>;\n.reg .pred %p;\n"
-                               "ld.param.u64 %rd1, [ns];\nmov.u64 %rd2, %globaltimer;\n"
-                               "add.u64 %rd3, %rd2, %rd1;\nLOOP:\nmov.u64 %rd4, %globaltimer;\n"
-                               "setp.lt.u64 %p, %rd4, %rd3;\n@%p bra LOOP;\nret;\n}\n";
-
-static void spin(CUfunction f, CUstream s, uint64_t ns)
-{
-    void *args[] = {&ns};
-    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args, NULL));
-}
+#include "probe.h"
 
 enum { FENCES = 20000, ASYNC_PAIRS = 20000, ASYNC_RUNS = 5 };
 
@@ -168,7 +125,7 @@ int main(void)
     CHECK(cuCtxSetCurrent(ctx));
     CUmodule mod;
     CUfunction f;
-    CHECK(cuModuleLoadData(&mod, spin_ptx));
+    CHECK(cuModuleLoadData(&mod, SPIN_PTX));
     CHECK(cuModuleGetFunction(&f, mod, "spin"));
     CUstream nb, blocking;
     CHECK(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));

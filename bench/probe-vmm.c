@@ -20,62 +20,23 @@
 #include <string.h>
 #include <time.h>
 
+#include "probe.h"
+
 #define ROUNDS 15
-#define MiB    (1ull << 20)
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, n, sizeof(*v), cmp);
-    return v[n / 2];
-}
-
-#define CHECK(x)                                                                                   \
-    do {                                                                                           \
-        CUresult r_ = (x);                                                                         \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #x, (int)r_);                 \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-/* A kernel that spins until the GPU's clock passes ns nanoseconds from its start. */
-static const char spin_ptx[] = ".version 7.0\n.target sm_70\n.address_size 64\n"
-                               ".visible .entry spin(.param .u64 ns)\n{\n"
-                               ".reg .u64 %rd<5>;\n.reg .pred %p;\n"
-                               "ld.param.u64 %rd1, [ns];\nmov.u64 %rd2, %globaltimer;\n"
-                               "add.u64 %rd3, %rd2, %rd1;\nLOOP:\nmov.u64 %rd4, %globaltimer;\n"
-                               "setp.lt.u64 %p, %rd4, %rd3;\n@%p bra LOOP;\nret;\n}\n"
-                               /* and one that writes n words of buf, every thread a stride */
-                               ".visible .entry touch(.param .u64 buf, .param .u64 n)\n{\n"
-                               ".reg .u64 %rd<8>;\n.reg .u32 %r<5>;\n.reg .pred %p;\n"
-                               "ld.param.u64 %rd1, [buf];\nld.param.u64 %rd2, [n];\n"
-                               "mov.u32 %r1, %ctaid.x;\nmov.u32 %r2, %ntid.x;\n"
-                               "mov.u32 %r3, %tid.x;\nmov.u32 %r4, %nctaid.x;\n"
-                               "mul.wide.u32 %rd3, %r1, %r2;\ncvt.u64.u32 %rd4, %r3;\n"
-                               "add.u64 %rd3, %rd3, %rd4;\nmul.wide.u32 %rd5, %r4, %r2;\n"
-                               "TLOOP:\nsetp.ge.u64 %p, %rd3, %rd2;\n@%p bra TDONE;\n"
-                               "shl.b64 %rd6, %rd3, 2;\nadd.u64 %rd7, %rd1, %rd6;\n"
-                               "st.global.u32 [%rd7], %r3;\nadd.u64 %rd3, %rd3, %rd5;\n"
-                               "bra TLOOP;\nTDONE:\nret;\n}\n";
-
-static void spin(CUfunction f, CUstream s, uint64_t ns)
-{
-    void *args[] = {&ns};
-    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args, NULL));
-}
+/* the module: spin (probe.h), then touch */
+static const char spin_ptx[] = SPIN_PTX
+    /* and one that writes n words of buf, every thread a stride */
+    ".visible .entry touch(.param .u64 buf, .param .u64 n)\n{\n"
+    ".reg .u64 %rd<8>;\n.reg .u32 %r<5>;\n.reg .pred %p;\n"
+    "ld.param.u64 %rd1, [buf];\nld.param.u64 %rd2, [n];\n"
+    "mov.u32 %r1, %ctaid.x;\nmov.u32 %r2, %ntid.x;\n"
+    "mov.u32 %r3, %tid.x;\nmov.u32 %r4, %nctaid.x;\n"
+    "mul.wide.u32 %rd3, %r1, %r2;\ncvt.u64.u32 %rd4, %r3;\n"
+    "add.u64 %rd3, %rd3, %rd4;\nmul.wide.u32 %rd5, %r4, %r2;\n"
+    "TLOOP:\nsetp.ge.u64 %p, %rd3, %rd2;\n@%p bra TDONE;\n"
+    "shl.b64 %rd6, %rd3, 2;\nadd.u64 %rd7, %rd1, %rd6;\n"
+    "st.global.u32 [%rd7], %r3;\nadd.u64 %rd3, %rd3, %rd5;\n"
+    "bra TLOOP;\nTDONE:\nret;\n}\n";
 
 enum { OP_CREATE, OP_MAP, OP_ACCESS, OP_UNMAP, OP_RELEASE, OP_ALLOC, OP_FREE, OP_EVENT, NR_OPS };
 static const char *const op_names[NR_OPS] = {"cuMemCreate", "cuMemMap",           "cuMemSetAccess",
