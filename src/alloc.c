@@ -102,8 +102,10 @@ CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint
     if (cuheap_addrmap_put(&cuheap_passthru, &e))
         cuheap_log_once("allocation table full: some frees will be recorded without sizes");
     atomic_fetch_add_explicit(&cuheap_nr_passthrough, 1, memory_order_relaxed);
-    if (device_mem)
+    if (device_mem) {
+        cuheap_note_reserved_peak(d); /* cuheap_admit counted the bytes, the driver gave them */
         cuheap_account(d, (int64_t)size, 0);
+    }
     cuheap_record_alloc(device_mem ? d : NULL, api, 0, key, size, actual, stream, seq);
     return r;
 }

@@ -59,6 +59,8 @@ void cuheap_streams_atfork_parent(void)
 void cuheap_streams_atfork_child(void)
 {
     pthread_mutex_init(&streams_lock, NULL);
+    nr_streams = 0; /* the parent's contexts, and their streams, are not the child's */
+    streams_unlisted = false;
 }
 
 void cuheap_streams_remove(CUstream s)

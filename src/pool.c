@@ -1495,6 +1495,7 @@ static bool block_mapped_locked(struct cuheap_pool *p, struct cuheap_arena *a, u
 static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr,
                                  uint64_t *block, struct cuheap_arena **arena)
 {
+    unsigned backs = 0;
     for (unsigned tries = 0; tries <= CUHEAP_NR_EPOCHS; tries++) {
         if (block_mapped_locked(p, *arena, *ptr, size))
             return;
@@ -1506,6 +1507,8 @@ static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t 
                 back = close_epoch_locked(p);
                 if (p->ep_head == p->ep_tail && !back)
                     return; /* could not close it (a stream captures) */
+                if (back && backs++)
+                    return; /* once: a device sync each round would cost more than mapping */
             }
             if (!back && !poll_oldest_locked(p))
                 wait_oldest_locked(p);

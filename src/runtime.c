@@ -304,6 +304,12 @@ static void raise_peak(_Atomic uint64_t *peak, uint64_t v)
         ;
 }
 
+void cuheap_note_reserved_peak(struct cuheap_device *d)
+{
+    if (d)
+        raise_peak(&d->peak_reserved, atomic_load_explicit(&d->reserved, memory_order_relaxed));
+}
+
 static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
 {
     struct cuheap_rec r = {
@@ -323,8 +329,7 @@ static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
     if (n->type == CUHEAP_EV_ARENA_GROW) {
         struct cuheap_device *d = cuheap_device_of_pool(p);
         /* d->reserved was moved by the pool itself; only the peak needs a look */
-        if (d)
-            raise_peak(&d->peak_reserved, atomic_load_explicit(&d->reserved, memory_order_relaxed));
+        cuheap_note_reserved_peak(d);
     }
 }
 

@@ -96,6 +96,10 @@ struct cuheap_device *cuheap_device_by_ordinal(int ordinal);
 /* Adjust the accounting of d and its peaks at once (reserved bytes, large changes). */
 void cuheap_account_now(struct cuheap_device *d, int64_t live, int64_t reserved);
 
+/* d->reserved was raised directly (the pool's growth, a pass-through admitted and granted):
+ * the peak follows it. */
+void cuheap_note_reserved_peak(struct cuheap_device *d);
+
 /* Adjust the accounting of d and its peaks. Reserved bytes (which limits and out-of-memory
  * decisions read) are always exact; live bytes below CUHEAP_LIVE_BATCH are held back in c,
  * the calling thread's counters (cuheap_counters_mine(); NULL: no holding back), see struct

@@ -670,6 +670,12 @@ static void test_pool_off_goes_to_driver(void **state)
     assert_int_equal(fake_calls(FAKECUDA_CALL_MEM_ALLOC), before + 10);
     assert_int_equal(fake_calls(FAKECUDA_CALL_MEM_FREE), frees + 10);
     assert_int_equal(stats().nr_arenas, 0);
+    /* the peak held follows what the driver gave (a review found it left behind once) */
+    CUdeviceptr q;
+    assert_int_equal(cu.cuMemAlloc_v2(&q, stats().peak_reserved_bytes + 64 * MIB), CUDA_SUCCESS);
+    struct cuheap_stats s = stats();
+    assert_true(s.peak_reserved_bytes >= s.reserved_bytes);
+    assert_int_equal(cu.cuMemFree_v2(q), CUDA_SUCCESS);
 }
 
 /* cudaDeviceReset and context destruction free everything on the device: the pool must
