@@ -388,6 +388,11 @@ MUTATIONS = [
      "holding \"<!--<script>\" swallows the page's code and no chart is drawn",
      "trace text on the HTML page stays text", "tools/html.c",
      "        if (!rep)\n            continue;", "        if (1)\n            continue;"),
+    ("preload-path-with-a-space",
+     "cuheap run preloads a library whose path holds a space or a colon as it is: ld.so splits "
+     "it and the program runs without cuheap",
+     "cuheap run runs the program under cuheap, or says why not", "tools/cuheap.c",
+     "    if (!preload_safe(lib)) {", "    if (0) {"),
 ]
 
 

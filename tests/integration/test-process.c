@@ -1146,6 +1146,33 @@ static void test_tool_rejects_bad_input(void **state)
     }
 }
 
+/* cuheap installed where the path holds a space or a colon, which ld.so takes for separators
+ * in LD_PRELOAD: `cuheap run` still runs the program under cuheap (a trace with its
+ * allocations), through a link in a private folder of $XDG_RUNTIME_DIR that is gone
+ * afterwards, with the user's own LD_PRELOAD kept after it (issue 29). */
+static void test_run_installed_in_a_folder_with_a_space(void **state)
+{
+    (void)state;
+    static const char *const folders[] = {"my tools", "my:tools"};
+    for (size_t i = 0; i < sizeof(folders) / sizeof(folders[0]); i++) {
+        /* what `cuheap run` looks for next to itself: libcuheap.so */
+        struct result r = run(
+            "mkdir -p '%s' rt && cp %s/tools/cuheap %s/src/libcuheap.so '%s/' && " FAKE
+            " LD_PRELOAD=libm.so.6 XDG_RUNTIME_DIR=\"$PWD/rt\" './%s/cuheap' run -o t%zu.jsonl "
+            "-- sh -c 'echo \"preload=$LD_PRELOAD\"; exec %s/tests/programs/cuheap-demo 2' && "
+            "echo \"left=$(ls -A rt | wc -l) allocs=$(grep -c '\"event\":\"alloc\"' t%zu.jsonl)\"",
+            folders[i], build, build, folders[i], build, folders[i], i, build, i);
+        char want[PATH_MAX + 64], trace[64];
+        snprintf(want, sizeof(want), "preload=%s/rt/cuheap-run-", tmp);
+        snprintf(trace, sizeof(trace), "trace: t%zu.jsonl", i);
+        if (r.status || strncmp(r.out, want, strlen(want)) ||
+            !strstr(r.out, "/libcuheap.so:libm.so.6\n") || !strstr(r.err, trace) ||
+            !strstr(r.out, "left=0 allocs=") || strstr(r.out, "allocs=0\n"))
+            fail_msg("%s: exit %d\n%s%s", folders[i], r.status, r.out, r.err);
+        done(&r);
+    }
+}
+
 /* Every Python frame of every allocation, as the interpreter itself saw it (file, line,
  * function), not only the innermost one: outer frames' lines are where users look. */
 static void check_python_stacks(const char *interpreter)
@@ -1527,6 +1554,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chrome_output_opens, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_commands, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_rejects_bad_input, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_run_installed_in_a_folder_with_a_space, fresh_dir,
+                                        remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_name_the_script, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_each_version, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
