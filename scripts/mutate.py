@@ -384,8 +384,8 @@ MUTATIONS = [
      "        return;",
      "    if (0)\n        return;"),
     ("html-label-not-escaped",
-     "the HTML report's data written inside <script> with '<', '>' and '&' as they are: a label "
-     "holding \"<!--<script>\" swallows the page's code and no chart is drawn",
+     "the HTML report's data written inside its script element with `<`, `>` and `&` as they "
+     "are: a label holding `<!--<script>` swallows the page's code and no chart is drawn",
      "trace text on the HTML page stays text", "tools/html.c",
      "        if (!rep)\n            continue;", "        if (1)\n            continue;"),
     ("preload-path-with-a-space",
