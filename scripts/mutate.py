@@ -383,6 +383,16 @@ MUTATIONS = [
      "    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK)\n"
      "        return;",
      "    if (0)\n        return;"),
+    ("html-label-not-escaped",
+     "the HTML report's data written inside its script element with `<`, `>` and `&` as they "
+     "are: a label holding `<!--<script>` swallows the page's code and no chart is drawn",
+     "trace text on the HTML page stays text", "tools/html.c",
+     "        if (!rep)\n            continue;", "        if (1)\n            continue;"),
+    ("preload-path-with-a-space",
+     "cuheap run preloads a library whose path holds a space or a colon as it is: ld.so splits "
+     "it and the program runs without cuheap",
+     "cuheap run runs the program under cuheap, or says why not", "tools/cuheap.c",
+     "    if (!preload_safe(lib)) {", "    if (0) {"),
 ]
 
 

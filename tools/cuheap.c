@@ -13,8 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "analysis.h"
@@ -291,6 +294,116 @@ static int find_library(char *out, size_t size)
     return fail("libcuheap.so not found next to %s; set CUHEAP_LIBRARY to its path", dir);
 }
 
+/* ld.so splits LD_PRELOAD at spaces and colons and expands "$ORIGIN", "$LIB" and the like in
+ * it: a library whose path holds one would be preloaded as pieces that do not exist, and the
+ * program would run without cuheap, saying so only in a line of ld.so's. */
+static bool preload_safe(const char *path)
+{
+    return !strpbrk(path, " \t\n:$");
+}
+
+/* A private folder (mkdtemp: mode 0700, ours, so nobody can swap what is in it) holding a link
+ * named libcuheap.so to the library: a path ld.so reads whole. It goes under $XDG_RUNTIME_DIR,
+ * else $TMPDIR, else /tmp, the first whose own path is safe and where one can be made. The
+ * loader opens the same file through the link and through lib (NVTX's dlopen): one copy. */
+static int preload_link(const char *lib, char *ret_dir, size_t dir_size, char *ret_link,
+                        size_t link_size)
+{
+    char *target = realpath(lib, NULL);
+    if (!target)
+        return -errno;
+    const char *bases[] = {getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"), "/tmp"};
+    int err = -ENOENT;
+    for (size_t i = 0; i < sizeof(bases) / sizeof(bases[0]); i++) {
+        if (!bases[i] || bases[i][0] != '/' || !preload_safe(bases[i]))
+            continue;
+        char dir[PATH_MAX], link[PATH_MAX + 16];
+        if ((size_t)snprintf(dir, sizeof(dir), "%s/cuheap-run-XXXXXX", bases[i]) >= sizeof(dir))
+            continue;
+        if (!mkdtemp(dir)) {
+            err = -errno;
+            continue;
+        }
+        snprintf(link, sizeof(link), "%s/libcuheap.so", dir);
+        if (symlink(target, link)) {
+            err = -errno;
+            rmdir(dir);
+            continue;
+        }
+        snprintf(ret_dir, dir_size, "%s", dir);
+        snprintf(ret_link, link_size, "%s", link);
+        free(target);
+        return 0;
+    }
+    free(target);
+    return err;
+}
+
+static volatile sig_atomic_t run_child_pid;
+
+static void pass_on(int sig)
+{
+    if (run_child_pid > 0)
+        kill((pid_t)run_child_pid, sig);
+}
+
+/* The program as our child, so that the link's folder goes once it is done: its exit status
+ * becomes ours, and a signal that ended it ends us. SIGINT and SIGQUIT from a terminal reach
+ * the whole group, the child included, so they are the child's alone to act on; SIGTERM and
+ * SIGHUP sent to us are passed on. */
+static int run_child(char **argv, const char *dir, const char *link)
+{
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGQUIT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) { /* the program keeps the dispositions and mask it would have had */
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        execvp(argv[0], argv);
+        fail("run: cannot execute %s: %s", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int err = errno;
+    if (pid > 0) {
+        run_child_pid = pid;
+        struct sigaction ign = {.sa_handler = SIG_IGN}, fwd = {.sa_handler = pass_on},
+                         dfl = {.sa_handler = SIG_DFL};
+        sigaction(SIGINT, &ign, NULL);
+        sigaction(SIGQUIT, &ign, NULL);
+        sigaction(SIGTERM, &fwd, NULL);
+        sigaction(SIGHUP, &fwd, NULL);
+        sigaction(SIGCHLD, &dfl, NULL); /* an ignored SIGCHLD would leave nothing to wait for */
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    int st = 0;
+    pid_t w = pid;
+    while (pid > 0 && (w = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
+        ;
+    if (w < 0)
+        err = errno;
+    unlink(link);
+    rmdir(dir);
+    if (pid < 0 || w < 0)
+        return fail("run: %s %s: %s", pid < 0 ? "cannot start" : "lost", argv[0], strerror(err));
+    if (!WIFSIGNALED(st))
+        return WEXITSTATUS(st);
+    int sig = WTERMSIG(st);
+    struct rlimit no_core = {0, 0}; /* the program left its core, if any: none of ours */
+    setrlimit(RLIMIT_CORE, &no_core);
+    signal(sig, SIG_DFL);
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+    return 128 + sig;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -354,14 +467,28 @@ static int cmd_run(int argc, char **argv)
     char lib[PATH_MAX];
     if (find_library(lib, sizeof(lib)))
         return 2;
+    char dir[PATH_MAX] = "", link[PATH_MAX + 16];
+    const char *pre = lib;
+    if (!preload_safe(lib)) {
+        int r = preload_link(lib, dir, sizeof(dir), link, sizeof(link));
+        if (r)
+            return fail("run: cannot preload %s: ld.so splits LD_PRELOAD at spaces and colons, and "
+                        "no private folder for a link to it could be made (%s); set "
+                        "CUHEAP_LIBRARY to a copy whose path has no space, ':' or '$'",
+                        lib, strerror(-r));
+        pre = link;
+    }
     const char *old = getenv("LD_PRELOAD");
     char *preload;
-    if (asprintf(&preload, "%s%s%s", lib, old && *old ? ":" : "", old ? old : "") < 0)
+    if (asprintf(&preload, "%s%s%s", pre, old && *old ? ":" : "", old ? old : "") < 0)
         return fail("out of memory");
     setenv("LD_PRELOAD", preload, 1);
     free(preload);
-    /* NVTX ranges the program emits become trace markers (cuheap is an NVTX injection) */
+    /* NVTX ranges the program emits become trace markers (cuheap is an NVTX injection); NVTX
+     * opens it with dlopen, which takes any path */
     setenv("NVTX_INJECTION64_PATH", lib, 0);
+    if (*dir)
+        return run_child(argv + optind, dir, link);
     execvp(argv[optind], argv + optind);
     return fail("run: cannot execute %s: %s", argv[optind], strerror(errno)) == 2 ? 127 : 127;
 }

@@ -25,6 +25,8 @@
 #define NR_OOM_ROWS  200
 #define NR_FRAMES    24
 
+/* Trace text (paths, frames, the command) as HTML text or a quoted attribute's value: no tag,
+ * comment or entity of its own, whichever quote the attribute uses. */
 static void esc(FILE *f, const char *s)
 {
     for (; s && *s; s++) {
@@ -41,11 +43,37 @@ static void esc(FILE *f, const char *s)
         case '"':
             fputs("&quot;", f);
             break;
+        case '\'':
+            fputs("&#39;", f);
+            break;
         default:
             fputc(*s, f);
             break;
         }
     }
+}
+
+/* jansson's output inside <script>: the HTML tokenizer reads no JSON, so a string holding
+ * "</script" would end the element and one holding "<!--" then "<script" would keep the real end
+ * tag from ending it (the page's code is swallowed and the charts stay empty). Outside strings
+ * jansson writes no '<', '>' or '&', so each can become its \u escape wherever it is. */
+static int script_safe(const char *buf, size_t size, void *data)
+{
+    FILE *f = data;
+    size_t from = 0;
+    for (size_t i = 0; i < size; i++) {
+        const char *rep = buf[i] == '<'   ? "\\u003c"
+                          : buf[i] == '>' ? "\\u003e"
+                          : buf[i] == '&' ? "\\u0026"
+                                          : NULL;
+        if (!rep)
+            continue;
+        fwrite(buf + from, 1, i - from, f);
+        fputs(rep, f);
+        from = i + 1;
+    }
+    fwrite(buf + from, 1, size - from, f);
+    return ferror(f) ? -1 : 0;
 }
 
 /* A JSON string even for text that is not UTF-8 (a label, a path): bad bytes become '?'. */
@@ -807,9 +835,10 @@ int export_html(struct cuheap_trace *traces, const struct trace_summary *sums,
         }
         free(leaks);
     }
-    /* the data as JSON; "/" escaped so no "</script>" can end the element early */
+    /* the data as JSON that no trace text can end or bend (script_safe); U+2028 and U+2029
+     * escaped too (JSON_ENSURE_ASCII), which JavaScript before ES2019 took for line ends */
     fputs("<script type=\"application/json\" id=\"cuheap-data\">", f);
-    json_dumpf(data, f, JSON_COMPACT | JSON_ESCAPE_SLASH);
+    json_dump_callback(data, script_safe, f, JSON_COMPACT | JSON_ENSURE_ASCII);
     fputs("</script>\n<script>", f);
     for (size_t i = 0; SCRIPT[i]; i++) /* pieces: C compilers bound a string's length */
         fputs(SCRIPT[i], f);

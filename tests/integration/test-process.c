@@ -388,6 +388,47 @@ static void close_trace(FILE *f, unsigned long long events)
     fclose(f);
 }
 
+/* A trace whose every text is hostile to a web page: marks, the device's name, the program's
+ * path and command line, a native and a Python frame that each hold "</script", "<!--<script>",
+ * markup, quotes, '&' and U+2028/U+2029. One allocation that stays, one refused (issue 29). */
+static void hostile_trace(const char *name)
+{
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof(p), "%s/%s", tmp, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"type\":\"header\",\"format\":\"cuheap-trace\",\"version\":1,\"pid\":42,"
+          "\"start_unix_ns\":1000,\"exe\":\"/opt/<!--<script>/train</script><b>\","
+          "\"cmdline\":[\"/opt/<!--<script>/train\",\"--tag=</script><!--\",\"'&amp;\\\"\"],"
+          "\"config\":{}}\n"
+          "{\"type\":\"device\",\"device\":0,\"name\":\"<!--<script>sim</SCRIPT>\","
+          "\"total\":1073741824}\n"
+          "{\"type\":\"stack\",\"id\":1,\"frames\":[{\"ip\":\"0x401000\",\"module\":"
+          "\"/lib/<b>lib&amp;.so\",\"offset\":\"0x10\",\"function\":\"f<!--<script>\"}],"
+          "\"python\":[{\"file\":\"</script><script>alert(1)</script>.py\",\"line\":7,"
+          "\"function\":\"<img src=x onerror=alert(1)>\"}]}\n",
+          f);
+    trace_event(f, 1, 1000, "alloc", 1, 0x1000, 1 << 20, 0, 1);
+    static const char *const labels[] = {
+        "<!--<script>",
+        "</script><script>document.title='pwned'</script>",
+        "a\xe2\x80\xa8 b\xe2\x80\xa9 & 'q' \\\"d\\\" <!-- -->",
+    };
+    for (unsigned i = 0; i < 3; i++)
+        fprintf(f,
+                "{\"type\":\"event\",\"seq\":%u,\"t\":%u,\"event\":\"mark\",\"api\":\"none\","
+                "\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":0,\"actual\":0,\"pooled\":false,"
+                "\"label\":\"%s\"}\n",
+                2 + i, 2000 + 1000 * i, labels[i]);
+    fputs("{\"type\":\"event\",\"seq\":5,\"t\":6000,\"event\":\"oom\",\"api\":\"cuMemAlloc\","
+          "\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":2147483648,\"actual\":0,\"pooled\":"
+          "false,\"result\":2,\"driver_free\":104857600,\"driver_total\":1073741824,\"stack\":1}\n",
+          f);
+    trace_event(f, 6, 7000, "alloc", 1, 0x200000, 4096, 0, 1);
+    trace_event(f, 7, 8000, "free", 1, 0x200000, 4096, 0, 0);
+    close_trace(f, 7);
+}
+
 /* Run the checked tool; the status must be want and no sanitizer may have spoken. */
 static void expect_checked(int want, const char *args)
 {
@@ -877,6 +918,20 @@ static void test_html_report_content(void **state)
     done(&r);
 }
 
+/* Trace text on the HTML page stays text: no label, frame, path or command line can end the
+ * page's script or open a comment (which swallowed the page's code: no chart), add an
+ * element, or come back changed in the data the charts draw (tests/html_safe.py; issue 29). */
+static void test_html_hostile_labels(void **state)
+{
+    (void)state;
+    hostile_trace("<i>&x.jsonl");
+    expect_checked(0, "html -o hostile.html '<i>&x.jsonl'");
+    struct result r = run("%s %s/tests/html_safe.py '<i>&x.jsonl' hostile.html", python, source);
+    if (r.status || strcmp(r.out, "html safe: ok\n"))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
 /* Its own profile folder: another Chromium on the machine (the default profile's lock) would
  * take the page over and leave this one with nothing. */
 #define CHROMIUM                                                                                   \
@@ -928,6 +983,25 @@ static void test_html_renders_in_chromium(void **state)
     if (strcmp(r.out, "2 True True 2 True\n"))
         fail_msg("console messages; hovers, live shown, stack shown, zooms, all zoomed:\n%s%s%s",
                  r.out, r.err, slurp_in_tmp("self.err"));
+    done(&r);
+    /* a trace whose labels, frames and command line are markup ("<!--<script>" swallowed the
+     * page's code): the chart is drawn all the same, with its 3 markers named as recorded, the
+     * refusal, the title the page's own and no element of the trace's */
+    hostile_trace("hostile.jsonl");
+    r = run("%s/tools/cuheap html -o hostile.html hostile.jsonl && " CHROMIUM
+            "--v=0 --window-size=1200,1800 --dump-dom file://%s/hostile.html 2>hdom.err "
+            ">hdom.html; grep -h CONSOLE hdom.err; "
+            "%s -c \"import re, html; d = open('hdom.html', encoding='utf-8').read(); "
+            "t = [html.unescape(x) for x in re.findall(r'<title>(.*?)</title>', d, re.S)]; "
+            "print(d.count('<svg'), d.count('class=\\\"line-l\\\"'), "
+            "d.count('class=\\\"mark\\\"'), d.count('class=\\\"oom\\\"'), d.count('<img'), t[0], "
+            "sum(x.startswith('<!--<script> at ') for x in t), "
+            "sum(x.startswith('</script><script>document.title') for x in t))\"",
+            build, tmp, python);
+    if (strcmp(r.out, "1 1 3 1 0 cuheap report 1 1\n"))
+        fail_msg("console messages; svgs, live lines, marks, ooms, images, title, marks named:"
+                 "\n%s%s%s",
+                 r.out, r.err, slurp_in_tmp("hdom.err"));
     done(&r);
 }
 
@@ -1068,6 +1142,33 @@ static void test_tool_rejects_bad_input(void **state)
         /* one line, naming what was wrong */
         assert_int_equal(count_lines(r.err, "\n"), 1);
         assert_int_equal(strncmp(r.err, "cuheap: ", 8), 0);
+        done(&r);
+    }
+}
+
+/* cuheap installed where the path holds a space or a colon, which ld.so takes for separators
+ * in LD_PRELOAD: `cuheap run` still runs the program under cuheap (a trace with its
+ * allocations), through a link in a private folder of $XDG_RUNTIME_DIR that is gone
+ * afterwards, with the user's own LD_PRELOAD kept after it (issue 29). */
+static void test_run_installed_in_a_folder_with_a_space(void **state)
+{
+    (void)state;
+    static const char *const folders[] = {"my tools", "my:tools"};
+    for (size_t i = 0; i < sizeof(folders) / sizeof(folders[0]); i++) {
+        /* what `cuheap run` looks for next to itself: libcuheap.so */
+        struct result r = run(
+            "mkdir -p '%s' rt && cp %s/tools/cuheap %s/src/libcuheap.so '%s/' && " FAKE
+            " LD_PRELOAD=libm.so.6 XDG_RUNTIME_DIR=\"$PWD/rt\" './%s/cuheap' run -o t%zu.jsonl "
+            "-- sh -c 'echo \"preload=$LD_PRELOAD\"; exec %s/tests/programs/cuheap-demo 2' && "
+            "echo \"left=$(ls -A rt | wc -l) allocs=$(grep -c '\"event\":\"alloc\"' t%zu.jsonl)\"",
+            folders[i], build, build, folders[i], build, folders[i], i, build, i);
+        char want[PATH_MAX + 64], trace[64];
+        snprintf(want, sizeof(want), "preload=%s/rt/cuheap-run-", tmp);
+        snprintf(trace, sizeof(trace), "trace: t%zu.jsonl", i);
+        if (r.status || strncmp(r.out, want, strlen(want)) ||
+            !strstr(r.out, "/libcuheap.so:libm.so.6\n") || !strstr(r.err, trace) ||
+            !strstr(r.out, "left=0 allocs=") || strstr(r.out, "allocs=0\n"))
+            fail_msg("%s: exit %d\n%s%s", folders[i], r.status, r.out, r.err);
         done(&r);
     }
 }
@@ -1453,6 +1554,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chrome_output_opens, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_commands, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_rejects_bad_input, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_run_installed_in_a_folder_with_a_space, fresh_dir,
+                                        remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_name_the_script, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_each_version, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
@@ -1490,6 +1593,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_check_finds_damage, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_top_prints_what_it_is_asked, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_html_hostile_labels, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_diff_two_runs, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_progress_only_on_a_terminal, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_chrome_time_window, fresh_dir, remove_dir),
