@@ -938,7 +938,7 @@ static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
  * Their units hold nothing anyone reads (not live, no granules, on no list): zeros, as the
  * pages read afterwards. A thread cache's free of a bad pointer may read or swap a size
  * there without p->lock: it finds 0 either way. */
-#define CUHEAP_PURGE_EVERY     65536 /* merges between purges */
+#define CUHEAP_PURGE_EVERY     16384 /* merges between purges */
 #define CUHEAP_PURGE_MIN_UNITS 10    /* free blocks of 2^10 units or more: a page of each array */
 
 static void purge_units(void *arg, uint32_t first, uint32_t nr)
