@@ -14,17 +14,28 @@ static size_t slot_of(const struct cuheap_addrmap *m, uint64_t key)
     return (size_t)key & (m->nr_slots - 1);
 }
 
+/* Slots of a new map: a job with few pass-through allocations touches 32 KiB. */
+#define NR_FIRST_SLOTS 1024
+
+static struct cuheap_addr_entry *map_slots(size_t n)
+{
+    void *p = mmap(NULL, n * sizeof(struct cuheap_addr_entry), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 int cuheap_addrmap_init(struct cuheap_addrmap *m, size_t capacity)
 {
     if (capacity < 8 || (capacity & (capacity - 1)))
         return -EINVAL;
-    void *p = mmap(NULL, capacity * sizeof(struct cuheap_addr_entry), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
+    size_t n = capacity < NR_FIRST_SLOTS ? capacity : NR_FIRST_SLOTS;
+    struct cuheap_addr_entry *slots = map_slots(n);
+    if (!slots)
         return -ENOMEM;
     pthread_mutex_init(&m->lock, NULL);
-    m->slots = p;
-    m->nr_slots = capacity;
+    m->slots = slots;
+    m->nr_slots = n;
+    m->max_slots = capacity;
     m->nr_used = 0;
     return 0;
 }
@@ -45,6 +56,24 @@ static size_t find_locked(const struct cuheap_addrmap *m, uint64_t key)
     return i;
 }
 
+/* Twice the slots, the entries moved over (m->lock held). Returns 0 or -ENOMEM (the map
+ * stays as it was). */
+static int grow_locked(struct cuheap_addrmap *m)
+{
+    size_t n = m->nr_slots * 2;
+    struct cuheap_addr_entry *slots = map_slots(n), *old = m->slots;
+    if (!slots)
+        return -ENOMEM;
+    size_t old_n = m->nr_slots;
+    m->slots = slots;
+    m->nr_slots = n;
+    for (size_t j = 0; j < old_n; j++)
+        if (old[j].key)
+            m->slots[find_locked(m, old[j].key)] = old[j];
+    munmap(old, old_n * sizeof(*old));
+    return 0;
+}
+
 int cuheap_addrmap_put(struct cuheap_addrmap *m, const struct cuheap_addr_entry *e)
 {
     if (!e->key)
@@ -52,6 +81,12 @@ int cuheap_addrmap_put(struct cuheap_addrmap *m, const struct cuheap_addr_entry 
     pthread_mutex_lock(&m->lock);
     size_t i = find_locked(m, e->key);
     if (!m->slots[i].key) {
+        /* Half full: twice the slots. Addresses spread over every slot of a map, so its size
+         * must follow the most entries held at once, not the addresses seen over a run: a map
+         * mapped whole from the start became resident page by page as the driver handed out
+         * new addresses, up to all of it. */
+        if ((m->nr_used + 1) * 2 > m->nr_slots && m->nr_slots < m->max_slots && grow_locked(m) == 0)
+            i = find_locked(m, e->key);
         if ((m->nr_used + 1) * 8 > m->nr_slots * 7) {
             pthread_mutex_unlock(&m->lock);
             return -ENOSPC;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define UNIT_HEAD       0x80u /* a block starts at this unit */
 #define UNIT_FREE       0x40u /* ... and that block is free */
@@ -249,6 +250,41 @@ int cuheap_buddy_free(struct cuheap_buddy *b, uintptr_t addr)
     }
     list_add(b, unit, order);
     return (int)freed;
+}
+
+void cuheap_buddy_drop_pages(void *array, size_t elem_size, uint32_t first, uint32_t nr)
+{
+    static uintptr_t page; /* written alike by every thread that finds it unset */
+    if (!page)
+        page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)array + (uintptr_t)first * elem_size;
+    uintptr_t end = start + (uintptr_t)nr * elem_size;
+    start = (start + page - 1) & ~(page - 1);
+    end &= ~(page - 1);
+    if (end > start)
+        madvise((void *)start, end - start, MADV_DONTNEED);
+}
+
+unsigned cuheap_buddy_purge(struct cuheap_buddy *b, unsigned min_order, cuheap_buddy_purge_fn fn,
+                            void *arg)
+{
+    unsigned nr = 0;
+    if (min_order < b->min_order + 1)
+        min_order = b->min_order + 1;
+    for (unsigned o = min_order; o <= b->max_order; o++) {
+        if (!(b->free_bitmap & (1ull << o)))
+            continue;
+        uint32_t n = units_of(b, o) - 1;
+        for (uint32_t u = b->free_area[o].head; u != CUHEAP_BUDDY_NIL; u = b->next[u], nr++) {
+            /* the start keeps its state and links: the lists run through it */
+            cuheap_buddy_drop_pages(b->unit_state, sizeof(*b->unit_state), u + 1, n);
+            cuheap_buddy_drop_pages(b->next, sizeof(*b->next), u + 1, n);
+            cuheap_buddy_drop_pages(b->prev, sizeof(*b->prev), u + 1, n);
+            if (fn)
+                fn(arg, u + 1, n);
+        }
+    }
+    return nr;
 }
 
 int cuheap_buddy_block_of(const struct cuheap_buddy *b, uintptr_t addr, uintptr_t *ret_start,

@@ -87,6 +87,22 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
  * block's order, or -EINVAL when addr is not the start of an allocated block. */
 int cuheap_buddy_free(struct cuheap_buddy *b, uintptr_t addr);
 
+/* Called by cuheap_buddy_purge() with the units of a free block past its start. */
+typedef void (*cuheap_buddy_purge_fn)(void *arg, uint32_t first_unit, uint32_t nr_units);
+
+/* Give the kernel back the pages of per-unit metadata that lie wholly inside free blocks of
+ * order min_order or more, past their starts: those units hold zeros (only a block's start is
+ * marked), which is what the pages read as afterwards. Blocks land all over an arena in a
+ * long run, and without this every page of metadata a block ever touched stayed resident.
+ * fn (may be NULL) is called for each such block, for the caller's own per-unit arrays.
+ * Returns the number of blocks. */
+unsigned cuheap_buddy_purge(struct cuheap_buddy *b, unsigned min_order, cuheap_buddy_purge_fn fn,
+                            void *arg);
+
+/* The pages of an array of nr elements of elem_size bytes from first that no element outside
+ * it shares, given back to the kernel (they read as zeros). */
+void cuheap_buddy_drop_pages(void *array, size_t elem_size, uint32_t first, uint32_t nr);
+
 /* The block (free or allocated) that contains addr. Returns 0, or -EINVAL outside the arena.*/
 int cuheap_buddy_block_of(const struct cuheap_buddy *b, uintptr_t addr, uintptr_t *ret_start,
                           unsigned *ret_order, bool *ret_allocated);

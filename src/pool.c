@@ -923,8 +923,42 @@ static void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
 {
     if (cuheap_buddy_free(&a->buddy, ptr) < 0)
         return;
+    p->nr_merged++;
     if (--a->nr_live == 0)
         p->nr_empty++;
+}
+
+/* ---- metadata of free address space ----
+ *
+ * Blocks land all over an arena's address range in a long run (placement follows mapped
+ * memory and the free lists, not the lowest address), and each touches the pages of the
+ * per-unit arrays at its start. Kept, those pages would end up holding 41 bytes of host
+ * memory for every 512 of the arenas' address space, whatever the job uses. So every
+ * CUHEAP_PURGE_EVERY merges the pages wholly inside large free blocks go back to the kernel.
+ * Their units hold nothing anyone reads (not live, no granules, on no list): zeros, as the
+ * pages read afterwards. A thread cache's free of a bad pointer may read or swap a size
+ * there without p->lock: it finds 0 either way. */
+#define CUHEAP_PURGE_EVERY     16384 /* merges between purges */
+#define CUHEAP_PURGE_MIN_UNITS 10    /* free blocks of 2^10 units or more: a page of each array */
+
+static void purge_units(void *arg, uint32_t first, uint32_t nr)
+{
+    struct cuheap_arena *a = arg;
+    cuheap_buddy_drop_pages(a->block_size, sizeof(*a->block_size), first, nr);
+    cuheap_buddy_drop_pages(a->buffer_id, sizeof(*a->buffer_id), first, nr);
+    cuheap_buddy_drop_pages(a->link, sizeof(*a->link), first, nr);
+    cuheap_buddy_drop_pages(a->extent, sizeof(*a->extent), first, nr);
+}
+
+/* p->lock held, where an allocation's slow path begins: no caller is in the middle of a walk
+ * over blocks it is merging. */
+static void purge_meta_locked(struct cuheap_pool *p)
+{
+    p->nr_merged = 0;
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        cuheap_buddy_purge(&a->buddy, a->buddy.min_order + CUHEAP_PURGE_MIN_UNITS, purge_units, a);
+    }
 }
 
 /* Give a not-live block back for reuse: onto its order's quick list while there is room,
@@ -2621,6 +2655,8 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
         pthread_mutex_unlock(&p->lock);
         return CUHEAP_POOL_PASS;
     }
+    if (p->nr_merged >= CUHEAP_PURGE_EVERY)
+        purge_meta_locked(p);
     uint64_t ptr = 0, block = 0;
     struct cuheap_arena *arena = NULL;
     int r = -ENOMEM, g = 0;

@@ -206,6 +206,7 @@ struct cuheap_pool {
     uint64_t nr_synced;             /* of those, given back (or dropped with the context) */
     pthread_cond_t synced;          /* broadcast when one is */
     unsigned nr_since_poll;
+    uint64_t nr_merged; /* blocks given back to the buddy allocators since the last purge */
     struct cuheap_stream_cache caches[CUHEAP_NR_STREAM_CACHES];
     struct cuheap_quick quick[CUHEAP_NR_ORDERS];
     uint64_t quick_bytes;     /* bytes held on the quick lists */

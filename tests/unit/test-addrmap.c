@@ -73,12 +73,40 @@ static void test_full_map_refuses(void **state)
     cuheap_addrmap_destroy(&m);
 }
 
+/* Many addresses over a long run, few held at once: the map stays the size of what it holds
+ * (its slots are all touched in time), and grows when it must hold more. */
+static void test_size_follows_live_entries(void **state)
+{
+    (void)state;
+    struct cuheap_addrmap m;
+    struct cuheap_addr_entry r;
+    assert_int_equal(cuheap_addrmap_init(&m, 1u << 20), 0);
+    for (uint64_t k = 1; k <= 1000000; k++) {
+        struct cuheap_addr_entry e = {.key = k << 9, .size = k};
+        assert_int_equal(cuheap_addrmap_put(&m, &e), 0);
+        if (k > 100)
+            assert_int_equal(cuheap_addrmap_take(&m, (k - 100) << 9, &r), 0);
+    }
+    assert_true(m.nr_slots <= 1024);
+    for (uint64_t k = 1; k <= 200000; k++) {
+        struct cuheap_addr_entry e = {.key = k << 12, .size = k};
+        assert_int_equal(cuheap_addrmap_put(&m, &e), 0);
+    }
+    assert_true(m.nr_slots >= 262144 && m.nr_slots <= 524288);
+    for (uint64_t k = 1; k <= 200000; k += 997) {
+        assert_int_equal(cuheap_addrmap_get(&m, k << 12, &r), 0);
+        assert_int_equal(r.size, k);
+    }
+    cuheap_addrmap_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_take),
         cmocka_unit_test(test_random_against_model),
         cmocka_unit_test(test_full_map_refuses),
+        cmocka_unit_test(test_size_follows_live_entries),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

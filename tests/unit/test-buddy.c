@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "buddy.h"
@@ -156,6 +158,8 @@ static void random_run(uint64_t arena, uint64_t min_block, unsigned seed, int st
             l[i] = l[--n];
         }
         assert_int_equal(b.free_bytes, arena - used);
+        if (step % 997 == 0) /* pages inside free blocks go; every block must stay as it was */
+            cuheap_buddy_purge(&b, b.min_order + 1, NULL, NULL);
         if (step % check_every == 0) {
             check_ok(&b);
             assert_no_overlap(l, n);
@@ -167,6 +171,58 @@ static void random_run(uint64_t arena, uint64_t min_block, unsigned seed, int st
     assert_true(cuheap_buddy_empty(&b));
     assert_int_equal(b.free_area[b.max_order].nr_free, 1);
     free(l);
+    cuheap_buddy_destroy(&b);
+}
+
+static size_t resident_pages(void *start, size_t bytes)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (bytes + page - 1) / page, nr = 0;
+    unsigned char *vec = malloc(n);
+    assert_int_equal(mincore(start, bytes, vec), 0);
+    for (size_t i = 0; i < n; i++)
+        nr += vec[i] & 1;
+    free(vec);
+    return nr;
+}
+
+static void count_units(void *arg, uint32_t first, uint32_t nr)
+{
+    (void)first;
+    *(uint64_t *)arg += nr;
+}
+
+/* Blocks all over an arena touch its metadata everywhere; once they are free again, a purge
+ * gives those pages back (they stayed resident for good in long runs), and the arena works
+ * as before. */
+static void test_purge_gives_metadata_back(void **state)
+{
+    (void)state;
+    struct cuheap_buddy b;
+    const uint64_t arena = 1ull << 30, block = 256 << 10;
+    assert_int_equal(cuheap_buddy_init(&b, BASE, arena, 512), 0);
+    enum { N = 4096 }; /* the whole arena */
+    uintptr_t *addr = calloc(N, sizeof(*addr));
+    unsigned o;
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuheap_buddy_alloc(&b, block, &addr[i], &o), 0);
+    for (int i = 0; i < N; i += 2) /* every other one: free blocks all over, none merged */
+        assert_true(cuheap_buddy_free(&b, addr[i]) >= 0);
+    size_t touched = resident_pages(b.next, b.meta_bytes);
+    assert_true(touched > 1000);
+    uint64_t units = 0;
+    /* free blocks of 512 units: too small to hold a page of any array; nothing to count */
+    assert_int_equal(cuheap_buddy_purge(&b, b.min_order + 10, count_units, &units), 0);
+    for (int i = 1; i < N; i += 2)
+        assert_true(cuheap_buddy_free(&b, addr[i]) >= 0);
+    assert_true(cuheap_buddy_empty(&b));
+    assert_int_equal(cuheap_buddy_purge(&b, b.min_order + 10, count_units, &units), 1);
+    assert_int_equal(units, (arena >> 9) - 1);
+    assert_true(resident_pages(b.next, b.meta_bytes) <= 3); /* a page of each array's start */
+    check_ok(&b);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuheap_buddy_alloc(&b, block, &addr[i], &o), 0);
+    check_ok(&b);
+    free(addr);
     cuheap_buddy_destroy(&b);
 }
 
@@ -289,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_block_of_finds_interior_pointers),
         cmocka_unit_test(test_scored_alloc_goes_where_liked),
         cmocka_unit_test(test_scored_alloc_skips_what_scores_nothing),
+        cmocka_unit_test(test_purge_gives_metadata_back),
         cmocka_unit_test(test_random_small_arena),
         cmocka_unit_test(test_random_large_arena),
         cmocka_unit_test(test_random_other_min_block),
