@@ -11,20 +11,30 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "event.h"
+
 #define CUHEAP_LOG_MAX_MESSAGES 64
 
 static atomic_int nr_logged;
 
 static void vlog(const char *fmt, va_list ap)
 {
-    char buf[512];
+    char buf[CUHEAP_LOG_MAX_LINE];
     int n = snprintf(buf, sizeof(buf), "cuheap: ");
-    int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+    size_t room = sizeof(buf) - (size_t)n - 1; /* the newline's byte kept */
+    int m = vsnprintf(buf + n, room + 1, fmt, ap);
     if (m < 0)
         return;
-    size_t len =
-        (size_t)n +
-        ((size_t)m < sizeof(buf) - (size_t)n - 1 ? (size_t)m : sizeof(buf) - (size_t)n - 2);
+    size_t len = (size_t)n + (size_t)m;
+    if ((size_t)m > room) {
+        /* A line that does not fit says so where it is cut, between characters: cut
+         * silently, it reads as whole with its end missing (a path, or the reason). */
+        char mark[64];
+        int k = snprintf(mark, sizeof(mark), "... [cut: %d bytes in all]", m);
+        size_t keep = cuheap_utf8_cut(buf + n, room - (size_t)k);
+        memcpy(buf + n + keep, mark, (size_t)k);
+        len = (size_t)n + keep + (size_t)k;
+    }
     buf[len++] = '\n';
     ssize_t w = write(STDERR_FILENO, buf, len);
     (void)w;

@@ -10,6 +10,11 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+/* The longest line written, "cuheap: " and the newline included: sized for the longest
+ * lines, which name a path (CUHEAP_PATH_MAX) or show a bad setting. A longer message is cut
+ * where "... [cut: N bytes in all]" says. On the stack of whoever logs. */
+#define CUHEAP_LOG_MAX_LINE 1024
+
 /* Write "cuheap: <message>\n" to stderr unless the per-process cap was reached. */
 void cuheap_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
