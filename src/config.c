@@ -5,16 +5,22 @@
  */
 #include "config.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
+
+/* Why a value was refused, for the warning ("a fraction: sizes are whole numbers ..."). */
+#define WHY_MAX 160
+
 struct option;
-typedef int (*parse_fn)(const struct option *opt, const char *value, struct cuheap_config *cfg);
+/* 0, or -EINVAL with why (WHY_MAX bytes) saying what is wrong with the value. */
+typedef int (*parse_fn)(const struct option *opt, const char *value, struct cuheap_config *cfg,
+                        char *why);
 
 struct option {
     const char *name;
@@ -31,64 +37,134 @@ static bool is_pow2(uint64_t v)
     return v && !(v & (v - 1));
 }
 
-int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
-                      unsigned *ret_permille)
+static bool is_digit(char c)
 {
-    if (!s || !*s)
+    return c >= '0' && c <= '9';
+}
+
+static int refuse(char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int refuse(char *why, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, WHY_MAX, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+/* A whole decimal number and nothing else: strtoull also takes leading blanks, a '+' and,
+ * negated, a '-'. Returns a pointer past the digits, or NULL with why set. */
+static const char *whole_number(const char *s, uint64_t *ret, char *why)
+{
+    if (!*s) {
+        refuse(why, "empty");
+        return NULL;
+    }
+    if (*s == '-') {
+        refuse(why, "negative");
+        return NULL;
+    }
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        refuse(why, "hexadecimal (numbers here are decimal)");
+        return NULL;
+    }
+    if (!is_digit(*s)) {
+        refuse(why, "not a number");
+        return NULL;
+    }
+    uint64_t n = 0;
+    for (; is_digit(*s); s++) {
+        unsigned d = (unsigned)(*s - '0');
+        if (n > (UINT64_MAX - d) / 10) {
+            refuse(why, "too large");
+            return NULL;
+        }
+        n = n * 10 + d;
+    }
+    *ret = n;
+    return s;
+}
+
+/* Sizes are whole numbers of bytes, with K, M, G or T (each may be followed by "i" and "B",
+ * "64KiB"), or where allowed a percentage with at most one decimal ("12.5%" is 125 permille
+ * exactly). Nothing else: a fraction of a byte would be cut ("1.5" to one) and hex read as
+ * another number, both without a word. */
+static int size_of(const char *s, bool allow_percent, uint64_t *ret_bytes, unsigned *ret_permille,
+                   char *why)
+{
+    uint64_t n;
+    const char *p = whole_number(s, &n, why);
+    if (!p)
         return -EINVAL;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0 || !isfinite(v))
-        return -EINVAL;
-    while (*end == ' ')
-        end++;
-    if (*end == '%') {
-        if (!allow_percent || end[1] || v <= 0 || v > 100)
-            return -EINVAL;
-        *ret_permille = (unsigned)(v * 10 + 0.5);
+    unsigned tenth = 0;
+    if (*p == '.' && allow_percent && is_digit(p[1]) && p[2] == '%') {
+        tenth = (unsigned)(p[1] - '0');
+        p += 2;
+    } else if (*p == '.' || *p == ',') {
+        return refuse(why, "a fraction (sizes are whole numbers of bytes, K, M, G or T)");
+    }
+    if (*p == '%') {
+        if (!allow_percent)
+            return refuse(why, "a percentage, which this setting does not take");
+        if (p[1])
+            return refuse(why, "text after the percentage");
+        if (n > 100 || (n == 100 && tenth) || (!n && !tenth))
+            return refuse(why, "a percentage above 0 and at most 100 is expected");
         *ret_bytes = 0;
+        *ret_permille = (unsigned)n * 10 + tenth;
         return 0;
     }
-    double mult = 1;
-    switch (toupper((unsigned char)*end)) {
-    case 0:
-        break;
+    unsigned shift = 0;
+    switch (*p) {
+    case 'k':
     case 'K':
-        mult = 1024.0;
-        end++;
+        shift = 10;
         break;
+    case 'm':
     case 'M':
-        mult = 1024.0 * 1024;
-        end++;
+        shift = 20;
         break;
+    case 'g':
     case 'G':
-        mult = 1024.0 * 1024 * 1024;
-        end++;
+        shift = 30;
         break;
+    case 't':
     case 'T':
-        mult = 1024.0 * 1024 * 1024 * 1024;
-        end++;
+        shift = 40;
         break;
-    default:
-        return -EINVAL;
     }
-    if (*end == 'i' || *end == 'I')
-        end++;
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (*end)
-        return -EINVAL;
-    double bytes = v * mult;
-    if (bytes > 1.8e19)
-        return -EINVAL;
-    *ret_bytes = (uint64_t)bytes;
-    if (ret_permille)
-        *ret_permille = 0;
+    if (shift) {
+        p++;
+        if (*p == 'i' || *p == 'I')
+            p++;
+        if (*p == 'B' || *p == 'b')
+            p++;
+    }
+    if (*p)
+        return refuse(why, "text after the number (sizes are whole numbers with K, M, G or T)");
+    if (n > (UINT64_MAX >> shift))
+        return refuse(why, "too large");
+    *ret_bytes = n << shift;
+    *ret_permille = 0;
     return 0;
 }
 
-static int parse_bool(const struct option *opt, const char *v, struct cuheap_config *cfg)
+int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
+                      unsigned *ret_permille)
+{
+    char why[WHY_MAX];
+    uint64_t n;
+    unsigned pm;
+    if (!s || size_of(s, allow_percent, &n, &pm, why))
+        return -EINVAL;
+    *ret_bytes = n;
+    if (ret_permille)
+        *ret_permille = pm;
+    return 0;
+}
+
+static int parse_bool(const struct option *opt, const char *v, struct cuheap_config *cfg, char *why)
 {
     bool *field = (bool *)((char *)cfg + opt->offset);
     if (!strcmp(v, "1") || !strcasecmp(v, "on") || !strcasecmp(v, "yes") || !strcasecmp(v, "true"))
@@ -97,49 +173,73 @@ static int parse_bool(const struct option *opt, const char *v, struct cuheap_con
              !strcasecmp(v, "false"))
         *field = false;
     else
-        return -EINVAL;
+        return refuse(why, "not 1, 0, on, off, yes, no, true or false");
     return 0;
 }
 
-static int parse_uint(const struct option *opt, const char *v, struct cuheap_config *cfg)
+static int parse_uint(const struct option *opt, const char *v, struct cuheap_config *cfg, char *why)
 {
-    char *end;
-    errno = 0;
-    unsigned long long n = strtoull(v, &end, 10);
-    if (errno || end == v || *end || v[0] == '-' || n < opt->min || n > opt->max)
+    uint64_t n;
+    const char *end = whole_number(v, &n, why);
+    if (!end)
         return -EINVAL;
+    if (*end)
+        return refuse(why, "text after the number (a whole number is expected)");
+    if (n < opt->min || n > opt->max)
+        return refuse(why, "out of range (%" PRIu64 " to %" PRIu64 ")", opt->min, opt->max);
     *(unsigned *)((char *)cfg + opt->offset) = (unsigned)n;
     return 0;
 }
 
-static int parse_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg)
+static int bytes_in_range(const struct option *opt, uint64_t n, char *why)
+{
+    if (n >= opt->min && n <= opt->max)
+        return 0;
+    char lo[32], hi[32];
+    return refuse(why, "out of range (%s to %s)", cuheap_format_size(opt->min, lo, sizeof(lo)),
+                  cuheap_format_size(opt->max, hi, sizeof(hi)));
+}
+
+static int parse_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg,
+                       char *why)
 {
     uint64_t n;
     unsigned pm;
-    if (cuheap_parse_size(v, false, &n, &pm) || n < opt->min || n > opt->max)
+    if (size_of(v, false, &n, &pm, why) || bytes_in_range(opt, n, why))
         return -EINVAL;
     *(uint64_t *)((char *)cfg + opt->offset) = n;
     return 0;
 }
 
-static int parse_pow2_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg)
+static int parse_pow2_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg,
+                            char *why)
 {
     uint64_t n;
     unsigned pm;
-    if (cuheap_parse_size(v, false, &n, &pm) || !is_pow2(n) || n < opt->min || n > opt->max)
+    if (size_of(v, false, &n, &pm, why))
+        return -EINVAL;
+    if (!is_pow2(n))
+        return refuse(why, "not a power of two");
+    if (bytes_in_range(opt, n, why))
         return -EINVAL;
     *(uint64_t *)((char *)cfg + opt->offset) = n;
     return 0;
 }
 
-static int parse_pow2_uint(const struct option *opt, const char *v, struct cuheap_config *cfg)
+static int parse_pow2_uint(const struct option *opt, const char *v, struct cuheap_config *cfg,
+                           char *why)
 {
-    if (parse_uint(opt, v, cfg))
+    struct cuheap_config trial = *cfg;
+    if (parse_uint(opt, v, &trial, why))
         return -EINVAL;
-    return is_pow2(*(unsigned *)((char *)cfg + opt->offset)) ? 0 : -EINVAL;
+    if (!is_pow2(*(unsigned *)((char *)&trial + opt->offset)))
+        return refuse(why, "not a power of two");
+    *cfg = trial;
+    return 0;
 }
 
-static int parse_limit(const struct option *opt, const char *v, struct cuheap_config *cfg)
+static int parse_limit(const struct option *opt, const char *v, struct cuheap_config *cfg,
+                       char *why)
 {
     (void)opt;
     uint64_t n;
@@ -149,58 +249,90 @@ static int parse_limit(const struct option *opt, const char *v, struct cuheap_co
         cfg->limit_permille = 0;
         return 0;
     }
-    if (cuheap_parse_size(v, true, &n, &pm) || (!n && !pm))
+    if (size_of(v, true, &n, &pm, why))
         return -EINVAL;
+    if (!n && !pm)
+        return refuse(why, "zero bytes (no limit is none or 0)");
     cfg->limit_bytes = n;
     cfg->limit_permille = pm;
     return 0;
 }
 
-static int parse_enum(const struct option *opt, const char *v, struct cuheap_config *cfg)
+static int parse_enum(const struct option *opt, const char *v, struct cuheap_config *cfg, char *why)
 {
     for (int i = 0; opt->choices[i]; i++)
         if (!strcasecmp(v, opt->choices[i])) {
             *(int *)((char *)cfg + opt->offset) = i;
             return 0;
         }
+    size_t n = (size_t)snprintf(why, WHY_MAX, "not one of");
+    for (int i = 0; opt->choices[i] && n < WHY_MAX; i++)
+        n += (size_t)snprintf(why + n, WHY_MAX - n, "%s %s", i ? "," : "", opt->choices[i]);
     return -EINVAL;
 }
 
-static int parse_path(const struct option *opt, const char *v, struct cuheap_config *cfg)
+/* A path to write or load: a control character in it (a newline) is a mistake, and would
+ * break the lines that name the path in two. */
+static int path_why(const char *v, size_t size, char *why)
 {
-    if (!*v || strlen(v) >= CUHEAP_PATH_MAX)
+    if (!*v)
+        return refuse(why, "empty");
+    for (const char *p = v; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return refuse(why, "a control character in the path");
+    if (strlen(v) >= size)
+        return refuse(why, "longer than %zu bytes", size - 1);
+    return 0;
+}
+
+static int parse_path(const struct option *opt, const char *v, struct cuheap_config *cfg, char *why)
+{
+    if (path_why(v, CUHEAP_PATH_MAX, why))
         return -EINVAL;
     memcpy((char *)cfg + opt->offset, v, strlen(v) + 1);
     return 0;
 }
 
-/* File permission bits in octal ("0600", "644"); read and write bits only: a trace is never
- * executable. */
-static int parse_mode(const struct option *opt, const char *v, struct cuheap_config *cfg)
+/* File permission bits in octal ("0600", "644"); read and write bits only, a trace is never
+ * executable; and the owner reads and writes it, or the user could not open the trace the
+ * run leaves (0200 makes one only root reads). */
+static int parse_mode(const struct option *opt, const char *v, struct cuheap_config *cfg, char *why)
 {
-    char *end;
-    errno = 0;
-    unsigned long n = strtoul(v, &end, 8);
-    if (errno || end == v || *end || v[0] == '-' || n > 0666 || (n & 0111))
-        return -EINVAL;
-    *(unsigned *)((char *)cfg + opt->offset) = (unsigned)n;
+    if (!*v)
+        return refuse(why, "empty");
+    unsigned n = 0;
+    for (const char *p = v; *p; p++) {
+        if (*p < '0' || *p > '7')
+            return refuse(why, "not octal permission bits");
+        n = n * 8 + (unsigned)(*p - '0');
+        if (n > 07777)
+            return refuse(why, "beyond the permission bits (at most 0666)");
+    }
+    if (n & 0111)
+        return refuse(why, "execute bits (a trace is never executable)");
+    if (n > 0666)
+        return refuse(why, "beyond the read and write bits (at most 0666)");
+    if ((n & 0600) != 0600)
+        return refuse(why, "the owner could not read and write the trace (0600 at least)");
+    *(unsigned *)((char *)cfg + opt->offset) = n;
     return 0;
 }
 
 /* CUHEAP_AUDIT: on/off like a boolean, or the path of the libcupti.so to use (which turns the
  * audit on): a machine can hold several CUDA versions, and the copy the program already uses
  * is the one to take. */
-static int parse_audit(const struct option *opt, const char *v, struct cuheap_config *cfg)
+static int parse_audit(const struct option *opt, const char *v, struct cuheap_config *cfg,
+                       char *why)
 {
     if (v[0] == '/') {
-        if (strlen(v) >= sizeof(cfg->audit_cupti))
+        if (path_why(v, sizeof(cfg->audit_cupti), why))
             return -EINVAL;
         memcpy(cfg->audit_cupti, v, strlen(v) + 1);
         cfg->audit = true;
         return 0;
     }
-    if (parse_bool(opt, v, cfg))
-        return -EINVAL;
+    if (parse_bool(opt, v, cfg, why))
+        return refuse(why, "neither 1, 0, on, off, yes, no, true, false nor an absolute path");
     cfg->audit_cupti[0] = 0;
     return 0;
 }
@@ -305,10 +437,43 @@ static const struct option options[] = {
 static void set_defaults(struct cuheap_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
+    char why[WHY_MAX];
     for (size_t i = 0; i < NR_OPTIONS; i++) {
-        int r = options[i].parse(&options[i], options[i].dflt, cfg);
+        int r = options[i].parse(&options[i], options[i].dflt, cfg, why);
         (void)r; /* defaults are valid by construction; test-config checks it */
     }
+}
+
+/* Bytes of a value a warning shows. */
+#define NR_SHOWN 64
+
+/* The value as a warning shows it, in quotes: control characters, quotes, backslashes and
+ * bytes beyond ASCII escaped ("\n", "\x1b"), so that the warning stays one line whatever the
+ * variable holds; past NR_SHOWN bytes the quote closes on the cut and what follows it says
+ * so, with the whole length: "aaa"... (4096 bytes). */
+static void show_value(const char *v, char *out, size_t size)
+{
+    size_t o = 0, len = strlen(v), n = len < NR_SHOWN ? len : NR_SHOWN;
+    out[o++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        const char *esc = c == '"'    ? "\\\""
+                          : c == '\\' ? "\\\\"
+                          : c == '\n' ? "\\n"
+                          : c == '\t' ? "\\t"
+                          : c == '\r' ? "\\r"
+                                      : NULL;
+        if (esc)
+            o += (size_t)snprintf(out + o, size - o, "%s", esc);
+        else if (c < 0x20 || c >= 0x7f)
+            o += (size_t)snprintf(out + o, size - o, "\\x%02x", c);
+        else
+            out[o++] = (char)c;
+    }
+    if (len > n)
+        snprintf(out + o, size - o, "\"... (%zu bytes)", len);
+    else
+        snprintf(out + o, size - o, "\"");
 }
 
 int cuheap_config_parse(struct cuheap_config *cfg, cuheap_getenv_fn get, cuheap_warn_fn warn,
@@ -321,15 +486,18 @@ int cuheap_config_parse(struct cuheap_config *cfg, cuheap_getenv_fn get, cuheap_
         if (!v)
             continue;
         struct cuheap_config trial = *cfg;
-        if (options[i].parse(&options[i], v, &trial) == 0) {
+        char why[WHY_MAX];
+        if (options[i].parse(&options[i], v, &trial, why) == 0) {
             *cfg = trial;
             if (options[i].offset == FIELD(stack_depth) && options[i].parse == parse_uint)
                 cfg->stack_depth_set = true;
             continue;
         }
-        char line[CUHEAP_PATH_MAX + 160];
-        snprintf(line, sizeof(line), "ignoring %s=\"%.*s\": expected %s; keeping %s",
-                 options[i].name, 64, v, options[i].doc, options[i].dflt);
+        /* sized for the longest: test-config checks every option's worst value fits */
+        char shown[4 * NR_SHOWN + 32], line[CUHEAP_LOG_MAX_LINE];
+        show_value(v, shown, sizeof(shown));
+        snprintf(line, sizeof(line), "ignoring %s=%s: %s; expected %s; keeping %s", options[i].name,
+                 shown, why, options[i].doc, options[i].dflt);
         warn(line, arg);
         nr_warnings++;
     }

@@ -89,16 +89,18 @@ typedef const char *(*cuheap_getenv_fn)(const char *name, void *arg);
 typedef void (*cuheap_warn_fn)(const char *line, void *arg);
 
 /* Fill *cfg with defaults, then apply every variable get() returns. A bad value produces one
- * warning naming the variable and the value, and the default is kept. Returns the number of
- * warnings. */
+ * warning line naming the variable, the value (escaped, long ones cut where marked) and what
+ * is wrong with it, and the default is kept. Returns the number of warnings. */
 int cuheap_config_parse(struct cuheap_config *cfg, cuheap_getenv_fn get, cuheap_warn_fn warn,
                         void *arg);
 
 /* Write "NAME=value" lines of the effective settings through warn (for CUHEAP_VERBOSE). */
 void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, void *arg);
 
-/* Parse "123", "64K", "1.5G", "80%" style sizes. Percentages set *ret_permille instead.
- * Returns 0 or -EINVAL. Exposed for the tool's command line. */
+/* Parse a size: a whole number of bytes, with K, M, G or T ("512", "64K", "2GiB"), or, with
+ * allow_percent, a percentage of at most one decimal ("80%", "12.5%"), which sets
+ * *ret_permille instead. Nothing else: no fractions of bytes, hex, signs, blanks or trailing
+ * text. Returns 0 or -EINVAL (the outputs untouched). Exposed for the tool's command line. */
 int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
                       unsigned *ret_permille);
 

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Settings: defaults, every value form, and one clear warning per bad value. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,10 +10,11 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "log.h"
 
 struct fake_env {
     const char *vars[16][2];
-    char warnings[16][600];
+    char warnings[16][CUHEAP_LOG_MAX_LINE + 1];
     int nr_warnings;
 };
 
@@ -29,7 +31,7 @@ static void warn(const char *line, void *arg)
 {
     struct fake_env *e = arg;
     if (e->nr_warnings < 16)
-        snprintf(e->warnings[e->nr_warnings], 600, "%s", line);
+        snprintf(e->warnings[e->nr_warnings], sizeof(e->warnings[0]), "%s", line);
     e->nr_warnings++;
 }
 
@@ -77,7 +79,7 @@ static void test_values(void **state)
                                   {"CUHEAP_VMM_IDLE_FIT", "300"},
                                   {"CUHEAP_REUSE", "immediate"},
                                   {"CUHEAP_RELEASE", "empty"},
-                                  {"CUHEAP_LIMIT", "1.5G"},
+                                  {"CUHEAP_LIMIT", "1536M"},
                                   {"CUHEAP_STACK_DEPTH", "0"},
                                   {"CUHEAP_STACK_CACHE", "0"},
                                   {"CUHEAP_RECORD_TIMING", "1"},
@@ -94,7 +96,7 @@ static void test_values(void **state)
     assert_int_equal(c.vmm_idle_fit, 300);
     assert_int_equal(c.reuse, CUHEAP_REUSE_IMMEDIATE);
     assert_int_equal(c.release, CUHEAP_RELEASE_EMPTY);
-    assert_int_equal(c.limit_bytes, (uint64_t)(1.5 * (1ull << 30)));
+    assert_int_equal(c.limit_bytes, 1536ull << 20);
     assert_int_equal(c.stack_depth, 0);
     assert_false(c.stack_cache);
     assert_true(c.record_timing);
@@ -184,13 +186,192 @@ static void test_output_mode(void **state)
     struct fake_env wide = {.vars = {{"CUHEAP_OUTPUT_MODE", "644"}}};
     assert_int_equal(cuheap_config_parse(&c, get, warn, &wide), 0);
     assert_int_equal(c.output_mode, 0644);
-    /* not octal, executable, beyond the permission bits: warned, default kept */
-    static const char *const bad[] = {"0689", "0755", "01600", "-600", "rw", ""};
+    static const char *const good[] = {"0600", "640", "0666", "000600"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        struct fake_env g = {.vars = {{"CUHEAP_OUTPUT_MODE", good[i]}}};
+        assert_int_equal(cuheap_config_parse(&c, get, warn, &g), 0);
+    }
+    /* not octal, executable, beyond the permission bits, one the owner could not read (0 and
+     * 0200 leave a trace its owner cannot open), blanks and signs */
+    static const char *const bad[] = {"0689", "0755", "01600", "-600", "rw",
+                                      "",     "0",    "0200",  "0400", "044",
+                                      "0066", " 600", "+600",  "600 ", "0x180"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct fake_env b = {.vars = {{"CUHEAP_OUTPUT_MODE", bad[i]}}};
         assert_int_equal(cuheap_config_parse(&c, get, warn, &b), 1);
         assert_int_equal(c.output_mode, 0600);
         assert_true(warned(&b, "CUHEAP_OUTPUT_MODE"));
+    }
+}
+
+/* Sizes are whole numbers with K, M, G or T, or percentages where allowed: nothing else,
+ * or "1.5" is one byte and "0x10" sixteen, without a word. */
+static void test_sizes_are_whole_numbers(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        uint64_t bytes;
+    } good[] = {
+        {"0", 0},
+        {"512", 512},
+        {"007", 7},
+        {"64k", 64 << 10},
+        {"64KiB", 64 << 10},
+        {"2GB", 2ull << 30},
+        {"3t", 3ull << 40},
+        {"18446744073709551615", UINT64_MAX},
+        {"17179869183G", 17179869183ull << 30},
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        uint64_t b = 1;
+        unsigned pm = 1;
+        if (cuheap_parse_size(good[i].s, false, &b, &pm) || b != good[i].bytes || pm)
+            fail_msg("\"%s\" read as %llu bytes", good[i].s, (unsigned long long)b);
+    }
+    static const char *const bad[] = {
+        "1.5",       "1.5G",         "0.5K", "1,5K", "0x10",  "0X10",
+        "10Q",       "12 apples",    " 5",   "5 ",   "+5",    "-5",
+        "",          "5e3",          "K",    "5KK",  "5KiBx", "18446744073709551616",
+        "16777216T", "17179869184G", "50%",  "inf",  "nan",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint64_t b = 12345;
+        unsigned pm = 678;
+        if (cuheap_parse_size(bad[i], false, &b, &pm) != -EINVAL || b != 12345 || pm != 678)
+            fail_msg("\"%s\" taken for a size (%llu bytes)", bad[i], (unsigned long long)b);
+    }
+    /* a percentage: above 0, at most 100, one decimal at most (the permille it is held in) */
+    static const struct {
+        const char *s;
+        unsigned permille;
+    } pct[] = {{"80%", 800}, {"12.5%", 125}, {"0.1%", 1}, {"100%", 1000}, {"100.0%", 1000}};
+    for (size_t i = 0; i < sizeof(pct) / sizeof(pct[0]); i++) {
+        uint64_t b = 1;
+        unsigned pm = 0;
+        if (cuheap_parse_size(pct[i].s, true, &b, &pm) || b || pm != pct[i].permille)
+            fail_msg("\"%s\" read as %u permille", pct[i].s, pm);
+    }
+    static const char *const bad_pct[] = {"0%",   "0.0%", "100.1%", "101%", "12.55%", "%",   "80%x",
+                                          "80 %", "-5%",  ".5%",    "12.%", "1e1%",   "80%%"};
+    for (size_t i = 0; i < sizeof(bad_pct) / sizeof(bad_pct[0]); i++) {
+        uint64_t b = 12345;
+        unsigned pm = 678;
+        if (cuheap_parse_size(bad_pct[i], true, &b, &pm) != -EINVAL || b != 12345 || pm != 678)
+            fail_msg("\"%s\" taken for a percentage (%u permille)", bad_pct[i], pm);
+    }
+}
+
+/* Every parser refuses what it does not read whole, says what is wrong in one line naming the
+ * variable and keeps the default. */
+static void test_loose_values_are_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name, *value, *why;
+    } cases[] = {
+        {"CUHEAP_LIMIT", "1.5", "a fraction"},
+        {"CUHEAP_LIMIT", "0x10", "hexadecimal"},
+        {"CUHEAP_LIMIT", "64M of it", "text after the number"},
+        {"CUHEAP_LIMIT", "99999999999999999999", "too large"},
+        {"CUHEAP_LIMIT", "-1G", "negative"},
+        {"CUHEAP_LIMIT", "", "empty"},
+        {"CUHEAP_LIMIT", "0K", "zero bytes"},
+        {"CUHEAP_POOL_INIT", "1.5G", "a fraction"},
+        {"CUHEAP_POOL_INIT", "50%", "a percentage, which this setting does not take"},
+        {"CUHEAP_POOL_MAX", "0", "out of range (1 B to 64.00 GiB)"},
+        {"CUHEAP_ARENA_SIZE", "3M", "not a power of two"},
+        {"CUHEAP_FENCE_BATCH", " 64", "not a number"},
+        {"CUHEAP_FENCE_BATCH", "+64", "not a number"},
+        {"CUHEAP_FENCE_BATCH", "64x", "text after the number"},
+        {"CUHEAP_FENCE_BATCH", "0x40", "hexadecimal"},
+        {"CUHEAP_FENCE_BATCH", "1.0", "text after the number"},
+        {"CUHEAP_FENCE_BATCH", "99999999999999999999", "too large"},
+        {"CUHEAP_FENCE_BATCH", "4294967360", "out of range (1 to 1048576)"},
+        {"CUHEAP_STACK_DEPTH", "12 ", "text after the number"},
+        {"CUHEAP_RING", "0x10000", "hexadecimal"},
+        {"CUHEAP_RING", "1000", "not a power of two"},
+        {"CUHEAP_FLUSH_MS", "", "empty"},
+        {"CUHEAP_REUSE", "sometimes", "not one of fence, sync, immediate"},
+        {"CUHEAP_POOL", "2", "not 1, 0, on, off, yes, no, true or false"},
+        {"CUHEAP_OUTPUT", "t\n.jsonl", "a control character"},
+        {"CUHEAP_OUTPUT", "", "empty"},
+        {"CUHEAP_OUTPUT_MODE", "0200", "the owner could not read and write"},
+        {"CUHEAP_AUDIT", "/opt/cupti\t.so", "a control character"},
+        {"CUHEAP_AUDIT", "libcupti.so", "an absolute path"},
+    };
+    struct fake_env none = {0};
+    struct cuheap_config dflt, c;
+    cuheap_config_parse(&dflt, get, warn, &none);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct fake_env e = {.vars = {{cases[i].name, cases[i].value}}};
+        assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 1);
+        char want[160];
+        snprintf(want, sizeof(want), "ignoring %s=", cases[i].name);
+        const char *w = e.warnings[0];
+        if (strncmp(w, want, strlen(want)) || !strstr(w, cases[i].why) || strchr(w, '\n') ||
+            !strstr(w, "; keeping "))
+            fail_msg("%s=\"%s\": %s", cases[i].name, cases[i].value, w);
+        /* the defaults kept */
+        assert_int_equal(c.limit_bytes, dflt.limit_bytes);
+        assert_int_equal(c.limit_permille, dflt.limit_permille);
+        assert_int_equal(c.fence_batch, dflt.fence_batch);
+        assert_int_equal(c.pool_init, dflt.pool_init);
+        assert_int_equal(c.pool_max, dflt.pool_max);
+        assert_int_equal(c.arena_size, dflt.arena_size);
+        assert_int_equal(c.stack_depth, dflt.stack_depth);
+        assert_int_equal(c.ring_slots, dflt.ring_slots);
+        assert_int_equal(c.flush_ms, dflt.flush_ms);
+        assert_int_equal(c.reuse, dflt.reuse);
+        assert_int_equal(c.pool, dflt.pool);
+        assert_int_equal(c.output_mode, dflt.output_mode);
+        assert_string_equal(c.output, dflt.output);
+        assert_int_equal(c.audit, dflt.audit);
+    }
+}
+
+static void last_name(const char *line, void *arg)
+{
+    char(*names)[64] = arg;
+    int i = 0;
+    while (names[i][0])
+        i++;
+    snprintf(names[i], 64, "%.*s", (int)strcspn(line, "="), line);
+}
+
+/* A warning is one line whatever the value holds: control characters shown escaped, a long
+ * value cut where a marker says so, and the longest warning of every setting fits a log line
+ * (log.c cut lines past it). */
+static void test_warnings_are_one_whole_line(void **state)
+{
+    (void)state;
+    struct fake_env e = {.vars = {{"CUHEAP_REUSE", "a\nb\"\\\x1b[2J\xc3\xa9"}}};
+    struct cuheap_config c;
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 1);
+    if (!strstr(e.warnings[0], "CUHEAP_REUSE=\"a\\nb\\\"\\\\\\x1b[2J\\xc3\\xa9\": not one of"))
+        fail_msg("%s", e.warnings[0]);
+    char long_value[1001];
+    memset(long_value, 'x', 1000);
+    long_value[1000] = 0;
+    struct fake_env l = {.vars = {{"CUHEAP_OUTPUT", long_value}}};
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &l), 1);
+    char want[128];
+    snprintf(want, sizeof(want), "CUHEAP_OUTPUT=\"%.64s\"... (1000 bytes): longer than 511 bytes",
+             long_value);
+    if (!strstr(l.warnings[0], want))
+        fail_msg("%s", l.warnings[0]);
+    /* every setting with the value that makes its warning longest */
+    char names[64][64] = {{0}};
+    cuheap_config_dump(&c, last_name, names);
+    char worst[600];
+    memset(worst, 0x01, sizeof(worst) - 1);
+    worst[sizeof(worst) - 1] = 0;
+    for (int i = 0; names[i][0]; i++) {
+        struct fake_env w = {.vars = {{names[i], worst}}};
+        assert_int_equal(cuheap_config_parse(&c, get, warn, &w), 1);
+        size_t n = strlen(w.warnings[0]);
+        if (n + strlen("cuheap: \n") > CUHEAP_LOG_MAX_LINE || strchr(w.warnings[0], '\n'))
+            fail_msg("%s: a warning of %zu bytes", names[i], n);
     }
 }
 
@@ -239,6 +420,9 @@ int main(void)
         cmocka_unit_test(test_sizes_and_paths),
         cmocka_unit_test(test_output_mode),
         cmocka_unit_test(test_audit),
+        cmocka_unit_test(test_sizes_are_whole_numbers),
+        cmocka_unit_test(test_loose_values_are_refused),
+        cmocka_unit_test(test_warnings_are_one_whole_line),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
