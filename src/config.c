@@ -580,19 +580,22 @@ const char *cuheap_format_size(uint64_t v, char *buf, size_t size)
     return buf;
 }
 
-void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
-                        const char *host)
+int cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
+                       const char *host)
 {
+    if (!size)
+        return -ENAMETOOLONG;
     size_t o = 0;
-    for (const char *p = tmpl; *p && o + 1 < size; p++) {
+    for (const char *p = tmpl; *p; p++) {
         char tmp[64];
-        const char *ins = NULL;
+        const char *ins = tmp;
+        tmp[0] = *p;
+        tmp[1] = 0;
         if (*p == '%' && p[1]) {
             p++;
             switch (*p) {
             case 'p':
                 snprintf(tmp, sizeof(tmp), "%ld", pid);
-                ins = tmp;
                 break;
             case 'r':
                 ins = rank && *rank ? rank : "0";
@@ -607,14 +610,17 @@ void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, cons
                 tmp[0] = '%';
                 tmp[1] = *p;
                 tmp[2] = 0;
-                ins = tmp;
                 break;
             }
-            for (; *ins && o + 1 < size; ins++)
-                out[o++] = *ins;
-        } else {
-            out[o++] = *p;
         }
+        size_t k = strlen(ins);
+        if (k >= size - o) {
+            out[0] = 0; /* a name cut short is another file's name */
+            return -ENAMETOOLONG;
+        }
+        memcpy(out + o, ins, k);
+        o += k;
     }
     out[o] = 0;
+    return 0;
 }

@@ -107,9 +107,10 @@ int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
 /* "12.34 MiB": bytes for people (powers of 1024). Returns buf. */
 const char *cuheap_format_size(uint64_t bytes, char *buf, size_t size);
 
-/* Expand %p (pid), %r (rank or 0), %h (host name) and %% in a path template. */
-void cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
-                        const char *host);
+/* Expand %p (pid), %r (rank or 0), %h (host name) and %% in a path template. Returns 0, or
+ * -ENAMETOOLONG with out empty when the name does not fit in size bytes (never cut short). */
+int cuheap_expand_path(const char *tmpl, char *out, size_t size, long pid, const char *rank,
+                       const char *host);
 
 /* "legacy" or "vmm". */
 const char *cuheap_backing_name(enum cuheap_backing b);

@@ -64,6 +64,7 @@ static pthread_t writer;
 static pthread_mutex_t io_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *out;
 static char out_path[CUHEAP_PATH_MAX];
+static bool name_too_long; /* CUHEAP_OUTPUT expanded past CUHEAP_PATH_MAX */
 static char out_buf[1 << 20]; /* the trace's stdio buffer: written out every CUHEAP_FLUSH_MS */
 static bool write_failed;     /* writing stopped on an error (trace_errno) */
 static bool open_failed;      /* the trace could not be created (trace_errno) */
@@ -814,6 +815,15 @@ static json_t *trace_header(const char *host, const char *rank, const struct tim
     return h;
 }
 
+/* The default name: the rank's when there is one, the extension of the format. */
+static const char *default_name(bool ranked)
+{
+    bool as_chrome = cfg->format == CUHEAP_FORMAT_CHROME;
+    if (ranked)
+        return as_chrome ? "cuheap-r%r-%p.trace.json" : "cuheap-r%r-%p.jsonl";
+    return as_chrome ? "cuheap-%p.trace.json" : "cuheap-%p.jsonl";
+}
+
 /* Open the trace for this process and write its header (io_lock held or single-threaded).
  * The header is built first and written the moment the file exists: a process killed in
  * between leaves an empty file, which `cuheap check` cannot call a trace (CI's stress run saw
@@ -827,16 +837,18 @@ static void open_trace(void)
     if (rank)
         name_part(rank, rank_part, sizeof(rank_part));
     const char *tmpl = cfg->output;
-    if (!strcmp(tmpl, "cuheap-%p.jsonl")) {
-        /* the default name: the rank's when there is one, the extension of the format */
-        bool as_chrome = cfg->format == CUHEAP_FORMAT_CHROME;
-        if (rank)
-            tmpl = as_chrome ? "cuheap-r%r-%p.trace.json" : "cuheap-r%r-%p.jsonl";
-        else
-            tmpl = as_chrome ? "cuheap-%p.trace.json" : "cuheap-%p.jsonl";
+    if (!strcmp(tmpl, "cuheap-%p.jsonl"))
+        tmpl = default_name(rank != NULL);
+    name_too_long = cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(),
+                                       rank ? rank_part : NULL, host_part) != 0;
+    if (name_too_long) {
+        tmpl = default_name(rank != NULL);
+        cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(),
+                           rank ? rank_part : NULL, host_part);
+        cuheap_log("CUHEAP_OUTPUT=\"%s\" expands to more than %d bytes; the trace goes to %s "
+                   "instead",
+                   cfg->output, CUHEAP_PATH_MAX - 1, out_path);
     }
-    cuheap_expand_path(tmpl, out_path, sizeof(out_path), (long)getpid(), rank ? rank_part : NULL,
-                       host_part);
     write_failed = open_failed = header_written = false;
     trace_errno = 0;
     nr_written = 0;
@@ -1037,6 +1049,7 @@ void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
         ret->state = out_path[0] ? CUHEAP_TRACE_WRITTEN : CUHEAP_TRACE_NONE;
     ret->error = trace_errno;
     ret->path = out_path[0] ? out_path : NULL;
+    ret->name_too_long = name_too_long;
     ret->unwinder = cuheap_unwinder_name(unwinder);
 }
 

@@ -84,6 +84,7 @@ struct cuheap_recorder_stats {
     enum cuheap_trace_state state;
     int error;        /* errno of what failed (NOT_CREATED, LOST, PARTIAL) */
     const char *path; /* the trace file (the name used, suffix included) */
+    bool name_too_long; /* CUHEAP_OUTPUT expanded past CUHEAP_PATH_MAX: the default name */
     const char *unwinder;
 };
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);

@@ -647,6 +647,10 @@ static void summary(void)
                           t.wall_s > 0 ? 100.0 * t.writer_cpu_s / t.wall_s : 0.0,
                           t.nr_written ? t.writer_cpu_s * 1e9 / (double)t.nr_written : 0.0);
     }
+    if (rs.name_too_long)
+        cuheap_log_always("refused CUHEAP_OUTPUT as the trace's name: it expands to more than %d "
+                          "bytes (the default name was used)",
+                          CUHEAP_PATH_MAX - 1);
     /* Name a file only when there is one to read. */
     switch (rs.state) {
     case CUHEAP_TRACE_WRITTEN:

@@ -1485,6 +1485,41 @@ static void test_rec_summary_says_what_was_written(void **state)
     done(&r);
 }
 
+/* A trace name at the limit is written and named in full (the summary line naming it is not
+ * cut either); one that expands past it is refused, said once at the opening and once in the
+ * summary, and the default name is used: cut, it would name another file. */
+static void test_rec_long_trace_name(void **state)
+{
+    (void)state;
+    char a[201], b[201], c[91];
+    memset(a, 'a', 200);
+    memset(b, 'b', 200);
+    memset(c, 'c', 90);
+    a[200] = b[200] = c[90] = 0;
+    /* 200 + 1 + 200 + 1 + 2 + 90 + 1 + 7 (the longest pid) + 6 = 508 bytes */
+    struct result r = run("mkdir -p %s/%s && " FAKE " " PRELOAD
+                          " CUHEAP_OUTPUT=%s/%s/t-%s-%%p.jsonl " RECPROG " rss",
+                          a, b, build, build, a, b, c, build);
+    char want[700];
+    snprintf(want, sizeof(want), "cuheap: trace: %s/%s/t-%s-", a, b, c);
+    const char *line = strstr(r.err, want);
+    if (r.status || !line || !strstr(line, ".jsonl (stacks: ") ||
+        strchr(line, '\n') < strstr(line, ".jsonl (stacks: "))
+        fail_msg("%s", r.err);
+    done(&r);
+    /* a rank of 60 bytes four times past 402 + 2 + 6 bytes: more than 511 */
+    r = run("rm -rf %s && mkdir -p %s/%s && " FAKE " " PRELOAD " RANK=%.60s "
+            "CUHEAP_OUTPUT=%s/%s/t-%%r%%r%%r%%r.jsonl " RECPROG " rss && find %s -type f | wc -l",
+            a, a, b, build, build, c, a, b, build, a);
+    if (r.status || !strstr(r.out, "\n0\n") ||
+        count_lines(r.err, "expands to more than 511 bytes; the trace goes to cuheap-r") != 1 ||
+        count_lines(r.err, "refused CUHEAP_OUTPUT as the trace's name: it expands to more than "
+                           "511 bytes") != 1 ||
+        !strstr(r.err, "cuheap: trace: cuheap-r") || count_files("cuheap-r") != 1)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
 static void test_rec_events_after_stop_are_counted(void **state)
 {
     (void)state;
@@ -1575,6 +1610,7 @@ int main(void)
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_summary_says_what_was_written, fresh_dir,
                                         remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_long_trace_name, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_events_after_stop_are_counted, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_signal_handler_allocating_during_a_mark, fresh_dir,

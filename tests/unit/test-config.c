@@ -375,6 +375,27 @@ static void test_warnings_are_one_whole_line(void **state)
     }
 }
 
+/* A name that does not fit is refused whole: cut, it names another file (…-11404.js). */
+static void test_expanded_name_never_cut(void **state)
+{
+    (void)state;
+    char out[16];
+    assert_int_equal(cuheap_expand_path("abcdefghijklmno", out, sizeof(out), 1, NULL, NULL), 0);
+    assert_string_equal(out, "abcdefghijklmno");
+    assert_int_equal(cuheap_expand_path("abcdefghijklmnop", out, sizeof(out), 1, NULL, NULL),
+                     -ENAMETOOLONG);
+    assert_string_equal(out, "");
+    assert_int_equal(cuheap_expand_path("t-%p.jsonl", out, sizeof(out), 12345, NULL, NULL), 0);
+    assert_string_equal(out, "t-12345.jsonl");
+    assert_int_equal(cuheap_expand_path("t-%p%p.jsonl", out, sizeof(out), 12345, NULL, NULL),
+                     -ENAMETOOLONG);
+    assert_int_equal(cuheap_expand_path("%r-%h.x", out, sizeof(out), 1, "0123456789", "host"),
+                     -ENAMETOOLONG);
+    assert_string_equal(out, "");
+    assert_int_equal(cuheap_expand_path("", out, 1, 1, NULL, NULL), 0);
+    assert_int_equal(cuheap_expand_path("x", out, 1, 1, NULL, NULL), -ENAMETOOLONG);
+}
+
 static void audit_line(const char *line, void *arg)
 {
     if (!strncmp(line, "CUHEAP_AUDIT=", 13))
@@ -423,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_sizes_are_whole_numbers),
         cmocka_unit_test(test_loose_values_are_refused),
         cmocka_unit_test(test_warnings_are_one_whole_line),
+        cmocka_unit_test(test_expanded_name_never_cut),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
