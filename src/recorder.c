@@ -36,6 +36,7 @@
 #include "pyframes.h"
 #include "ring.h"
 #include "stacktab.h"
+#include "tracefile.h"
 #include "unwind.h"
 
 #define TRACE_FORMAT_VERSION 1
@@ -64,7 +65,8 @@ static pthread_t writer;
 static pthread_mutex_t io_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *out;
 static char out_path[CUHEAP_PATH_MAX];
-static bool name_too_long; /* CUHEAP_OUTPUT expanded past CUHEAP_PATH_MAX */
+static struct cuheap_trace_refusal refused; /* what stood at the trace's name, if anything */
+static bool name_too_long;                  /* CUHEAP_OUTPUT expanded past CUHEAP_PATH_MAX */
 static char out_buf[1 << 20]; /* the trace's stdio buffer: written out every CUHEAP_FLUSH_MS */
 static bool write_failed;     /* writing stopped on an error (trace_errno) */
 static bool open_failed;      /* the trace could not be created (trace_errno) */
@@ -745,53 +747,6 @@ static void name_part(const char *v, char *ret, size_t size)
         snprintf(ret, size, "_");
 }
 
-/* An existing character device or FIFO the user named (/dev/full, a pipe a reader holds
- * open): nothing to clobber there, so it is written to. O_NONBLOCK: a FIFO without a reader
- * fails at once (ENXIO) instead of hanging the program. Regular files, symlinks and the
- * rest: -1. */
-static int open_existing_device(const char *path)
-{
-    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0)
-        return -1;
-    struct stat st;
-    if (fstat(fd, &st) || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
-        close(fd);
-        return -1;
-    }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    return fd;
-}
-
-/* Create the trace at out_path, never through a symlink and never over an existing file:
- * when the name is taken, ".1", ".2", ... are tried and out_path says which name was used.
- * Returns the descriptor, or -1 with errno set. */
-static int create_trace_file(void)
-{
-    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-    char base[sizeof(out_path)];
-    snprintf(base, sizeof(base), "%s", out_path);
-    int fd = open(base, flags, (mode_t)cfg->output_mode);
-    if (fd >= 0 || (errno != EEXIST && errno != ELOOP))
-        return fd;
-    if ((fd = open_existing_device(base)) >= 0)
-        return fd;
-    for (int i = 1; i < 1000; i++) {
-        if ((size_t)snprintf(out_path, sizeof(out_path), "%s.%d", base, i) >= sizeof(out_path))
-            break;
-        fd = open(out_path, flags, (mode_t)cfg->output_mode);
-        if (fd >= 0)
-            cuheap_log("%s exists (a file, or a symlink cuheap does not follow); the trace goes "
-                       "to %s",
-                       base, out_path);
-        if (fd >= 0 || (errno != EEXIST && errno != ELOOP))
-            return fd;
-    }
-    snprintf(out_path, sizeof(out_path), "%s", base);
-    errno = EEXIST;
-    return -1;
-}
-
 /* The JSONL header line (format, process, clock, settings), built before the file exists. */
 static json_t *trace_header(const char *host, const char *rank, const struct timespec *real)
 {
@@ -856,8 +811,12 @@ static void open_trace(void)
     struct timespec real;
     clock_gettime(CLOCK_REALTIME, &real);
     json_t *header = cfg->format == CUHEAP_FORMAT_CHROME ? NULL : trace_header(host, rank, &real);
-    int fd = create_trace_file();
-    out = fd >= 0 ? fdopen(fd, "w") : NULL;
+    int fd = cuheap_tracefile_create(out_path, sizeof(out_path), cfg->output_mode, &refused);
+    if (fd >= 0 && refused.path[0])
+        cuheap_log("%s is %s; the trace goes to %s", refused.path, refused.why, out_path);
+    if (fd < 0)
+        errno = -fd;
+    out = fd >= 0 ? cuheap_tracefile_stream(fd) : NULL;
     if (fd >= 0 && !out)
         close(fd);
     if (!out) {
@@ -1049,6 +1008,8 @@ void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
         ret->state = out_path[0] ? CUHEAP_TRACE_WRITTEN : CUHEAP_TRACE_NONE;
     ret->error = trace_errno;
     ret->path = out_path[0] ? out_path : NULL;
+    ret->refused = refused.path[0] ? refused.path : NULL;
+    ret->refused_why = refused.why;
     ret->name_too_long = name_too_long;
     ret->unwinder = cuheap_unwinder_name(unwinder);
 }

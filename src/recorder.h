@@ -82,9 +82,11 @@ struct cuheap_recorder_stats {
     uint64_t nr_dropped; /* never written: a full ring, or made after recording stopped */
     uint64_t nr_full;    /* of those, lost to a full ring */
     enum cuheap_trace_state state;
-    int error;        /* errno of what failed (NOT_CREATED, LOST, PARTIAL) */
-    const char *path; /* the trace file (the name used, suffix included) */
-    bool name_too_long; /* CUHEAP_OUTPUT expanded past CUHEAP_PATH_MAX: the default name */
+    int error;               /* errno of what failed (NOT_CREATED, LOST, PARTIAL) */
+    const char *path;        /* the trace file (the name used, suffix included) */
+    const char *refused;     /* the name passed over for the trace (a FIFO, a file), or NULL */
+    const char *refused_why; /* what stood there: "a FIFO owned by uid 65534 (...)" */
+    bool name_too_long;      /* CUHEAP_OUTPUT expanded past CUHEAP_PATH_MAX: the default name */
     const char *unwinder;
 };
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);

@@ -651,6 +651,8 @@ static void summary(void)
         cuheap_log_always("refused CUHEAP_OUTPUT as the trace's name: it expands to more than %d "
                           "bytes (the default name was used)",
                           CUHEAP_PATH_MAX - 1);
+    if (rs.refused)
+        cuheap_log_always("refused %s as the trace: %s", rs.refused, rs.refused_why);
     /* Name a file only when there is one to read. */
     switch (rs.state) {
     case CUHEAP_TRACE_WRITTEN:

@@ -1485,6 +1485,72 @@ static void test_rec_summary_says_what_was_written(void **state)
     done(&r);
 }
 
+/* A FIFO at the trace's name is never written to: a reader that takes 100 bytes and leaves
+ * would kill the program with SIGPIPE (exit 141), one that never reads block its exit.
+ * The program runs as without cuheap, the trace goes to a new file next to the FIFO, and the
+ * summary says why the FIFO was refused. (The reader holds the FIFO open for reading and
+ * writing, so the program finds a reader there however late the reader starts.) */
+static void test_rec_fifo_never_blocks_or_kills(void **state)
+{
+    (void)state;
+    /* the short run ends before its first flush: its exit writes the events */
+    static const struct {
+        const char *reader;
+        int steps;
+    } cases[] = {{"head -c 100 <&3 >/dev/null", 30}, {"sleep 60", 300}};
+    for (int i = 0; i < 2; i++) {
+        struct result plain =
+            run(FAKE " %s/tests/programs/cuheap-demo %d", build, build, cases[i].steps);
+        assert_int_equal(plain.status, 0);
+        struct result r =
+            run("rm -f p p.1 ready && mkfifo p || exit 9; (exec 3<>p; touch ready; exec %s) & "
+                "rpid=$!; "
+                "while [ ! -e ready ]; do sleep 0.01; done; "
+                "timeout 10 env " FAKE " " PRELOAD " CUHEAP_OUTPUT=p "
+                "%s/tests/programs/cuheap-demo %d; st=$?; kill $rpid 2>/dev/null; wait; exit $st",
+                cases[i].reader, build, build, build, cases[i].steps);
+        if (r.status || strcmp(r.out, plain.out) ||
+            count_lines(r.err, "refused p as the trace: a FIFO") != 1 ||
+            !strstr(r.err, "trace: p.1 (stacks: "))
+            fail_msg("reader '%s': exit %d (124: it hung, 141: SIGPIPE)\n%s", cases[i].reader,
+                     r.status, r.err);
+        done(&r);
+        done(&plain);
+        r = run("%s/tools/cuheap check p.1", build);
+        if (r.status)
+            fail_msg("%s%s", r.out, r.err);
+        done(&r);
+    }
+}
+
+/* Another user's FIFO or file at the trace's name (root only: chown): the trace, which holds
+ * the command line, never reaches them. */
+static void test_rec_trace_owned_by_another_user(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        printf("# not root: no file of another user to try\n");
+        return;
+    }
+    struct result r =
+        run("mkfifo q && chown 65534 q && echo theirs >f.jsonl && chown 65534 f.jsonl || exit 9; "
+            "(exec 3<>q; touch ready; exec sleep 60) & rpid=$!; "
+            "while [ ! -e ready ]; do sleep 0.01; done; "
+            "timeout 10 env " FAKE " " PRELOAD " CUHEAP_OUTPUT=q " RECPROG " rss secret-arg; "
+            "a=$?; timeout 10 env " FAKE " " PRELOAD " CUHEAP_OUTPUT=f.jsonl " RECPROG
+            " rss secret-arg; b=$?; timeout 1 cat q >got; kill $rpid; wait; "
+            "echo \"exits $a $b, the FIFO got $(wc -c <got) bytes\"; cat f.jsonl; "
+            "stat -c '%%u %%a' q.1 f.jsonl.1",
+            build, build, build, build, build, build);
+    if (!strstr(r.out, "exits 0 0, the FIFO got 0 bytes\ntheirs\n0 600\n0 600\n") ||
+        count_lines(r.err, "refused q as the trace: a FIFO owned by uid 65534") != 1 ||
+        count_lines(r.err, "refused f.jsonl as the trace: an existing file owned by uid 65534") !=
+            1 ||
+        !strstr(r.err, "trace: q.1 (stacks: ") || !strstr(r.err, "trace: f.jsonl.1 (stacks: "))
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
 /* A trace name at the limit is written and named in full (the summary line naming it is not
  * cut either); one that expands past it is refused, said once at the opening and once in the
  * summary, and the default name is used: cut, it would name another file. */
@@ -1609,6 +1675,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rec_rank_cannot_leave_the_folder, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_summary_says_what_was_written, fresh_dir,
+                                        remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_fifo_never_blocks_or_kills, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_trace_owned_by_another_user, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_long_trace_name, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_events_after_stop_are_counted, fresh_dir,
