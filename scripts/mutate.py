@@ -383,6 +383,14 @@ MUTATIONS = [
      "    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK)\n"
      "        return;",
      "    if (0)\n        return;"),
+    ("exit-skips-start-up",
+     "exit does not wait for a start-up in progress on another thread (and the destructor "
+     "finds exit already begun)",
+     "an exit during start-up leaves a readable trace and the summary", "src/runtime.c",
+     "    if (pthread_mutex_timedlock(&boot_lock, &until))\n        return;\n"
+     "    bool first = !atomic_exchange(&exit_began, true);",
+     "    bool first = !atomic_exchange(&exit_began, true);\n"
+     "    if (pthread_mutex_trylock(&boot_lock))\n        return;"),
 ]
 
 

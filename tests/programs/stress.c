@@ -19,6 +19,9 @@
  *   rss N               N alloc/free pairs (sizes vary, marks, streams come and go); prints
  *                       resident memory (KiB) every N/10 pairs: "rss: A B C ..."
  *   allocs N MS         N pairs, "ready", then sleeps MS (to be killed)
+ *   exit-race US        8 threads loop alloc/free pairs, the first of them starting cuheap,
+ *                       while the main thread calls exit(0) US microseconds after the first
+ *                       allocation's call began: exit during start-up, or while the writer runs
  *   release-fails       the pool must give memory back for a large request, and the driver
  *                       fails that (FAKECUDA_FAIL): cuheap's and the device's accounts must
  *                       still agree (tests/RELIABILITY.md)
@@ -27,6 +30,7 @@
 #include <cuheap/cuheap.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -291,6 +295,41 @@ static int cmd_fork_boot(long n)
     return hung || failed;
 }
 
+/* ---- exit while threads allocate, during start-up ---- */
+
+#define NR_EXIT_THREADS 8
+
+static atomic_bool calling; /* a thread is about to make its first allocation */
+
+static void *exit_churn(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(ctxs[0]);
+    atomic_store(&calling, true);
+    for (;;)
+        pairs(64, 4096);
+    return NULL;
+}
+
+/* The delay counts from the first allocation's call, which starts cuheap: on a loaded machine
+ * the threads' own start took longer than the window. Prints nothing of its own: the caller
+ * reads the trace and cuheap's summary on stderr. */
+static int cmd_exit_race(long us)
+{
+    pthread_t th;
+    for (int i = 0; i < NR_EXIT_THREADS; i++)
+        pthread_create(&th, NULL, exit_churn, NULL);
+    while (!atomic_load(&calling))
+        sched_yield();
+    /* a spin, not a sleep: woken late on a busy machine, every exit came after start-up */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+    exit(0);
+}
+
 /* ---- signals ---- */
 
 static atomic_long nr_handled;
@@ -387,7 +426,8 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || start()) {
         fprintf(stderr,
-                "usage: stress threads|fork-streams|fork-storm|fork-boot|signals|rss|allocs ...\n");
+                "usage: stress "
+                "threads|fork-streams|fork-storm|fork-boot|signals|rss|allocs|exit-race ...\n");
         return 2;
     }
     long n = argc > 2 ? atol(argv[2]) : 1000;
@@ -404,6 +444,8 @@ int main(int argc, char **argv)
         return cmd_signals(n);
     if (!strcmp(cmd, "rss"))
         return cmd_rss(n);
+    if (!strcmp(cmd, "exit-race"))
+        return cmd_exit_race(n);
     if (!strcmp(cmd, "release-fails"))
         return cmd_release_fails();
     if (!strcmp(cmd, "allocs") && argc > 3) {
