@@ -391,6 +391,31 @@ MUTATIONS = [
      "    bool first = !atomic_exchange(&exit_began, true);",
      "    bool first = !atomic_exchange(&exit_began, true);\n"
      "    if (pthread_mutex_trylock(&boot_lock))\n        return;"),
+    ("nested-pooled-free-to-driver",
+     "a free of a pooled block made by a signal handler while its thread is inside a hook goes "
+     "to the driver, which refuses it, instead of being deferred",
+     "a signal handler's free is served or deferred, never lost", "src/defer.c",
+     "    if (!cuheap_pool_of(ptr))\n        return false;", "    if (1)\n        return false;"),
+    ("deferred-never-worked-off",
+     "what nested calls left is never worked off as the thread leaves cuheap",
+     "a signal handler's free is served or deferred, never lost", "src/guard.h",
+     "    if (__builtin_expect(cuheap_defer_pending(), 0))\n        cuheap_defer_drain();",
+     "    if (0)\n        cuheap_defer_drain();"),
+    ("nested-alloc-unbooked",
+     "an allocation a signal handler made inside a hook is served by the driver but never "
+     "counted, so its later free makes frees outnumber allocations",
+     "the summary's allocations and frees match", "src/defer.c",
+     "                         .kind = DEFER_ALLOC,\n                         .api = (uint8_t)api};\n"
+     "    push(&e);",
+     "                         .kind = DEFER_ALLOC,\n                         .api = (uint8_t)api};\n"
+     "    (void)e;"),
+    ("nested-book-after-reuse",
+     "a handler's driver free is booked after the interrupted call put the address the driver "
+     "handed it again into the pass-through map (the new allocation's entry is taken)",
+     "the summary's allocations and frees match", "src/alloc.c",
+     "    if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */\n"
+     "        cuheap_defer_settle();\n    uint64_t seq",
+     "    uint64_t seq"),
 ]
 
 

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "cupti_audit.h"
+#include "defer.h"
 #include "event.h"
 #include "log.h"
 #include "pyframes.h"
@@ -208,6 +209,7 @@ static void fork_child(void)
     atomic_store(&cuheap_nr_ooms, 0);
     cuheap_audit_atfork_child();
     cuheap_recorder_atfork_child();
+    cuheap_defer_atfork_child();
 }
 
 static void register_fork(void)
@@ -597,7 +599,7 @@ CUHEAP_API int cuheap_set_recording(int on)
                            on ? "cuheap: recording resumed" : "cuheap: recording paused");
     }
     pthread_mutex_unlock(&set_recording_lock);
-    cuheap_busy = 0;
+    cuheap_unbusy();
     return !was_paused;
 }
 
@@ -611,7 +613,7 @@ CUHEAP_API void cuheap_mark(const char *label)
     cuheap_busy = 1;
     struct cuheap_device *d = cuheap_device_current();
     cuheap_record_mark(d ? d->ordinal : -1, label ? label : "");
-    cuheap_busy = 0;
+    cuheap_unbusy();
 }
 
 static void summary(void)
