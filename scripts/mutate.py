@@ -391,6 +391,12 @@ MUTATIONS = [
      "    bool first = !atomic_exchange(&exit_began, true);",
      "    bool first = !atomic_exchange(&exit_began, true);\n"
      "    if (pthread_mutex_trylock(&boot_lock))\n        return;"),
+    ("exit-skips-child-start",
+     "exit does not wait for a forked child's trace that another of its threads is opening",
+     "an exit during start-up leaves a readable trace and the summary", "src/recorder.c",
+     "    pthread_mutex_lock(&child_start_lock);\n    bool idle_child = atomic_load(&child_pending);\n"
+     "    pthread_mutex_unlock(&child_start_lock);",
+     "    bool idle_child = atomic_load(&child_pending);"),
     ("nested-pooled-free-to-driver",
      "a free of a pooled block made by a signal handler while its thread is inside a hook goes "
      "to the driver, which refuses it, instead of being deferred",

@@ -14,9 +14,10 @@
 #             that cannot be written: the program's output and exit are those without cuheap,
 #             the summary says what was written
 #   exit      exit(0) while 8 threads allocate, at a random point of cuheap's start-up (0-2 ms
-#             in) or later (0-50 ms): every trace reads whole or as a clean prefix (`cuheap
-#             check`: ok or incomplete, never empty or damaged), and every run that left a
-#             trace printed the summary
+#             in) or later (0-50 ms), in a fresh process or in a child forked after cuheap
+#             started (whose trace opens with its first event): every trace reads whole or as
+#             a clean prefix (`cuheap check`: ok or incomplete, never empty or damaged), and
+#             every process that left a trace printed the summary
 #   rss       cuheap's host memory over a long run (pool off: the recorder, stacks, tables):
 #             resident memory sampled ten times, growth from the third sample (the ring and the
 #             allocation table are then warm) to the last at most 1 MiB
@@ -126,28 +127,33 @@ check_kill() {
 }
 
 check_exit() {
-    local runs=$((100 * scale)) i us out rc whole=0 prefix=0 none=0
+    local runs=$((100 * scale)) i us mode want f out rc nt ns whole=0 prefix=0 none=0
     for ((i = 0; i < runs; i++)); do
         # most exits inside start-up, the rest while the writer is busy
-        if ((i % 4)); then us=$((RANDOM % 2001)); else us=$((RANDOM % 50001)); fi
-        rm -f "$T"/exit.jsonl* "$T"/exit.err
-        LD_PRELOAD=$PRE CUHEAP_OUTPUT=$T/exit.jsonl timeout 60 "$S" exit-race "$us" \
+        if ((i % 4 > 1)); then us=$((RANDOM % 2001)); else us=$(((RANDOM * 32768 + RANDOM) % 50001)); fi
+        mode=exit-race want=1
+        ((i % 2)) && mode=exit-race-child want=2 # the parent's trace and the child's
+        rm -f "$T"/exit-*.jsonl* "$T"/exit.err
+        LD_PRELOAD=$PRE CUHEAP_OUTPUT=$T/exit-%p.jsonl timeout 60 "$S" $mode "$us" \
             >/dev/null 2>"$T"/exit.err
         rc=$?
-        [ $rc -eq 0 ] || bad "exit after $us us: exit $rc: $(tail -1 "$T"/exit.err)"
-        if [ ! -e "$T"/exit.jsonl ]; then
-            none=$((none + 1)) # exit came before cuheap started: nothing to say
-            continue
-        fi
-        grep -q ' allocations, .* frees, ' "$T"/exit.err || bad "exit after $us us: a trace but no summary"
-        out=$("$tool" check "$T"/exit.jsonl 2>&1)
-        case $out in
-        *": ok, "*) whole=$((whole + 1)) ;;
-        *": incomplete, "*) prefix=$((prefix + 1)) ;;
-        *) bad "exit after $us us: $out" ;;
-        esac
+        [ $rc -eq 0 ] || bad "$mode after $us us: exit $rc: $(tail -1 "$T"/exit.err)"
+        nt=$(find "$T" -maxdepth 1 -name 'exit-*.jsonl*' | wc -l)
+        ns=$(grep -c ' allocations, .* frees, ' "$T"/exit.err)
+        # exit came before cuheap started (or, in a child, before its first event): no trace
+        ((nt < want)) && none=$((none + 1))
+        [ "$ns" -ge "$nt" ] || bad "$mode after $us us: $nt traces, $ns summaries"
+        for f in "$T"/exit-*.jsonl*; do
+            [ -e "$f" ] || continue
+            out=$("$tool" check "$f" 2>&1)
+            case $out in
+            *": ok, "*) whole=$((whole + 1)) ;;
+            *": incomplete, "*) prefix=$((prefix + 1)) ;;
+            *) bad "$mode after $us us: $out" ;;
+            esac
+        done
     done
-    say "exit: $runs runs exiting while threads start cuheap: $whole traces whole, $prefix clean prefixes, $none exited before cuheap started"
+    say "exit: $runs runs exiting while threads start cuheap (half of them in a forked child): $whole traces whole, $prefix clean prefixes, $none runs left no trace of the exiting process"
 }
 
 check_disk() {

@@ -105,10 +105,10 @@ static void exit_stop(void)
     pthread_mutex_unlock(&boot_lock);
     if (!first || !atomic_load(&cuheap_booted))
         return;
-    bool idle_child = cuheap_recorder_idle_child();
     cuheap_audit_stop(); /* its misses and verdict go into the trace before it closes */
     cuheap_recorder_stop();
-    if (cuheap_cfg.summary && !idle_child)
+    /* after the stop, which waits for a child's trace being opened on another thread */
+    if (cuheap_cfg.summary && !cuheap_recorder_idle_child())
         summary();
 }
 

@@ -22,6 +22,8 @@
  *   exit-race US        8 threads loop alloc/free pairs, the first of them starting cuheap,
  *                       while the main thread calls exit(0) US microseconds after the first
  *                       allocation's call began: exit during start-up, or while the writer runs
+ *   exit-race-child US  the same in a child forked after cuheap started, whose trace opens with
+ *                       its first event; exits with the child's status
  *   release-fails       the pool must give memory back for a large request, and the driver
  *                       fails that (FAKECUDA_FAIL): cuheap's and the device's accounts must
  *                       still agree (tests/RELIABILITY.md)
@@ -330,6 +332,21 @@ static int cmd_exit_race(long us)
     exit(0);
 }
 
+/* The same in a child forked after cuheap started: the child's trace opens with its first
+ * event, on whichever of its threads makes it. Returns the child's exit status. */
+static int cmd_exit_race_child(long us)
+{
+    if (pairs(1, 4096))
+        return 1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0)
+        cmd_exit_race(us);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 /* ---- signals ---- */
 
 static atomic_long nr_handled;
@@ -425,9 +442,9 @@ static int cmd_release_fails(void)
 int main(int argc, char **argv)
 {
     if (argc < 2 || start()) {
-        fprintf(stderr,
-                "usage: stress "
-                "threads|fork-streams|fork-storm|fork-boot|signals|rss|allocs|exit-race ...\n");
+        fprintf(stderr, "usage: stress "
+                        "threads|fork-streams|fork-storm|fork-boot|signals|rss|allocs|exit-race|"
+                        "exit-race-child ...\n");
         return 2;
     }
     long n = argc > 2 ? atol(argv[2]) : 1000;
@@ -446,6 +463,8 @@ int main(int argc, char **argv)
         return cmd_rss(n);
     if (!strcmp(cmd, "exit-race"))
         return cmd_exit_race(n);
+    if (!strcmp(cmd, "exit-race-child"))
+        return cmd_exit_race_child(n);
     if (!strcmp(cmd, "release-fails"))
         return cmd_release_fails();
     if (!strcmp(cmd, "allocs") && argc > 3) {
