@@ -452,6 +452,45 @@ MUTATIONS = [
      "the summary does not say what was refused as the trace, nor why",
      "the trace never costs the program anything", "src/runtime.c",
      "    if (rs.refused)\n", "    if (0)\n"),
+    ("exit-skips-start-up",
+     "exit does not wait for a start-up in progress on another thread (and the destructor "
+     "finds exit already begun)",
+     "an exit during start-up leaves a readable trace and the summary", "src/runtime.c",
+     "    if (pthread_mutex_timedlock(&boot_lock, &until))\n        return;\n"
+     "    bool first = !atomic_exchange(&exit_began, true);",
+     "    bool first = !atomic_exchange(&exit_began, true);\n"
+     "    if (pthread_mutex_trylock(&boot_lock))\n        return;"),
+    ("exit-skips-child-start",
+     "exit does not wait for a forked child's trace that another of its threads is opening",
+     "an exit during start-up leaves a readable trace and the summary", "src/recorder.c",
+     "    pthread_mutex_lock(&child_start_lock);\n    bool idle_child = atomic_load(&child_pending);\n"
+     "    pthread_mutex_unlock(&child_start_lock);",
+     "    bool idle_child = atomic_load(&child_pending);"),
+    ("nested-pooled-free-to-driver",
+     "a free of a pooled block made by a signal handler while its thread is inside a hook goes "
+     "to the driver, which refuses it, instead of being deferred",
+     "a signal handler's free is served or deferred, never lost", "src/defer.c",
+     "    if (!cuheap_pool_of(ptr))\n        return false;", "    if (1)\n        return false;"),
+    ("deferred-never-worked-off",
+     "what nested calls left is never worked off as the thread leaves cuheap",
+     "a signal handler's free is served or deferred, never lost", "src/guard.h",
+     "    if (__builtin_expect(cuheap_defer_pending(), 0))\n        cuheap_defer_drain();",
+     "    if (0)\n        cuheap_defer_drain();"),
+    ("nested-alloc-unbooked",
+     "an allocation a signal handler made inside a hook is served by the driver but never "
+     "counted, so its later free makes frees outnumber allocations",
+     "the summary's allocations and frees match", "src/defer.c",
+     "                         .kind = DEFER_ALLOC,\n                         .api = (uint8_t)api};\n"
+     "    push(&e);",
+     "                         .kind = DEFER_ALLOC,\n                         .api = (uint8_t)api};\n"
+     "    (void)e;"),
+    ("nested-book-after-reuse",
+     "a handler's driver free is booked after the interrupted call put the address the driver "
+     "handed it again into the pass-through map (the new allocation's entry is taken)",
+     "the summary's allocations and frees match", "src/alloc.c",
+     "    if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */\n"
+     "        cuheap_defer_settle();\n    uint64_t seq",
+     "    uint64_t seq"),
 ]
 
 

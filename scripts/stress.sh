@@ -13,6 +13,11 @@
 #   disk      a 64 KiB tmpfs (mounted when root may; else RLIMIT_FSIZE), /dev/full and a folder
 #             that cannot be written: the program's output and exit are those without cuheap,
 #             the summary says what was written
+#   exit      exit(0) while 8 threads allocate, at a random point of cuheap's start-up (0-2 ms
+#             in) or later (0-50 ms), in a fresh process or in a child forked after cuheap
+#             started (whose trace opens with its first event): every trace reads whole or as
+#             a clean prefix (`cuheap check`: ok or incomplete, never empty or damaged), and
+#             every process that left a trace printed the summary
 #   rss       cuheap's host memory over a long run (pool off: the recorder, stacks, tables):
 #             resident memory sampled ten times, growth from the third sample (the ring and the
 #             allocation table are then warm) to the last at most 1 MiB
@@ -37,7 +42,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ ${#checks[@]} -eq 0 ] && checks=(threads fork signals kill disk rss)
+[ ${#checks[@]} -eq 0 ] && checks=(threads fork signals kill exit disk rss)
 case $build in /*) ;; *) build=$root/$build ;; esac
 S=$build/tests/programs/stress
 tool=$build/tools/cuheap
@@ -119,6 +124,36 @@ check_kill() {
         esac
     done
     say "kill: $runs runs killed at random points: $(tr -cd i <<<"$verdicts" | wc -c) readable prefixes, $(tr -cd n <<<"$verdicts" | wc -c) killed before a trace"
+}
+
+check_exit() {
+    local runs=$((100 * scale)) i us mode want f out rc nt ns whole=0 prefix=0 none=0
+    for ((i = 0; i < runs; i++)); do
+        # most exits inside start-up, the rest while the writer is busy
+        if ((i % 4 > 1)); then us=$((RANDOM % 2001)); else us=$(((RANDOM * 32768 + RANDOM) % 50001)); fi
+        mode=exit-race want=1
+        ((i % 2)) && mode=exit-race-child want=2 # the parent's trace and the child's
+        rm -f "$T"/exit-*.jsonl* "$T"/exit.err
+        LD_PRELOAD=$PRE CUHEAP_OUTPUT=$T/exit-%p.jsonl timeout 60 "$S" $mode "$us" \
+            >/dev/null 2>"$T"/exit.err
+        rc=$?
+        [ $rc -eq 0 ] || bad "$mode after $us us: exit $rc: $(tail -1 "$T"/exit.err)"
+        nt=$(find "$T" -maxdepth 1 -name 'exit-*.jsonl*' | wc -l)
+        ns=$(grep -c ' allocations, .* frees, ' "$T"/exit.err)
+        # exit came before cuheap started (or, in a child, before its first event): no trace
+        ((nt < want)) && none=$((none + 1))
+        [ "$ns" -ge "$nt" ] || bad "$mode after $us us: $nt traces, $ns summaries"
+        for f in "$T"/exit-*.jsonl*; do
+            [ -e "$f" ] || continue
+            out=$("$tool" check "$f" 2>&1)
+            case $out in
+            *": ok, "*) whole=$((whole + 1)) ;;
+            *": incomplete, "*) prefix=$((prefix + 1)) ;;
+            *) bad "$mode after $us us: $out" ;;
+            esac
+        done
+    done
+    say "exit: $runs runs exiting while threads start cuheap (half of them in a forked child): $whole traces whole, $prefix clean prefixes, $none runs left no trace of the exiting process"
 }
 
 check_disk() {

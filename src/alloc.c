@@ -11,6 +11,7 @@
 
 #include "addrmap.h"
 #include "config.h"
+#include "defer.h"
 #include "log.h"
 
 static uint8_t capture_flag(void)
@@ -96,6 +97,8 @@ CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint
             cuheap_record_oom(d, api, size, false);
         return r;
     }
+    if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */
+        cuheap_defer_settle();
     uint64_t seq = cuheap_event_seq();
     struct cuheap_addr_entry e = {key, size, actual, (int16_t)(device_mem && d ? d->ordinal : -1),
                                   (uint8_t)api};
@@ -112,6 +115,8 @@ CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint
 
 void cuheap_passthru_free_begin(struct cuheap_passthru_free *f, uint64_t key)
 {
+    if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */
+        cuheap_defer_settle();
     memset(f, 0, sizeof(*f));
     f->known = cuheap_addrmap_take(&cuheap_passthru, key, &f->entry) == 0;
     f->seq = cuheap_event_seq();

@@ -22,6 +22,7 @@
 
 #include "alloc.h"
 #include "counters.h"
+#include "defer.h"
 #include "driver.h"
 #include "ipc.h"
 #include "event.h"
@@ -109,7 +110,9 @@ _Static_assert(NR_HOOKS <= CUHEAP_NR_COUNTED_HOOKS, "each hook has its call coun
 
 /* The re-entry guard is cuheap_busy (runtime.h), one per thread for all of cuheap: a hook, a
  * mark or an NVTX callback reached while another runs on the thread (cuheap calling the
- * driver, a signal handler) goes straight to the driver or does nothing. */
+ * driver, a signal handler) goes straight to the driver or does nothing; a hook's free of a
+ * pooled block, and the book-keeping of what the driver served, wait for the thread to leave
+ * cuheap (defer.h). */
 
 static void *real_of(const struct hook_entry *h)
 {
@@ -140,12 +143,19 @@ static void *hook_for_real(void *real)
     if (active)                                                                                    \
         cuheap_busy = 1;
 
+/* The value first, with the guard still set: the work it names (a pass-through's
+ * book-keeping, its event and stack) is cuheap's, which a signal handler's hook must not
+ * enter. Then the guard goes, with what nested calls left meanwhile (defer.h). */
 #define LEAVE(value)                                                                               \
     do {                                                                                           \
+        CUresult leave_r_ = (value);                                                               \
         if (active)                                                                                \
-            cuheap_busy = 0;                                                                       \
-        return (value);                                                                            \
+            cuheap_unbusy();                                                                       \
+        return leave_r_;                                                                           \
     } while (0)
+
+/* The driver served a call of a nested hook (defer.h): its book-keeping is left for later. */
+#define NESTED(r) (!active && (r) == CUDA_SUCCESS && cuheap_nested())
 
 /* A pass-through free: the layer's book-keeping around the driver's call, then LEAVE. */
 #define PASSTHRU_FREE(key, api, stream, call)                                                      \
@@ -173,8 +183,13 @@ static __attribute__((noinline)) CUresult mem_alloc_driver(struct cuheap_device 
 CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
     ENTER(cuMemAlloc_v2);
-    if (!active || !dptr || !size)
-        LEAVE(cuheap_drv.cuMemAlloc_v2(dptr, size));
+    if (!active || !dptr || !size) {
+        CUresult r = cuheap_drv.cuMemAlloc_v2(dptr, size);
+        if (NESTED(r) && dptr && size)
+            cuheap_defer_alloc(CUHEAP_API_MEM_ALLOC, *dptr, size, cuheap_driver_rounded(size), 0,
+                               CUHEAP_DEFER_CURRENT);
+        LEAVE(r);
+    }
     struct cuheap_device *d = cuheap_device_current();
     int served = cuheap_alloc_pooled(ctr, d, CUHEAP_API_MEM_ALLOC, size, 0, dptr);
     if (served)
@@ -187,8 +202,13 @@ CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size
 {
     ENTER(cuMemAllocPitch_v2);
     bool valid = dptr && pitch && width && height && (elem == 4 || elem == 8 || elem == 16);
-    if (!active || !valid)
-        LEAVE(cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
+    if (!active || !valid) {
+        CUresult r = cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+        if (NESTED(r) && valid)
+            cuheap_defer_alloc(CUHEAP_API_PITCH, *dptr, *pitch * height,
+                               cuheap_driver_rounded(*pitch * height), 0, CUHEAP_DEFER_CURRENT);
+        LEAVE(r);
+    }
     struct cuheap_device *d = cuheap_device_current();
     /* 512-byte rows satisfy every pitch alignment the driver asks of 2D accesses. A width the
      * rounding would wrap is the driver's to refuse. */
@@ -226,8 +246,15 @@ static __attribute__((noinline)) CUresult mem_free_driver(CUdeviceptr dptr)
 CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     ENTER(cuMemFree_v2);
-    if (!active || !dptr)
-        LEAVE(cuheap_drv.cuMemFree_v2(dptr));
+    if (!active || !dptr) {
+        if (!active && dptr && cuheap_nested() &&
+            cuheap_defer_pooled_free(dptr, 0, CUHEAP_API_MEM_ALLOC))
+            LEAVE(CUDA_SUCCESS);
+        CUresult r = cuheap_drv.cuMemFree_v2(dptr);
+        if (NESTED(r) && dptr)
+            cuheap_defer_freed(CUHEAP_API_MEM_ALLOC, dptr, 0);
+        LEAVE(r);
+    }
     int freed = cuheap_free_pooled(ctr, dptr, 0, CUHEAP_API_MEM_ALLOC);
     if (freed)
         LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
@@ -237,10 +264,15 @@ CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 /* Stream-ordered allocations belong to the driver's own pools; they pass through. */
 #define ASYNC_ALLOC(name, api, call)                                                               \
     ENTER(name);                                                                                   \
-    if (!active || !dptr || !size)                                                                 \
-        LEAVE(call);                                                                               \
-    struct cuheap_device *d = cuheap_device_current();                                             \
     uint64_t actual = (size + 511) & ~(uint64_t)511;                                               \
+    if (!active || !dptr || !size) {                                                               \
+        CUresult r = (call);                                                                       \
+        if (NESTED(r) && dptr && size)                                                             \
+            cuheap_defer_alloc(api, *dptr, size, actual, (uint64_t)(uintptr_t)s,                   \
+                               CUHEAP_DEFER_CURRENT);                                              \
+        LEAVE(r);                                                                                  \
+    }                                                                                              \
+    struct cuheap_device *d = cuheap_device_current();                                             \
     if (!cuheap_admit(d, actual)) {                                                                \
         cuheap_record_oom(d, api, size, true);                                                     \
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);                                                           \
@@ -278,8 +310,16 @@ CUHEAP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t si
 /* cudaFreeAsync of a pooled pointer is a stream-ordered free of our block. */
 #define ASYNC_FREE(name, call)                                                                     \
     ENTER(name);                                                                                   \
-    if (!active || !dptr)                                                                          \
-        LEAVE(call);                                                                               \
+    if (!active || !dptr) {                                                                        \
+        uint64_t stream_ = s ? (uint64_t)(uintptr_t)s : 1;                                         \
+        if (!active && dptr && cuheap_nested() &&                                                  \
+            cuheap_defer_pooled_free(dptr, stream_, CUHEAP_API_ASYNC))                             \
+            LEAVE(CUDA_SUCCESS);                                                                   \
+        CUresult r = (call);                                                                       \
+        if (NESTED(r) && dptr)                                                                     \
+            cuheap_defer_freed(CUHEAP_API_ASYNC, dptr, (uint64_t)(uintptr_t)s);                    \
+        LEAVE(r);                                                                                  \
+    }                                                                                              \
     int freed = cuheap_free_pooled(ctr, dptr, s ? (uint64_t)(uintptr_t)s : 1, CUHEAP_API_ASYNC);   \
     if (freed)                                                                                     \
         LEAVE(freed > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);                                \
@@ -298,10 +338,14 @@ CUHEAP_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
 CUHEAP_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
     ENTER(cuMemAllocManaged);
-    if (!active || !dptr || !size)
-        LEAVE(cuheap_drv.cuMemAllocManaged(dptr, size, flags));
-    struct cuheap_device *d = cuheap_device_current();
     uint64_t actual = cuheap_driver_rounded(size);
+    if (!active || !dptr || !size) {
+        CUresult r = cuheap_drv.cuMemAllocManaged(dptr, size, flags);
+        if (NESTED(r) && dptr && size)
+            cuheap_defer_alloc(CUHEAP_API_MANAGED, *dptr, size, actual, 0, CUHEAP_DEFER_CURRENT);
+        LEAVE(r);
+    }
+    struct cuheap_device *d = cuheap_device_current();
     if (!cuheap_admit(d, actual)) {
         cuheap_record_oom(d, CUHEAP_API_MANAGED, size, true);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
@@ -316,6 +360,9 @@ CUHEAP_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags
 {
     ENTER(cuMemHostAlloc);
     CUresult r = cuheap_drv.cuMemHostAlloc(pp, size, flags);
+    if (NESTED(r))
+        cuheap_defer_alloc(CUHEAP_API_HOST, (uint64_t)(uintptr_t)*pp, size, size, 0,
+                           CUHEAP_DEFER_HOST);
     if (!active)
         LEAVE(r);
     LEAVE(cuheap_passthru_done(cuheap_device_current(), r, CUHEAP_API_HOST,
@@ -326,6 +373,9 @@ CUHEAP_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
 {
     ENTER(cuMemAllocHost_v2);
     CUresult r = cuheap_drv.cuMemAllocHost_v2(pp, size);
+    if (NESTED(r))
+        cuheap_defer_alloc(CUHEAP_API_HOST, (uint64_t)(uintptr_t)*pp, size, size, 0,
+                           CUHEAP_DEFER_HOST);
     if (!active)
         LEAVE(r);
     LEAVE(cuheap_passthru_done(cuheap_device_current(), r, CUHEAP_API_HOST,
@@ -335,8 +385,12 @@ CUHEAP_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
 CUHEAP_EXPORT CUresult cuMemFreeHost(void *p)
 {
     ENTER(cuMemFreeHost);
-    if (!active || !p)
-        LEAVE(cuheap_drv.cuMemFreeHost(p));
+    if (!active || !p) {
+        CUresult r = cuheap_drv.cuMemFreeHost(p);
+        if (NESTED(r) && p)
+            cuheap_defer_freed(CUHEAP_API_HOST, (uint64_t)(uintptr_t)p, 0);
+        LEAVE(r);
+    }
     PASSTHRU_FREE((uint64_t)(uintptr_t)p, CUHEAP_API_HOST, 0, cuheap_drv.cuMemFreeHost(p));
 }
 
@@ -347,8 +401,15 @@ CUHEAP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                                    const CUmemAllocationProp *prop, unsigned long long flags)
 {
     ENTER(cuMemCreate);
-    if (!active || !h || !prop)
-        LEAVE(cuheap_drv.cuMemCreate(h, size, prop, flags));
+    if (!active || !h || !prop) {
+        CUresult r = cuheap_drv.cuMemCreate(h, size, prop, flags);
+        if (NESTED(r) && h && prop)
+            cuheap_defer_alloc(CUHEAP_API_VMM_CREATE, VMM_KEY(*h), size, size, 0,
+                               prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                                   ? prop->location.id
+                                   : CUHEAP_DEFER_HOST);
+        LEAVE(r);
+    }
     struct cuheap_device *d = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                                   ? cuheap_device_by_ordinal(prop->location.id)
                                   : NULL;
@@ -369,8 +430,12 @@ CUHEAP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 CUHEAP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     ENTER(cuMemRelease);
-    if (!active)
-        LEAVE(cuheap_drv.cuMemRelease(h));
+    if (!active) {
+        CUresult r = cuheap_drv.cuMemRelease(h);
+        if (NESTED(r))
+            cuheap_defer_freed(CUHEAP_API_VMM_CREATE, VMM_KEY(h), 0);
+        LEAVE(r);
+    }
     PASSTHRU_FREE(VMM_KEY(h), CUHEAP_API_VMM_CREATE, 0, cuheap_drv.cuMemRelease(h));
 }
 
@@ -838,7 +903,7 @@ CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream)
     } else if (served < 0) {
         p = 0;
     }
-    cuheap_busy = 0;
+    cuheap_unbusy();
     if (pushed) {
         CUcontext dummy;
         cuheap_drv.cuCtxPopCurrent_v2(&dummy);
@@ -862,5 +927,5 @@ CUHEAP_API void cuheap_torch_free(void *ptr, ssize_t size, int device, void *str
         cuheap_passthru_free_end(&f, cuheap_drv.cuMemFree_v2(p), p, CUHEAP_API_TORCH,
                                  stream_tag(stream));
     }
-    cuheap_busy = 0;
+    cuheap_unbusy();
 }

@@ -29,7 +29,7 @@ static void mark(const char *prefix, const char *text)
     char label[2 * CUHEAP_LABEL_MAX];
     snprintf(label, sizeof(label), "%s%s", prefix, text ? text : "");
     cuheap_record_mark(-1, label);
-    cuheap_busy = 0;
+    cuheap_unbusy();
 }
 
 static const char *ascii_message(const nvtxEventAttributes_t *a)

@@ -148,7 +148,8 @@ static void child_start(void)
     /* Reached from a hook, a mark or an NVTX callback (cuheap_busy set): a signal handler's
      * hook on this thread goes to the driver and never waits for child_start_lock. */
     pthread_mutex_lock(&child_start_lock);
-    if (atomic_load(&child_pending)) {
+    /* not once recording stopped at exit: the process's end would cut the trace short */
+    if (atomic_load(&child_pending) && atomic_load(&accepting)) {
         open_trace();
         if (!start_writer()) {
             atomic_store(&cuheap_recorder_on, false);
@@ -930,7 +931,12 @@ void cuheap_recorder_stop(void)
 {
     if (!atomic_load(&cuheap_recorder_on) || !atomic_exchange(&accepting, false))
         return;
-    if (atomic_load(&child_pending)) {
+    /* A child's trace that another thread is opening is waited for, header and writer; none
+     * opens after this (child_start looks at accepting). */
+    pthread_mutex_lock(&child_start_lock);
+    bool idle_child = atomic_load(&child_pending);
+    pthread_mutex_unlock(&child_start_lock);
+    if (idle_child) {
         /* a child that recorded nothing: no writer, no file, and none opened later */
         atomic_store(&cuheap_recorder_on, false);
         return;

@@ -3,7 +3,8 @@
  * Process-wide state (see runtime.h), the public API of include/cuheap/cuheap.h, the exit
  * summary and fork handling. Start-up is lazy: the first hooked call runs boot() (once,
  * under boot_lock); the library's constructor only registers a fork handler that takes
- * boot_lock, so a process that never touches CUDA runs exactly as without cuheap.
+ * boot_lock, and its destructor only stops what an exit racing with start-up left running, so
+ * a process that never touches CUDA runs exactly as without cuheap.
  */
 #include "runtime.h"
 
@@ -16,8 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cupti_audit.h"
+#include "defer.h"
 #include "event.h"
 #include "log.h"
 #include "pyframes.h"
@@ -77,15 +80,46 @@ static void warn_line(const char *line, void *arg)
 
 static void summary(void);
 
-static void at_exit(void)
+/* Exit stops cuheap once: the audit, the trace's footer, then the summary. An exit on one
+ * thread while another starts cuheap must not end the process halfway through start-up (an
+ * empty trace, a torn header, no footer and no summary: stress exit-race), so both ways in
+ * wait for a start-up in progress (boot_lock) and close the door to a later one, which the
+ * process's end would cut short. The wait is bounded: a start-up that does not end must not
+ * hang the program's exit.
+ *  - at_exit, registered first thing in start-up: it runs among the program's exit handlers
+ *    in the usual order, before those registered earlier (the driver's among them);
+ *  - the destructor, after every exit handler: for an exit whose handlers had all run before
+ *    start-up registered at_exit. */
+#define CUHEAP_EXIT_WAIT_S 10
+static atomic_bool exit_began; /* set under boot_lock */
+
+static void exit_stop(void)
 {
-    if (!atomic_load(&cuheap_booted))
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += CUHEAP_EXIT_WAIT_S;
+    if (pthread_mutex_timedlock(&boot_lock, &until))
         return;
-    bool idle_child = cuheap_recorder_idle_child();
+    bool first = !atomic_exchange(&exit_began, true);
+    atomic_store(&boot_tried, true);
+    pthread_mutex_unlock(&boot_lock);
+    if (!first || !atomic_load(&cuheap_booted))
+        return;
     cuheap_audit_stop(); /* its misses and verdict go into the trace before it closes */
     cuheap_recorder_stop();
-    if (cuheap_cfg.summary && !idle_child)
+    /* after the stop, which waits for a child's trace being opened on another thread */
+    if (cuheap_cfg.summary && !cuheap_recorder_idle_child())
         summary();
+}
+
+static void at_exit(void)
+{
+    exit_stop();
+}
+
+__attribute__((destructor)) static void exit_last(void)
+{
+    exit_stop();
 }
 
 pthread_mutex_t cuheap_streams_gate = PTHREAD_MUTEX_INITIALIZER;
@@ -175,6 +209,7 @@ static void fork_child(void)
     atomic_store(&cuheap_nr_ooms, 0);
     cuheap_audit_atfork_child();
     cuheap_recorder_atfork_child();
+    cuheap_defer_atfork_child();
 }
 
 static void register_fork(void)
@@ -222,6 +257,7 @@ __attribute__((constructor)) static void boot_guard_register(void)
 /* boot_lock held */
 static void boot(void)
 {
+    atexit(at_exit);
     if (cuheap_driver_load() != 0)
         return;
     cuheap_config_parse(&cuheap_cfg, env, warn_line, NULL);
@@ -232,7 +268,6 @@ static void boot(void)
         return;
     }
     cuheap_recorder_start(&cuheap_cfg);
-    atexit(at_exit);
     atomic_store(&cuheap_booted, true);
 }
 
@@ -262,7 +297,7 @@ static void *boot_once_now(void *arg)
     /* After booted and outside boot_lock: CUPTI's set-up may start threads that reach a hook
      * (they must find cuheap started, not wait for it), and may register fork handlers of
      * its own (pthread_atfork under boot_lock could wait for a fork waiting for boot_lock). */
-    if (now && atomic_load(&cuheap_booted))
+    if (now && atomic_load(&cuheap_booted) && !atomic_load(&exit_began))
         cuheap_audit_start(&cuheap_cfg);
     return NULL;
 }
@@ -564,7 +599,7 @@ CUHEAP_API int cuheap_set_recording(int on)
                            on ? "cuheap: recording resumed" : "cuheap: recording paused");
     }
     pthread_mutex_unlock(&set_recording_lock);
-    cuheap_busy = 0;
+    cuheap_unbusy();
     return !was_paused;
 }
 
@@ -578,7 +613,7 @@ CUHEAP_API void cuheap_mark(const char *label)
     cuheap_busy = 1;
     struct cuheap_device *d = cuheap_device_current();
     cuheap_record_mark(d ? d->ordinal : -1, label ? label : "");
-    cuheap_busy = 0;
+    cuheap_unbusy();
 }
 
 static void summary(void)

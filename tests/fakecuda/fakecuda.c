@@ -988,10 +988,22 @@ FAKE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* Run by each cuCtxGetCurrent on the calling thread, outside the fake's locks: a test's way
+ * in while a caller (cuheap's hooks ask on every call) is in the middle of its work. */
+static _Atomic(fakecuda_call_fn) g_ctx_query_hook;
+
+FAKE_EXPORT void fakecuda_set_ctx_query_hook(fakecuda_call_fn fn)
+{
+    atomic_store(&g_ctx_query_hook, fn);
+}
+
 FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     FAULT("cuCtxGetCurrent", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_INIT();
+    fakecuda_call_fn hook = atomic_load(&g_ctx_query_hook);
+    if (hook)
+        hook();
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
     *pctx = (CUcontext)tls_ctx;

@@ -59,6 +59,11 @@ typedef void (*fakecuda_memop_fn)(const struct fakecuda_memop *op);
  * stops it. */
 void fakecuda_set_memory_observer(fakecuda_memop_fn fn);
 
+/* Called at the start of every cuCtxGetCurrent, on the calling thread, outside the fake's
+ * locks; NULL stops it. */
+typedef void (*fakecuda_call_fn)(void);
+void fakecuda_set_ctx_query_hook(fakecuda_call_fn fn);
+
 typedef unsigned long (*fakecuda_calls_fn)(enum fakecuda_counter c);
 typedef size_t (*fakecuda_live_allocations_fn)(void);
 

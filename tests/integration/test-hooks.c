@@ -9,6 +9,8 @@
 #include <cuheap/cuheap.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -619,6 +621,94 @@ static void test_threaded_alloc_free_storm(void **state)
     }
 }
 
+/* ---- a signal handler's calls while the thread is inside a hook ---- */
+
+/* The handler runs while the interrupted cuMemAlloc_v2 hook asks the driver for the current
+ * context (fakecuda_set_ctx_query_hook), on the thread that is inside it: its call is
+ * nested. A nested free of a pooled block must not reach the driver, which does not know the
+ * pointer (the handler would get CUDA_ERROR_INVALID_VALUE and the block stay live for good);
+ * a nested allocation must be counted, or its free makes frees outnumber allocations. */
+static CUdeviceptr sig_ptr;
+static volatile CUresult sig_result;
+static volatile sig_atomic_t sig_calls;
+static atomic_bool sig_armed;
+
+static void free_in_handler(int sig)
+{
+    (void)sig;
+    sig_result = cu.cuMemFree_v2(sig_ptr);
+    sig_calls++;
+}
+
+static void alloc_in_handler(int sig)
+{
+    (void)sig;
+    sig_result = cu.cuMemAlloc_v2(&sig_ptr, 8192);
+    sig_calls++;
+}
+
+static void raise_once(void)
+{
+    if (atomic_exchange(&sig_armed, false))
+        raise(SIGUSR1);
+}
+
+/* One cuMemAlloc_v2 whose hook the handler interrupts; returns the handler's answer. */
+static CUresult handler_inside_hook(void (*handler)(int))
+{
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = handler;
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    sig_calls = 0;
+    sig_result = CUDA_ERROR_UNKNOWN;
+    atomic_store(&sig_armed, true);
+    fakecuda_set_ctx_query_hook(raise_once);
+    CUdeviceptr p;
+    CUresult r = cu.cuMemAlloc_v2(&p, 4096);
+    fakecuda_set_ctx_query_hook(NULL);
+    sigaction(SIGUSR1, &old, NULL);
+    assert_int_equal(r, CUDA_SUCCESS);
+    assert_int_equal(sig_calls, 1); /* it ran, inside the hook */
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
+    return sig_result;
+}
+
+static void test_signal_frees_inside_hook(void **state)
+{
+    (void)state;
+    struct cuheap_stats before = stats();
+    assert_int_equal(cu.cuMemAlloc_v2(&sig_ptr, 8192), CUDA_SUCCESS);
+    assert_int_equal(handler_inside_hook(free_in_handler), CUDA_SUCCESS);
+    /* the block came back: counted, and no longer live */
+    struct cuheap_stats after = stats();
+    assert_int_equal(after.nr_allocs - before.nr_allocs, 2);
+    assert_int_equal(after.nr_frees - before.nr_frees, 2);
+    assert_int_equal(after.live_bytes, before.live_bytes);
+    /* and the memory is usable again */
+    CUdeviceptr q;
+    assert_int_equal(cu.cuMemAlloc_v2(&q, 8192), CUDA_SUCCESS);
+    memset((void *)(uintptr_t)q, 1, 8192);
+    assert_int_equal(cu.cuMemFree_v2(q), CUDA_SUCCESS);
+}
+
+static void test_signal_allocates_inside_hook(void **state)
+{
+    (void)state;
+    struct cuheap_stats before = stats();
+    assert_int_equal(handler_inside_hook(alloc_in_handler), CUDA_SUCCESS);
+    struct cuheap_stats mid = stats();
+    assert_int_equal(mid.nr_allocs - before.nr_allocs, 2);
+    /* the handler's went to the driver (and so did the hook's, without the pool) */
+    assert_int_equal(mid.nr_passthrough - before.nr_passthrough, pool_on ? 1 : 2);
+    assert_int_equal(mid.live_bytes, before.live_bytes + 8192);
+    memset((void *)(uintptr_t)sig_ptr, 1, 8192);
+    assert_int_equal(cu.cuMemFree_v2(sig_ptr), CUDA_SUCCESS); /* not the pool's: passed on */
+    struct cuheap_stats after = stats();
+    assert_int_equal(after.nr_frees - before.nr_frees, 2);
+    assert_int_equal(after.live_bytes, before.live_bytes);
+}
+
 /* ---- capture, pluggable allocator ---- */
 
 static void test_capture_passes_to_driver(void **state)
@@ -726,6 +816,8 @@ int main(void)
         cmocka_unit_test(test_out_of_memory_every_pass_through_door),
         cmocka_unit_test(test_limit),
         cmocka_unit_test(test_threaded_alloc_free_storm),
+        cmocka_unit_test(test_signal_frees_inside_hook),
+        cmocka_unit_test(test_signal_allocates_inside_hook),
         cmocka_unit_test(test_capture_passes_to_driver),
         cmocka_unit_test(test_pluggable_allocator),
         cmocka_unit_test(test_pool_off_goes_to_driver),

@@ -19,6 +19,11 @@
  *   rss N               N alloc/free pairs (sizes vary, marks, streams come and go); prints
  *                       resident memory (KiB) every N/10 pairs: "rss: A B C ..."
  *   allocs N MS         N pairs, "ready", then sleeps MS (to be killed)
+ *   exit-race US        8 threads loop alloc/free pairs, the first of them starting cuheap,
+ *                       while the main thread calls exit(0) US microseconds after the first
+ *                       allocation's call began: exit during start-up, or while the writer runs
+ *   exit-race-child US  the same in a child forked after cuheap started, whose trace opens with
+ *                       its first event; exits with the child's status
  *   release-fails       the pool must give memory back for a large request, and the driver
  *                       fails that (FAKECUDA_FAIL): cuheap's and the device's accounts must
  *                       still agree (tests/RELIABILITY.md)
@@ -27,6 +32,7 @@
 #include <cuheap/cuheap.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -291,6 +297,56 @@ static int cmd_fork_boot(long n)
     return hung || failed;
 }
 
+/* ---- exit while threads allocate, during start-up ---- */
+
+#define NR_EXIT_THREADS 8
+
+static atomic_bool calling; /* a thread is about to make its first allocation */
+
+static void *exit_churn(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(ctxs[0]);
+    atomic_store(&calling, true);
+    for (;;)
+        pairs(64, 4096);
+    return NULL;
+}
+
+/* The delay counts from the first allocation's call, which starts cuheap: on a loaded machine
+ * the threads' own start took longer than the window. Prints nothing of its own: the caller
+ * reads the trace and cuheap's summary on stderr. */
+static int cmd_exit_race(long us)
+{
+    pthread_t th;
+    for (int i = 0; i < NR_EXIT_THREADS; i++)
+        pthread_create(&th, NULL, exit_churn, NULL);
+    while (!atomic_load(&calling))
+        sched_yield();
+    /* a spin, not a sleep: woken late on a busy machine, every exit came after start-up */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+    exit(0);
+}
+
+/* The same in a child forked after cuheap started: the child's trace opens with its first
+ * event, on whichever of its threads makes it. Returns the child's exit status. */
+static int cmd_exit_race_child(long us)
+{
+    if (pairs(1, 4096))
+        return 1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0)
+        cmd_exit_race(us);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 /* ---- signals ---- */
 
 static atomic_long nr_handled;
@@ -386,8 +442,9 @@ static int cmd_release_fails(void)
 int main(int argc, char **argv)
 {
     if (argc < 2 || start()) {
-        fprintf(stderr,
-                "usage: stress threads|fork-streams|fork-storm|fork-boot|signals|rss|allocs ...\n");
+        fprintf(stderr, "usage: stress "
+                        "threads|fork-streams|fork-storm|fork-boot|signals|rss|allocs|exit-race|"
+                        "exit-race-child ...\n");
         return 2;
     }
     long n = argc > 2 ? atol(argv[2]) : 1000;
@@ -404,6 +461,10 @@ int main(int argc, char **argv)
         return cmd_signals(n);
     if (!strcmp(cmd, "rss"))
         return cmd_rss(n);
+    if (!strcmp(cmd, "exit-race"))
+        return cmd_exit_race(n);
+    if (!strcmp(cmd, "exit-race-child"))
+        return cmd_exit_race_child(n);
     if (!strcmp(cmd, "release-fails"))
         return cmd_release_fails();
     if (!strcmp(cmd, "allocs") && argc > 3) {
