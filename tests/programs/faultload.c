@@ -103,8 +103,9 @@ static void violation(const char *fmt, ...)
 
 static const char *err_name(CUresult r)
 {
-    const char *s = "?";
-    cuGetErrorName(r, &s);
+    const char *s = NULL;
+    if (cuGetErrorName(r, &s) != CUDA_SUCCESS || !s)
+        s = "?";
     return s;
 }
 
