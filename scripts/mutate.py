@@ -49,12 +49,12 @@ MUTATIONS = [
     ("reuse-before-fence",
      "freed blocks given back without asking whether their fence completed",
      "reuse waits for the fence", "src/pool.c",
-     "        if (p->be.fence_query(p->be.ctx, e->fence) == 0)\n            break;",
+     "        if (fence_passed(p, e->fence) <= 0)\n            break;",
      "        if (0)\n            break;"),
     ("tc-reap-skips-fence",
      "a thread cache's closed batch becomes ready without asking whether its fence passed",
      "reuse waits for the fence", "src/pool.c",
-     "        if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))\n            break;",
+     "        if (!b->passed && fence_passed(p, b->fence) <= 0)\n            break;",
      "        if (0)\n            break;"),
     ("idle-check-skips-non-blocking",
      "the question whether every stream is idle asks only the legacy stream, not the "
@@ -86,7 +86,7 @@ MUTATIONS = [
     ("timeline-skips-fence",
      "a thread's kept large block counts its timeline fence as passed without asking the driver",
      "reuse waits for the fence", "src/pool.c",
-     "        } else if (!p->be.fence_query(p->be.ctx, *slot)) {",
+     "        } else if (fence_passed(p, *slot) <= 0) {",
      "        } else if (0) {"),
     ("timeline-ticket-too-early",
      "a large block a thread keeps takes the ticket of the fence begun before its free, so a "
@@ -145,8 +145,8 @@ MUTATIONS = [
     ("fence-wait-holds-pool-lock",
      "the pool lock stays held while a thread waits for a fence",
      "no lock held while waiting on the GPU", "src/pool.c",
-     "    p->st.nr_waits++;\n    pthread_mutex_unlock(&p->lock);\n    if (p->be.fence_wait(p->be.ctx, fence) != 0)\n        p->be.device_sync(p->be.ctx);\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */\n    pthread_mutex_lock(&p->lock);",
-     "    p->st.nr_waits++;\n    if (p->be.fence_wait(p->be.ctx, fence) != 0)\n        p->be.device_sync(p->be.ctx);\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */"),
+     "    p->st.nr_waits++;\n    pthread_mutex_unlock(&p->lock);\n    bool passed = p->be.fence_wait(p->be.ctx, fence) == 0;\n    if (!passed)\n        passed = p->be.device_sync(p->be.ctx) == 0;\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */\n    pthread_mutex_lock(&p->lock);",
+     "    p->st.nr_waits++;\n    bool passed = p->be.fence_wait(p->be.ctx, fence) == 0;\n    if (!passed)\n        passed = p->be.device_sync(p->be.ctx) == 0;\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */"),
     ("chunk-release-failure-forgotten",
      "vmm: memory the driver refused to release is dropped from the pool's count",
      "memory the driver still holds stays counted", "src/pool.c",
@@ -163,16 +163,17 @@ MUTATIONS = [
      "when no fence can be recorded, the device sync that replaces it runs with the pool's lock "
      "held, so every other thread's allocation waits for the GPU too",
      "no lock held while waiting on the GPU", "src/pool.c",
-     "        pthread_mutex_unlock(&p->lock);\n        p->be.device_sync(p->be.ctx);\n"
+     "        pthread_mutex_unlock(&p->lock);\n        int synced = p->be.device_sync(p->be.ctx);\n"
      "        pthread_mutex_lock(&p->lock);\n        struct cuheap_syncing **at",
-     "        p->be.device_sync(p->be.ctx);\n        struct cuheap_syncing **at"),
+     "        int synced = p->be.device_sync(p->be.ctx);\n        struct cuheap_syncing **at"),
     ("vmm-maps-after-wait-without-looking",
      "vmm: a thread that waited for a fence (the pool's lock dropped) maps the granules it chose "
      "before the wait, over one another thread's block mapped meanwhile (the race CI's ASan "
      "run found once)",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "            if (waiting && p->st.pending >= granule_bytes(p))\n                return MAP_WAIT;",
-     "            if (waiting && p->st.pending >= granule_bytes(p)) {\n"
+     "            if (waiting && p->st.pending >= granule_bytes(p) && !acq->waited_in_vain)\n"
+     "                return MAP_WAIT;",
+     "            if (waiting && p->st.pending >= granule_bytes(p) && !acq->waited_in_vain) {\n"
      "                wait_oldest_locked(p);\n                continue;\n            }"),
     ("aligned-piece-not-cut",
      "vmm, CUHEAP_VMM_LAYOUT=aligned: a block of a piece or more maps its last piece whole, "
@@ -305,6 +306,29 @@ MUTATIONS = [
      "    LEAVE(mem_alloc_driver(d, dptr, size));",
      "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);\n"
      "    LEAVE(mem_alloc_driver(d, dptr, size));"),
+    ("fence-refusal-not-noted",
+     "a fence query refused outside every capture (a capture's error for good) is taken for "
+     "\"not yet\" every time: fences go on being recorded and asked about",
+     "a driver's broken answer never hangs the program", "src/pool.c",
+     "        atomic_store_explicit(&p->fences_refused, true, memory_order_relaxed);",
+     "        (void)0;"),
+    ("fence-wait-result-ignored",
+     "a wait for a fence that returned is not taken as the fence passing: the blocks wait for a "
+     "query that never says so, and an allocation past the vmm budget waits at full CPU for ever",
+     "a driver's broken answer never hangs the program", "src/pool.c",
+     "    if (still && passed) {",
+     "    if (still && passed && false) {"),
+    ("trim-waits-in-vain",
+     "a trim waits for a fence again and again though no wait, sync or query passes it",
+     "a driver's broken answer never hangs the program", "src/pool.c",
+     "    while (p->ep_head != p->ep_tail && wait_oldest_locked(p))\n        ;",
+     "    while (p->ep_head != p->ep_tail && (wait_oldest_locked(p) || true))\n        ;"),
+    ("vmm-waits-in-vain",
+     "vmm: an allocation past the budget waits for a fence again and again though no wait, sync "
+     "or query passes it",
+     "a driver's broken answer never hangs the program", "src/pool.c",
+     "        acq->waited_in_vain |= !wait_oldest_locked(p);",
+     "        (void)wait_oldest_locked(p);"),
     ("pass-through-no-retry",
      "a pass-through allocation the driver refuses is not retried after the pool gave back its "
      "empty arenas",

@@ -10,7 +10,8 @@
 
 #include <stdint.h>
 
-#define CUHEAP_BE_OOM (-12) /* same value as -ENOMEM */
+#define CUHEAP_BE_OOM       (-12) /* same value as -ENOMEM */
+#define CUHEAP_BE_NO_ANSWER (-11) /* fence_query: the driver would not say (same as -EAGAIN) */
 
 struct cuheap_backend {
     void *ctx; /* the device (a CUcontext for the CUDA backend) */
@@ -18,7 +19,8 @@ struct cuheap_backend {
     int (*mem_alloc)(void *ctx, uint64_t size, uint64_t *ret_ptr);
     int (*mem_free)(void *ctx, uint64_t ptr);
     /* A device-wide fence: completes once all work submitted to the device before it does.
-     * query returns 1 when complete, 0 when not yet. */
+     * query returns 1 when complete, 0 when not yet, CUHEAP_BE_NO_ANSWER when the driver
+     * refused the question (a stream capture's error); wait returns 0 once it completed. */
     int (*fence_record)(void *ctx, void **ret_fence);
     int (*fence_query)(void *ctx, void *fence);
     int (*fence_wait)(void *ctx, void *fence);

@@ -200,14 +200,19 @@ static int streams_idle(void *ctx)
 
 static int fence_query(void *ctx, void *fence)
 {
-    (void)ctx;
+    struct cuheap_cuda_device *d = ctx;
     struct cuheap_fence *f = fence;
     for (unsigned i = 0; i < f->nr; i++) {
         CUresult r = cuheap_drv.cuEventQuery(f->events[i]);
-        /* a query refused because a stream captures says nothing about the fence */
-        if (r == CUDA_ERROR_NOT_READY || (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
-                                          r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD))
+        if (r == CUDA_ERROR_NOT_READY)
             return 0;
+        /* a query refused because a stream captures (or an event caught in a capture) says
+         * nothing about the fence: the pool decides what that means (fence_passed) */
+        if (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+            r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+            atomic_store_explicit(&d->query_refused_code, (int)r, memory_order_relaxed);
+            return CUHEAP_BE_NO_ANSWER;
+        }
     }
     return 1; /* complete; a broken context also counts: nothing will run on it again */
 }

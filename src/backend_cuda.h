@@ -34,6 +34,8 @@ struct cuheap_cuda_device {
     int ordinal;
     uint64_t granule;           /* VMM granularity, 0 = the device has no VMM */
     _Atomic bool not_shareable; /* VMM memory cannot be exported as file descriptors here */
+    /* the last fence query the driver refused (a stream capture's error, for the summary) */
+    _Atomic int query_refused_code;
     /* taken and let go atomically: by the pool's paths under its lock, and for the timeline
      * of threads' large blocks (pool.c, tl_record_locked) under the timeline's own */
     struct cuheap_fence fences[CUHEAP_NR_FENCES];

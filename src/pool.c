@@ -1006,6 +1006,32 @@ static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
     note(p, CUHEAP_EV_FENCE, 0, 0, nr, bytes);
 }
 
+/* Whether a fence has passed, as the driver answers: 1 yes, 0 not yet, -1 no answer. A query
+ * refused while a stream captures says nothing (no fence is recorded meanwhile, and the
+ * refusal ends with the capture). Refused outside every capture cuheap saw (an event caught
+ * in a capture it did not see, a context stuck so), it is refused again every time: a pool
+ * that took that for "not yet" polled and waited for it forever at full CPU. From then on no
+ * fence is recorded (fences_refused): freed blocks wait for a device sync, as when the driver
+ * has no event to give, and fences in flight pass once a wait for them returns
+ * (wait_oldest_locked) or at the next device sync (close_epoch_locked). Called with or
+ * without p->lock. */
+static int fence_passed(struct cuheap_pool *p, void *fence)
+{
+    int r = p->be.fence_query(p->be.ctx, fence);
+    if (r >= 0)
+        return r != 0;
+    if (!__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
+        atomic_store_explicit(&p->fences_refused, true, memory_order_relaxed);
+    return -1;
+}
+
+/* Whether fences may still be recorded: not once the driver refused to answer for them
+ * (fence_passed). */
+static bool fences_usable(struct cuheap_pool *p)
+{
+    return !atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
+}
+
 /* Give back the blocks of every closed epoch whose fence has completed. Returns how many
  * epochs were reclaimed. */
 static unsigned reclaim_locked(struct cuheap_pool *p)
@@ -1013,7 +1039,7 @@ static unsigned reclaim_locked(struct cuheap_pool *p)
     unsigned n = 0;
     while (p->ep_head != p->ep_tail) {
         struct cuheap_epoch *e = &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS];
-        if (p->be.fence_query(p->be.ctx, e->fence) == 0)
+        if (fence_passed(p, e->fence) <= 0)
             break;
         release_epoch_locked(p, e);
         p->ep_head++;
@@ -1042,22 +1068,36 @@ static void unpin_fence_locked(struct cuheap_pool *p, void *fence)
 
 /* Wait for the oldest closed epoch's fence and give its blocks back. Only the slow paths wait,
  * and never with p->lock held: other threads allocate and free meanwhile (and may reclaim
- * that epoch themselves). */
-static void wait_oldest_locked(struct cuheap_pool *p)
+ * that epoch themselves). A wait (or the device sync after a failed one) that returned says
+ * the fence has passed, whatever a query would say: the blocks come back without one, and
+ * a query that is refused every time (fence_passed) keeps nobody waiting. Returns whether
+ * the epoch came back, here or by another thread: false when neither the wait nor the sync
+ * succeeded and the driver does not say it passed, so that no caller waits again in vain. */
+static bool wait_oldest_locked(struct cuheap_pool *p)
 {
     void *fence = pin_oldest_locked(p);
     if (!fence)
-        return;
+        return false;
+    unsigned head = p->ep_head;
     uint64_t t0 = mono_ns();
     p->st.nr_waits++;
     pthread_mutex_unlock(&p->lock);
-    if (p->be.fence_wait(p->be.ctx, fence) != 0)
-        p->be.device_sync(p->be.ctx);
+    bool passed = p->be.fence_wait(p->be.ctx, fence) == 0;
+    if (!passed)
+        passed = p->be.device_sync(p->be.ctx) == 0;
     uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */
     pthread_mutex_lock(&p->lock);
     p->st.fence_ns += waited;
     unpin_fence_locked(p, fence);
+    struct cuheap_epoch *e = &p->epochs[head % CUHEAP_NR_EPOCHS];
+    bool still = p->ep_head == head && p->ep_head != p->ep_tail && e->fence == fence;
+    if (still && passed) {
+        release_epoch_locked(p, e);
+        p->ep_head++;
+        still = false;
+    }
     reclaim_locked(p);
+    return !still || p->ep_head != head;
 }
 
 /* An idle GPU passes a fence within microseconds: poll the oldest one briefly (p->lock
@@ -1073,15 +1113,15 @@ static bool poll_oldest_locked(struct cuheap_pool *p)
         return false;
     uint64_t t0 = mono_ns(), deadline = t0 + CUHEAP_FENCE_POLL_NS;
     pthread_mutex_unlock(&p->lock);
-    bool done;
+    int done;
     uint64_t now = t0;
-    while (!(done = p->be.fence_query(p->be.ctx, fence)) && (now = mono_ns()) < deadline)
+    while (!(done = fence_passed(p, fence)) && (now = mono_ns()) < deadline)
         sched_yield();
-    uint64_t waited = (done ? mono_ns() : now) - t0;
+    uint64_t waited = (done > 0 ? mono_ns() : now) - t0;
     pthread_mutex_lock(&p->lock);
     p->st.fence_ns += waited;
     unpin_fence_locked(p, fence);
-    return done && reclaim_locked(p);
+    return done > 0 && reclaim_locked(p);
 }
 
 /* A fence proves that the work submitted before a free is done only after a round trip
@@ -1136,22 +1176,27 @@ static bool close_epoch_locked(struct cuheap_pool *p)
 {
     if (give_back_if_idle_locked(p))
         return true;
-    while (p->ep_tail - p->ep_head == CUHEAP_NR_EPOCHS - 1 && open_epoch(p)->nr_blocks &&
-           !p->nr_capturing)
-        wait_oldest_locked(p); /* drops the lock: the open epoch may change meanwhile */
+    /* a full ring waits for its oldest fence (the lock dropped: the open epoch may change
+     * meanwhile); one that does not pass leaves the device sync below */
+    bool full = false;
+    while ((full = p->ep_tail - p->ep_head == CUHEAP_NR_EPOCHS - 1) && open_epoch(p)->nr_blocks &&
+           !p->nr_capturing && wait_oldest_locked(p))
+        ;
     struct cuheap_epoch *e = open_epoch(p);
     if (!e->nr_blocks || p->nr_capturing)
         return false;
     void *fence = NULL;
-    if (p->be.fence_record(p->be.ctx, &fence) != 0) {
+    if (full || !fences_usable(p) || p->be.fence_record(p->be.ctx, &fence) != 0) {
         /* No fence to be had: fall back to what the driver's own free does, a device sync,
          * with p->lock dropped like every other wait. The blocks wait aside meanwhile: a free
-         * made during the sync joins a fresh open epoch, which the sync does not cover. */
+         * made during the sync joins a fresh open epoch, which the sync does not cover. The
+         * closed epochs' fences were recorded before it: a sync that succeeded passed them. */
         struct cuheap_syncing s = {*e, p->syncing};
+        unsigned tail = p->ep_tail;
         memset(e, 0, sizeof(*e));
         p->syncing = &s;
         pthread_mutex_unlock(&p->lock);
-        p->be.device_sync(p->be.ctx);
+        int synced = p->be.device_sync(p->be.ctx);
         pthread_mutex_lock(&p->lock);
         struct cuheap_syncing **at = &p->syncing;
         while (*at && *at != &s)
@@ -1159,6 +1204,9 @@ static bool close_epoch_locked(struct cuheap_pool *p)
         if (!*at)
             return false; /* the context went meanwhile (cuheap_pool_abandon), its blocks too */
         *at = s.next;
+        for (; synced == 0 && p->ep_head != p->ep_tail && (int)(tail - p->ep_head) > 0;
+             p->ep_head++)
+            release_epoch_locked(p, &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS]);
         release_epoch_locked(p, &s.epoch);
         p->nr_synced++;
         pthread_cond_broadcast(&p->synced);
@@ -1223,13 +1271,16 @@ static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, ui
 /* ---- physical memory: where a block gets it (vmm) ---- */
 
 struct acquire {
-    bool fenced;      /* the open epoch was closed for this allocation already */
-    bool fenced_all;  /* ... with every thread's cache drained behind it (fenced too) */
-    bool only_needed; /* aligned layout: a whole piece did not fit under the limit or on the
-                         device, so map only the granules the block needs */
+    bool fenced;         /* the open epoch was closed for this allocation already */
+    bool fenced_all;     /* ... with every thread's cache drained behind it (fenced too) */
+    bool only_needed;    /* aligned layout: a whole piece did not fit under the limit or on the
+                            device, so map only the granules the block needs */
+    bool waited_in_vain; /* a wait for the oldest fence gave nothing back: do not wait again */
 };
 
 static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool freed_only);
+static void tc_hold_all(struct cuheap_pool *p);
+static void tc_unhold_all(struct cuheap_pool *p);
 
 /* The calling thread's own cache drained (p->lock held): no other thread touches a cache but
  * under p->lock, and its owner is here, so no hold and no barrier. */
@@ -1346,7 +1397,7 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
                 continue;
             if (!acq->fenced)
                 return MAP_FENCE_POLL;
-            if (waiting && p->st.pending >= granule_bytes(p))
+            if (waiting && p->st.pending >= granule_bytes(p) && !acq->waited_in_vain)
                 return MAP_WAIT;
         }
         for (uint64_t n = p->nr_idle; n && p->nr_idle && p->st.reserved + need > budget; n--)
@@ -1364,7 +1415,7 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             return MAP_FENCE;
         if (p->ep_head == p->ep_tail) /* blocks another thread syncs for come back soon */
             return p->syncing ? MAP_DEVICE_SYNC : r;
-        return MAP_WAIT;
+        return acq->waited_in_vain ? r : MAP_WAIT;
     }
 }
 
@@ -1374,7 +1425,7 @@ static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq
     if (what == MAP_DEVICE_SYNC)
         wait_syncing_locked(p);
     else if (what == MAP_WAIT)
-        wait_oldest_locked(p);
+        acq->waited_in_vain |= !wait_oldest_locked(p);
     else if (fence_pending_once_locked(p, acq, what == MAP_FENCE) && what == MAP_FENCE_POLL)
         poll_oldest_locked(p);
 }
@@ -1822,8 +1873,7 @@ static unsigned tc_drain_held_locked(struct cuheap_pool *p, struct cuheap_tcache
     tc_fold_locked(p, tc);
     for (; tc->closed_head != tc->closed_tail; tc->closed_head++) {
         struct tc_batch *b = tc_batch_at(tc, tc->closed_head);
-        tc_give_freed_locked(p, b,
-                             b->fence && (b->passed || p->be.fence_query(p->be.ctx, b->fence)));
+        tc_give_freed_locked(p, b, b->fence && (b->passed || fence_passed(p, b->fence) > 0));
         n += b->nr;
     }
     struct tc_batch *open = tc_open(tc);
@@ -1975,7 +2025,7 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
     }
     struct tc_batch *b = tc_batch_at(tc, tc->closed_head);
     /* no query while a stream captures: the driver may refuse it, which is no answer */
-    if (!b->passed && (p->nr_capturing || !p->be.fence_query(p->be.ctx, b->fence))) {
+    if (!b->passed && (p->nr_capturing || fence_passed(p, b->fence) <= 0)) {
         tc_leave(tc);
         return false;
     }
@@ -2005,7 +2055,7 @@ static __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p,
     tc_enter(tc);
     for (unsigned c = tc->closed_head; c != tc->closed_tail; c++) {
         struct tc_batch *b = tc_batch_at(tc, c);
-        if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))
+        if (!b->passed && fence_passed(p, b->fence) <= 0)
             break; /* fences pass in order */
         b->passed = true;
         /* tc_keep_ready() for each block, with the caps from a table and the room reckoned
@@ -2050,8 +2100,15 @@ static __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuh
     tc_leave(tc);
     if (tc->closed_tail - tc->closed_head == TC_NR_CLOSED)
         tc_reap_locked(p, tc);
+    if (!fences_usable(p) && tc->closed_head != tc->closed_tail) {
+        /* their fences will never be answered for: the pool's device sync covers them */
+        tc_enter(tc);
+        for (; tc->closed_head != tc->closed_tail; tc->closed_head++)
+            tc_give_freed_locked(p, tc_batch_at(tc, tc->closed_head), false);
+        tc_leave(tc);
+    }
     void *fence = NULL;
-    bool own = p->cfg->reuse == CUHEAP_REUSE_FENCE && !p->nr_capturing &&
+    bool own = p->cfg->reuse == CUHEAP_REUSE_FENCE && !p->nr_capturing && fences_usable(p) &&
                tc->closed_tail - tc->closed_head < TC_NR_CLOSED &&
                p->be.fence_record(p->be.ctx, &fence) == 0;
     if (own)
@@ -2321,7 +2378,7 @@ static void tl_pass_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, bo
         if (wait) {
             if (p->be.fence_wait(p->be.ctx, *slot) != 0)
                 p->be.device_sync(p->be.ctx); /* what the pool's own waits fall back to */
-        } else if (!p->be.fence_query(p->be.ctx, *slot)) {
+        } else if (fence_passed(p, *slot) <= 0) {
             break;
         }
         p->be.fence_destroy(p->be.ctx, *slot);
@@ -2359,7 +2416,7 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
         return true;
     }
     void *fence = NULL;
-    if (p->be.fence_record(p->be.ctx, &fence))
+    if (!fences_usable(p) || p->be.fence_record(p->be.ctx, &fence))
         return false;
     tl->ring[(last + 1) % CUHEAP_NR_TIMELINE] = fence;
     atomic_store_explicit(&tl->recorded, last + 1, memory_order_release);
@@ -2698,10 +2755,8 @@ again:;
         g = grow_locked(p, size, false);
         if (g == 0)
             continue;
-        if (p->ep_head != p->ep_tail) {
-            wait_oldest_locked(p);
+        if (p->ep_head != p->ep_tail && wait_oldest_locked(p))
             continue;
-        }
         if (!trimmed && p->cfg->release != CUHEAP_RELEASE_NEVER) { /* legacy only, as above */
             /* Empty arenas too small for this request (made under a limit) can make room
              * for one that fits. */
@@ -2931,8 +2986,9 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     tc_drain_all_locked(p, false);
     flush_stream_caches_locked(p);
     close_epoch_locked(p);
-    while (p->ep_head != p->ep_tail)
-        wait_oldest_locked(p);
+    /* a fence that no wait passes (the driver refuses every way to ask) stays behind */
+    while (p->ep_head != p->ep_tail && wait_oldest_locked(p))
+        ;
     flush_quick_locked(p);
     if (p->vmm) {
         /* the address space stays: it costs no device memory */
@@ -3054,6 +3110,7 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     tc_unhold_all(p);
     *ret = p->st;
     ret->nr_idle += atomic_load_explicit(&p->nr_idle_tl, memory_order_relaxed);
+    ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -3495,6 +3552,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->nr_stuck = 0;
     memset(&p->st, 0, sizeof(p->st));
     atomic_store(&p->nr_idle_tl, 0);
+    atomic_store(&p->fences_refused, false); /* the child's contexts are its own */
     memset(p->epochs, 0, sizeof(p->epochs));
     p->syncing = NULL; /* on the stack of a thread the fork left behind */
     memset(p->caches, 0, sizeof(p->caches));

@@ -151,6 +151,8 @@ struct cuheap_pool_stats {
                              had, CUHEAP_REUSE=sync) */
     uint64_t lost; /* bytes the driver would not take back and the pool could not keep track of
                       (counted in reserved for good) */
+    bool fences_refused; /* fence queries refused outside any capture: freed blocks wait for a
+                            device sync instead of a fence */
 };
 
 /* Something the pool did that a trace should show; seq is taken under the pool lock. */
@@ -223,6 +225,9 @@ struct cuheap_pool {
      * fence (the GPT replay's held/live crept from 1.04 to 1.11 over 8 passes). */
     uint64_t peak_busy;
     uint64_t pending_mapped;       /* vmm: bytes the extents of pending blocks reach */
+    _Atomic bool fences_refused;   /* a fence query was refused outside any capture (fence_passed):
+                                      no fence is recorded any more, freed blocks wait for a
+                                      device sync */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
     struct cuheap_timeline tl;     /* fences of the threads' large blocks */
     /* CUHEAP_IDLE_CHECK: checks to skip after the streams were found busy (idle_now), and the

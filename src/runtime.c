@@ -581,6 +581,17 @@ CUHEAP_API void cuheap_mark(const char *label)
     cuheap_busy = 0;
 }
 
+/* A driver error's name, as the driver gives it, else its number. */
+static const char *error_name(int code, char *buf, size_t size)
+{
+    const char *s = NULL;
+    if (cuheap_drv.cuGetErrorName &&
+        cuheap_drv.cuGetErrorName((CUresult)code, &s) == CUDA_SUCCESS && s)
+        return s;
+    snprintf(buf, size, "CUDA error %d", code);
+    return buf;
+}
+
 static void summary(void)
 {
     struct cuheap_stats s;
@@ -607,6 +618,13 @@ static void summary(void)
                               " times every stream was idle and none was needed "
                               "(CUHEAP_IDLE_CHECK)",
                               d->ordinal, ps.nr_fences, ps.nr_idle);
+        if (ps.fences_refused) {
+            char name[48];
+            int code = atomic_load_explicit(&d->cuda.query_refused_code, memory_order_relaxed);
+            cuheap_log_always("GPU %d: fence queries refused by the driver (cuEventQuery: %s) "
+                              "outside any capture: freed blocks wait for a device sync",
+                              d->ordinal, error_name(code, name, sizeof(name)));
+        }
         if (d->pool.vmm)
             cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
                               " moved, %" PRIu64 " given back to make room, %" PRIu64

@@ -1421,6 +1421,31 @@ static void test_rec_signal_handler_allocating_during_a_mark(void **state)
     }
 }
 
+/* ---- the driver's trouble is not the program's (issue 29) ---- */
+
+static void test_fence_query_refused_does_not_hang(void **state)
+{
+    (void)state;
+    /* Fence queries refused with a capture's error though nothing captures (an event caught in
+     * a capture cuheap did not see answers so for good): the demo finishes, as it does without
+     * cuheap, and the summary says once what the pool did instead (it spun at full CPU for
+     * ever under vmm) */
+    static const char *const codes[] = {"900", "907", "908"};
+    for (int vmm = 1; vmm >= 0; vmm--)
+        for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+            struct result r = run(FAKE " " PRELOAD " CUHEAP_BACKING=%s CUHEAP_RECORD=0 "
+                                       "FAKECUDA_FAIL='cuEventQuery:@1+=%s' timeout 30 "
+                                       "%s/tests/programs/cuheap-demo 20 12",
+                                  build, build, vmm ? "vmm" : "legacy", codes[i], build);
+            if (r.status || !strstr(r.out, "20 steps") ||
+                count_lines(r.err, "GPU 0: fence queries refused by the driver (cuEventQuery: "
+                                   "CUDA_ERROR_") != 1)
+                fail_msg("%s, cuEventQuery:@1+=%s: exit %d\n%s%s", vmm ? "vmm" : "legacy", codes[i],
+                         r.status, r.out, r.err);
+            done(&r);
+        }
+}
+
 int main(void)
 {
     const char *b = getenv("CUHEAP_BUILD_ROOT"), *s = getenv("CUHEAP_SOURCE_ROOT");
@@ -1457,6 +1482,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_python_frames_each_version, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_fence_query_refused_does_not_hang, fresh_dir,
+                                        remove_dir),
         /* the recorder's cases */
         cmocka_unit_test_setup_teardown(test_rec_ring_resident_as_it_fills, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_paused_and_resumed, fresh_dir, remove_dir),
