@@ -300,12 +300,38 @@ MUTATIONS = [
      "        cuheap_record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, "
      "size, 0,"),
     ("oom-code-replaced",
-     "the pool's out-of-memory answers CUDA_ERROR_INVALID_VALUE instead of the driver's code",
-     "errors are the driver's", "src/hooks.c",
-     "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);\n"
-     "    LEAVE(mem_alloc_driver(d, dptr, size));",
-     "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);\n"
-     "    LEAVE(mem_alloc_driver(d, dptr, size));"),
+     "an out-of-memory answer (the pool's passes through to the driver's) reaches the program as "
+     "CUDA_ERROR_INVALID_VALUE instead of the driver's code",
+     "errors are the driver's", "src/alloc.c",
+     "            cuheap_record_oom(d, api, size, false);\n        return r;",
+     "            cuheap_record_oom(d, api, size, false);\n"
+     "        return r == CUDA_ERROR_OUT_OF_MEMORY ? CUDA_ERROR_INVALID_VALUE : r;"),
+    ("pool-oom-not-passed",
+     "the pool's out of memory is the program's answer, though the driver would grant the "
+     "request (a vmm pool whose cuMemCreate says out of memory, a block rounded up)",
+     "out of memory only when the driver alone would say so", "src/alloc.h",
+     "    if (r == CUHEAP_POOL_PASS || r < 0)\n        return 0;",
+     "    if (r < 0)\n        return r == CUHEAP_POOL_PASS ? 0 : -1;"),
+    ("vmm-refusal-not-falling-back",
+     "vmm: the driver refuses the backing (a create, map or set-access fails twice with another "
+     "error than out of memory) and the pool never becomes a legacy pool: every request passes "
+     "to the driver for the rest of the run",
+     "out of memory only when the driver alone would say so", "src/pool.c",
+     "    if (p->st.reserved || p->nr_empty != p->nr_arenas) /* blocks in use or pending, or memory */\n"
+     "        return false;",
+     "    if (1)\n        return false;"),
+    ("vmm-failure-not-retried",
+     "vmm: a map (or set-access) the driver fails once is not tried again: one transient failure "
+     "gives the backing up",
+     "out of memory only when the driver alone would say so", "src/pool.c",
+     "    if (r)\n        r = be_phys_map(p, va, bytes, handle);",
+     "    if (0)\n        r = be_phys_map(p, va, bytes, handle);"),
+    ("vmm-failed-map-keeps-handle",
+     "vmm: physical memory whose map failed is neither mapped nor given back to the driver",
+     "the pool gives back what it does not need", "src/pool.c",
+     "        /* cannot map it here: give it back to the driver rather than hold it unmapped */\n"
+     "        give_back_locked(p, h, bytes);",
+     "        (void)0;"),
     ("fence-refusal-not-noted",
      "a fence query refused outside every capture (a capture's error for good) is taken for "
      "\"not yet\" every time: fences go on being recorded and asked about",

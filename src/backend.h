@@ -45,7 +45,8 @@ struct cuheap_backend {
     /* Virtual memory (CUHEAP_BACKING=vmm); granule is 0 when the device has none.
      * va_reserve takes address space only; phys_create physical memory of size bytes (a
      * multiple of granule; CUHEAP_BE_OOM when the device is full); phys_map maps all of it at
-     * va and makes it accessible to the device and the peers given access; phys_unmap undoes that;
+     * va and makes it accessible to the device and the peers given access (CUHEAP_BE_OOM when
+     * the driver said out of memory; on any failure nothing stays mapped); phys_unmap undoes that;
      * the handle stays valid until released. phys_release and phys_unmap return 0, or
      * non-zero when the driver refused (the memory is then still held, or still mapped). */
     uint64_t granule;

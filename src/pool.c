@@ -178,7 +178,7 @@ static uint32_t unit_of(const struct cuheap_arena *a, uint64_t addr)
  * released arena has buddy.size == 0, which map_lookup() rejects. Its per-unit arrays stay
  * mapped, emptied (address space only), for a thread cache's free racing with the release: it
  * reads a size of 0 there and leaves the answer to the pool. */
-static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t size)
+static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t size, bool vmm)
 {
     struct cuheap_arena *a =
         mmap(NULL, sizeof(*a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -190,7 +190,7 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
         return NULL;
     }
     size_t n = a->buddy.nr_units;
-    uint32_t nr_granules = p->vmm ? (uint32_t)(size >> p->granule_shift) : 0;
+    uint32_t nr_granules = vmm ? (uint32_t)(size >> p->granule_shift) : 0;
     size_t nr_words = (nr_granules + 63) / 64, nr_summary = (nr_words + 63) / 64;
     a->meta_bytes = 4 * n * sizeof(uint64_t) +
                     nr_granules * (sizeof(struct cuheap_granule) + sizeof(struct cuheap_chunk)) +
@@ -338,7 +338,7 @@ static int grow_locked(struct cuheap_pool *p, uint64_t need, bool exact)
     }
     struct cuheap_arena *a = NULL;
     if (r == 0) {
-        a = arena_new(p, ptr, size);
+        a = arena_new(p, ptr, size, false);
         if (!a || map_update(a, true)) {
             if (a)
                 arena_retire(a);
@@ -389,7 +389,7 @@ static void free_arenas_unlocked(struct cuheap_pool *p, const uint64_t *bases,
             continue;
         pthread_mutex_lock(&p->lock);
         struct cuheap_arena *a =
-            p->nr_arenas < CUHEAP_NR_MAX_ARENAS ? arena_new(p, bases[i], sizes[i]) : NULL;
+            p->nr_arenas < CUHEAP_NR_MAX_ARENAS ? arena_new(p, bases[i], sizes[i], false) : NULL;
         if (a && map_update(a, true) == 0) {
             p->arenas[p->nr_arenas++] = a;
             p->st.nr_arenas++;
@@ -673,13 +673,16 @@ static uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
     return released;
 }
 
-/* New physical memory from the driver, within the limit. Returns 0, CUHEAP_BE_OOM or
- * -EDQUOT. */
+/* New physical memory from the driver, within the limit. A failure that is not for want of
+ * memory is tried once more: one failed call must not cost the program its allocation.
+ * Returns 0, CUHEAP_BE_OOM, -EDQUOT, or -EIO when the driver failed it twice. */
 static int create_chunk_locked(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle)
 {
     if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
         return -EDQUOT;
     int r = be_phys_create(p, bytes, ret_handle);
+    if (r && r != CUHEAP_BE_OOM)
+        r = be_phys_create(p, bytes, ret_handle);
     if (r)
         return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
     p->st.reserved += bytes;
@@ -689,15 +692,21 @@ static int create_chunk_locked(struct cuheap_pool *p, uint64_t bytes, uint64_t *
 }
 
 /* Take address space for the pool: a vmm arena of CUHEAP_VMM_ARENA bytes, more for a larger
- * request. Costs no device memory. Drops p->lock around the driver call. */
+ * request. Costs no device memory. Drops p->lock around the driver call, which is tried once
+ * more when it fails for another reason than memory (create_chunk_locked). Returns 0,
+ * CUHEAP_BE_OOM, -ENOMEM (no memory for the arena's records) or -EIO (the driver refused). */
 static int grow_va_locked(struct cuheap_pool *p, uint64_t need)
 {
     uint64_t size = need > CUHEAP_VMM_ARENA ? pow2_ceil(need) : CUHEAP_VMM_ARENA, va = 0;
     pthread_mutex_unlock(&p->lock);
     int r = p->be.va_reserve(p->be.ctx, size, &va);
+    if (r && r != CUHEAP_BE_OOM)
+        r = p->be.va_reserve(p->be.ctx, size, &va);
+    if (r && r != CUHEAP_BE_OOM)
+        r = -EIO;
     struct cuheap_arena *a = NULL;
     if (r == 0) {
-        a = arena_new(p, va, size);
+        a = arena_new(p, va, size, true);
         if (!a || map_update(a, true)) {
             if (a)
                 arena_retire(a);
@@ -706,8 +715,16 @@ static int grow_va_locked(struct cuheap_pool *p, uint64_t need)
         }
     }
     pthread_mutex_lock(&p->lock);
+    if (r == 0 && !p->vmm) {
+        /* another thread gave the backing up meanwhile (vmm_refused_locked): the caller looks
+         * at the pool anew, now a legacy one */
+        map_update(a, false);
+        arena_retire(a);
+        p->be.va_free(p->be.ctx, va, size);
+        return 0;
+    }
     if (r)
-        return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -ENOMEM;
+        return r;
     p->arenas[p->nr_arenas++] = a;
     p->st.nr_arenas++;
     p->nr_empty++;
@@ -1310,8 +1327,58 @@ static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq
     return true;
 }
 
+/* Map physical memory at va (with access), once more when the driver failed it (the backend
+ * left nothing mapped): one failed call must not cost the program its allocation. Returns 0,
+ * CUHEAP_BE_OOM when the driver said out of memory, or -EIO. */
+static int map_chunk_locked(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle)
+{
+    int r = be_phys_map(p, va, bytes, handle);
+    if (r)
+        r = be_phys_map(p, va, bytes, handle);
+    return !r ? 0 : r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
+}
+
+/* The driver failed a VMM call twice over, and not for want of memory (create_chunk_locked,
+ * map_chunk_locked, grow_va_locked; a full device is no refusal: it goes through the pool's
+ * reclaim, then to the driver). The backing does not work on this device, as on some
+ * virtualized or partitioned GPUs, older drivers and containers (on WSL2 cuMemSetAccess
+ * answers CUDA_ERROR_UNKNOWN although the device advertises VMM, and every allocation of
+ * PyTorch's expandable segments fails), so the pool makes no more mapping calls. Once it holds
+ * nothing, now or at a later refusal (its idle chunks given back first), it becomes a legacy
+ * pool for the rest of the run, its address space given back; until then a request that needs
+ * new memory goes to the driver. Returns whether the pool is a legacy pool now. */
+static bool vmm_refused_locked(struct cuheap_pool *p)
+{
+    if (!p->vmm)
+        return true; /* another thread saw to it (grow_va_locked drops the lock) */
+    p->vmm_refused = CUHEAP_VMM_TO_DRIVER;
+    tc_drain_all_locked(p, false);
+    reclaim_locked(p);
+    flush_quick_locked(p);
+    release_idle_locked(p, 0);
+    if (p->st.reserved || p->nr_empty != p->nr_arenas) /* blocks in use or pending, or memory */
+        return false;
+    /* no cache holds a block (each would be one in use); held still while the backing changes */
+    tc_hold_all(p);
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        uint64_t va = a->buddy.base, size = a->buddy.size;
+        map_update(a, false);
+        arena_retire(a);
+        p->be.va_free(p->be.ctx, va, size);
+    }
+    p->nr_arenas = p->nr_empty = p->hint = 0;
+    p->st.nr_arenas = 0;
+    p->peak_busy = 0;
+    p->vmm = false;
+    p->vmm_refused = CUHEAP_VMM_TO_LEGACY;
+    tc_unhold_all(p);
+    return true;
+}
+
 /* New physical memory mapped at the unmapped granules [first, first + nr) of arena a, as one
- * (idle) chunk. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+ * (idle) chunk. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO (the driver refused the create or
+ * the map twice). */
 static int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
                             uint32_t nr)
 {
@@ -1319,10 +1386,10 @@ static int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint3
     int r = create_chunk_locked(p, bytes, &h);
     if (r)
         return r;
-    if (be_phys_map(p, va, bytes, h)) {
+    if ((r = map_chunk_locked(p, va, bytes, h))) {
         /* cannot map it here: give it back to the driver rather than hold it unmapped */
         give_back_locked(p, h, bytes);
-        return -EIO;
+        return r;
     }
     place_chunk_locked(p, a, first, nr, h);
     note(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
@@ -1340,7 +1407,8 @@ static struct cuheap_chunk *idle_of_size_locked(struct cuheap_pool *p, uint32_t 
 }
 
 /* Move an idle chunk whole to the unmapped granules [first, first + c->nr) of arena a.
- * Returns 0, -EAGAIN when the driver would not unmap it (it stays where it is), or -EIO. */
+ * Returns 0, -EAGAIN when the driver would not unmap it (it stays where it is), or what
+ * map_chunk_locked() said (the chunk then went back to the driver). */
 static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuheap_arena *a,
                              uint32_t first)
 {
@@ -1349,9 +1417,10 @@ static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, stru
     if (unmap_idle_locked(p, c, &h))
         return -EAGAIN;
     note(p, CUHEAP_EV_ARENA_RELEASE, from, bytes, p->st.reserved, 0);
-    if (be_phys_map(p, va, bytes, h)) {
+    int r = map_chunk_locked(p, va, bytes, h);
+    if (r) {
         give_back_locked(p, h, bytes);
-        return -EIO;
+        return r;
     }
     place_chunk_locked(p, a, first, nr, h);
     p->st.nr_moves++;
@@ -1380,13 +1449,15 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
 {
     uint64_t need = (uint64_t)nr << p->granule_shift;
     bool moves = true;
+    if (p->vmm_refused)
+        return -EIO; /* no more mapping calls (vmm_refused_locked) */
     for (;;) {
         struct cuheap_chunk *c = moves ? idle_of_size_locked(p, nr) : NULL;
         if (c) {
             int m = move_chunk_locked(p, c, a, first);
-            if (m != -EAGAIN)
+            if (m != -EAGAIN && m != CUHEAP_BE_OOM)
                 return m;
-            moves = false; /* the driver would not unmap it: make a new one instead */
+            moves = false; /* the driver would not move it: make a new one instead */
             continue;
         }
         uint64_t budget = p->peak_busy + p->cfg->vmm_cushion; /* CUHEAP_VMM_CUSHION */
@@ -2739,6 +2810,8 @@ again:;
             g = grow_locked(p, size, false);
             if (g == 0)
                 continue;
+            if (g == -EIO)
+                goto refused;
             goto out_of_memory;
         }
         if (!flushed) {
@@ -2783,6 +2856,8 @@ again:;
                 return_block_locked(p, arena, ptr);
             from_cache = from_tc = false;
             r = -ENOMEM;
+            if (g == -EIO)
+                goto refused;
             goto out_of_memory;
         }
         missed = p->st.nr_creates + p->st.nr_moves != before; /* the driver was needed */
@@ -2811,6 +2886,11 @@ out_of_memory:
     note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved, p->limit);
     pthread_mutex_unlock(&p->lock);
     return -ENOMEM;
+refused:
+    if (vmm_refused_locked(p))
+        goto again; /* a legacy pool now */
+    pthread_mutex_unlock(&p->lock);
+    return CUHEAP_POOL_PASS; /* new memory from the driver while the pool's blocks live */
 }
 
 static __attribute__((noinline)) int pool_free_slow(struct cuheap_pool *p, uint64_t ptr,
@@ -3023,8 +3103,11 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
  * a piece may be mapped in part already), no more than asked for. */
 static int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
 {
-    if (!p->nr_arenas && grow_va_locked(p, bytes))
-        return -ENOMEM;
+    int r = p->nr_arenas ? 0 : grow_va_locked(p, bytes);
+    if (r == 0 && (!p->vmm || p->vmm_refused))
+        r = -EIO; /* the backing was given up (meanwhile): no more mapping calls */
+    if (r)
+        return r == -EIO ? -EIO : -ENOMEM;
     struct cuheap_arena *a = p->arenas[0];
     uint32_t piece = p->cfg->vmm_layout == CUHEAP_VMM_ALIGNED ? p->chunk_max : 1;
     for (uint32_t g = 0; g < a->nr_granules && p->st.reserved < bytes;) {
@@ -3037,8 +3120,8 @@ static int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
         while (end < piece_end && end + 1 < a->nr_granules && !a->granules[end + 1].chunk &&
                end + 1 - g < want)
             end++;
-        if (new_chunk_locked(p, a, g, end - g + 1))
-            return -ENOMEM;
+        if ((r = new_chunk_locked(p, a, g, end - g + 1)))
+            return r == -EIO ? -EIO : -ENOMEM;
         g = end + 1;
     }
     if (p->st.reserved > p->peak_busy)
@@ -3052,8 +3135,11 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
     pthread_mutex_lock(&p->lock);
     if (p->vmm) {
         r = reserve_granules_locked(p, bytes);
-        pthread_mutex_unlock(&p->lock);
-        return r;
+        if (r != -EIO || !vmm_refused_locked(p)) {
+            pthread_mutex_unlock(&p->lock);
+            return r ? -ENOMEM : 0;
+        }
+        r = 0; /* a legacy pool now: arenas as below */
     }
     while (p->st.reserved < bytes && r == 0) {
         /* in power-of-two arenas that add up to what was asked, rounded up to 2 MiB */
@@ -3110,6 +3196,7 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     tc_unhold_all(p);
     *ret = p->st;
     ret->nr_idle += atomic_load_explicit(&p->nr_idle_tl, memory_order_relaxed);
+    ret->vmm_refused = p->vmm_refused;
     ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
     pthread_mutex_unlock(&p->lock);
 }

@@ -2659,6 +2659,108 @@ static void test_fence_that_never_passes_is_left(void **state)
     }
 }
 
+/* The driver refuses the vmm backing (not for want of memory): the first allocation, and every
+ * one after it, is served from legacy arenas; the refused call left no handle or reservation
+ * behind. */
+static void test_vmm_refused_becomes_legacy(void **state)
+{
+    (void)state;
+    for (int what = 0; what < 3; what++) {
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+        int *fail = what == 0   ? &f->dev.fail_reserve
+                    : what == 1 ? &f->dev.fail_create
+                                : &f->dev.fail_map;
+        *fail = INT_MAX;
+        uint64_t small = alloc(f, 4096, 0), large = alloc(f, 3 * MIB, 0);
+        assert_false(f->pool.vmm);
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_LEGACY);
+        assert_int_equal(f->dev.nr_creates, f->dev.nr_releases);  /* handles given back */
+        assert_int_equal(f->dev.used, atomic_load(&f->reserved)); /* the legacy arenas only */
+        assert_true(f->dev.nr_allocs > 0);
+        release(f, small, 0);
+        release(f, large, 0);
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
+/* One failed VMM call (any of reserve, create, map) is tried again: the pool stays vmm. */
+static void test_vmm_failure_once_is_retried(void **state)
+{
+    (void)state;
+    for (int what = 0; what < 3; what++) {
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+        int *fail = what == 0   ? &f->dev.fail_reserve
+                    : what == 1 ? &f->dev.fail_create
+                                : &f->dev.fail_map;
+        *fail = 1;
+        uint64_t p = alloc(f, 4096, 0);
+        assert_true(f->pool.vmm);
+        assert_int_equal(*fail, 0);
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_int_equal(st.vmm_refused, 0);
+        assert_int_equal(f->dev.nr_allocs, 0); /* no legacy arena */
+        release(f, p, 0);
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
+/* Refused while pooled blocks live: a request that needs new memory goes to the driver; once
+ * the program freed everything, the next refusal makes the pool a legacy one. */
+static void test_vmm_refused_with_blocks_live(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t a = alloc(f, 2 * MIB, 0), ptr, block, seq;
+    f->dev.fail_map = INT_MAX;
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 8 * MIB, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    assert_true(f->pool.vmm);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_DRIVER);
+    check_invariants(f);
+    release(f, a, 0);
+    complete_fences(&f->dev);
+    uint64_t b = alloc(f, 8 * MIB, 0);
+    assert_false(f->pool.vmm);
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_LEGACY);
+    assert_int_equal(f->dev.nr_creates, f->dev.nr_releases);
+    release(f, b, 0);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* A full device is no refusal: cuMemCreate's (or a map's) out of memory goes through the
+ * pool's reclaim to out of memory, and the pool stays vmm. */
+static void test_vmm_out_of_memory_is_no_refusal(void **state)
+{
+    (void)state;
+    for (int what = 0; what < 2; what++) {
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 8 * MIB, 0);
+        uint64_t a = alloc(f, 6 * MIB, 0), ptr, block, seq;
+        if (what) {
+            f->dev.fail_map = INT_MAX;
+            f->dev.fail_result = CUHEAP_BE_OOM;
+        }
+        uint64_t size = what ? 2 * MIB : 4 * MIB;
+        assert_int_equal(cuheap_pool_alloc(&f->pool, size, 0, &ptr, &block, &seq), -ENOMEM);
+        assert_true(f->pool.vmm);
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_int_equal(st.vmm_refused, 0);
+        assert_int_equal(f->dev.used, atomic_load(&f->reserved)); /* nothing leaked */
+        f->dev.fail_map = 0;
+        release(f, a, 0);
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2729,6 +2831,10 @@ int main(void)
         cmocka_unit_test(test_wait_that_returns_passes_its_fence),
         cmocka_unit_test(test_fence_query_refused_outside_capture),
         cmocka_unit_test(test_fence_that_never_passes_is_left),
+        cmocka_unit_test(test_vmm_refused_becomes_legacy),
+        cmocka_unit_test(test_vmm_failure_once_is_retried),
+        cmocka_unit_test(test_vmm_refused_with_blocks_live),
+        cmocka_unit_test(test_vmm_out_of_memory_is_no_refusal),
         cmocka_unit_test(test_thread_cache_double_free_across_threads),
         cmocka_unit_test(test_thread_large_block_off_pool_lock),
     };
