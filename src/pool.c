@@ -1037,6 +1037,11 @@ static int fence_passed(struct cuheap_pool *p, void *fence)
     int r = p->be.fence_query(p->be.ctx, fence);
     if (r >= 0)
         return r != 0;
+    if (__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
+        return -1;
+    /* once more: a capture may have ended between the refusal and the look at the count */
+    if ((r = p->be.fence_query(p->be.ctx, fence)) >= 0)
+        return r != 0;
     if (!__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
         atomic_store_explicit(&p->fences_refused, true, memory_order_relaxed);
     return -1;

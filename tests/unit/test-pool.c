@@ -44,6 +44,7 @@ struct host_device {
     /* every fence query answers CUHEAP_BE_NO_ANSWER (a capture's error, refused), or "not yet"
      * however long (stuck); waits and device syncs still pass fences */
     bool queries_refused, queries_stuck;
+    int nr_refusals; /* the next that many queries answer CUHEAP_BE_NO_ANSWER */
     bool waits_fail; /* fence waits and device syncs fail and pass nothing */
     /* the next that many address reservations, creates and maps fail (INT_MAX: every one),
      * with fail_result (0: -5, the backend's other failure) */
@@ -260,8 +261,8 @@ static int hd_fence_query(void *ctx, void *f)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
-    int r = d->queries_refused ? CUHEAP_BE_NO_ANSWER
-            : d->queries_stuck ? 0
+    int r = d->queries_refused || (d->nr_refusals > 0 && d->nr_refusals--) ? CUHEAP_BE_NO_ANSWER
+            : d->queries_stuck                                             ? 0
                                : d->fences_done[(uintptr_t)f - 1];
     pthread_mutex_unlock(&d->lock);
     return r;
@@ -2606,6 +2607,13 @@ static void test_fence_query_refused_outside_capture(void **state)
     (void)state;
     struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 16 * MIB, 0);
     struct cuheap_pool_stats st;
+    /* one refusal (a capture that ended as the count was read) is asked again */
+    alloc_and_free(f, 1 * MIB, 8);
+    f->dev.nr_refusals = 1;
+    run_bounded(trim_run, f, 20, "a trim after one refused fence query");
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_false(st.fences_refused);
+    assert_int_equal(f->dev.nr_refusals, 0);
     alloc_and_free(f, 1 * MIB, 8); /* two batches of four behind two fences */
     f->dev.queries_refused = true;
     cuheap_pool_capture(&f->pool, 1);
