@@ -311,7 +311,7 @@ MUTATIONS = [
      "request (a vmm pool whose cuMemCreate says out of memory, a block rounded up)",
      "out of memory only when the driver alone would say so", "src/alloc.h",
      "    if (r == CUHEAP_POOL_PASS || r < 0)\n        return 0;",
-     "    if (r < 0)\n        return r == CUHEAP_POOL_PASS ? 0 : -1;"),
+     "    if (r == CUHEAP_POOL_PASS)\n        return 0;\n    if (r < 0)\n        return -1;"),
     ("vmm-refusal-not-falling-back",
      "vmm: the driver refuses the backing (a create, map or set-access fails twice with another "
      "error than out of memory) and the pool never becomes a legacy pool: every request passes "

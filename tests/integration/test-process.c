@@ -1437,6 +1437,9 @@ static void test_vmm_refused_by_the_driver(void **state)
         {"cuMemSetAccess:@1", NULL},
         {"cuMemMap:@1", NULL},
         {"cuMemCreate:@1", NULL},
+        {"cuMemSetAccess:@1=999", NULL},
+        {"cuMemCreate:@1=801", NULL},
+        {"cuMemAddressReserve:@1=801", NULL},
         {"cuMemCreate:@1+", NULL},
         {"cuMemCreate:@1+=801", "GPU 0: vmm refused by the driver (cuMemCreate: "
                                 "CUDA_ERROR_NOT_SUPPORTED): using legacy arenas\n"},
