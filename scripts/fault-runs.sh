@@ -3,11 +3,15 @@
 # simulated driver, with FAKECUDA_FAIL making chosen driver calls fail at random points
 # (tests/fakecuda/fakecuda.c documents the variable). Each run picks a backing (legacy, vmm),
 # a reuse policy, 1 to 3 devices and threads, device memory, a ring size, and 1 to 4 fault
-# rules with their chances or call numbers; recording is on. A run passes when the workload
-# says every result held (exit 0: the driver's errors passed through, data intact, nothing
-# leaked by cuheap's and the driver's accounts) or the driver refused its start (exit 1), with
-# no crash, no hang (timeout), and a trace `cuheap check` reads to its end. Pool invariants
-# are checked in builds with -Ddebug_checks=true (every 64th pool call; a broken one aborts).
+# rules with their chances or call numbers, a third of them with another error than the call's
+# own (a VMM call refused: not supported, not permitted, unknown; a context broken: illegal
+# address; a query refused with a capture's error, 900-908); recording is on. A run passes when
+# the workload says every result held (exit 0: the driver's errors passed through, data
+# intact, nothing leaked by cuheap's and the driver's accounts, and with one thread no
+# allocation refused out of memory while the device had room for it) or the driver refused its
+# start (exit 1), with no crash, no hang (timeout), and a trace `cuheap check` reads to its
+# end. Pool invariants are checked in builds with -Ddebug_checks=true (every 64th pool call; a
+# broken one aborts).
 #
 #   scripts/fault-runs.sh [-n RUNS] [-s SEED] [-j JOBS] [-b BUILD_DIR] [-t TIMEOUT_S] [-k]
 #                         [-x "ENTRY_POINT ..."] [-N]
@@ -55,6 +59,12 @@ faultable=(cuMemAlloc cuMemAllocPitch cuMemAllocManaged cuMemAllocAsync cuMemAll
     cuEventCreate cuEventRecord cuEventQuery cuEventSynchronize cuDevicePrimaryCtxRetain
     cuCtxSetCurrent cuCtxPushCurrent cuCtxPopCurrent cuCtxGetCurrent cuCtxGetDevice
     cuCtxSynchronize 'cuMem*' 'cuEvent*' 'cuCtx*' '*')
+# Other errors than a call's own (FAKECUDA_FAIL's =ERROR), as drivers give them: the VMM calls
+# refused (not supported, not permitted, unknown, invalid value: virtualized GPUs, WSL2), a
+# query refused with a capture's error (an event caught in a capture), a sticky context error.
+codes_vmm=(801 800 999 1 2)
+codes_query=(900 901 902 903 904 905 906 907 908 700 999)
+codes_other=(999 700 801)
 
 # One run's settings from its number: printed as the environment and arguments that repeat it.
 plan() {
@@ -72,11 +82,21 @@ plan() {
         *) when=0.$(printf '%03d' $((1 + RANDOM % 150))) ;;
         esac
         [ "$f" = '*' ] && [[ $when != @* ]] && when=0.0$((1 + RANDOM % 3))
-        rules+=("$f:$when")
+        local code=
+        if ((RANDOM % 3 == 0)); then
+            case $f in
+            cuMemAddressReserve | cuMemCreate | cuMemMap | cuMemSetAccess)
+                code=${codes_vmm[RANDOM % ${#codes_vmm[@]}]} ;;
+            cuEventQuery) code=${codes_query[RANDOM % ${#codes_query[@]}]} ;;
+            *) code=${codes_other[RANDOM % ${#codes_other[@]}]} ;;
+            esac
+        fi
+        rules+=("$f:$when${code:+=$code}")
         # a failed query or sync means a broken context: cuheap then counts the fence as
-        # passed, so kernels reading freed blocks are not judged
+        # passed, so kernels reading freed blocks are not judged; a query refused with a
+        # capture's error is not taken for one (freed blocks wait for a device sync instead)
         case $f in cuEventQuery | cuEventSynchronize | 'cuEvent*' | cuCtxSynchronize | 'cuCtx*' | '*')
-            readers=0
+            [[ $f == cuEventQuery && $code == 90? ]] || readers=0
             ;;
         esac
     done

@@ -49,12 +49,12 @@ MUTATIONS = [
     ("reuse-before-fence",
      "freed blocks given back without asking whether their fence completed",
      "reuse waits for the fence", "src/pool.c",
-     "        if (p->be.fence_query(p->be.ctx, e->fence) == 0)\n            break;",
+     "        if (fence_passed(p, e->fence) <= 0)\n            break;",
      "        if (0)\n            break;"),
     ("tc-reap-skips-fence",
      "a thread cache's closed batch becomes ready without asking whether its fence passed",
      "reuse waits for the fence", "src/pool.c",
-     "        if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))\n            break;",
+     "        if (!b->passed && fence_passed(p, b->fence) <= 0)\n            break;",
      "        if (0)\n            break;"),
     ("idle-check-skips-non-blocking",
      "the question whether every stream is idle asks only the legacy stream, not the "
@@ -86,7 +86,7 @@ MUTATIONS = [
     ("timeline-skips-fence",
      "a thread's kept large block counts its timeline fence as passed without asking the driver",
      "reuse waits for the fence", "src/pool.c",
-     "        } else if (!p->be.fence_query(p->be.ctx, *slot)) {",
+     "        } else if (fence_passed(p, *slot) <= 0) {",
      "        } else if (0) {"),
     ("timeline-ticket-too-early",
      "a large block a thread keeps takes the ticket of the fence begun before its free, so a "
@@ -145,8 +145,8 @@ MUTATIONS = [
     ("fence-wait-holds-pool-lock",
      "the pool lock stays held while a thread waits for a fence",
      "no lock held while waiting on the GPU", "src/pool.c",
-     "    p->st.nr_waits++;\n    pthread_mutex_unlock(&p->lock);\n    if (p->be.fence_wait(p->be.ctx, fence) != 0)\n        p->be.device_sync(p->be.ctx);\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */\n    pthread_mutex_lock(&p->lock);",
-     "    p->st.nr_waits++;\n    if (p->be.fence_wait(p->be.ctx, fence) != 0)\n        p->be.device_sync(p->be.ctx);\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */"),
+     "    p->st.nr_waits++;\n    pthread_mutex_unlock(&p->lock);\n    bool passed = p->be.fence_wait(p->be.ctx, fence) == 0;\n    if (!passed)\n        passed = p->be.device_sync(p->be.ctx) == 0;\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */\n    pthread_mutex_lock(&p->lock);",
+     "    p->st.nr_waits++;\n    bool passed = p->be.fence_wait(p->be.ctx, fence) == 0;\n    if (!passed)\n        passed = p->be.device_sync(p->be.ctx) == 0;\n    uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */"),
     ("chunk-release-failure-forgotten",
      "vmm: memory the driver refused to release is dropped from the pool's count",
      "memory the driver still holds stays counted", "src/pool.c",
@@ -163,16 +163,17 @@ MUTATIONS = [
      "when no fence can be recorded, the device sync that replaces it runs with the pool's lock "
      "held, so every other thread's allocation waits for the GPU too",
      "no lock held while waiting on the GPU", "src/pool.c",
-     "        pthread_mutex_unlock(&p->lock);\n        p->be.device_sync(p->be.ctx);\n"
+     "        pthread_mutex_unlock(&p->lock);\n        int synced = p->be.device_sync(p->be.ctx);\n"
      "        pthread_mutex_lock(&p->lock);\n        struct cuheap_syncing **at",
-     "        p->be.device_sync(p->be.ctx);\n        struct cuheap_syncing **at"),
+     "        int synced = p->be.device_sync(p->be.ctx);\n        struct cuheap_syncing **at"),
     ("vmm-maps-after-wait-without-looking",
      "vmm: a thread that waited for a fence (the pool's lock dropped) maps the granules it chose "
      "before the wait, over one another thread's block mapped meanwhile (the race CI's ASan "
      "run found once)",
      "memory held stays close to what is used (pool v2)", "src/pool.c",
-     "            if (waiting && p->st.pending >= granule_bytes(p))\n                return MAP_WAIT;",
-     "            if (waiting && p->st.pending >= granule_bytes(p)) {\n"
+     "            if (waiting && p->st.pending >= granule_bytes(p) && !acq->waited_in_vain)\n"
+     "                return MAP_WAIT;",
+     "            if (waiting && p->st.pending >= granule_bytes(p) && !acq->waited_in_vain) {\n"
      "                wait_oldest_locked(p);\n                continue;\n            }"),
     ("aligned-piece-not-cut",
      "vmm, CUHEAP_VMM_LAYOUT=aligned: a block of a piece or more maps its last piece whole, "
@@ -299,12 +300,61 @@ MUTATIONS = [
      "        cuheap_record_alloc(cuheap_device_by_ordinal(dev), CUHEAP_API_VMM_MAP, 0, ptr, size, "
      "size, 0,"),
     ("oom-code-replaced",
-     "the pool's out-of-memory answers CUDA_ERROR_INVALID_VALUE instead of the driver's code",
-     "errors are the driver's", "src/hooks.c",
-     "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);\n"
-     "    LEAVE(mem_alloc_driver(d, dptr, size));",
-     "        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);\n"
-     "    LEAVE(mem_alloc_driver(d, dptr, size));"),
+     "an out-of-memory answer (the pool's passes through to the driver's) reaches the program as "
+     "CUDA_ERROR_INVALID_VALUE instead of the driver's code",
+     "errors are the driver's", "src/alloc.c",
+     "            cuheap_record_oom(d, api, size, false);\n        return r;",
+     "            cuheap_record_oom(d, api, size, false);\n"
+     "        return r == CUDA_ERROR_OUT_OF_MEMORY ? CUDA_ERROR_INVALID_VALUE : r;"),
+    ("pool-oom-not-passed",
+     "the pool's out of memory is the program's answer, though the driver would grant the "
+     "request (a vmm pool whose cuMemCreate says out of memory, a block rounded up)",
+     "out of memory only when the driver alone would say so", "src/alloc.h",
+     "    if (r == CUHEAP_POOL_PASS || r < 0)\n        return 0;",
+     "    if (r == CUHEAP_POOL_PASS)\n        return 0;\n    if (r < 0)\n        return -1;"),
+    ("vmm-refusal-not-falling-back",
+     "vmm: the driver refuses the backing (a create, map or set-access fails twice with another "
+     "error than out of memory) and the pool never becomes a legacy pool: every request passes "
+     "to the driver for the rest of the run",
+     "out of memory only when the driver alone would say so", "src/pool.c",
+     "    if (p->st.reserved || p->nr_empty != p->nr_arenas) /* blocks in use or pending, or memory */\n"
+     "        return false;",
+     "    if (1)\n        return false;"),
+    ("vmm-failure-not-retried",
+     "vmm: a map (or set-access) the driver fails once is not tried again: one transient failure "
+     "gives the backing up",
+     "out of memory only when the driver alone would say so", "src/pool.c",
+     "    if (r)\n        r = be_phys_map(p, va, bytes, handle);",
+     "    if (0)\n        r = be_phys_map(p, va, bytes, handle);"),
+    ("vmm-failed-map-keeps-handle",
+     "vmm: physical memory whose map failed is neither mapped nor given back to the driver",
+     "the pool gives back what it does not need", "src/pool.c",
+     "        /* cannot map it here: give it back to the driver rather than hold it unmapped */\n"
+     "        give_back_locked(p, h, bytes);",
+     "        (void)0;"),
+    ("fence-refusal-not-noted",
+     "a fence query refused outside every capture (a capture's error for good) is taken for "
+     "\"not yet\" every time: fences go on being recorded and asked about",
+     "a driver's broken answer never hangs the program", "src/pool.c",
+     "        atomic_store_explicit(&p->fences_refused, true, memory_order_relaxed);",
+     "        (void)0;"),
+    ("fence-wait-result-ignored",
+     "a wait for a fence that returned is not taken as the fence passing: the blocks wait for a "
+     "query that never says so, and an allocation past the vmm budget waits at full CPU for ever",
+     "a driver's broken answer never hangs the program", "src/pool.c",
+     "    if (still && passed) {",
+     "    if (still && passed && false) {"),
+    ("trim-waits-in-vain",
+     "a trim waits for a fence again and again though no wait, sync or query passes it",
+     "a driver's broken answer never hangs the program", "src/pool.c",
+     "    while (p->ep_head != p->ep_tail && wait_oldest_locked(p))\n        ;",
+     "    while (p->ep_head != p->ep_tail && (wait_oldest_locked(p) || true))\n        ;"),
+    ("vmm-waits-in-vain",
+     "vmm: an allocation past the budget waits for a fence again and again though no wait, sync "
+     "or query passes it",
+     "a driver's broken answer never hangs the program", "src/pool.c",
+     "        acq->waited_in_vain |= !wait_oldest_locked(p);",
+     "        (void)wait_oldest_locked(p);"),
     ("pass-through-no-retry",
      "a pass-through allocation the driver refuses is not retried after the pool gave back its "
      "empty arenas",

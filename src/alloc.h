@@ -120,7 +120,11 @@ CUresult cuheap_passthru_free_end(struct cuheap_passthru_free *f, CUresult r, ui
 
 /* ---- the pool's doors ---- */
 
-/* Serve from the pool. Returns 1 when served (*ret set), 0 to pass through, -1 for OOM. */
+/* Serve from the pool. Returns 1 when served (*ret set), 0 to pass through: also when the pool
+ * is out of memory after every reclaim, since the driver may still grant the exact size (a
+ * block rounds up to a power of two, a vmm chunk to 2 MiB granules, and the driver's VMM
+ * calls may fail where cuMemAlloc does not); the pass-through then gives the program the
+ * driver's answer and records it. (-1, out of memory, is not returned.) */
 static inline __attribute__((always_inline)) int
 cuheap_alloc_pooled(struct cuheap_counters *ctr, struct cuheap_device *d, int api, uint64_t size,
                     uint64_t stream, CUdeviceptr *ret)
@@ -130,12 +134,8 @@ cuheap_alloc_pooled(struct cuheap_counters *ctr, struct cuheap_device *d, int ap
     uint64_t ptr, block, seq = 0; /* a sequence number only for an event recorded */
     int r =
         cuheap_pool_alloc(&d->pool, size, stream, &ptr, &block, cuheap_recording() ? &seq : NULL);
-    if (r == CUHEAP_POOL_PASS)
+    if (r == CUHEAP_POOL_PASS || r < 0)
         return 0;
-    if (r < 0) {
-        cuheap_record_oom(d, api, size, d->limit && atomic_load(&d->reserved) + size > d->limit);
-        return -1;
-    }
     *ret = (CUdeviceptr)ptr;
     cuheap_account_in(ctr, d, (int64_t)size, 0);
     cuheap_count_in(ctr, CUHEAP_CTR_ALLOCS, 1);

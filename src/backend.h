@@ -10,7 +10,8 @@
 
 #include <stdint.h>
 
-#define CUHEAP_BE_OOM (-12) /* same value as -ENOMEM */
+#define CUHEAP_BE_OOM       (-12) /* same value as -ENOMEM */
+#define CUHEAP_BE_NO_ANSWER (-11) /* fence_query: the driver would not say (same as -EAGAIN) */
 
 struct cuheap_backend {
     void *ctx; /* the device (a CUcontext for the CUDA backend) */
@@ -18,7 +19,8 @@ struct cuheap_backend {
     int (*mem_alloc)(void *ctx, uint64_t size, uint64_t *ret_ptr);
     int (*mem_free)(void *ctx, uint64_t ptr);
     /* A device-wide fence: completes once all work submitted to the device before it does.
-     * query returns 1 when complete, 0 when not yet. */
+     * query returns 1 when complete, 0 when not yet, CUHEAP_BE_NO_ANSWER when the driver
+     * refused the question (a stream capture's error); wait returns 0 once it completed. */
     int (*fence_record)(void *ctx, void **ret_fence);
     int (*fence_query)(void *ctx, void *fence);
     int (*fence_wait)(void *ctx, void *fence);
@@ -43,7 +45,8 @@ struct cuheap_backend {
     /* Virtual memory (CUHEAP_BACKING=vmm); granule is 0 when the device has none.
      * va_reserve takes address space only; phys_create physical memory of size bytes (a
      * multiple of granule; CUHEAP_BE_OOM when the device is full); phys_map maps all of it at
-     * va and makes it accessible to the device and the peers given access; phys_unmap undoes that;
+     * va and makes it accessible to the device and the peers given access (CUHEAP_BE_OOM when
+     * the driver said out of memory; on any failure nothing stays mapped); phys_unmap undoes that;
      * the handle stays valid until released. phys_release and phys_unmap return 0, or
      * non-zero when the driver refused (the memory is then still held, or still mapped). */
     uint64_t granule;

@@ -200,14 +200,19 @@ static int streams_idle(void *ctx)
 
 static int fence_query(void *ctx, void *fence)
 {
-    (void)ctx;
+    struct cuheap_cuda_device *d = ctx;
     struct cuheap_fence *f = fence;
     for (unsigned i = 0; i < f->nr; i++) {
         CUresult r = cuheap_drv.cuEventQuery(f->events[i]);
-        /* a query refused because a stream captures says nothing about the fence */
-        if (r == CUDA_ERROR_NOT_READY || (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
-                                          r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD))
+        if (r == CUDA_ERROR_NOT_READY)
             return 0;
+        /* a query refused because a stream captures (or an event caught in a capture) says
+         * nothing about the fence: the pool decides what that means (fence_passed) */
+        if (r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+            r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+            atomic_store_explicit(&d->query_refused_code, (int)r, memory_order_relaxed);
+            return CUHEAP_BE_NO_ANSWER;
+        }
     }
     return 1; /* complete; a broken context also counts: nothing will run on it again */
 }
@@ -304,6 +309,15 @@ static CUmemAllocationProp granule_prop(const struct cuheap_cuda_device *d)
     return prop;
 }
 
+/* A VMM call failed: kept for the summary unless the device was out of memory. */
+static void vmm_failed(struct cuheap_cuda_device *d, const char *call, CUresult r)
+{
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        return;
+    atomic_store_explicit(&d->vmm_failed_code, (int)r, memory_order_relaxed);
+    atomic_store_explicit(&d->vmm_failed_call, call, memory_order_relaxed);
+}
+
 static int va_reserve(void *ctx, uint64_t size, uint64_t *ret_va)
 {
     struct cuheap_cuda_device *d = ctx;
@@ -311,6 +325,8 @@ static int va_reserve(void *ctx, uint64_t size, uint64_t *ret_va)
     CUdeviceptr va = 0;
     CUresult r = cuheap_drv.cuMemAddressReserve(&va, size, d->granule, 0, 0);
     leave_ctx(pushed);
+    if (r != CUDA_SUCCESS)
+        vmm_failed(d, "cuMemAddressReserve", r);
     if (r != CUDA_SUCCESS)
         return r == CUDA_ERROR_OUT_OF_MEMORY ? CUHEAP_BE_OOM : -5;
     *ret_va = va;
@@ -342,6 +358,8 @@ static int phys_create(void *ctx, uint64_t size, uint64_t *ret_handle)
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
         r = cuheap_drv.cuMemCreate(&h, size, &prop, 0);
     }
+    if (r != CUDA_SUCCESS)
+        vmm_failed(d, "cuMemCreate", r);
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
         return CUHEAP_BE_OOM;
     if (r != CUDA_SUCCESS)
@@ -381,19 +399,25 @@ static int phys_access(void *ctx, uint64_t va, uint64_t size)
             access[n].location.id = dev;
             access[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         }
-    return cuheap_drv.cuMemSetAccess(va, size, access, n) == CUDA_SUCCESS ? 0 : -5;
+    CUresult r = cuheap_drv.cuMemSetAccess(va, size, access, n);
+    if (r != CUDA_SUCCESS)
+        vmm_failed(d, "cuMemSetAccess", r);
+    return r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_OUT_OF_MEMORY ? CUHEAP_BE_OOM : -5;
 }
 
-/* Map physical memory whole and make it accessible as phys_access() does. */
+/* Map physical memory whole and make it accessible as phys_access() does; on failure nothing
+ * stays mapped (the unmap is tried twice: a range left mapped would refuse every later map). */
 static int phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t handle)
 {
-    if (cuheap_drv.cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)handle, 0) != CUDA_SUCCESS)
-        return -5;
-    if (phys_access(ctx, va, size)) {
-        cuheap_drv.cuMemUnmap(va, size);
-        return -5;
+    CUresult r = cuheap_drv.cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)handle, 0);
+    if (r != CUDA_SUCCESS) {
+        vmm_failed(ctx, "cuMemMap", r);
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? CUHEAP_BE_OOM : -5;
     }
-    return 0;
+    int a = phys_access(ctx, va, size);
+    if (a && cuheap_drv.cuMemUnmap(va, size) != CUDA_SUCCESS)
+        cuheap_drv.cuMemUnmap(va, size);
+    return a;
 }
 
 static int phys_export(void *ctx, uint64_t handle, int *ret_fd)

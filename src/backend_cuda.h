@@ -34,6 +34,13 @@ struct cuheap_cuda_device {
     int ordinal;
     uint64_t granule;           /* VMM granularity, 0 = the device has no VMM */
     _Atomic bool not_shareable; /* VMM memory cannot be exported as file descriptors here */
+    /* The last address reservation, create, map or set-access the driver failed for another
+     * reason than memory, and its answer (the summary names it when the pool gave the backing
+     * up: it makes no such call after that), and the last fence query it refused (a stream
+     * capture's error). 0 / NULL: none. */
+    _Atomic(const char *) vmm_failed_call;
+    _Atomic int vmm_failed_code;
+    _Atomic int query_refused_code;
     /* taken and let go atomically: by the pool's paths under its lock, and for the timeline
      * of threads' large blocks (pool.c, tl_record_locked) under the timeline's own */
     struct cuheap_fence fences[CUHEAP_NR_FENCES];

@@ -71,6 +71,7 @@ typedef void *(*cuheap_dlsym_fn)(void *handle, const char *name);
     X(cuEventDestroy_v2, (CUevent))                                                                \
     X(cuStreamQuery, (CUstream))                                                                   \
     X(cuDriverGetVersion, (int *))                                                                 \
+    X(cuGetErrorName, (CUresult, const char **))                                                   \
     X(cuMemGetAllocationGranularity,                                                               \
       (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                   \
     X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))       \

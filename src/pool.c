@@ -178,7 +178,7 @@ static uint32_t unit_of(const struct cuheap_arena *a, uint64_t addr)
  * released arena has buddy.size == 0, which map_lookup() rejects. Its per-unit arrays stay
  * mapped, emptied (address space only), for a thread cache's free racing with the release: it
  * reads a size of 0 there and leaves the answer to the pool. */
-static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t size)
+static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t size, bool vmm)
 {
     struct cuheap_arena *a =
         mmap(NULL, sizeof(*a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -190,7 +190,7 @@ static struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint
         return NULL;
     }
     size_t n = a->buddy.nr_units;
-    uint32_t nr_granules = p->vmm ? (uint32_t)(size >> p->granule_shift) : 0;
+    uint32_t nr_granules = vmm ? (uint32_t)(size >> p->granule_shift) : 0;
     size_t nr_words = (nr_granules + 63) / 64, nr_summary = (nr_words + 63) / 64;
     a->meta_bytes = 4 * n * sizeof(uint64_t) +
                     nr_granules * (sizeof(struct cuheap_granule) + sizeof(struct cuheap_chunk)) +
@@ -338,7 +338,7 @@ static int grow_locked(struct cuheap_pool *p, uint64_t need, bool exact)
     }
     struct cuheap_arena *a = NULL;
     if (r == 0) {
-        a = arena_new(p, ptr, size);
+        a = arena_new(p, ptr, size, false);
         if (!a || map_update(a, true)) {
             if (a)
                 arena_retire(a);
@@ -389,7 +389,7 @@ static void free_arenas_unlocked(struct cuheap_pool *p, const uint64_t *bases,
             continue;
         pthread_mutex_lock(&p->lock);
         struct cuheap_arena *a =
-            p->nr_arenas < CUHEAP_NR_MAX_ARENAS ? arena_new(p, bases[i], sizes[i]) : NULL;
+            p->nr_arenas < CUHEAP_NR_MAX_ARENAS ? arena_new(p, bases[i], sizes[i], false) : NULL;
         if (a && map_update(a, true) == 0) {
             p->arenas[p->nr_arenas++] = a;
             p->st.nr_arenas++;
@@ -673,13 +673,16 @@ static uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
     return released;
 }
 
-/* New physical memory from the driver, within the limit. Returns 0, CUHEAP_BE_OOM or
- * -EDQUOT. */
+/* New physical memory from the driver, within the limit. A failure that is not for want of
+ * memory is tried once more: one failed call must not cost the program its allocation.
+ * Returns 0, CUHEAP_BE_OOM, -EDQUOT, or -EIO when the driver failed it twice. */
 static int create_chunk_locked(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle)
 {
     if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
         return -EDQUOT;
     int r = be_phys_create(p, bytes, ret_handle);
+    if (r && r != CUHEAP_BE_OOM)
+        r = be_phys_create(p, bytes, ret_handle);
     if (r)
         return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
     p->st.reserved += bytes;
@@ -689,15 +692,21 @@ static int create_chunk_locked(struct cuheap_pool *p, uint64_t bytes, uint64_t *
 }
 
 /* Take address space for the pool: a vmm arena of CUHEAP_VMM_ARENA bytes, more for a larger
- * request. Costs no device memory. Drops p->lock around the driver call. */
+ * request. Costs no device memory. Drops p->lock around the driver call, which is tried once
+ * more when it fails for another reason than memory (create_chunk_locked). Returns 0,
+ * CUHEAP_BE_OOM, -ENOMEM (no memory for the arena's records) or -EIO (the driver refused). */
 static int grow_va_locked(struct cuheap_pool *p, uint64_t need)
 {
     uint64_t size = need > CUHEAP_VMM_ARENA ? pow2_ceil(need) : CUHEAP_VMM_ARENA, va = 0;
     pthread_mutex_unlock(&p->lock);
     int r = p->be.va_reserve(p->be.ctx, size, &va);
+    if (r && r != CUHEAP_BE_OOM)
+        r = p->be.va_reserve(p->be.ctx, size, &va);
+    if (r && r != CUHEAP_BE_OOM)
+        r = -EIO;
     struct cuheap_arena *a = NULL;
     if (r == 0) {
-        a = arena_new(p, va, size);
+        a = arena_new(p, va, size, true);
         if (!a || map_update(a, true)) {
             if (a)
                 arena_retire(a);
@@ -706,8 +715,16 @@ static int grow_va_locked(struct cuheap_pool *p, uint64_t need)
         }
     }
     pthread_mutex_lock(&p->lock);
+    if (r == 0 && !p->vmm) {
+        /* another thread gave the backing up meanwhile (vmm_refused_locked): the caller looks
+         * at the pool anew, now a legacy one */
+        map_update(a, false);
+        arena_retire(a);
+        p->be.va_free(p->be.ctx, va, size);
+        return 0;
+    }
     if (r)
-        return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -ENOMEM;
+        return r;
     p->arenas[p->nr_arenas++] = a;
     p->st.nr_arenas++;
     p->nr_empty++;
@@ -1040,6 +1057,37 @@ static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
     note(p, CUHEAP_EV_FENCE, 0, 0, nr, bytes);
 }
 
+/* Whether a fence has passed, as the driver answers: 1 yes, 0 not yet, -1 no answer. A query
+ * refused while a stream captures says nothing (no fence is recorded meanwhile, and the
+ * refusal ends with the capture). Refused outside every capture cuheap saw (an event caught
+ * in a capture it did not see, a context stuck so), it is refused again every time: a pool
+ * that took that for "not yet" polled and waited for it forever at full CPU. From then on no
+ * fence is recorded (fences_refused): freed blocks wait for a device sync, as when the driver
+ * has no event to give, and fences in flight pass once a wait for them returns
+ * (wait_oldest_locked) or at the next device sync (close_epoch_locked). Called with or
+ * without p->lock. */
+static int fence_passed(struct cuheap_pool *p, void *fence)
+{
+    int r = p->be.fence_query(p->be.ctx, fence);
+    if (r >= 0)
+        return r != 0;
+    if (__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
+        return -1;
+    /* once more: a capture may have ended between the refusal and the look at the count */
+    if ((r = p->be.fence_query(p->be.ctx, fence)) >= 0)
+        return r != 0;
+    if (!__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
+        atomic_store_explicit(&p->fences_refused, true, memory_order_relaxed);
+    return -1;
+}
+
+/* Whether fences may still be recorded: not once the driver refused to answer for them
+ * (fence_passed). */
+static bool fences_usable(struct cuheap_pool *p)
+{
+    return !atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
+}
+
 /* Give back the blocks of every closed epoch whose fence has completed. Returns how many
  * epochs were reclaimed. */
 static unsigned reclaim_locked(struct cuheap_pool *p)
@@ -1047,7 +1095,7 @@ static unsigned reclaim_locked(struct cuheap_pool *p)
     unsigned n = 0;
     while (p->ep_head != p->ep_tail) {
         struct cuheap_epoch *e = &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS];
-        if (p->be.fence_query(p->be.ctx, e->fence) == 0)
+        if (fence_passed(p, e->fence) <= 0)
             break;
         release_epoch_locked(p, e);
         p->ep_head++;
@@ -1076,22 +1124,36 @@ static void unpin_fence_locked(struct cuheap_pool *p, void *fence)
 
 /* Wait for the oldest closed epoch's fence and give its blocks back. Only the slow paths wait,
  * and never with p->lock held: other threads allocate and free meanwhile (and may reclaim
- * that epoch themselves). */
-static void wait_oldest_locked(struct cuheap_pool *p)
+ * that epoch themselves). A wait (or the device sync after a failed one) that returned says
+ * the fence has passed, whatever a query would say: the blocks come back without one, and
+ * a query that is refused every time (fence_passed) keeps nobody waiting. Returns whether
+ * the epoch came back, here or by another thread: false when neither the wait nor the sync
+ * succeeded and the driver does not say it passed, so that no caller waits again in vain. */
+static bool wait_oldest_locked(struct cuheap_pool *p)
 {
     void *fence = pin_oldest_locked(p);
     if (!fence)
-        return;
+        return false;
+    unsigned head = p->ep_head;
     uint64_t t0 = mono_ns();
     p->st.nr_waits++;
     pthread_mutex_unlock(&p->lock);
-    if (p->be.fence_wait(p->be.ctx, fence) != 0)
-        p->be.device_sync(p->be.ctx);
+    bool passed = p->be.fence_wait(p->be.ctx, fence) == 0;
+    if (!passed)
+        passed = p->be.device_sync(p->be.ctx) == 0;
     uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */
     pthread_mutex_lock(&p->lock);
     p->st.fence_ns += waited;
     unpin_fence_locked(p, fence);
+    struct cuheap_epoch *e = &p->epochs[head % CUHEAP_NR_EPOCHS];
+    bool still = p->ep_head == head && p->ep_head != p->ep_tail && e->fence == fence;
+    if (still && passed) {
+        release_epoch_locked(p, e);
+        p->ep_head++;
+        still = false;
+    }
     reclaim_locked(p);
+    return !still || p->ep_head != head;
 }
 
 /* An idle GPU passes a fence within microseconds: poll the oldest one briefly (p->lock
@@ -1107,15 +1169,15 @@ static bool poll_oldest_locked(struct cuheap_pool *p)
         return false;
     uint64_t t0 = mono_ns(), deadline = t0 + CUHEAP_FENCE_POLL_NS;
     pthread_mutex_unlock(&p->lock);
-    bool done;
+    int done;
     uint64_t now = t0;
-    while (!(done = p->be.fence_query(p->be.ctx, fence)) && (now = mono_ns()) < deadline)
+    while (!(done = fence_passed(p, fence)) && (now = mono_ns()) < deadline)
         sched_yield();
-    uint64_t waited = (done ? mono_ns() : now) - t0;
+    uint64_t waited = (done > 0 ? mono_ns() : now) - t0;
     pthread_mutex_lock(&p->lock);
     p->st.fence_ns += waited;
     unpin_fence_locked(p, fence);
-    return done && reclaim_locked(p);
+    return done > 0 && reclaim_locked(p);
 }
 
 /* A fence proves that the work submitted before a free is done only after a round trip
@@ -1170,22 +1232,27 @@ static bool close_epoch_locked(struct cuheap_pool *p)
 {
     if (give_back_if_idle_locked(p))
         return true;
-    while (p->ep_tail - p->ep_head == CUHEAP_NR_EPOCHS - 1 && open_epoch(p)->nr_blocks &&
-           !p->nr_capturing)
-        wait_oldest_locked(p); /* drops the lock: the open epoch may change meanwhile */
+    /* a full ring waits for its oldest fence (the lock dropped: the open epoch may change
+     * meanwhile); one that does not pass leaves the device sync below */
+    bool full = false;
+    while ((full = p->ep_tail - p->ep_head == CUHEAP_NR_EPOCHS - 1) && open_epoch(p)->nr_blocks &&
+           !p->nr_capturing && wait_oldest_locked(p))
+        ;
     struct cuheap_epoch *e = open_epoch(p);
     if (!e->nr_blocks || p->nr_capturing)
         return false;
     void *fence = NULL;
-    if (p->be.fence_record(p->be.ctx, &fence) != 0) {
+    if (full || !fences_usable(p) || p->be.fence_record(p->be.ctx, &fence) != 0) {
         /* No fence to be had: fall back to what the driver's own free does, a device sync,
          * with p->lock dropped like every other wait. The blocks wait aside meanwhile: a free
-         * made during the sync joins a fresh open epoch, which the sync does not cover. */
+         * made during the sync joins a fresh open epoch, which the sync does not cover. The
+         * closed epochs' fences were recorded before it: a sync that succeeded passed them. */
         struct cuheap_syncing s = {*e, p->syncing};
+        unsigned tail = p->ep_tail;
         memset(e, 0, sizeof(*e));
         p->syncing = &s;
         pthread_mutex_unlock(&p->lock);
-        p->be.device_sync(p->be.ctx);
+        int synced = p->be.device_sync(p->be.ctx);
         pthread_mutex_lock(&p->lock);
         struct cuheap_syncing **at = &p->syncing;
         while (*at && *at != &s)
@@ -1193,6 +1260,9 @@ static bool close_epoch_locked(struct cuheap_pool *p)
         if (!*at)
             return false; /* the context went meanwhile (cuheap_pool_abandon), its blocks too */
         *at = s.next;
+        for (; synced == 0 && p->ep_head != p->ep_tail && (int)(tail - p->ep_head) > 0;
+             p->ep_head++)
+            release_epoch_locked(p, &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS]);
         release_epoch_locked(p, &s.epoch);
         p->nr_synced++;
         pthread_cond_broadcast(&p->synced);
@@ -1257,13 +1327,16 @@ static struct cuheap_stream_cache *stream_cache_locked(struct cuheap_pool *p, ui
 /* ---- physical memory: where a block gets it (vmm) ---- */
 
 struct acquire {
-    bool fenced;      /* the open epoch was closed for this allocation already */
-    bool fenced_all;  /* ... with every thread's cache drained behind it (fenced too) */
-    bool only_needed; /* aligned layout: a whole piece did not fit under the limit or on the
-                         device, so map only the granules the block needs */
+    bool fenced;         /* the open epoch was closed for this allocation already */
+    bool fenced_all;     /* ... with every thread's cache drained behind it (fenced too) */
+    bool only_needed;    /* aligned layout: a whole piece did not fit under the limit or on the
+                            device, so map only the granules the block needs */
+    bool waited_in_vain; /* a wait for the oldest fence gave nothing back: do not wait again */
 };
 
 static unsigned tc_drain_all_locked(struct cuheap_pool *p, bool freed_only);
+static void tc_hold_all(struct cuheap_pool *p);
+static void tc_unhold_all(struct cuheap_pool *p);
 
 /* The calling thread's own cache drained (p->lock held): no other thread touches a cache but
  * under p->lock, and its owner is here, so no hold and no barrier. */
@@ -1293,8 +1366,58 @@ static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq
     return true;
 }
 
+/* Map physical memory at va (with access), once more when the driver failed it (the backend
+ * left nothing mapped): one failed call must not cost the program its allocation. Returns 0,
+ * CUHEAP_BE_OOM when the driver said out of memory, or -EIO. */
+static int map_chunk_locked(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle)
+{
+    int r = be_phys_map(p, va, bytes, handle);
+    if (r)
+        r = be_phys_map(p, va, bytes, handle);
+    return !r ? 0 : r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
+}
+
+/* The driver failed a VMM call twice over, and not for want of memory (create_chunk_locked,
+ * map_chunk_locked, grow_va_locked; a full device is no refusal: it goes through the pool's
+ * reclaim, then to the driver). The backing does not work on this device, as on some
+ * virtualized or partitioned GPUs, older drivers and containers (on WSL2 cuMemSetAccess
+ * answers CUDA_ERROR_UNKNOWN although the device advertises VMM, and every allocation of
+ * PyTorch's expandable segments fails), so the pool makes no more mapping calls. Once it holds
+ * nothing, now or at a later refusal (its idle chunks given back first), it becomes a legacy
+ * pool for the rest of the run, its address space given back; until then a request that needs
+ * new memory goes to the driver. Returns whether the pool is a legacy pool now. */
+static bool vmm_refused_locked(struct cuheap_pool *p)
+{
+    if (!p->vmm)
+        return true; /* another thread saw to it (grow_va_locked drops the lock) */
+    p->vmm_refused = CUHEAP_VMM_TO_DRIVER;
+    tc_drain_all_locked(p, false);
+    reclaim_locked(p);
+    flush_quick_locked(p);
+    release_idle_locked(p, 0);
+    if (p->st.reserved || p->nr_empty != p->nr_arenas) /* blocks in use or pending, or memory */
+        return false;
+    /* no cache holds a block (each would be one in use); held still while the backing changes */
+    tc_hold_all(p);
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        uint64_t va = a->buddy.base, size = a->buddy.size;
+        map_update(a, false);
+        arena_retire(a);
+        p->be.va_free(p->be.ctx, va, size);
+    }
+    p->nr_arenas = p->nr_empty = p->hint = 0;
+    p->st.nr_arenas = 0;
+    p->peak_busy = 0;
+    p->vmm = false;
+    p->vmm_refused = CUHEAP_VMM_TO_LEGACY;
+    tc_unhold_all(p);
+    return true;
+}
+
 /* New physical memory mapped at the unmapped granules [first, first + nr) of arena a, as one
- * (idle) chunk. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+ * (idle) chunk. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO (the driver refused the create or
+ * the map twice). */
 static int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
                             uint32_t nr)
 {
@@ -1302,10 +1425,10 @@ static int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint3
     int r = create_chunk_locked(p, bytes, &h);
     if (r)
         return r;
-    if (be_phys_map(p, va, bytes, h)) {
+    if ((r = map_chunk_locked(p, va, bytes, h))) {
         /* cannot map it here: give it back to the driver rather than hold it unmapped */
         give_back_locked(p, h, bytes);
-        return -EIO;
+        return r;
     }
     place_chunk_locked(p, a, first, nr, h);
     note(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
@@ -1323,7 +1446,8 @@ static struct cuheap_chunk *idle_of_size_locked(struct cuheap_pool *p, uint32_t 
 }
 
 /* Move an idle chunk whole to the unmapped granules [first, first + c->nr) of arena a.
- * Returns 0, -EAGAIN when the driver would not unmap it (it stays where it is), or -EIO. */
+ * Returns 0, -EAGAIN when the driver would not unmap it (it stays where it is), or what
+ * map_chunk_locked() said (the chunk then went back to the driver). */
 static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuheap_arena *a,
                              uint32_t first)
 {
@@ -1332,9 +1456,10 @@ static int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, stru
     if (unmap_idle_locked(p, c, &h))
         return -EAGAIN;
     note(p, CUHEAP_EV_ARENA_RELEASE, from, bytes, p->st.reserved, 0);
-    if (be_phys_map(p, va, bytes, h)) {
+    int r = map_chunk_locked(p, va, bytes, h);
+    if (r) {
         give_back_locked(p, h, bytes);
-        return -EIO;
+        return r;
     }
     place_chunk_locked(p, a, first, nr, h);
     p->st.nr_moves++;
@@ -1363,13 +1488,15 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
 {
     uint64_t need = (uint64_t)nr << p->granule_shift;
     bool moves = true;
+    if (p->vmm_refused)
+        return -EIO; /* no more mapping calls (vmm_refused_locked) */
     for (;;) {
         struct cuheap_chunk *c = moves ? idle_of_size_locked(p, nr) : NULL;
         if (c) {
             int m = move_chunk_locked(p, c, a, first);
-            if (m != -EAGAIN)
+            if (m != -EAGAIN && m != CUHEAP_BE_OOM)
                 return m;
-            moves = false; /* the driver would not unmap it: make a new one instead */
+            moves = false; /* the driver would not move it: make a new one instead */
             continue;
         }
         uint64_t budget = p->peak_busy + p->cfg->vmm_cushion; /* CUHEAP_VMM_CUSHION */
@@ -1380,7 +1507,7 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
                 continue;
             if (!acq->fenced)
                 return MAP_FENCE_POLL;
-            if (waiting && p->st.pending >= granule_bytes(p))
+            if (waiting && p->st.pending >= granule_bytes(p) && !acq->waited_in_vain)
                 return MAP_WAIT;
         }
         for (uint64_t n = p->nr_idle; n && p->nr_idle && p->st.reserved + need > budget; n--)
@@ -1398,7 +1525,7 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             return MAP_FENCE;
         if (p->ep_head == p->ep_tail) /* blocks another thread syncs for come back soon */
             return p->syncing ? MAP_DEVICE_SYNC : r;
-        return MAP_WAIT;
+        return acq->waited_in_vain ? r : MAP_WAIT;
     }
 }
 
@@ -1408,7 +1535,7 @@ static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq
     if (what == MAP_DEVICE_SYNC)
         wait_syncing_locked(p);
     else if (what == MAP_WAIT)
-        wait_oldest_locked(p);
+        acq->waited_in_vain |= !wait_oldest_locked(p);
     else if (fence_pending_once_locked(p, acq, what == MAP_FENCE) && what == MAP_FENCE_POLL)
         poll_oldest_locked(p);
 }
@@ -1856,8 +1983,7 @@ static unsigned tc_drain_held_locked(struct cuheap_pool *p, struct cuheap_tcache
     tc_fold_locked(p, tc);
     for (; tc->closed_head != tc->closed_tail; tc->closed_head++) {
         struct tc_batch *b = tc_batch_at(tc, tc->closed_head);
-        tc_give_freed_locked(p, b,
-                             b->fence && (b->passed || p->be.fence_query(p->be.ctx, b->fence)));
+        tc_give_freed_locked(p, b, b->fence && (b->passed || fence_passed(p, b->fence) > 0));
         n += b->nr;
     }
     struct tc_batch *open = tc_open(tc);
@@ -2009,7 +2135,7 @@ static bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc)
     }
     struct tc_batch *b = tc_batch_at(tc, tc->closed_head);
     /* no query while a stream captures: the driver may refuse it, which is no answer */
-    if (!b->passed && (p->nr_capturing || !p->be.fence_query(p->be.ctx, b->fence))) {
+    if (!b->passed && (p->nr_capturing || fence_passed(p, b->fence) <= 0)) {
         tc_leave(tc);
         return false;
     }
@@ -2039,7 +2165,7 @@ static __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p,
     tc_enter(tc);
     for (unsigned c = tc->closed_head; c != tc->closed_tail; c++) {
         struct tc_batch *b = tc_batch_at(tc, c);
-        if (!b->passed && !p->be.fence_query(p->be.ctx, b->fence))
+        if (!b->passed && fence_passed(p, b->fence) <= 0)
             break; /* fences pass in order */
         b->passed = true;
         /* tc_keep_ready() for each block, with the caps from a table and the room reckoned
@@ -2084,8 +2210,15 @@ static __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuh
     tc_leave(tc);
     if (tc->closed_tail - tc->closed_head == TC_NR_CLOSED)
         tc_reap_locked(p, tc);
+    if (!fences_usable(p) && tc->closed_head != tc->closed_tail) {
+        /* their fences will never be answered for: the pool's device sync covers them */
+        tc_enter(tc);
+        for (; tc->closed_head != tc->closed_tail; tc->closed_head++)
+            tc_give_freed_locked(p, tc_batch_at(tc, tc->closed_head), false);
+        tc_leave(tc);
+    }
     void *fence = NULL;
-    bool own = p->cfg->reuse == CUHEAP_REUSE_FENCE && !p->nr_capturing &&
+    bool own = p->cfg->reuse == CUHEAP_REUSE_FENCE && !p->nr_capturing && fences_usable(p) &&
                tc->closed_tail - tc->closed_head < TC_NR_CLOSED &&
                p->be.fence_record(p->be.ctx, &fence) == 0;
     if (own)
@@ -2355,7 +2488,7 @@ static void tl_pass_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, bo
         if (wait) {
             if (p->be.fence_wait(p->be.ctx, *slot) != 0)
                 p->be.device_sync(p->be.ctx); /* what the pool's own waits fall back to */
-        } else if (!p->be.fence_query(p->be.ctx, *slot)) {
+        } else if (fence_passed(p, *slot) <= 0) {
             break;
         }
         p->be.fence_destroy(p->be.ctx, *slot);
@@ -2393,7 +2526,7 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
         return true;
     }
     void *fence = NULL;
-    if (p->be.fence_record(p->be.ctx, &fence))
+    if (!fences_usable(p) || p->be.fence_record(p->be.ctx, &fence))
         return false;
     tl->ring[(last + 1) % CUHEAP_NR_TIMELINE] = fence;
     atomic_store_explicit(&tl->recorded, last + 1, memory_order_release);
@@ -2718,6 +2851,8 @@ again:;
             g = grow_locked(p, size, false);
             if (g == 0)
                 continue;
+            if (g == -EIO)
+                goto refused;
             goto out_of_memory;
         }
         if (!flushed) {
@@ -2734,10 +2869,8 @@ again:;
         g = grow_locked(p, size, false);
         if (g == 0)
             continue;
-        if (p->ep_head != p->ep_tail) {
-            wait_oldest_locked(p);
+        if (p->ep_head != p->ep_tail && wait_oldest_locked(p))
             continue;
-        }
         if (!trimmed && p->cfg->release != CUHEAP_RELEASE_NEVER) { /* legacy only, as above */
             /* Empty arenas too small for this request (made under a limit) can make room
              * for one that fits. */
@@ -2764,6 +2897,8 @@ again:;
                 return_block_locked(p, arena, ptr);
             from_cache = from_tc = false;
             r = -ENOMEM;
+            if (g == -EIO)
+                goto refused;
             goto out_of_memory;
         }
         missed = p->st.nr_creates + p->st.nr_moves != before; /* the driver was needed */
@@ -2792,6 +2927,11 @@ out_of_memory:
     note(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved, p->limit);
     pthread_mutex_unlock(&p->lock);
     return -ENOMEM;
+refused:
+    if (vmm_refused_locked(p))
+        goto again; /* a legacy pool now */
+    pthread_mutex_unlock(&p->lock);
+    return CUHEAP_POOL_PASS; /* new memory from the driver while the pool's blocks live */
 }
 
 static __attribute__((noinline)) int pool_free_slow(struct cuheap_pool *p, uint64_t ptr,
@@ -2967,8 +3107,9 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     tc_drain_all_locked(p, false);
     flush_stream_caches_locked(p);
     close_epoch_locked(p);
-    while (p->ep_head != p->ep_tail)
-        wait_oldest_locked(p);
+    /* a fence that no wait passes (the driver refuses every way to ask) stays behind */
+    while (p->ep_head != p->ep_tail && wait_oldest_locked(p))
+        ;
     flush_quick_locked(p);
     if (p->vmm) {
         /* the address space stays: it costs no device memory */
@@ -3003,8 +3144,11 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
  * a piece may be mapped in part already), no more than asked for. */
 static int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
 {
-    if (!p->nr_arenas && grow_va_locked(p, bytes))
-        return -ENOMEM;
+    int r = p->nr_arenas ? 0 : grow_va_locked(p, bytes);
+    if (r == 0 && (!p->vmm || p->vmm_refused))
+        r = -EIO; /* the backing was given up (meanwhile): no more mapping calls */
+    if (r)
+        return r == -EIO ? -EIO : -ENOMEM;
     struct cuheap_arena *a = p->arenas[0];
     uint32_t piece = p->cfg->vmm_layout == CUHEAP_VMM_ALIGNED ? p->chunk_max : 1;
     for (uint32_t g = 0; g < a->nr_granules && p->st.reserved < bytes;) {
@@ -3017,8 +3161,8 @@ static int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
         while (end < piece_end && end + 1 < a->nr_granules && !a->granules[end + 1].chunk &&
                end + 1 - g < want)
             end++;
-        if (new_chunk_locked(p, a, g, end - g + 1))
-            return -ENOMEM;
+        if ((r = new_chunk_locked(p, a, g, end - g + 1)))
+            return r == -EIO ? -EIO : -ENOMEM;
         g = end + 1;
     }
     if (p->st.reserved > p->peak_busy)
@@ -3032,8 +3176,11 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
     pthread_mutex_lock(&p->lock);
     if (p->vmm) {
         r = reserve_granules_locked(p, bytes);
-        pthread_mutex_unlock(&p->lock);
-        return r;
+        if (r != -EIO || !vmm_refused_locked(p)) {
+            pthread_mutex_unlock(&p->lock);
+            return r ? -ENOMEM : 0;
+        }
+        r = 0; /* a legacy pool now: arenas as below */
     }
     while (p->st.reserved < bytes && r == 0) {
         /* in power-of-two arenas that add up to what was asked, rounded up to 2 MiB */
@@ -3090,6 +3237,8 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     tc_unhold_all(p);
     *ret = p->st;
     ret->nr_idle += atomic_load_explicit(&p->nr_idle_tl, memory_order_relaxed);
+    ret->vmm_refused = p->vmm_refused;
+    ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -3531,6 +3680,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->nr_stuck = 0;
     memset(&p->st, 0, sizeof(p->st));
     atomic_store(&p->nr_idle_tl, 0);
+    atomic_store(&p->fences_refused, false); /* the child's contexts are its own */
     memset(p->epochs, 0, sizeof(p->epochs));
     p->syncing = NULL; /* on the stack of a thread the fork left behind */
     memset(p->caches, 0, sizeof(p->caches));

@@ -149,9 +149,17 @@ struct cuheap_pool_stats {
                              waiting for fences, and waiting for another thread's device sync,
                              the lock dropped; not the device syncs themselves (no fence to be
                              had, CUHEAP_REUSE=sync) */
-    uint64_t lost; /* bytes the driver would not take back and the pool could not keep track of
-                      (counted in reserved for good) */
+    uint64_t lost;   /* bytes the driver would not take back and the pool could not keep track of
+                        (counted in reserved for good) */
+    int vmm_refused; /* CUHEAP_VMM_TO_DRIVER or _TO_LEGACY: the driver refused the backing */
+    bool fences_refused; /* fence queries refused outside any capture: freed blocks wait for a
+                            device sync instead of a fence */
 };
+
+/* What the pool does after the driver refused a VMM call twice over (not for want of memory):
+ * requests that need new memory go to the driver, until the pool holds nothing and becomes a
+ * legacy pool (pool.c, vmm_refused_locked). */
+enum { CUHEAP_VMM_TO_DRIVER = 1, CUHEAP_VMM_TO_LEGACY };
 
 /* Something the pool did that a trace should show; seq is taken under the pool lock. */
 struct cuheap_pool_note {
@@ -177,13 +185,14 @@ struct cuheap_timeline {
 
 struct cuheap_pool {
     /* Read by every allocation and free of the thread caches, written only at setup (and
-     * nr_capturing when a capture begins or ends): on cache lines of their own, away from the
+     * nr_capturing when a capture begins or ends, and vmm once more if the driver refuses the
+     * backing, under p->lock with every cache held): on cache lines of their own, away from the
      * lock and the counters the slow paths write. */
     const struct cuheap_config *cfg;
     uint64_t tc_bytes;     /* CUHEAP_THREAD_CACHE; 0 = no thread caches */
     unsigned tc_max_order; /* largest block order a thread cache keeps */
     unsigned min_order;    /* log2 of CUHEAP_MIN_BLOCK */
-    bool vmm;              /* CUHEAP_BACKING=vmm and the device has it */
+    bool vmm;              /* CUHEAP_BACKING=vmm and the device has it (till it refuses it) */
     unsigned granule_shift;
     int device;
     unsigned nr_capturing; /* streams capturing: no fences recorded meanwhile */
@@ -223,7 +232,11 @@ struct cuheap_pool {
      * the GPU's lag, not the job's need, and a budget that counted them rose with every late
      * fence (the GPT replay's held/live crept from 1.04 to 1.11 over 8 passes). */
     uint64_t peak_busy;
-    uint64_t pending_mapped;       /* vmm: bytes the extents of pending blocks reach */
+    uint64_t pending_mapped;     /* vmm: bytes the extents of pending blocks reach */
+    int vmm_refused;             /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _TO_LEGACY */
+    _Atomic bool fences_refused; /* a fence query was refused outside any capture (fence_passed):
+                                    no fence is recorded any more, freed blocks wait for a
+                                    device sync */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
     struct cuheap_timeline tl;     /* fences of the threads' large blocks */
     /* CUHEAP_IDLE_CHECK: checks to skip after the streams were found busy (idle_now), and the
@@ -246,7 +259,8 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
 /* Allocate size bytes. stream is the stream the memory will be used on when known (pluggable
  * allocator), else 0. Returns 0 with the address, block size and event sequence number (none
  * taken when ret_seq is NULL: recording is off);
- * CUHEAP_POOL_PASS when the request is not for the pool (too large, during capture);
+ * CUHEAP_POOL_PASS when the request is not for the pool (too large, during capture, or it
+ * needs new memory and the driver refused the vmm backing);
  * -ENOMEM when neither the pool nor the driver can give it after every reclaim. */
 int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
                       uint64_t *ret_block, uint64_t *ret_seq);

@@ -616,6 +616,17 @@ CUHEAP_API void cuheap_mark(const char *label)
     cuheap_unbusy();
 }
 
+/* A driver error's name, as the driver gives it, else its number. */
+static const char *error_name(int code, char *buf, size_t size)
+{
+    const char *s = NULL;
+    if (cuheap_drv.cuGetErrorName &&
+        cuheap_drv.cuGetErrorName((CUresult)code, &s) == CUDA_SUCCESS && s)
+        return s;
+    snprintf(buf, size, "CUDA error %d", code);
+    return buf;
+}
+
 static void summary(void)
 {
     struct cuheap_stats s;
@@ -642,6 +653,23 @@ static void summary(void)
                               " times every stream was idle and none was needed "
                               "(CUHEAP_IDLE_CHECK)",
                               d->ordinal, ps.nr_fences, ps.nr_idle);
+        if (ps.vmm_refused) {
+            int code = atomic_load_explicit(&d->cuda.vmm_failed_code, memory_order_relaxed);
+            const char *call = atomic_load_explicit(&d->cuda.vmm_failed_call, memory_order_relaxed);
+            char name[48];
+            cuheap_log_always("GPU %d: vmm refused by the driver (%s: %s): %s", d->ordinal,
+                              call ? call : "a VMM call", error_name(code, name, sizeof(name)),
+                              ps.vmm_refused == CUHEAP_VMM_TO_LEGACY
+                                  ? "using legacy arenas"
+                                  : "requests for new memory go to the driver");
+        }
+        if (ps.fences_refused) {
+            char name[48];
+            int code = atomic_load_explicit(&d->cuda.query_refused_code, memory_order_relaxed);
+            cuheap_log_always("GPU %d: fence queries refused by the driver (cuEventQuery: %s) "
+                              "outside any capture: freed blocks wait for a device sync",
+                              d->ordinal, error_name(code, name, sizeof(name)));
+        }
         if (d->pool.vmm)
             cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
                               " moved, %" PRIu64 " given back to make room, %" PRIu64

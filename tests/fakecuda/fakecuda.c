@@ -210,19 +210,40 @@ static atomic_ullong g_fault_draws;
 static atomic_ulong g_nr_faults, g_nr_faultable;
 static pthread_once_t g_fault_once = PTHREAD_ONCE_INIT;
 static bool g_fault_verbose; /* FAKECUDA_FAIL_VERBOSE=1: a line on stderr per fault */
+/* faults injected on this thread, and the entry point and error of the last NR_FAULTS_KEPT */
+#define NR_FAULTS_KEPT 64
+static _Thread_local unsigned long tls_nr_faults;
+static _Thread_local struct {
+    const char *name;
+    CUresult error;
+} tls_faults[NR_FAULTS_KEPT];
 
 static const struct {
     const char *name;
     CUresult value;
 } g_error_names[] = {
+    {"CUDA_SUCCESS", CUDA_SUCCESS},
     {"CUDA_ERROR_OUT_OF_MEMORY", CUDA_ERROR_OUT_OF_MEMORY},
     {"CUDA_ERROR_INVALID_VALUE", CUDA_ERROR_INVALID_VALUE},
     {"CUDA_ERROR_INVALID_CONTEXT", CUDA_ERROR_INVALID_CONTEXT},
+    {"CUDA_ERROR_INVALID_DEVICE", CUDA_ERROR_INVALID_DEVICE},
     {"CUDA_ERROR_INVALID_HANDLE", CUDA_ERROR_INVALID_HANDLE},
+    {"CUDA_ERROR_NOT_FOUND", CUDA_ERROR_NOT_FOUND},
     {"CUDA_ERROR_LAUNCH_FAILED", CUDA_ERROR_LAUNCH_FAILED},
+    {"CUDA_ERROR_ILLEGAL_ADDRESS", CUDA_ERROR_ILLEGAL_ADDRESS},
     {"CUDA_ERROR_NOT_READY", CUDA_ERROR_NOT_READY},
     {"CUDA_ERROR_NOT_INITIALIZED", CUDA_ERROR_NOT_INITIALIZED},
+    {"CUDA_ERROR_NOT_PERMITTED", CUDA_ERROR_NOT_PERMITTED},
     {"CUDA_ERROR_NOT_SUPPORTED", CUDA_ERROR_NOT_SUPPORTED},
+    {"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED},
+    {"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", CUDA_ERROR_STREAM_CAPTURE_INVALIDATED},
+    {"CUDA_ERROR_STREAM_CAPTURE_MERGE", CUDA_ERROR_STREAM_CAPTURE_MERGE},
+    {"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", CUDA_ERROR_STREAM_CAPTURE_UNMATCHED},
+    {"CUDA_ERROR_STREAM_CAPTURE_UNJOINED", CUDA_ERROR_STREAM_CAPTURE_UNJOINED},
+    {"CUDA_ERROR_STREAM_CAPTURE_ISOLATION", CUDA_ERROR_STREAM_CAPTURE_ISOLATION},
+    {"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", CUDA_ERROR_STREAM_CAPTURE_IMPLICIT},
+    {"CUDA_ERROR_CAPTURED_EVENT", CUDA_ERROR_CAPTURED_EVENT},
+    {"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD},
     {"CUDA_ERROR_UNKNOWN", CUDA_ERROR_UNKNOWN},
 };
 
@@ -343,6 +364,8 @@ static CUresult fault(const char *name, CUresult dflt)
             atomic_fetch_add(&r->nr_faults, 1);
             atomic_fetch_add(&g_nr_faults, 1);
             CUresult e = r->error ? r->error : dflt;
+            tls_faults[tls_nr_faults++ % NR_FAULTS_KEPT].name = name;
+            tls_faults[(tls_nr_faults - 1) % NR_FAULTS_KEPT].error = e;
             if (g_fault_verbose) {
                 char line[160];
                 snprintf(line, sizeof(line), "fakecuda: %s call %lu fails with %d (rule %s)\n",
@@ -365,6 +388,20 @@ static CUresult fault(const char *name, CUresult dflt)
 FAKE_EXPORT unsigned long fakecuda_faults_injected(void)
 {
     return atomic_load(&g_nr_faults);
+}
+
+FAKE_EXPORT unsigned long fakecuda_thread_faults(void)
+{
+    return tls_nr_faults;
+}
+
+FAKE_EXPORT int fakecuda_thread_fault(unsigned long nth, const char **ret_name, int *ret_error)
+{
+    if (!nth || nth > tls_nr_faults || tls_nr_faults - nth >= NR_FAULTS_KEPT)
+        return -1;
+    *ret_name = tls_faults[(nth - 1) % NR_FAULTS_KEPT].name;
+    *ret_error = (int)tls_faults[(nth - 1) % NR_FAULTS_KEPT].error;
+    return 0;
 }
 
 /* ---- allocations (g_lock held) ---- */
@@ -455,14 +492,14 @@ static size_t round_alloc(size_t n)
     return (n + 511) & ~(size_t)511;
 }
 
-/* First fit inside the device's range; 2 MiB aligned for large blocks like the driver. */
-static CUresult device_alloc_locked(int dev, size_t n, enum alloc_kind kind, uintptr_t *ret)
+/* First fit inside the device's range; 2 MiB aligned for large blocks like the driver. Returns
+ * whether a place of size bytes was found. */
+static bool device_place_locked(int dev, size_t size, uintptr_t *ret)
 {
     struct fake_device *d = &g_devices[dev];
-    size_t size = round_alloc(n ? n : 1);
     size_t align = size >= FAKE_VMM_GRANULE ? FAKE_VMM_GRANULE : 512;
     if (size > d->size - d->used)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return false;
     uintptr_t cur = d->base, end = d->base + d->size;
     for (size_t i = 0; i <= g_nr_allocs; i++) {
         uintptr_t next = end;
@@ -473,21 +510,29 @@ static CUresult device_alloc_locked(int dev, size_t n, enum alloc_kind kind, uin
         }
         uintptr_t start = (cur + align - 1) & ~(uintptr_t)(align - 1);
         if (start + size <= next) {
-            struct fake_alloc a = {.ptr = start,
-                                   .size = size,
-                                   .requested = n,
-                                   .kind = kind,
-                                   .buffer_id = g_next_buffer_id++};
-            if (insert_alloc_locked(a))
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            d->used += size;
             *ret = start;
-            return CUDA_SUCCESS;
+            return true;
         }
         if (i < g_nr_allocs)
             cur = g_allocs[i].ptr + g_allocs[i].size;
     }
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    return false;
+}
+
+static CUresult device_alloc_locked(int dev, size_t n, enum alloc_kind kind, uintptr_t *ret)
+{
+    struct fake_device *d = &g_devices[dev];
+    size_t size = round_alloc(n ? n : 1);
+    uintptr_t start;
+    if (!device_place_locked(dev, size, &start))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct fake_alloc a = {
+        .ptr = start, .size = size, .requested = n, .kind = kind, .buffer_id = g_next_buffer_id++};
+    if (insert_alloc_locked(a))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    d->used += size;
+    *ret = start;
+    return CUDA_SUCCESS;
 }
 
 static int device_of_ptr(uintptr_t p)
@@ -1034,42 +1079,13 @@ FAKE_EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
 {
     if (!s)
         return CUDA_ERROR_INVALID_VALUE;
-    switch (e) {
-    case CUDA_SUCCESS:
-        *s = "CUDA_SUCCESS";
-        break;
-    case CUDA_ERROR_INVALID_VALUE:
-        *s = "CUDA_ERROR_INVALID_VALUE";
-        break;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-        *s = "CUDA_ERROR_OUT_OF_MEMORY";
-        break;
-    case CUDA_ERROR_NOT_INITIALIZED:
-        *s = "CUDA_ERROR_NOT_INITIALIZED";
-        break;
-    case CUDA_ERROR_INVALID_CONTEXT:
-        *s = "CUDA_ERROR_INVALID_CONTEXT";
-        break;
-    case CUDA_ERROR_NOT_READY:
-        *s = "CUDA_ERROR_NOT_READY";
-        break;
-    case CUDA_ERROR_NOT_FOUND:
-        *s = "CUDA_ERROR_NOT_FOUND";
-        break;
-    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
-        *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
-        break;
-    case CUDA_ERROR_LAUNCH_FAILED:
-        *s = "CUDA_ERROR_LAUNCH_FAILED";
-        break;
-    case CUDA_ERROR_INVALID_HANDLE:
-        *s = "CUDA_ERROR_INVALID_HANDLE";
-        break;
-    default:
-        *s = "CUDA_ERROR_UNKNOWN";
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    return CUDA_SUCCESS;
+    for (size_t i = 0; i < sizeof(g_error_names) / sizeof(g_error_names[0]); i++)
+        if (g_error_names[i].value == e) {
+            *s = g_error_names[i].name;
+            return CUDA_SUCCESS;
+        }
+    *s = NULL; /* as the driver: an error it does not know has no name */
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 FAKE_EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
@@ -2295,6 +2311,17 @@ FAKE_EXPORT size_t fakecuda_live_allocations(void)
         n += g_allocs[i].kind != KIND_HOST;
     pthread_mutex_unlock(&g_lock);
     return n;
+}
+
+/* Whether cuMemAlloc_v2 of n bytes on device dev would find room now (no fault drawn). */
+FAKE_EXPORT int fakecuda_device_fits(int dev, size_t n)
+{
+    pthread_mutex_lock(&g_lock);
+    uintptr_t start;
+    bool fits =
+        dev >= 0 && dev < g_nr_devices && device_place_locked(dev, round_alloc(n ? n : 1), &start);
+    pthread_mutex_unlock(&g_lock);
+    return fits;
 }
 
 /* Bytes the simulated device has handed out (rounded allocations and VMM physical memory),

@@ -37,6 +37,13 @@ unsigned long long fakecuda_ipc_handle_base(const struct CUipcMemHandle_st *h);
 unsigned long fakecuda_faults_injected(void);
 /* Bytes device dev has handed out: rounded allocations and VMM physical memory. */
 size_t fakecuda_device_used(int dev);
+/* Whether cuMemAlloc_v2 of n bytes on device dev would find room now (no fault drawn). */
+int fakecuda_device_fits(int dev, size_t n);
+/* Faults injected on the calling thread so far; and fault nth of them (from 1): its entry point
+ * (the name FAKECUDA_FAIL matches, e.g. "cuMemAlloc") and error, -1 when it is not kept (the
+ * last 64 are). */
+unsigned long fakecuda_thread_faults(void);
+int fakecuda_thread_fault(unsigned long nth, const char **ret_name, int *ret_error);
 
 /* One allocation or release the simulated driver made, for a CUPTI stand-in. */
 enum fakecuda_mem_kind {

@@ -5,7 +5,11 @@
  * managed, stream-ordered, pinned host, the program's own VMM) on the simulated devices, with
  * slow "kernels" still reading blocks the program has freed, while FAKECUDA_FAIL makes the
  * driver fail. It judges what a user would see:
- *   - every call ends in success or in an error the driver itself gives for that call;
+ *   - every call ends in success or in an error the driver itself gives for that call (its own
+ *     errors, or the one FAKECUDA_FAIL made that very entry point return, whatever its code);
+ *   - an allocation the driver alone grants is granted: with one thread, cuMemAlloc (pitch,
+ *     managed, stream-ordered) answers out of memory only when the simulated device had no
+ *     room for it before the call, or the driver was made to fail that entry point itself;
  *   - every block holds what the program wrote into it (no two live blocks share bytes), and a
  *     kernel reading a freed block sees it unchanged until it is done (FAULTLOAD_READERS=1);
  *   - once everything is freed, cuheap counts no live bytes and holds exactly what the
@@ -86,6 +90,7 @@ static long nr_ops = 600;
 static int nr_threads = 1;
 static bool use_readers = true;
 static atomic_int nr_violations;
+static bool judge_room; /* one thread: nothing else takes device memory during a call */
 static pthread_mutex_t readers_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct reader *readers; /* guarded by readers_lock */
 static size_t granule = 2u << 20;
@@ -103,17 +108,42 @@ static void violation(const char *fmt, ...)
 
 static const char *err_name(CUresult r)
 {
-    const char *s = "?";
-    cuGetErrorName(r, &s);
+    const char *s = NULL;
+    if (cuGetErrorName(r, &s) != CUDA_SUCCESS || !s)
+        s = "?";
     return s;
 }
 
-/* The call returned r: success, or one of the errors the driver gives for it (a 0-ended
- * list). Anything else is a violation. */
+/* Faults the simulated driver injected on this thread up to the last call judged. */
+static _Thread_local unsigned long judged_faults;
+
+/* Whether a fault injected on this thread since the last call judged was error r made at the
+ * entry point `what` itself (FAKECUDA_FAIL's name, e.g. cuMemAlloc): what the driver alone
+ * would have answered the program, whatever the code. (cuheap's own calls meanwhile may fail
+ * too: those are not the program's answer.) */
+static bool injected(const char *what, CUresult r)
+{
+    for (unsigned long n = fakecuda_thread_faults(); n > judged_faults; n--) {
+        const char *name;
+        int err;
+        if (fakecuda_thread_fault(n, &name, &err))
+            return true; /* not kept: too many to tell, give the benefit of the doubt */
+        if (!strcmp(name, what) && (CUresult)err == r)
+            return true;
+    }
+    return false;
+}
+
+/* The call returned r: success, one of the errors the driver gives for it (a 0-ended list), or
+ * the one injected into that entry point. Anything else is a violation. */
 static bool expect(const char *what, CUresult r, ...)
 {
+    bool made = r != CUDA_SUCCESS && injected(what, r);
+    judged_faults = fakecuda_thread_faults();
     if (r == CUDA_SUCCESS)
         return true;
+    if (made)
+        return false;
     va_list ap;
     va_start(ap, r);
     for (int e = va_arg(ap, int); e; e = va_arg(ap, int))
@@ -273,16 +303,19 @@ static void do_alloc(struct worker *w)
     CUresult r = CUDA_SUCCESS;
     const char *what = kind_names[b->kind];
     b->size = b->counted = size;
+    size_t pitch = 0, width = 1 + size % 5000, height = 1 + size / width % 512;
+    /* room the device had before the call, as the driver alone would see it (less what cuheap
+     * holds: a lower bound) */
+    size_t need = b->kind == K_PITCH ? ((width + 511) & ~(size_t)511) * height : size;
+    bool room = judge_room && b->kind <= K_ASYNC && fakecuda_device_fits(w->dev, need);
     switch (b->kind) {
     case K_ALLOC:
         r = cuMemAlloc(&b->ptr, size);
         break;
-    case K_PITCH: {
-        size_t pitch = 0, width = 1 + size % 5000, height = 1 + size / width % 512;
+    case K_PITCH:
         r = cuMemAllocPitch(&b->ptr, &pitch, width, height, 4);
         b->size = b->counted = pitch * height;
         break;
-    }
     case K_MANAGED:
         r = cuMemAllocManaged(&b->ptr, size, CU_MEM_ATTACH_GLOBAL);
         break;
@@ -309,6 +342,10 @@ static void do_alloc(struct worker *w)
     default:
         break;
     }
+    if (r == OOM && room && !injected(what, OOM))
+        violation("%s of %zu bytes on device %d: out of memory while the device had room for it "
+                  "(the driver alone grants it)",
+                  what, need, w->dev);
     if (b->kind != K_VMM && !expect(what, r, OOM, 0)) {
         w->nr_alloc_failed++;
         return;
@@ -596,6 +633,7 @@ int main(int argc, char **argv)
         nr_threads = 1;
     const char *rd = getenv("FAULTLOAD_READERS");
     use_readers = !rd || strcmp(rd, "0");
+    judge_room = nr_threads == 1;
     if (start())
         return 1;
     static struct worker ws[NR_MAX_THREADS];

@@ -27,6 +27,10 @@
  *   release-fails       the pool must give memory back for a large request, and the driver
  *                       fails that (FAKECUDA_FAIL): cuheap's and the device's accounts must
  *                       still agree (tests/RELIABILITY.md)
+ *   vmm-refused         10 cuMemAlloc of 4 KiB and 10 of 3 MiB, each written and read back,
+ *                       while FAKECUDA_FAIL fails the pool's VMM calls: every one the driver
+ *                       alone grants must be granted, and once all are freed cuheap's and the
+ *                       device's accounts must agree (issue 29)
  */
 #include <cuda.h>
 #include <cuheap/cuheap.h>
@@ -439,6 +443,38 @@ static int cmd_release_fails(void)
     return stats && used != st.reserved_bytes;
 }
 
+/* ---- the driver refuses the pool's VMM calls ---- */
+
+static int cmd_vmm_refused(void)
+{
+    CUdeviceptr p[20] = {0};
+    static unsigned char buf[3 << 20];
+    int granted = 0, intact = 0;
+    for (int i = 0; i < 20; i++) {
+        size_t n = i < 10 ? 4096 : 3 << 20;
+        if (cuMemAlloc(&p[i], n) != CUDA_SUCCESS) {
+            p[i] = 0;
+            continue;
+        }
+        granted++;
+        if (cuMemsetD8(p[i], (unsigned char)(i + 1), n) == CUDA_SUCCESS &&
+            cuMemcpyDtoH(buf, p[i], n) == CUDA_SUCCESS && buf[0] == i + 1 && buf[n - 1] == i + 1)
+            intact++;
+    }
+    for (int i = 0; i < 20; i++)
+        if (p[i] && cuMemFree(p[i]) != CUDA_SUCCESS)
+            return 2;
+    int (*stats)(struct cuheap_stats *, size_t) = stats_fn();
+    struct cuheap_stats st = {0};
+    if (stats)
+        stats(&st, sizeof(st));
+    size_t used = fakecuda_device_used(0);
+    printf("vmm-refused: granted %d of 20, %d intact; the device has %zu bytes handed out, "
+           "cuheap says it holds %llu\n",
+           granted, intact, used, (unsigned long long)st.reserved_bytes);
+    return granted != 20 || intact != 20 || (stats && used != st.reserved_bytes);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || start()) {
@@ -467,6 +503,8 @@ int main(int argc, char **argv)
         return cmd_exit_race_child(n);
     if (!strcmp(cmd, "release-fails"))
         return cmd_release_fails();
+    if (!strcmp(cmd, "vmm-refused"))
+        return cmd_vmm_refused();
     if (!strcmp(cmd, "allocs") && argc > 3) {
         if (pairs(n, 4096))
             return 1;

@@ -40,7 +40,15 @@ struct host_device {
     /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
      * does a device sync while syncs_gated */
     bool gated, waiting, syncs_gated;
-    bool fences_fail;  /* fence_record refuses, as the driver does when out of resources */
+    bool fences_fail; /* fence_record refuses, as the driver does when out of resources */
+    /* every fence query answers CUHEAP_BE_NO_ANSWER (a capture's error, refused), or "not yet"
+     * however long (stuck); waits and device syncs still pass fences */
+    bool queries_refused, queries_stuck;
+    int nr_refusals; /* the next that many queries answer CUHEAP_BE_NO_ANSWER */
+    bool waits_fail; /* fence waits and device syncs fail and pass nothing */
+    /* the next that many address reservations, creates and maps fail (INT_MAX: every one),
+     * with fail_result (0: -5, the backend's other failure) */
+    int fail_reserve, fail_create, fail_map, fail_result;
     _Atomic bool idle; /* nothing runs: a fence passes as soon as it is recorded */
     pthread_cond_t gate;
     uint64_t sizes[4096]; /* by (addr - base) / 2 MiB: for frees */
@@ -74,10 +82,29 @@ static bool hd_logged_in(const struct host_device *d, unsigned i, uint64_t va, u
 
 #define GRANULE (2 * MIB)
 
+/* Whether this call fails by the test's order (*left: calls still to fail; d->lock held). */
+static bool hd_fails(struct host_device *d, int *left)
+{
+    if (*left <= 0)
+        return false;
+    if (*left != INT_MAX)
+        (*left)--;
+    return true;
+}
+
+static int hd_fail_result(const struct host_device *d)
+{
+    return d->fail_result ? d->fail_result : -5;
+}
+
 static int hd_va_reserve(void *ctx, uint64_t size, uint64_t *ret)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    if (hd_fails(d, &d->fail_reserve)) {
+        pthread_mutex_unlock(&d->lock);
+        return hd_fail_result(d);
+    }
     d->next_va = (d->next_va + size - 1) & ~(size - 1); /* aligned, as a buddy likes it */
     *ret = d->next_va;
     d->next_va += size;
@@ -97,6 +124,10 @@ static int hd_phys_create(void *ctx, uint64_t size, uint64_t *ret)
     struct host_device *d = ctx;
     assert_true(size && size % GRANULE == 0);
     pthread_mutex_lock(&d->lock);
+    if (hd_fails(d, &d->fail_create)) {
+        pthread_mutex_unlock(&d->lock);
+        return hd_fail_result(d);
+    }
     if (d->used + size > d->capacity || d->next_handle + 1 >= 65536) {
         pthread_mutex_unlock(&d->lock);
         return CUHEAP_BE_OOM;
@@ -126,6 +157,10 @@ static int hd_phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t h)
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
     assert_int_equal(d->handle_size[h], size); /* a handle maps whole, as on the real driver */
+    if (hd_fails(d, &d->fail_map)) {           /* as the backend: nothing stays mapped */
+        pthread_mutex_unlock(&d->lock);
+        return hd_fail_result(d);
+    }
     int free_slot = -1;
     for (int i = 0; i < 4096; i++) {
         if (d->map_size[i] && d->map_va[i] < va + size && va < d->map_va[i] + d->map_size[i]) {
@@ -226,7 +261,9 @@ static int hd_fence_query(void *ctx, void *f)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
-    int r = d->fences_done[(uintptr_t)f - 1];
+    int r = d->queries_refused || (d->nr_refusals > 0 && d->nr_refusals--) ? CUHEAP_BE_NO_ANSWER
+            : d->queries_stuck                                             ? 0
+                               : d->fences_done[(uintptr_t)f - 1];
     pthread_mutex_unlock(&d->lock);
     return r;
 }
@@ -239,8 +276,12 @@ static int hd_fence_wait(void *ctx, void *f)
         d->waiting = true;
         pthread_cond_wait(&d->gate, &d->lock);
     }
-    d->fences_done[(uintptr_t)f - 1] = true;
     d->nr_waits++;
+    if (d->waits_fail) {
+        pthread_mutex_unlock(&d->lock);
+        return -1;
+    }
+    d->fences_done[(uintptr_t)f - 1] = true;
     hd_log(d, 'W', 0, 0);
     pthread_mutex_unlock(&d->lock);
     return 0;
@@ -278,9 +319,13 @@ static int hd_sync(void *ctx)
         d->waiting = true;
         pthread_cond_wait(&d->gate, &d->lock);
     }
+    d->nr_syncs++;
+    if (d->waits_fail) {
+        pthread_mutex_unlock(&d->lock);
+        return -5;
+    }
     for (int i = 0; i < 4096; i++) /* the device is idle: every fence has passed */
         d->fences_done[i] = true;
-    d->nr_syncs++;
     pthread_mutex_unlock(&d->lock);
     return 0;
 }
@@ -2460,6 +2505,270 @@ static void test_thread_large_block_off_pool_lock(void **state)
     }
 }
 
+/* ---- the driver's trouble is not the program's ---- */
+
+/* Run fn(arg) on a thread of its own and fail when it has not returned within seconds: a pool
+ * that spins on an answer that never comes would otherwise hang the suite. On failure the
+ * thread is left spinning (and its argument with it). */
+struct bounded {
+    void (*fn)(void *);
+    void *arg;
+    _Atomic bool done;
+};
+
+static void *bounded_thread(void *arg)
+{
+    struct bounded *b = arg;
+    b->fn(b->arg);
+    atomic_store(&b->done, true);
+    return NULL;
+}
+
+static void run_bounded(void (*fn)(void *), void *arg, int seconds, const char *what)
+{
+    struct bounded *b = calloc(1, sizeof(*b));
+    b->fn = fn;
+    b->arg = arg;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, bounded_thread, b), 0);
+    for (int i = 0; i < seconds * 100 && !atomic_load(&b->done); i++)
+        usleep(10000);
+    if (!atomic_load(&b->done))
+        fail_msg("%s did not return within %d s: it spins on the driver's answer", what, seconds);
+    pthread_join(t, NULL);
+    free(b);
+}
+
+/* Allocations made on a bounded thread (no cmocka assertion there). */
+struct allocs {
+    struct fixture *f;
+    uint64_t size;
+    int nr, nr_ok;
+    uint64_t ptr[16];
+};
+
+static void allocs_run(void *arg)
+{
+    struct allocs *a = arg;
+    for (int i = 0; i < a->nr; i++) {
+        uint64_t block, seq;
+        if (cuheap_pool_alloc(&a->f->pool, a->size, 0, &a->ptr[a->nr_ok], &block, &seq) == 0)
+            a->nr_ok++;
+    }
+}
+
+static void trim_run(void *arg)
+{
+    struct fixture *f = arg;
+    cuheap_pool_trim(&f->pool, false);
+}
+
+static void alloc_and_free(struct fixture *f, uint64_t size, int n)
+{
+    uint64_t p[16];
+    for (int i = 0; i < n; i++)
+        p[i] = alloc(f, size, 0);
+    for (int i = 0; i < n; i++)
+        release(f, p[i], 0);
+}
+
+/* A fence whose wait returned has passed, whatever a query says: a driver whose queries never
+ * say so (a query refused every time, as an event caught in a capture is) used to keep an
+ * allocation past the vmm budget waiting for it at full CPU, for ever (the demo under
+ * FAKECUDA_FAIL=cuEventQuery:@1+=900), and so did a trim. */
+static void test_wait_that_returns_passes_its_fence(void **state)
+{
+    (void)state;
+    for (int backing = 0; backing < 2; backing++) {
+        struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0)
+                                    : setup(CUHEAP_REUSE_FENCE, 16 * MIB, 16 * MIB, 0);
+        f->cfg.vmm_cushion = 0; /* past the budget at once: waiting comes before mapping */
+        alloc_and_free(f, 2 * MIB, 8);
+        uint64_t reserved = atomic_load(&f->reserved);
+        f->dev.queries_stuck = true;
+        struct allocs a = {.f = f, .size = 2 * MIB, .nr = 8};
+        run_bounded(allocs_run, &a, 20, "an allocation while fence queries never pass");
+        assert_int_equal(a.nr_ok, 8);
+        assert_true(f->dev.nr_waits > 0);
+        assert_true(atomic_load(&f->reserved) <= reserved); /* the freed blocks came back */
+        for (int i = 0; i < a.nr_ok; i++)
+            release(f, a.ptr[i], 0);
+        run_bounded(trim_run, f, 20, "a trim while fence queries never pass");
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
+/* Fence queries refused outside every capture (the driver's capture errors, 900-908) are
+ * refused for good: the pool records no more fences and freed blocks wait for a device sync,
+ * which gives them back. While a stream captures the same refusal only means "not yet". */
+static void test_fence_query_refused_outside_capture(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 16 * MIB, 0);
+    struct cuheap_pool_stats st;
+    /* one refusal (a capture that ended as the count was read) is asked again */
+    alloc_and_free(f, 1 * MIB, 8);
+    f->dev.nr_refusals = 1;
+    run_bounded(trim_run, f, 20, "a trim after one refused fence query");
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_false(st.fences_refused);
+    assert_int_equal(f->dev.nr_refusals, 0);
+    alloc_and_free(f, 1 * MIB, 8); /* two batches of four behind two fences */
+    f->dev.queries_refused = true;
+    cuheap_pool_capture(&f->pool, 1);
+    run_bounded(trim_run, f, 20, "a trim while a capture refuses fence queries");
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_false(st.fences_refused);
+    assert_int_equal(st.pending, 0); /* the waits passed them */
+    cuheap_pool_capture(&f->pool, -1);
+
+    alloc_and_free(f, 1 * MIB, 8);
+    int fences = f->dev.nr_fences, syncs = f->dev.nr_syncs;
+    run_bounded(trim_run, f, 20, "a trim while fence queries are refused");
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_true(st.fences_refused);
+    assert_int_equal(st.pending, 0);
+    uint64_t reserved = atomic_load(&f->reserved);
+    for (int round = 0; round < 4; round++)
+        alloc_and_free(f, 1 * MIB, 8);
+    assert_int_equal(f->dev.nr_fences, fences); /* none recorded since */
+    assert_true(f->dev.nr_syncs > syncs);       /* a device sync instead */
+    assert_true(atomic_load(&f->reserved) <= reserved + 16 * MIB);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* Neither a wait nor a device sync passes a fence, nor does a query (a context broken in a
+ * way the driver will not say): allocations go on without those blocks and a trim returns;
+ * the blocks stay pending, never reused. */
+static void test_fence_that_never_passes_is_left(void **state)
+{
+    (void)state;
+    for (int backing = 0; backing < 2; backing++) {
+        struct fixture *f = backing ? setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0)
+                                    : setup(CUHEAP_REUSE_FENCE, 1ull << 30, 16 * MIB, 0);
+        f->cfg.vmm_cushion = 0;
+        alloc_and_free(f, 2 * MIB, 8);
+        f->dev.queries_stuck = true;
+        f->dev.waits_fail = true;
+        struct allocs a = {.f = f, .size = 2 * MIB, .nr = 8};
+        run_bounded(allocs_run, &a, 20, "an allocation while no fence ever passes");
+        assert_int_equal(a.nr_ok, 8);
+        for (int i = 0; i < a.nr_ok; i++)
+            release(f, a.ptr[i], 0);
+        run_bounded(trim_run, f, 20, "a trim while no fence ever passes");
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_true(st.pending > 0);
+        f->dev.queries_stuck = f->dev.waits_fail = false;
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
+/* The driver refuses the vmm backing (not for want of memory): the first allocation, and every
+ * one after it, is served from legacy arenas; the refused call left no handle or reservation
+ * behind. */
+static void test_vmm_refused_becomes_legacy(void **state)
+{
+    (void)state;
+    for (int what = 0; what < 3; what++) {
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+        int *fail = what == 0   ? &f->dev.fail_reserve
+                    : what == 1 ? &f->dev.fail_create
+                                : &f->dev.fail_map;
+        *fail = INT_MAX;
+        uint64_t small = alloc(f, 4096, 0), large = alloc(f, 3 * MIB, 0);
+        assert_false(f->pool.vmm);
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_LEGACY);
+        assert_int_equal(f->dev.nr_creates, f->dev.nr_releases);  /* handles given back */
+        assert_int_equal(f->dev.used, atomic_load(&f->reserved)); /* the legacy arenas only */
+        assert_true(f->dev.nr_allocs > 0);
+        release(f, small, 0);
+        release(f, large, 0);
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
+/* One failed VMM call (any of reserve, create, map) is tried again: the pool stays vmm. */
+static void test_vmm_failure_once_is_retried(void **state)
+{
+    (void)state;
+    for (int what = 0; what < 3; what++) {
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+        int *fail = what == 0   ? &f->dev.fail_reserve
+                    : what == 1 ? &f->dev.fail_create
+                                : &f->dev.fail_map;
+        *fail = 1;
+        uint64_t p = alloc(f, 4096, 0);
+        assert_true(f->pool.vmm);
+        assert_int_equal(*fail, 0);
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_int_equal(st.vmm_refused, 0);
+        assert_int_equal(f->dev.nr_allocs, 0); /* no legacy arena */
+        release(f, p, 0);
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
+/* Refused while pooled blocks live: a request that needs new memory goes to the driver; once
+ * the program freed everything, the next refusal makes the pool a legacy one. */
+static void test_vmm_refused_with_blocks_live(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t a = alloc(f, 2 * MIB, 0), ptr, block, seq;
+    f->dev.fail_map = INT_MAX;
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 8 * MIB, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    assert_true(f->pool.vmm);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_DRIVER);
+    check_invariants(f);
+    release(f, a, 0);
+    complete_fences(&f->dev);
+    uint64_t b = alloc(f, 8 * MIB, 0);
+    assert_false(f->pool.vmm);
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_LEGACY);
+    assert_int_equal(f->dev.nr_creates, f->dev.nr_releases);
+    release(f, b, 0);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* A full device is no refusal: cuMemCreate's (or a map's) out of memory goes through the
+ * pool's reclaim to out of memory, and the pool stays vmm. */
+static void test_vmm_out_of_memory_is_no_refusal(void **state)
+{
+    (void)state;
+    for (int what = 0; what < 2; what++) {
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 8 * MIB, 0);
+        uint64_t a = alloc(f, 6 * MIB, 0), ptr, block, seq;
+        if (what) {
+            f->dev.fail_map = INT_MAX;
+            f->dev.fail_result = CUHEAP_BE_OOM;
+        }
+        uint64_t size = what ? 2 * MIB : 4 * MIB;
+        assert_int_equal(cuheap_pool_alloc(&f->pool, size, 0, &ptr, &block, &seq), -ENOMEM);
+        assert_true(f->pool.vmm);
+        struct cuheap_pool_stats st;
+        cuheap_pool_get_stats(&f->pool, &st);
+        assert_int_equal(st.vmm_refused, 0);
+        assert_int_equal(f->dev.used, atomic_load(&f->reserved)); /* nothing leaked */
+        f->dev.fail_map = 0;
+        release(f, a, 0);
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2527,6 +2836,13 @@ int main(void)
         cmocka_unit_test(test_thread_cache_pairs_take_no_pool_lock),
         cmocka_unit_test(test_thread_cache_owners_and_drainers_at_once),
         cmocka_unit_test(test_thread_cache_handover),
+        cmocka_unit_test(test_wait_that_returns_passes_its_fence),
+        cmocka_unit_test(test_fence_query_refused_outside_capture),
+        cmocka_unit_test(test_fence_that_never_passes_is_left),
+        cmocka_unit_test(test_vmm_refused_becomes_legacy),
+        cmocka_unit_test(test_vmm_failure_once_is_retried),
+        cmocka_unit_test(test_vmm_refused_with_blocks_live),
+        cmocka_unit_test(test_vmm_out_of_memory_is_no_refusal),
         cmocka_unit_test(test_thread_cache_double_free_across_threads),
         cmocka_unit_test(test_thread_large_block_off_pool_lock),
     };
