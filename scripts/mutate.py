@@ -288,9 +288,9 @@ MUTATIONS = [
     ("managed-unrecorded",
      "cuMemAllocManaged goes to the driver without an event",
      "every call leaves its event", "src/hooks.c",
-     "    LEAVE(cuheap_passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, "
-     "true));",
-     "    LEAVE(r);"),
+     "    LEAVE(cuheap_alloc_passthru(cuheap_device_current(), CUHEAP_API_MANAGED, size, actual, 0, "
+     "true,\n                                &c.call, dptr));",
+     "    (void)c;\n    LEAVE(cuheap_drv.cuMemAllocManaged(dptr, size, flags));"),
     ("vmm-map-unrecorded",
      "cuMemMap leaves no event",
      "every call leaves its event", "src/hooks.c",
@@ -358,9 +358,9 @@ MUTATIONS = [
     ("pass-through-no-retry",
      "a pass-through allocation the driver refuses is not retried after the pool gave back its "
      "empty arenas",
-     "out of memory only when the driver alone would say so", "src/alloc.h",
-     "        if ((r) == CUDA_ERROR_OUT_OF_MEMORY && cuheap_reclaim_for_driver(d))",
-     "        if (0 && cuheap_reclaim_for_driver(d))"),
+     "out of memory only when the driver alone would say so", "src/alloc.c",
+     "    if (r == CUDA_ERROR_OUT_OF_MEMORY && cuheap_reclaim_for_driver(d))",
+     "    if (0 && cuheap_reclaim_for_driver(d))"),
     ("release-empty-keeps-all",
      "CUHEAP_RELEASE=empty never gives an emptied arena back",
      "the pool gives back what it does not need", "src/pool.c",

@@ -87,6 +87,41 @@ bool cuheap_reclaim_for_driver(struct cuheap_device *d)
     return d && cuheap_cfg.release != CUHEAP_RELEASE_NEVER && cuheap_pool_trim(&d->pool, false);
 }
 
+CUresult cuheap_alloc_passthru(struct cuheap_device *d, int api, uint64_t size, uint64_t actual,
+                               uint64_t stream, bool device_mem,
+                               const struct cuheap_driver_call *call, void *out)
+{
+    if (!cuheap_admit(d, actual)) {
+        cuheap_record_oom(d, api, size, true);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    uint64_t key = 0, got = size;
+    CUresult r = call->fn(call, out, size, &key, &got);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && cuheap_reclaim_for_driver(d))
+        r = call->fn(call, out, size, &key, &got);
+    return cuheap_passthru_done(d, r, api, r ? 0 : key, r ? size : got, actual, stream, device_mem);
+}
+
+CUresult cuheap_alloc_pitch(struct cuheap_counters *ctr, struct cuheap_device *d, size_t width,
+                            size_t height, const struct cuheap_driver_call *call, CUdeviceptr *ret,
+                            size_t *ret_pitch)
+{
+    uint64_t key, got;
+    size_t row = width <= SIZE_MAX - 511 ? (width + 511) & ~(size_t)511 : 0;
+    if (!row)
+        return call->fn(call, ret, 0, &key, &got);
+    if (height <= SIZE_MAX / row) {
+        if (cuheap_alloc_pooled(ctr, d, CUHEAP_API_PITCH, (uint64_t)row * height, 0, ret)) {
+            *ret_pitch = row;
+            return CUDA_SUCCESS;
+        }
+    }
+    /* the bytes the limit sees stand for the request until the driver says what it gave */
+    uint64_t actual =
+        height <= SIZE_MAX / row ? cuheap_driver_rounded((uint64_t)row * height) : UINT64_MAX;
+    return cuheap_alloc_passthru(d, CUHEAP_API_PITCH, actual, actual, 0, true, call, ret);
+}
+
 CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint64_t key,
                               uint64_t size, uint64_t actual, uint64_t stream, bool device_mem)
 {

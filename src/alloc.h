@@ -5,9 +5,10 @@
  * serves a request, applies the device's limit, reclaims the pool's spare memory and retries
  * when the driver is out of memory, keeps the pass-through map and the accounting, and emits
  * exactly one event per call (an allocation, a free, or an out-of-memory). The pooled path
- * (cuheap_alloc_pooled/cuheap_free_pooled) and its small helpers are inline here so that they
- * stay inlined into the hooks (a pooled pair is counted in instructions by bench/run-cpu.sh);
- * the cold and pass-through parts live in alloc.c.
+ * (cuheap_alloc_device, cuheap_alloc_pooled, cuheap_free_pooled) and its small helpers are
+ * inline here so that they stay inlined into the hooks (a pooled pair is counted in
+ * instructions by bench/run-cpu.sh); the cold and pass-through parts (cuheap_alloc_passthru,
+ * the one driver allocation sequence) live in alloc.c.
  *
  * Includes run one way: this header sees the runtime, the recorder, the events and the
  * driver table, never the hooks.
@@ -88,21 +89,44 @@ bool cuheap_admit(struct cuheap_device *d, uint64_t actual);
 /* After the driver said out of memory: give back empty arenas and say whether to retry. */
 bool cuheap_reclaim_for_driver(struct cuheap_device *d);
 
-/* Call the driver for a pass-through allocation; when it is out of memory, the pool gives
- * back what it can spare and the call is made once more. The program then gets what the
- * driver alone would have given it. */
-#define CUHEAP_DRIVER_ALLOC(r, d, call)                                                            \
-    do {                                                                                           \
-        (r) = (call);                                                                              \
-        if ((r) == CUDA_ERROR_OUT_OF_MEMORY && cuheap_reclaim_for_driver(d))                       \
-            (r) = (call);                                                                          \
-    } while (0)
-
 /* Book-keep a pass-through allocation once the driver answered `r` (returned unchanged): on
  * failure give back the bytes admitted (device_mem) and record an out-of-memory; on success
  * enter `key` in the pass-through map, account it and record its event. */
 CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint64_t key,
                               uint64_t size, uint64_t actual, uint64_t stream, bool device_mem);
+
+/* A pass-through allocation's real driver call, described by the hook that translated it.
+ * A hook whose call needs more than `out` and `size` embeds this struct as the first member
+ * of its own and reads the rest from there. */
+struct cuheap_driver_call;
+
+/* Make the driver call for `size` bytes into `out` (a CUdeviceptr *, a handle *, ...) and
+ * return the driver's answer; on success set *ret_key (the pass-through map's key) and, when
+ * the program got other than `size` bytes, *ret_size (preset to `size`). */
+typedef CUresult (*cuheap_driver_call_fn)(const struct cuheap_driver_call *call, void *out,
+                                          uint64_t size, uint64_t *ret_key, uint64_t *ret_size);
+
+struct cuheap_driver_call {
+    cuheap_driver_call_fn fn;
+};
+
+/* Allocate through the driver: count `actual` bytes against the limit (a refusal records
+ * the limit's out-of-memory for `size`), make the call, retried once after the pool gave
+ * back what it can spare when the driver is out of memory, and book the answer with
+ * cuheap_passthru_done(). Returns the driver's answer unchanged: the program gets what the
+ * driver alone would have given it. `device_mem`: the bytes are the device's (`d`). */
+__attribute__((noinline, cold)) CUresult
+cuheap_alloc_passthru(struct cuheap_device *d, int api, uint64_t size, uint64_t actual,
+                      uint64_t stream, bool device_mem, const struct cuheap_driver_call *call,
+                      void *out);
+
+/* cuMemAllocPitch's policy: rows rounded to 512 bytes (every pitch alignment the driver asks
+ * of 2D accesses) served from the pool, else through the driver (`call`, whose answer sets
+ * *ret_pitch). A width whose rounding would wrap goes to the driver without book-keeping: it
+ * is the driver's to refuse. Sets *ret and *ret_pitch when it succeeds. */
+CUresult cuheap_alloc_pitch(struct cuheap_counters *ctr, struct cuheap_device *d, size_t width,
+                            size_t height, const struct cuheap_driver_call *call, CUdeviceptr *ret,
+                            size_t *ret_pitch);
 
 /* Free through the driver, keeping the map and the accounting exact: take the entry (and
  * the sequence number: a reuse of the address by the driver must come after the free) before
@@ -142,6 +166,19 @@ cuheap_alloc_pooled(struct cuheap_counters *ctr, struct cuheap_device *d, int ap
     if (__builtin_expect(cuheap_recording(), 0))
         cuheap_record_alloc_event(d, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
     return 1;
+}
+
+/* Device memory for `size` bytes: from the pool when it serves the request, else through
+ * the driver (`call`, cuheap_alloc_passthru). Returns CUDA_SUCCESS with *ret set, the pool's
+ * out-of-memory, or the driver's answer. */
+static inline __attribute__((always_inline)) CUresult
+cuheap_alloc_device(struct cuheap_counters *ctr, struct cuheap_device *d, int api, uint64_t size,
+                    uint64_t stream, const struct cuheap_driver_call *call, CUdeviceptr *ret)
+{
+    if (cuheap_alloc_pooled(ctr, d, api, size, stream, ret))
+        return CUDA_SUCCESS;
+    return cuheap_alloc_passthru(d, api, size, cuheap_driver_rounded(size), stream, true, call,
+                                 ret);
 }
 
 /* Free a pooled pointer. Returns 1 when freed, 0 when not ours, -1 for an invalid free. */

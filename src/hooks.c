@@ -166,19 +166,18 @@ static void *hook_for_real(void *real)
         LEAVE(cuheap_passthru_free_end(&pf_, r_, (key), (api), (stream)));                         \
     } while (0)
 
-/* cuMemAlloc_v2's pass-through, apart so that the pooled path stays short. */
-static __attribute__((noinline)) CUresult mem_alloc_driver(struct cuheap_device *d,
-                                                           CUdeviceptr *dptr, size_t size)
+/* cuMemAlloc_v2 (and the pluggable allocator's driver memory): `out` is a CUdeviceptr *. */
+static CUresult mem_alloc_fn(const struct cuheap_driver_call *call, void *out, uint64_t size,
+                             uint64_t *ret_key, uint64_t *ret_size)
 {
-    uint64_t actual = cuheap_driver_rounded(size);
-    if (!cuheap_admit(d, actual)) {
-        cuheap_record_oom(d, CUHEAP_API_MEM_ALLOC, size, true);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    CUresult r;
-    CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(dptr, size));
-    return cuheap_passthru_done(d, r, CUHEAP_API_MEM_ALLOC, r ? 0 : *dptr, size, actual, 0, true);
+    CUdeviceptr *dptr = out;
+    CUresult r = cuheap_drv.cuMemAlloc_v2(dptr, (size_t)size);
+    if (r == CUDA_SUCCESS)
+        *ret_key = *dptr;
+    return r;
 }
+
+static const struct cuheap_driver_call mem_alloc_call = {mem_alloc_fn};
 
 CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
@@ -190,11 +189,29 @@ CUHEAP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
                                CUHEAP_DEFER_CURRENT);
         LEAVE(r);
     }
-    struct cuheap_device *d = cuheap_device_current();
-    int served = cuheap_alloc_pooled(ctr, d, CUHEAP_API_MEM_ALLOC, size, 0, dptr);
-    if (served)
-        LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
-    LEAVE(mem_alloc_driver(d, dptr, size));
+    LEAVE(cuheap_alloc_device(ctr, cuheap_device_current(), CUHEAP_API_MEM_ALLOC, size, 0,
+                              &mem_alloc_call, dptr));
+}
+
+/* The driver's pitched allocation: what the program got is pitch times height. */
+struct pitch_call {
+    struct cuheap_driver_call call;
+    size_t *pitch;
+    size_t width, height;
+    unsigned int elem;
+};
+
+static CUresult pitch_fn(const struct cuheap_driver_call *call, void *out, uint64_t size,
+                         uint64_t *ret_key, uint64_t *ret_size)
+{
+    const struct pitch_call *c = (const struct pitch_call *)call;
+    CUdeviceptr *dptr = out;
+    CUresult r = cuheap_drv.cuMemAllocPitch_v2(dptr, c->pitch, c->width, c->height, c->elem);
+    if (r == CUDA_SUCCESS) {
+        *ret_key = *dptr;
+        *ret_size = *c->pitch * c->height;
+    }
+    return r;
 }
 
 CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
@@ -209,29 +226,8 @@ CUHEAP_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size
                                cuheap_driver_rounded(*pitch * height), 0, CUHEAP_DEFER_CURRENT);
         LEAVE(r);
     }
-    struct cuheap_device *d = cuheap_device_current();
-    /* 512-byte rows satisfy every pitch alignment the driver asks of 2D accesses. A width the
-     * rounding would wrap is the driver's to refuse. */
-    size_t row = width <= SIZE_MAX - 511 ? (width + 511) & ~(size_t)511 : 0;
-    if (!row)
-        LEAVE(cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
-    if (height <= SIZE_MAX / row) {
-        int served = cuheap_alloc_pooled(ctr, d, CUHEAP_API_PITCH, (uint64_t)row * height, 0, dptr);
-        if (served > 0)
-            *pitch = row;
-        if (served)
-            LEAVE(served > 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    uint64_t actual =
-        height <= SIZE_MAX / row ? cuheap_driver_rounded((uint64_t)row * height) : UINT64_MAX;
-    if (!cuheap_admit(d, actual)) {
-        cuheap_record_oom(d, CUHEAP_API_PITCH, actual, true);
-        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    CUresult r;
-    CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
-    LEAVE(cuheap_passthru_done(d, r, CUHEAP_API_PITCH, r ? 0 : *dptr, r ? actual : *pitch * height,
-                               actual, 0, true));
+    struct pitch_call c = {{pitch_fn}, pitch, width, height, elem};
+    LEAVE(cuheap_alloc_pitch(ctr, cuheap_device_current(), width, height, &c.call, dptr, pitch));
 }
 
 /* cuMemFree_v2's pass-through, apart so that the pooled path stays short. */
@@ -262,49 +258,68 @@ CUHEAP_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 }
 
 /* Stream-ordered allocations belong to the driver's own pools; they pass through. */
-#define ASYNC_ALLOC(name, api, call)                                                               \
+struct async_call {
+    struct cuheap_driver_call call;
+    CUresult (*alloc)(CUdeviceptr *, size_t, CUstream); /* NULL: from_pool */
+    CUresult (*from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUmemoryPool pool;
+    CUstream s;
+};
+
+static CUresult async_fn(const struct cuheap_driver_call *call, void *out, uint64_t size,
+                         uint64_t *ret_key, uint64_t *ret_size)
+{
+    const struct async_call *c = (const struct async_call *)call;
+    CUdeviceptr *dptr = out;
+    CUresult r = c->from_pool ? c->from_pool(dptr, (size_t)size, c->pool, c->s)
+                              : c->alloc(dptr, (size_t)size, c->s);
+    if (r == CUDA_SUCCESS)
+        *ret_key = *dptr;
+    return r;
+}
+
+/* `direct` is the driver's own call; the rest describe it for the allocation layer. */
+#define ASYNC_ALLOC(name, api, direct, ...)                                                        \
     ENTER(name);                                                                                   \
     uint64_t actual = (size + 511) & ~(uint64_t)511;                                               \
     if (!active || !dptr || !size) {                                                               \
-        CUresult r = (call);                                                                       \
+        CUresult r = (direct);                                                                     \
         if (NESTED(r) && dptr && size)                                                             \
             cuheap_defer_alloc(api, *dptr, size, actual, (uint64_t)(uintptr_t)s,                   \
                                CUHEAP_DEFER_CURRENT);                                              \
         LEAVE(r);                                                                                  \
     }                                                                                              \
-    struct cuheap_device *d = cuheap_device_current();                                             \
-    if (!cuheap_admit(d, actual)) {                                                                \
-        cuheap_record_oom(d, api, size, true);                                                     \
-        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);                                                           \
-    }                                                                                              \
-    CUresult r;                                                                                    \
-    CUHEAP_DRIVER_ALLOC(r, d, call);                                                               \
-    LEAVE(cuheap_passthru_done(d, r, api, r ? 0 : *dptr, size, actual, (uint64_t)(uintptr_t)s,     \
-                               true))
+    struct async_call ac = {{async_fn}, __VA_ARGS__};                                              \
+    LEAVE(cuheap_alloc_passthru(cuheap_device_current(), api, size, actual,                        \
+                                (uint64_t)(uintptr_t)s, true, &ac.call, dptr))
 
 CUHEAP_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
 {
-    ASYNC_ALLOC(cuMemAllocAsync, CUHEAP_API_ASYNC, cuheap_drv.cuMemAllocAsync(dptr, size, s));
+    ASYNC_ALLOC(cuMemAllocAsync, CUHEAP_API_ASYNC, cuheap_drv.cuMemAllocAsync(dptr, size, s),
+                cuheap_drv.cuMemAllocAsync, NULL, NULL, s);
 }
 
 CUHEAP_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s)
 {
     ASYNC_ALLOC(cuMemAllocAsync_ptsz, CUHEAP_API_ASYNC,
-                cuheap_drv.cuMemAllocAsync_ptsz(dptr, size, s));
+                cuheap_drv.cuMemAllocAsync_ptsz(dptr, size, s), cuheap_drv.cuMemAllocAsync_ptsz,
+                NULL, NULL, s);
 }
 
 CUHEAP_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
                                                CUstream s)
 {
     ASYNC_ALLOC(cuMemAllocFromPoolAsync, CUHEAP_API_POOL_ASYNC,
-                cuheap_drv.cuMemAllocFromPoolAsync(dptr, size, pool, s));
+                cuheap_drv.cuMemAllocFromPoolAsync(dptr, size, pool, s), NULL,
+                cuheap_drv.cuMemAllocFromPoolAsync, pool, s);
 }
 
 CUHEAP_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size,
                                                     CUmemoryPool pool, CUstream s)
 {
     ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, CUHEAP_API_POOL_ASYNC,
-                cuheap_drv.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, s));
+                cuheap_drv.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, s), NULL,
+                cuheap_drv.cuMemAllocFromPoolAsync_ptsz, pool, s);
 }
 
 /* cudaFreeAsync of a pooled pointer is a stream-ordered free of our block. */
@@ -335,6 +350,22 @@ CUHEAP_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
     ASYNC_FREE(cuMemFreeAsync_ptsz, cuheap_drv.cuMemFreeAsync_ptsz(dptr, s));
 }
 
+struct managed_call {
+    struct cuheap_driver_call call;
+    unsigned int flags;
+};
+
+static CUresult managed_fn(const struct cuheap_driver_call *call, void *out, uint64_t size,
+                           uint64_t *ret_key, uint64_t *ret_size)
+{
+    CUdeviceptr *dptr = out;
+    CUresult r = cuheap_drv.cuMemAllocManaged(dptr, (size_t)size,
+                                              ((const struct managed_call *)call)->flags);
+    if (r == CUDA_SUCCESS)
+        *ret_key = *dptr;
+    return r;
+}
+
 CUHEAP_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
     ENTER(cuMemAllocManaged);
@@ -345,14 +376,9 @@ CUHEAP_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigne
             cuheap_defer_alloc(CUHEAP_API_MANAGED, *dptr, size, actual, 0, CUHEAP_DEFER_CURRENT);
         LEAVE(r);
     }
-    struct cuheap_device *d = cuheap_device_current();
-    if (!cuheap_admit(d, actual)) {
-        cuheap_record_oom(d, CUHEAP_API_MANAGED, size, true);
-        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    CUresult r;
-    CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemAllocManaged(dptr, size, flags));
-    LEAVE(cuheap_passthru_done(d, r, CUHEAP_API_MANAGED, r ? 0 : *dptr, size, actual, 0, true));
+    struct managed_call c = {{managed_fn}, flags};
+    LEAVE(cuheap_alloc_passthru(cuheap_device_current(), CUHEAP_API_MANAGED, size, actual, 0, true,
+                                &c.call, dptr));
 }
 
 /* Pinned host memory: recorded, not counted against the device. */
@@ -397,6 +423,24 @@ CUHEAP_EXPORT CUresult cuMemFreeHost(void *p)
 /* VMM: physical handles are keyed apart from addresses in the pass-through map. */
 #define VMM_KEY(h) ((uint64_t)(h) ^ 0x5a5a000000000001ull)
 
+/* A physical allocation: `out` is the handle. */
+struct create_call {
+    struct cuheap_driver_call call;
+    const CUmemAllocationProp *prop;
+    unsigned long long flags;
+};
+
+static CUresult create_fn(const struct cuheap_driver_call *call, void *out, uint64_t size,
+                          uint64_t *ret_key, uint64_t *ret_size)
+{
+    const struct create_call *c = (const struct create_call *)call;
+    CUmemGenericAllocationHandle *h = out;
+    CUresult r = cuheap_drv.cuMemCreate(h, (size_t)size, c->prop, c->flags);
+    if (r == CUDA_SUCCESS)
+        *ret_key = VMM_KEY(*h);
+    return r;
+}
+
 CUHEAP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                                    const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -417,14 +461,8 @@ CUHEAP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
         struct cuheap_device *cur = cuheap_device_current();
         d = cur && cur->ordinal == prop->location.id ? cur : NULL;
     }
-    if (!cuheap_admit(d, size)) {
-        cuheap_record_oom(d, CUHEAP_API_VMM_CREATE, size, true);
-        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    CUresult r;
-    CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemCreate(h, size, prop, flags));
-    LEAVE(cuheap_passthru_done(d, r, CUHEAP_API_VMM_CREATE, r ? 0 : VMM_KEY(*h), size, size, 0,
-                               d != NULL));
+    struct create_call c = {{create_fn}, prop, flags};
+    LEAVE(cuheap_alloc_passthru(d, CUHEAP_API_VMM_CREATE, size, size, 0, d != NULL, &c.call, h));
 }
 
 CUHEAP_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
@@ -886,23 +924,9 @@ CUHEAP_API void *cuheap_torch_alloc(ssize_t size, int device, void *stream)
         return NULL;
     cuheap_busy = 1;
     CUdeviceptr p = 0;
-    int served =
-        cuheap_alloc_pooled(ctr, d, CUHEAP_API_TORCH, (uint64_t)size, stream_tag(stream), &p);
-    if (served == 0) {
-        uint64_t actual = cuheap_driver_rounded((uint64_t)size);
-        CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-        if (cuheap_admit(d, actual)) {
-            CUHEAP_DRIVER_ALLOC(r, d, cuheap_drv.cuMemAlloc_v2(&p, (size_t)size));
-            cuheap_passthru_done(d, r, CUHEAP_API_TORCH, r ? 0 : p, (uint64_t)size, actual,
-                                 stream_tag(stream), true);
-        } else {
-            cuheap_record_oom(d, CUHEAP_API_TORCH, (uint64_t)size, true);
-        }
-        if (r != CUDA_SUCCESS)
-            p = 0;
-    } else if (served < 0) {
+    if (cuheap_alloc_device(ctr, d, CUHEAP_API_TORCH, (uint64_t)size, stream_tag(stream),
+                            &mem_alloc_call, &p) != CUDA_SUCCESS)
         p = 0;
-    }
     cuheap_unbusy();
     if (pushed) {
         CUcontext dummy;
