@@ -73,7 +73,7 @@ bool cuheap_admit(struct cuheap_device *d, uint64_t actual)
     if (!d->limit || now <= d->limit)
         return true;
     atomic_fetch_sub(&d->reserved, actual);
-    if (cuheap_cfg.release == CUHEAP_RELEASE_NEVER || !cuheap_pool_trim(&d->pool, false))
+    if (cuheap_cfg.release == CUHEAP_RELEASE_NEVER || !cuheap_pool_trim(d->pool, false))
         return false;
     now = atomic_fetch_add(&d->reserved, actual) + actual;
     if (now <= d->limit)
@@ -84,7 +84,7 @@ bool cuheap_admit(struct cuheap_device *d, uint64_t actual)
 
 bool cuheap_reclaim_for_driver(struct cuheap_device *d)
 {
-    return d && cuheap_cfg.release != CUHEAP_RELEASE_NEVER && cuheap_pool_trim(&d->pool, false);
+    return d && cuheap_cfg.release != CUHEAP_RELEASE_NEVER && cuheap_pool_trim(d->pool, false);
 }
 
 CUresult cuheap_alloc_passthru(struct cuheap_device *d, int api, uint64_t size, uint64_t actual,

@@ -157,7 +157,7 @@ cuheap_alloc_pooled(struct cuheap_counters *ctr, struct cuheap_device *d, int ap
         return 0;
     uint64_t ptr, block, seq = 0; /* a sequence number only for an event recorded */
     int r =
-        cuheap_pool_alloc(&d->pool, size, stream, &ptr, &block, cuheap_recording() ? &seq : NULL);
+        cuheap_pool_alloc(d->pool, size, stream, &ptr, &block, cuheap_recording() ? &seq : NULL);
     if (r == CUHEAP_POOL_PASS || r < 0)
         return 0;
     *ret = (CUdeviceptr)ptr;
@@ -185,17 +185,19 @@ cuheap_alloc_device(struct cuheap_counters *ctr, struct cuheap_device *d, int ap
 static inline __attribute__((always_inline)) int
 cuheap_free_pooled(struct cuheap_counters *ctr, uint64_t ptr, uint64_t stream, int api)
 {
-    struct cuheap_pool *p = NULL;
+    void *owner = NULL;            /* the device record whose pool held ptr */
     uint64_t size, block, seq = 0; /* a sequence number only for an event recorded */
-    int r = cuheap_pool_free_any(ptr, stream, &p, &size, &block, cuheap_recording() ? &seq : NULL);
+    int r =
+        cuheap_pool_free_any(ptr, stream, &owner, &size, &block, cuheap_recording() ? &seq : NULL);
     if (r == CUHEAP_POOL_PASS)
         return 0;
     if (r)
         return -1;
-    cuheap_account_in(ctr, cuheap_device_of_pool(p), -(int64_t)size, 0);
+    struct cuheap_device *d = owner;
+    cuheap_account_in(ctr, d, -(int64_t)size, 0);
     cuheap_count_in(ctr, CUHEAP_CTR_FREES, 1);
     if (__builtin_expect(cuheap_recording(), 0))
-        cuheap_record_free_event(p->device, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
+        cuheap_record_free_event(d->ordinal, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
     return 1;
 }
 

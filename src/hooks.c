@@ -602,7 +602,7 @@ CUHEAP_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr ptr)
 {
     ENTER(cuIpcGetMemHandle);
     struct cuheap_pool *p = active && h ? cuheap_pool_of(ptr) : NULL;
-    if (p && p->vmm) {
+    if (p && cuheap_pool_is_vmm(p)) {
         struct cuheap_device *d = cuheap_device_of_pool(p);
         int r = cuheap_ipc_export(d, ptr, h);
         if (r)
@@ -805,7 +805,7 @@ CUHEAP_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
         LEAVE(r);
     cuheap_backend_cuda_add_peer(owner, accessor);
     struct cuheap_device *d = cuheap_device_by_ctx(peer);
-    if (d && cuheap_pool_grant_access(&d->pool))
+    if (d && cuheap_pool_grant_access(d->pool))
         cuheap_log_once("could not give device %d access to pooled memory of device %d: "
                         "kernels there that read it will fault; run with CUHEAP_BACKING=legacy",
                         (int)accessor, (int)owner);

@@ -122,7 +122,7 @@ static void answer(int c)
     struct export e = exports[req.export_id % NR_EXPORTS];
     pthread_mutex_unlock(&exports_lock);
     struct cuheap_device *d = e.id == req.export_id ? cuheap_device_by_ctx(e.ctx) : NULL;
-    n = d ? cuheap_pool_share(&d->pool, e.block, e.buffer_id, share, NR_PIECES) : -EINVAL;
+    n = d ? cuheap_pool_share(d->pool, e.block, e.buffer_id, share, NR_PIECES) : -EINVAL;
     rep.status = n < 0 ? -n : 0;
     for (int i = 0; i < n; i++)
         rep.pieces[i] = (struct ipc_piece){share[i].offset, share[i].bytes};
@@ -204,7 +204,7 @@ static int start_server_locked(void)
 int cuheap_ipc_export(struct cuheap_device *d, CUdeviceptr ptr, CUipcMemHandle *ret)
 {
     uint64_t block, size, buffer_id, arena;
-    if (cuheap_pool_block_range(&d->pool, ptr, &block, &size, &buffer_id, &arena))
+    if (cuheap_pool_block_range(d->pool, ptr, &block, &size, &buffer_id, &arena))
         return -EINVAL;
     pthread_mutex_lock(&exports_lock);
     if (start_server_locked()) {

@@ -154,7 +154,7 @@ static void fork_prepare(void)
     pthread_mutex_lock(&cuheap_streams_gate);
     forking_devices = atomic_load(&nr_devices);
     for (unsigned i = 0; i < forking_devices; i++)
-        pthread_mutex_lock(&devices[i].pool.lock);
+        cuheap_pool_atfork_prepare(devices[i].pool);
     cuheap_streams_atfork_prepare();
     cuheap_recorder_atfork_prepare();
 }
@@ -167,7 +167,7 @@ static void fork_parent(void)
         cuheap_recorder_atfork_parent();
         cuheap_streams_atfork_parent();
         for (unsigned i = forking_devices; i-- > 0;)
-            pthread_mutex_unlock(&devices[i].pool.lock);
+            cuheap_pool_atfork_parent(devices[i].pool);
         pthread_mutex_unlock(&cuheap_streams_gate);
     }
     pthread_mutex_unlock(&boot_lock);
@@ -191,7 +191,7 @@ static void fork_child(void)
     pthread_mutex_init(&set_recording_lock, NULL); /* a parent's thread inside it is gone */
     unsigned n = atomic_load(&nr_devices);
     for (unsigned i = 0; i < n; i++) {
-        cuheap_pool_forget(&devices[i].pool);
+        cuheap_pool_forget(devices[i].pool);
         memset(devices[i].cuda.fences, 0, sizeof(devices[i].cuda.fences));
         atomic_store(&devices[i].reserved, 0);
         atomic_store(&devices[i].live, 0);
@@ -351,7 +351,7 @@ static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
         .type = (uint8_t)n->type,
         .api = CUHEAP_API_NONE,
         .flags = CUHEAP_EVF_POOLED,
-        .device = (int16_t)p->device,
+        .device = (int16_t)cuheap_device_of_pool(p)->ordinal,
         .ptr = n->ptr,
         .size = n->size,
         .actual = n->size,
@@ -374,6 +374,8 @@ static struct cuheap_device *create_device_locked(CUcontext ctx)
     if (n == CUHEAP_NR_MAX_DEVICES)
         return NULL;
     struct cuheap_device *d = &devices[n];
+    if (!d->pool && !(d->pool = cuheap_pool_create()))
+        return NULL;
     CUdevice dev = 0;
     if (cuheap_drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
         return NULL;
@@ -389,8 +391,8 @@ static struct cuheap_device *create_device_locked(CUcontext ctx)
                                          : cuheap_cfg.limit_bytes;
     struct cuheap_backend be;
     cuheap_backend_cuda_init(&d->cuda, ctx, d->ordinal, &be);
-    cuheap_pool_init(&d->pool, &cuheap_cfg, &be, d->ordinal, d->limit, &d->reserved, pool_note);
-    d->pool.nr_capturing = (unsigned)atomic_load(&nr_capturing);
+    cuheap_pool_init(d->pool, &cuheap_cfg, &be, d->ordinal, d->limit, &d->reserved, pool_note, d);
+    cuheap_pool_set_capturing(d->pool, (unsigned)atomic_load(&nr_capturing));
     atomic_store_explicit(&d->ctx, ctx, memory_order_release);
     atomic_store_explicit(&nr_devices, n + 1, memory_order_release);
     cuheap_recorder_device(d->ordinal, name, total);
@@ -422,7 +424,7 @@ static struct cuheap_device *device_lookup(CUcontext ctx)
     }
     pthread_mutex_unlock(&devices_lock);
     if (fresh && cuheap_cfg.pool && cuheap_cfg.pool_init &&
-        cuheap_pool_reserve(&d->pool, cuheap_cfg.pool_init))
+        cuheap_pool_reserve(d->pool, cuheap_cfg.pool_init))
         cuheap_log("CUHEAP_POOL_INIT: could only reserve %" PRIu64 " bytes on device %d",
                    (uint64_t)atomic_load(&d->reserved), d->ordinal);
     return d;
@@ -462,7 +464,7 @@ struct cuheap_device *cuheap_device_by_ctx(CUcontext ctx)
 
 void cuheap_device_gone(struct cuheap_device *d, bool dead)
 {
-    uint64_t pooled_live = cuheap_pool_abandon(&d->pool);
+    uint64_t pooled_live = cuheap_pool_abandon(d->pool);
     uint64_t size = 0, actual = 0;
     cuheap_addrmap_drop_device(&cuheap_passthru, d->ordinal, &size, &actual);
     cuheap_account(d, -(int64_t)(pooled_live + size), -(int64_t)actual);
@@ -542,7 +544,7 @@ bool cuheap_capture_changed(CUstream s, bool begin)
         atomic_fetch_add(&nr_capturing, begin ? 1 : -1);
         unsigned n = atomic_load(&nr_devices);
         for (unsigned i = 0; i < n; i++)
-            cuheap_pool_capture(&devices[i].pool, begin ? 1 : -1);
+            cuheap_pool_capture(devices[i].pool, begin ? 1 : -1);
     }
     pthread_mutex_unlock(&capture_lock);
     return changed;
@@ -564,7 +566,7 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
     for (unsigned i = 0; i < n; i++) {
         struct cuheap_device *d = &devices[i];
         struct cuheap_pool_stats ps;
-        cuheap_pool_get_stats(&d->pool, &ps);
+        cuheap_pool_get_stats(d->pool, &ps);
         s.live_bytes += cuheap_device_live(d);
         s.peak_live_bytes += device_peak_live(d);
         s.reserved_bytes += atomic_load(&d->reserved);
@@ -637,7 +639,7 @@ static void summary(void)
     for (unsigned i = 0; i < n; i++) {
         struct cuheap_device *d = &devices[i];
         struct cuheap_pool_stats ps;
-        cuheap_pool_get_stats(&d->pool, &ps);
+        cuheap_pool_get_stats(d->pool, &ps);
         char pl[32], pr[32];
         uint64_t peak_live = device_peak_live(d), peak_res = atomic_load(&d->peak_reserved);
         cuheap_format_size(peak_live, pl, sizeof(pl));
@@ -670,7 +672,7 @@ static void summary(void)
                               "outside any capture: freed blocks wait for a device sync",
                               d->ordinal, error_name(code, name, sizeof(name)));
         }
-        if (d->pool.vmm)
+        if (cuheap_pool_is_vmm(d->pool))
             cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
                               " moved, %" PRIu64 " given back to make room, %" PRIu64
                               " fence waits, %.1f ms polling and waiting for fences, %.1f ms "

@@ -38,7 +38,7 @@ struct cuheap_device {
      * pending bytes) x CUHEAP_LIVE_BATCH of the true peak, exact for requests that large. */
     _Atomic uint64_t peak_live;
     _Atomic uint64_t peak_reserved;
-    struct cuheap_pool pool;
+    struct cuheap_pool *pool;       /* made with the record, never freed */
     struct cuheap_cuda_device cuda; /* the pool's backend's own state */
 };
 
@@ -76,7 +76,7 @@ struct cuheap_device *cuheap_device_current(void);
 /* The record whose pool p is. */
 static inline struct cuheap_device *cuheap_device_of_pool(struct cuheap_pool *p)
 {
-    return (struct cuheap_device *)((char *)p - offsetof(struct cuheap_device, pool));
+    return (struct cuheap_device *)cuheap_pool_owner(p);
 }
 
 /* The record of a context, if one exists. */

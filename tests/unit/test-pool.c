@@ -21,7 +21,7 @@
 #include <cmocka.h>
 
 #include "event.h"
-#include "pool.h"
+#include "pool/internal.h" /* the pool's own test: its private state too */
 
 #define MIB (1ull << 20)
 
@@ -423,7 +423,7 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
         .phys_map = hd_phys_map,
         .phys_unmap = hd_phys_unmap,
     };
-    assert_int_equal(cuheap_pool_init(&f->pool, &f->cfg, &be, 0, limit, &f->reserved, note), 0);
+    assert_int_equal(cuheap_pool_init(&f->pool, &f->cfg, &be, 0, limit, &f->reserved, note, f), 0);
     return f;
 }
 

@@ -1,0 +1,303 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Where a vmm block gets its memory: the granules it needs that are not mapped come from an
+ * idle chunk moved there, a new chunk within the pool's budget, or, past the budget, from blocks
+ * waiting for a fence, waited for. Also what happens when the driver refuses the backing.
+ *
+ * Lock rule: p->lock held in every _locked function; every wait drops it with nothing held
+ * (map_wait_locked), and the block's range is looked at anew afterwards.
+ */
+#include "internal.h"
+
+/* Put every block freed but not yet behind a fence (open epoch, stream caches, thread caches)
+ * behind one, once per allocation. Returns whether it did so now. Past the pool's budget only
+ * the caller's own cache is drained (all: false): draining every thread's makes each pass a
+ * memory barrier (membarrier(2)) and takes its ready blocks, so that its next allocations take
+ * the pool's lock, and a loop of large pairs past the budget did so on every pair. What the
+ * others keep may then make the pool map more rather than wait; a full device or limit drains
+ * them all (all: true, once more after the caller's alone). On the H200, 16 threads of 2 MiB
+ * pairs were no faster for it (their time is the pool's lock, bench/RESULTS.md 2026-12-02);
+ * the GPT replay (one thread) is unchanged. */
+static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq, bool all)
+{
+    if (all ? acq->fenced_all : acq->fenced)
+        return false;
+    acq->fenced = true;
+    acq->fenced_all = all;
+    if (all)
+        tc_drain_all_locked(p, false); /* what threads keep ready holds memory too */
+    else
+        tc_drain_mine_locked(p);
+    flush_stream_caches_locked(p);
+    close_epoch_locked(p);
+    return true;
+}
+
+/* The driver failed a VMM call twice over, and not for want of memory (create_chunk_locked,
+ * map_chunk_locked, grow_va_locked; a full device is no refusal: it goes through the pool's
+ * reclaim, then to the driver). The backing does not work on this device, as on some
+ * virtualized or partitioned GPUs, older drivers and containers (on WSL2 cuMemSetAccess
+ * answers CUDA_ERROR_UNKNOWN although the device advertises VMM, and every allocation of
+ * PyTorch's expandable segments fails), so the pool makes no more mapping calls. Once it holds
+ * nothing, now or at a later refusal (its idle chunks given back first), it becomes a legacy
+ * pool for the rest of the run, its address space given back; until then a request that needs
+ * new memory goes to the driver. Returns whether the pool is a legacy pool now. */
+bool vmm_refused_locked(struct cuheap_pool *p)
+{
+    if (!p->vmm)
+        return true; /* another thread saw to it (grow_va_locked drops the lock) */
+    p->vmm_refused = CUHEAP_VMM_TO_DRIVER;
+    tc_drain_all_locked(p, false);
+    reclaim_locked(p);
+    flush_quick_locked(p);
+    release_idle_locked(p, 0);
+    if (p->st.reserved || p->nr_empty != p->nr_arenas) /* blocks in use or pending, or memory */
+        return false;
+    /* no cache holds a block (each would be one in use); held still while the backing changes */
+    tc_hold_all(p);
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        uint64_t va = a->buddy.base, size = a->buddy.size;
+        map_update(a, false);
+        arena_retire(a);
+        p->be.va_free(p->be.ctx, va, size);
+    }
+    p->nr_arenas = p->nr_empty = p->hint = 0;
+    p->st.nr_arenas = 0;
+    p->peak_busy = 0;
+    p->vmm = false;
+    p->vmm_refused = CUHEAP_VMM_TO_LEGACY;
+    tc_unhold_all(p);
+    return true;
+}
+
+/* Physical memory for the unmapped granules [first, first + nr) of arena a, as one chunk:
+ * an idle chunk of that size moved here (one unmap, one map); else a new chunk, within the
+ * pool's budget: the most memory its blocks have used at once so far, plus a small cushion.
+ * Idle chunks past the budget go back to the driver first, oldest first, so the pool holds
+ * about what the job needs at its peak, and off-peak idle chunks stay where they are for the
+ * blocks that come back to them. Growing past the budget is what waiting beats (the driver's
+ * own free waits for the whole device every time): blocks that wait for a fence are waited
+ * for first, and the question asked again. When the device or the limit is full, idle chunks
+ * go, then pending ones are waited for. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO; or, where
+ * waiting is next, MAP_FENCE_POLL, MAP_FENCE or MAP_WAIT for the caller to do with nothing held
+ * (map_wait_locked), since each drops p->lock: granules of the block's range that were
+ * unmapped may be mapped meanwhile by a thread whose block shares them, and a run mapped over
+ * them broke the accounting (seen once under CI's load, `pool_check`: a chunk idle with a
+ * granule in use). */
+enum { MAP_FENCE_POLL = 1, MAP_FENCE, MAP_WAIT, MAP_DEVICE_SYNC };
+
+static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
+                          uint32_t nr, struct acquire *acq)
+{
+    uint64_t need = (uint64_t)nr << p->granule_shift;
+    bool moves = true;
+    if (p->vmm_refused)
+        return -EIO; /* no more mapping calls (vmm_refused_locked) */
+    for (;;) {
+        struct cuheap_chunk *c = moves ? idle_of_size_locked(p, nr) : NULL;
+        if (c) {
+            int m = move_chunk_locked(p, c, a, first);
+            if (m != -EAGAIN && m != CUHEAP_BE_OOM)
+                return m;
+            moves = false; /* the driver would not move it: make a new one instead */
+            continue;
+        }
+        uint64_t budget = p->peak_busy + p->cfg->vmm_cushion; /* CUHEAP_VMM_CUSHION */
+        bool waiting = p->ep_head != p->ep_tail;
+        if (p->st.reserved + need > budget && p->st.reserved + need - budget > p->idle_bytes) {
+            /* past the job's high-water mark: blocks that wait for a fence first */
+            if (reclaim_locked(p))
+                continue;
+            if (!acq->fenced)
+                return MAP_FENCE_POLL;
+            if (waiting && p->st.pending >= granule_bytes(p) && !acq->waited_in_vain)
+                return MAP_WAIT;
+        }
+        for (uint64_t n = p->nr_idle; n && p->nr_idle && p->st.reserved + need > budget; n--)
+            if (release_chunk_locked(p, p->idle.idle_next))
+                p->st.nr_releases++;
+        int r = new_chunk_locked(p, a, first, nr);
+        if (r == 0 || r == -EIO)
+            return r;
+        /* the device or the limit is full: idle memory goes first, then what is pending */
+        if (release_idle_locked(p, 0))
+            continue;
+        if (reclaim_locked(p))
+            continue;
+        if (!acq->fenced_all)
+            return MAP_FENCE;
+        if (p->ep_head == p->ep_tail) /* blocks another thread syncs for come back soon */
+            return p->syncing ? MAP_DEVICE_SYNC : r;
+        return acq->waited_in_vain ? r : MAP_WAIT;
+    }
+}
+
+/* What map_run_locked() asked for (p->lock held on entry and exit, dropped meanwhile). */
+static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq)
+{
+    if (what == MAP_DEVICE_SYNC)
+        wait_syncing_locked(p);
+    else if (what == MAP_WAIT)
+        acq->waited_in_vain |= !wait_oldest_locked(p);
+    else if (fence_pending_once_locked(p, acq, what == MAP_FENCE) && what == MAP_FENCE_POLL)
+        poll_oldest_locked(p);
+}
+
+/* The granules [*ret_start, *ret_end] one new chunk covers, for the unmapped granule g that
+ * the block at ptr needs (its last needed granule: last).
+ * tight: from g to the next mapped granule, at most `last` and CUHEAP_VMM_CHUNK, so a block
+ * holds only what it uses; but the chunks made are of every size, and an idle one is moved
+ * only to a place of its size, so the rest go back to the driver and new ones are made (the
+ * GPT loop: about 13 of each a step, beside 14 moves).
+ * aligned: the unmapped granules of the CUHEAP_VMM_CHUNK-aligned piece around
+ * g, so that chunks are one size and any idle one can move anywhere. The GPT loop on an H200:
+ * half the time in mapping calls and a step 1.23x the caching allocator's against 1.39x, for
+ * 1.06 held/live against 1.03 (measured, a mapping call costs the step two to four times
+ * the call's own time; but in 2 of 15 long replays its memory rose to 1.10-1.12, so tight stays
+ * the default). A block of a piece or more owns its pieces' address space,
+ * so its last chunk ends where the block's bytes do (a 20 MiB block holds 20 MiB, as PyTorch's
+ * segments need); a smaller one maps the piece its neighbours will share. */
+static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena *a, uint64_t ptr,
+                         uint32_t g, uint32_t last, bool only_needed, uint32_t *ret_start,
+                         uint32_t *ret_end)
+{
+    uint32_t start = g, end = g;
+    if (p->cfg->vmm_layout == CUHEAP_VMM_TIGHT) {
+        while (end < last && !a->granules[end + 1].chunk && end + 1 - g < p->chunk_max)
+            end++;
+    } else {
+        uint32_t piece = g - g % p->chunk_max, piece_end = piece + p->chunk_max - 1;
+        if (piece_end >= a->nr_granules)
+            piece_end = a->nr_granules - 1;
+        int order = cuheap_buddy_order_at(&a->buddy, ptr);
+        bool owns = order >= 0 && (1ull << order) >= ((uint64_t)p->chunk_max << p->granule_shift);
+        /* near the limit or a full device, the granules the block needs, still inside the
+         * piece: a whole piece must not turn the last few MiB into out-of-memory */
+        if ((owns || only_needed) && piece_end > last)
+            piece_end = last;
+        while (start > piece && !only_needed && !a->granules[start - 1].chunk)
+            start--;
+        while (end < piece_end && !a->granules[end + 1].chunk)
+            end++;
+    }
+    *ret_start = start;
+    *ret_end = end;
+}
+
+/* The block at ptr is about to hold size bytes: hold the granules they reach into, beyond
+ * those it holds already (a block reused on the same stream keeps its granules), mapping
+ * the unmapped ones in chunks (chunk_bounds). On failure nothing new is held. Returns 0,
+ * CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
+                        struct acquire *acq)
+{
+    uint32_t u = unit_of(a, ptr), first, last, held_first, held_last;
+    uint64_t old = a->extent[u];
+    if (size <= old)
+        return 0;
+again:
+    granule_span(p, a, ptr, size, &first, &last);
+    if (old) {
+        granule_span(p, a, ptr, old, &held_first, &held_last);
+        first = held_last + 1;
+    }
+    /* what is mapped first: its chunks are then busy, and making room cannot give them back */
+    for (uint32_t g = first; g <= last; g++)
+        if (a->granules[g].chunk)
+            hold_granule_locked(p, &a->granules[g]);
+    for (uint32_t g = first; g <= last;) {
+        if (a->granules[g].chunk) {
+            g++;
+            continue;
+        }
+        uint32_t start, end;
+        chunk_bounds(p, a, ptr, g, last, acq->only_needed, &start, &end);
+        int r = map_run_locked(p, a, start, end - start + 1, acq);
+        if (r) {
+            for (uint32_t h = first; h <= last; h++)
+                if (a->granules[h].chunk) /* below g all, beyond it those held above */
+                    drop_granule_locked(p, &a->granules[h]);
+            if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT || r == MAP_DEVICE_SYNC) {
+                /* nothing held while p->lock is dropped; then the range is looked at anew */
+                map_wait_locked(p, r, acq);
+                goto again;
+            }
+            if ((r == CUHEAP_BE_OOM || r == -EDQUOT) && !acq->only_needed &&
+                p->cfg->vmm_layout == CUHEAP_VMM_ALIGNED) {
+                acq->only_needed = true; /* a whole piece did not fit: what the block needs */
+                goto again;
+            }
+            return r;
+        }
+        for (; g <= end && g <= last; g++)
+            hold_granule_locked(p, &a->granules[g]);
+    }
+    set_extent_locked(p, a, ptr, size);
+    return 0;
+}
+
+/* vmm: the block the buddy gave needs granules mapped, but blocks freed before wait for a
+ * fence. Once it passes they are free with their granules mapped, and the last one freed is
+ * the first the buddy gives again: very likely one of this size, at an address that needs no
+ * driver call. So wait for the oldest fence and ask again, rather than move memory (66 us a
+ * granule on an H200) or take more. Bounded by the number of epochs. */
+void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr, uint64_t *block,
+                          struct cuheap_arena **arena)
+{
+    unsigned backs = 0;
+    for (unsigned tries = 0; tries <= CUHEAP_NR_EPOCHS; tries++) {
+        if (block_mapped_locked(p, *arena, *ptr, size))
+            return;
+        if (p->ep_head == p->ep_tail && !open_epoch(p)->nr_blocks)
+            return; /* nothing waits: moving or taking granules is all there is */
+        if (!reclaim_locked(p)) {
+            bool back = false; /* every stream idle, or a device sync: they came back */
+            if (p->ep_head == p->ep_tail) {
+                back = close_epoch_locked(p);
+                if (p->ep_head == p->ep_tail && !back)
+                    return; /* could not close it (a stream captures) */
+                if (back && backs++)
+                    return; /* once: a device sync each round would cost more than mapping */
+            }
+            if (!back && !poll_oldest_locked(p))
+                wait_oldest_locked(p);
+        }
+        /* back to the buddy, not a quick list: the list would hand this very block out again */
+        merge_block_locked(p, *arena, *ptr);
+        if (take_block_locked(p, size, ptr, block, arena))
+            cuheap_assert(!"a block just given back could not be taken again");
+    }
+}
+
+/* CUHEAP_POOL_INIT under vmm: idle granules mapped at the start of the first arena, each its
+ * own chunk so that blocks of any size can use them (one driver call each, once); under the
+ * aligned layout, the unmapped granules of each piece as one chunk (the size chunks come in;
+ * a piece may be mapped in part already), no more than asked for. */
+int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
+{
+    int r = p->nr_arenas ? 0 : grow_va_locked(p, bytes);
+    if (r == 0 && (!p->vmm || p->vmm_refused))
+        r = -EIO; /* the backing was given up (meanwhile): no more mapping calls */
+    if (r)
+        return r == -EIO ? -EIO : -ENOMEM;
+    struct cuheap_arena *a = p->arenas[0];
+    uint32_t piece = p->cfg->vmm_layout == CUHEAP_VMM_ALIGNED ? p->chunk_max : 1;
+    for (uint32_t g = 0; g < a->nr_granules && p->st.reserved < bytes;) {
+        if (a->granules[g].chunk) {
+            g++;
+            continue;
+        }
+        uint64_t want = (bytes - p->st.reserved + granule_bytes(p) - 1) >> p->granule_shift;
+        uint32_t end = g, piece_end = g - g % piece + piece - 1;
+        while (end < piece_end && end + 1 < a->nr_granules && !a->granules[end + 1].chunk &&
+               end + 1 - g < want)
+            end++;
+        if ((r = new_chunk_locked(p, a, g, end - g + 1)))
+            return r == -EIO ? -EIO : -ENOMEM;
+        g = end + 1;
+    }
+    if (p->st.reserved > p->peak_busy)
+        p->peak_busy = p->st.reserved; /* asked for: not to be given back to make room */
+    return p->st.reserved >= bytes ? 0 : -ENOMEM;
+}

@@ -1,0 +1,678 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The pool's public entry points (pool.h): set-up, allocation and free (the thread cache's
+ * fast path inline, the rest out of line), range queries, sharing, trim, reserve, captures,
+ * statistics, and a context's or a fork's end.
+ *
+ * Lock rule: p->lock is taken here for the slow paths and dropped around every wait and every
+ * driver call that the parts below make.
+ */
+#include "internal.h"
+
+#include <unistd.h>
+#include <sys/mman.h>
+
+void cuheap_pool_atfork_child(void)
+{
+    map_atfork_child();
+    tc_atfork_child();
+}
+
+#define TC_LEGACY_MAX_ORDER 17 /* largest block a legacy thread cache keeps: 128 KiB */
+
+/* The pool's lock spins a little before it sleeps (glibc's adaptive mutex): its holders make
+ * at most a driver call or two, and 16 threads of 2 MiB pairs, each taking it twice a pair,
+ * queued on futex sleeps and wake-ups (85% of their CPU samples at two offsets of libc's futex call
+ * on the H200): 43.3-43.7 us a pair a thread with it against 48.7-52.3 without (three rounds each,
+ * bench/RESULTS.md). A thread alone never waits, so nothing changes for it. */
+static void pool_lock_init(struct cuheap_pool *p)
+{
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&p->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+}
+
+struct cuheap_pool *cuheap_pool_create(void)
+{
+    void *m = mmap(NULL, sizeof(struct cuheap_pool), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return m == MAP_FAILED ? NULL : m;
+}
+
+void *cuheap_pool_owner(const struct cuheap_pool *p)
+{
+    return p->owner;
+}
+
+bool cuheap_pool_is_vmm(const struct cuheap_pool *p)
+{
+    return p->vmm;
+}
+
+void cuheap_pool_set_capturing(struct cuheap_pool *p, unsigned nr)
+{
+    __atomic_store_n(&p->nr_capturing, nr, __ATOMIC_RELAXED);
+}
+
+void cuheap_pool_atfork_prepare(struct cuheap_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+}
+
+void cuheap_pool_atfork_parent(struct cuheap_pool *p)
+{
+    pthread_mutex_unlock(&p->lock);
+}
+
+int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
+                     const struct cuheap_backend *be, int device, uint64_t limit,
+                     _Atomic uint64_t *device_reserved, cuheap_pool_note_fn note_fn, void *owner)
+{
+    memset(p, 0, sizeof(*p));
+    p->owner = owner;
+    pool_lock_init(p);
+    pthread_cond_init(&p->synced, NULL);
+    p->cfg = cfg;
+    p->be = *be;
+    p->device = device;
+    p->limit = limit;
+    p->device_reserved = device_reserved;
+    p->note = note_fn;
+    p->next_buffer_id = 1;
+    static _Atomic uint64_t nr_pools;
+    p->gen = atomic_fetch_add(&nr_pools, 1) + 1;
+    p->min_order = 63u - (unsigned)__builtin_clzll(cfg->min_block);
+    p->vmm = cfg->backing == CUHEAP_BACKING_VMM && be->granule && be->va_reserve && be->va_free &&
+             be->phys_create && be->phys_release && be->phys_map && be->phys_unmap;
+    p->granule_shift = p->vmm ? 63u - (unsigned)__builtin_clzll(be->granule) : 0;
+    p->chunk_max =
+        p->vmm && cfg->vmm_chunk > be->granule ? (uint32_t)(cfg->vmm_chunk >> p->granule_shift) : 1;
+    /* aligned pieces line up with buddy blocks only when they are a power of two of granules:
+     * a 6 MiB piece would reach into a neighbour block's address space */
+    if (cfg->vmm_layout == CUHEAP_VMM_ALIGNED)
+        p->chunk_max = 1u << (31 - __builtin_clz(p->chunk_max));
+    p->idle.idle_next = p->idle.idle_prev = &p->idle;
+    /* under CUHEAP_RELEASE=empty a block goes back as soon as it can: none are kept aside */
+    p->tc_bytes = cfg->release == CUHEAP_RELEASE_EMPTY ? 0 : cfg->thread_cache;
+    if (p->tc_bytes)
+        tc_setup_once();
+    /* A block a thread keeps holds its memory from every other size: under vmm its granules,
+     * which the pool would otherwise move to where they are needed; under legacy its place in
+     * an arena, so other sizes grow the pool. Measured on the GPT replay (held/live): vmm
+     * 1.033 without caches, 1.036 caching blocks up to a sixteenth of a granule, 1.052 up to a
+     * granule, 1.069 up to 64 MiB; legacy 1.294 up to 256 KiB, 1.479 from 512 KiB up to 64 MiB
+     * (a 2 MiB pair then costs 1,182 instructions instead of 1,023). So both cache small blocks
+     * only: a sixteenth of a granule, or 128 KiB under legacy (a sixteenth of 2 MiB). */
+    p->tc_max_order = p->vmm ? p->granule_shift - 4 : TC_LEGACY_MAX_ORDER;
+    if (p->tc_max_order >= TC_NR_ORDERS) /* a device with granules over 2 MiB */
+        p->tc_max_order = TC_NR_ORDERS - 1;
+    return 0;
+}
+
+/* More for the pool: address space under vmm (costs no device memory), an arena of device
+ * memory under legacy. Drops p->lock around the driver call. Returns 0, CUHEAP_BE_OOM, -EDQUOT
+ * (the limit refused) or -EIO (the driver refused the vmm backing). */
+static int grow_locked(struct cuheap_pool *p, uint64_t need, bool exact)
+{
+    if (p->nr_arenas == CUHEAP_NR_MAX_ARENAS)
+        return CUHEAP_BE_OOM;
+    return p->vmm ? grow_va_locked(p, need) : grow_legacy_locked(p, need, exact);
+}
+
+static __attribute__((noinline)) int pool_alloc_slow(struct cuheap_pool *p, uint64_t size,
+                                                     uint64_t stream, unsigned order, bool cached,
+                                                     uint64_t *ret_ptr, uint64_t *ret_block,
+                                                     uint64_t *ret_seq);
+
+/* The thread cache's allocation here, everything else out of line: the common call then saves
+ * and restores only the registers it uses. */
+int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
+                      uint64_t *ret_block, uint64_t *ret_seq)
+{
+    if (size == 0 || size > p->cfg->pool_max)
+        return CUHEAP_POOL_PASS;
+    unsigned order = order_of_size(p, size);
+    /* a block too large for the caches asks no fence on their behalf */
+    bool cached = !stream && p->tc_bytes && order <= p->tc_max_order;
+    if (cached && !__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED)) {
+        struct cuheap_tcache *tc = tc_find(p);
+        if (tc && (tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0 ||
+                   (tc_reap_unlocked(p, tc) &&
+                    tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0)))
+            return 0;
+    }
+    return pool_alloc_slow(p, size, stream, order, cached, ret_ptr, ret_block, ret_seq);
+}
+
+static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream, unsigned order,
+                           bool cached, uint64_t *ret_ptr, uint64_t *ret_block, uint64_t *ret_seq)
+{
+    struct cuheap_tcache *mine = tc_find(p);
+    /* here rather than in cuheap_pool_alloc, where it cost the small blocks' path registers */
+    if (mine && mine->large_on && !stream && order > p->tc_max_order &&
+        tc_large_alloc(p, mine, size, order, ret_ptr, ret_block, ret_seq) == 0)
+        return 0;
+    pool_lock_noting(p, mine);
+    if (p->nr_capturing && !stream) {
+        pthread_mutex_unlock(&p->lock);
+        return CUHEAP_POOL_PASS;
+    }
+    if (p->nr_merged >= CUHEAP_PURGE_EVERY)
+        purge_meta_locked(p);
+    uint64_t ptr = 0, block = 0;
+    struct cuheap_arena *arena = NULL;
+    int r = -ENOMEM, g = 0;
+    bool from_tc = false;
+    if (cached) {
+        /* the thread's own batch whose fence has passed, before anything of the pool's */
+        struct cuheap_tcache *tc = tc_find(p);
+        if (tc && tc_reap_locked(p, tc) &&
+            tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0) {
+            pthread_mutex_unlock(&p->lock);
+            return 0;
+        }
+        /* vmm: a ready block whose memory covers a smaller request gets the rest here */
+        if (tc && p->vmm && tc_take_ready(p, tc, size, &ptr, &arena)) {
+            block = 1ull << order;
+            from_tc = true;
+            r = 0;
+        }
+    }
+    bool missed = false, drained = false;
+    /* Same-stream reuse needs no fence: later work on that stream is ordered after the free. */
+    struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, false) : NULL;
+    if (sc) {
+        if (order < CUHEAP_NR_ORDERS && sc->heads[order]) {
+            ptr = sc->heads[order];
+            arena = map_lookup(ptr);
+            sc->heads[order] = arena->link[unit_of(arena, ptr)];
+            sc->bytes -= 1ull << order;
+            block = 1ull << order;
+            p->st.pending -= block;
+            p->pending_mapped -= extent_at(p, arena, ptr);
+            r = 0;
+        }
+    }
+    /* With thread caches, this path runs once per refill: blocks whose fence has passed are
+     * what refills come from, so look for them every time the quick list is out. */
+    if (r && (++p->nr_since_poll >= 32 || (cached && !p->quick[order % CUHEAP_NR_ORDERS].head))) {
+        p->nr_since_poll = 0;
+        reclaim_locked(p);
+    }
+    /* Blocks freed since the last fence come back before a place is chosen, if every stream
+     * is idle: chosen first, the new block was placed around them, and under vmm a loop of
+     * 2 MiB pairs then moved memory to it from theirs every pair. */
+    if (r && !p->quick[order % CUHEAP_NR_ORDERS].head)
+        give_back_if_idle_locked(p);
+    bool from_cache = r == 0 && !from_tc;
+again:;
+    bool flushed = false, trimmed = false;
+    unsigned synced = 0;
+    while (r) {
+        r = take_block_locked(p, size, &ptr, &block, &arena);
+        if (r == 0)
+            break;
+        missed = true;
+        if (reclaim_locked(p) || flush_quick_locked(p))
+            continue;
+        if (p->vmm) {
+            /* out of address space only: more costs no device memory */
+            g = grow_locked(p, size, false);
+            if (g == 0)
+                continue;
+            if (g == -EIO)
+                goto refused;
+            goto out_of_memory;
+        }
+        if (!flushed) {
+            /* Blocks waiting in thread caches, the open epoch or stream caches become
+             * reusable sooner behind a fence recorded now. */
+            flushed = true;
+            tc_drain_all_locked(p, true);
+            flush_stream_caches_locked(p);
+            if (close_epoch_locked(p))
+                continue; /* every stream idle: they came back, a reason not to grow */
+        }
+        if (poll_oldest_locked(p))
+            continue;
+        g = grow_locked(p, size, false);
+        if (g == 0)
+            continue;
+        if (p->ep_head != p->ep_tail && wait_oldest_locked(p))
+            continue;
+        if (!trimmed && p->cfg->release != CUHEAP_RELEASE_NEVER) { /* legacy only, as above */
+            /* Empty arenas too small for this request (made under a limit) can make room
+             * for one that fits. */
+            trimmed = true;
+            if (release_empty_unlocked(p))
+                continue;
+        }
+        if (p->syncing && synced++ < CUHEAP_NR_EPOCHS) {
+            wait_syncing_locked(p); /* blocks another thread syncs for come back soon */
+            continue;
+        }
+        goto out_of_memory;
+    }
+    if (p->vmm && !from_cache && !from_tc)
+        prefer_mapped_locked(p, size, &ptr, &block, &arena);
+    if (p->vmm) {
+        uint64_t before = p->st.nr_creates + p->st.nr_moves;
+        struct acquire acq = {.fenced = false};
+        g = use_granules_locked(p, arena, ptr, size, &acq);
+        if (g) {
+            if (from_cache)
+                pend_locked(p, arena, ptr, block); /* reusable on its stream only: fence it */
+            else
+                return_block_locked(p, arena, ptr);
+            from_cache = from_tc = false;
+            r = -ENOMEM;
+            if (g == -EIO)
+                goto refused;
+            goto out_of_memory;
+        }
+        missed = p->st.nr_creates + p->st.nr_moves != before; /* the driver was needed */
+    }
+    if (missed)
+        p->st.nr_misses++;
+    else
+        p->st.nr_hits++;
+    mark_live_locked(p, arena, ptr, size, block);
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
+    if (cached)
+        tc_after_alloc_locked(p, size);
+    pthread_mutex_unlock(&p->lock);
+    debug_check(p);
+    *ret_ptr = ptr;
+    *ret_block = block;
+    return 0;
+out_of_memory:
+    /* Ready and freed blocks in every thread's cache go back before the answer is no. */
+    if (!drained) {
+        drained = true;
+        if (tc_drain_all_locked(p, false))
+            goto again;
+    }
+    pool_note_event(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved,
+                    p->limit);
+    pthread_mutex_unlock(&p->lock);
+    return -ENOMEM;
+refused:
+    if (vmm_refused_locked(p))
+        goto again; /* a legacy pool now */
+    pthread_mutex_unlock(&p->lock);
+    return CUHEAP_POOL_PASS; /* new memory from the driver while the pool's blocks live */
+}
+
+static __attribute__((noinline)) int pool_free_slow(struct cuheap_pool *p, uint64_t ptr,
+                                                    uint64_t stream, bool cached,
+                                                    uint64_t *ret_size, uint64_t *ret_block,
+                                                    uint64_t *ret_seq);
+
+/* The thread cache's free here, everything else out of line (as cuheap_pool_alloc); a is
+ * ptr's arena as looked up without a lock (or NULL). */
+static __attribute__((always_inline)) inline int
+pool_free_in(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t stream,
+             uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
+{
+    bool cached = !stream && p->tc_bytes && p->cfg->reuse != CUHEAP_REUSE_SYNC;
+    if (cached) {
+        struct cuheap_tcache *tc = tc_find(p);
+        if (tc && tc_free(p, tc, a, ptr, ret_size, ret_block, ret_seq) == 0)
+            return 0;
+    }
+    return pool_free_slow(p, ptr, stream, cached, ret_size, ret_block, ret_seq);
+}
+
+int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint64_t *ret_size,
+                     uint64_t *ret_block, uint64_t *ret_seq)
+{
+    return pool_free_in(p, map_lookup(ptr), ptr, stream, ret_size, ret_block, ret_seq);
+}
+
+/* One look into the address map for both questions, whose pool and where in it: a second
+ * (cuheap_pool_of, then the free's own) was 17 instructions of a 512 B pair. */
+int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, void **ret_owner, uint64_t *ret_size,
+                         uint64_t *ret_block, uint64_t *ret_seq)
+{
+    struct cuheap_arena *a = map_lookup(ptr);
+    if (!a)
+        return CUHEAP_POOL_PASS;
+    *ret_owner = a->pool->owner;
+    return pool_free_in(a->pool, a, ptr, stream, ret_size, ret_block, ret_seq);
+}
+
+static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, bool cached,
+                          uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
+{
+    struct cuheap_tcache *mine = tc_find(p);
+    if (mine && mine->large_on && cached && /* here for the reason pool_alloc_slow says */
+        tc_large_free(p, mine, map_lookup(ptr), ptr, ret_size, ret_block, ret_seq) == 0)
+        return 0;
+    pool_lock_noting(p, mine);
+    struct cuheap_arena *a = map_lookup(ptr);
+    int found = a && a->pool == p ? cuheap_buddy_order_at(&a->buddy, ptr) : -EINVAL;
+    uint32_t u = found < 0 ? 0 : unit_of(a, ptr);
+    uint64_t size = found < 0 ? 0 : __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
+    if (!size) {
+        pthread_mutex_unlock(&p->lock);
+        return -EINVAL; /* not a block start, or not live: a double free */
+    }
+    unsigned order = (unsigned)found;
+    uint64_t block = 1ull << order;
+    p->st.live -= size;
+    p->st.live_blocks -= block;
+    if (ret_seq)
+        *ret_seq = cuheap_seq_next();
+    *ret_size = size;
+    *ret_block = block;
+    struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, true) : NULL;
+    if (sc) {
+        a->link[u] = sc->heads[order];
+        sc->heads[order] = ptr;
+        sc->bytes += block;
+        p->st.pending += block;
+        p->pending_mapped += extent_at(p, a, ptr);
+        /* Keep per-stream hoards bounded: past an arena's worth, share them behind a fence. */
+        if (sc->bytes > p->cfg->arena_size) {
+            flush_stream_caches_locked(p);
+            close_epoch_locked(p);
+        }
+    } else if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE) {
+        return_block_locked(p, a, ptr);
+    } else if (p->cfg->reuse == CUHEAP_REUSE_SYNC) {
+        pthread_mutex_unlock(&p->lock);
+        p->be.device_sync(p->be.ctx); /* what cuMemFree itself would have waited for */
+        pthread_mutex_lock(&p->lock);
+        return_block_locked(p, a, ptr);
+    } else {
+        pend_locked(p, a, ptr, block);
+        /* blocks whose fence has passed may empty an arena that can go back now */
+        if (p->cfg->release == CUHEAP_RELEASE_EMPTY)
+            reclaim_locked(p);
+    }
+    if (cached)
+        tc_get_locked(p); /* this thread's next frees need no lock */
+    uint64_t bases[CUHEAP_NR_SPARE_MAX], sizes[CUHEAP_NR_SPARE_MAX];
+    unsigned nr = 0;
+    if (p->vmm && p->cfg->release == CUHEAP_RELEASE_EMPTY) /* idle granules go back at once, */
+        release_idle_locked(p, p->cfg->pool_init + p->cfg->vmm_cushion); /* but a cushion */
+    else
+        nr = spare_empty_locked(p, bases, sizes);
+    pthread_mutex_unlock(&p->lock);
+    if (nr)
+        free_arenas_unlocked(p, bases, sizes, nr);
+    debug_check(p);
+    return 0;
+}
+
+int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_base,
+                            uint64_t *ret_size, uint64_t *ret_buffer_id, uint64_t *ret_arena)
+{
+    pthread_mutex_lock(&p->lock);
+    struct cuheap_arena *a = map_lookup(ptr);
+    uintptr_t start;
+    unsigned order;
+    bool allocated;
+    int r = -EINVAL;
+    if (a && cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) == 0 && allocated) {
+        uint32_t u = unit_of(a, start);
+        uint64_t size = size_at(a, u);
+        if (size && ptr < start + size) {
+            *ret_base = start;
+            *ret_size = size;
+            *ret_buffer_id = __atomic_load_n(&a->buffer_id[u], __ATOMIC_RELAXED);
+            *ret_arena = a->buddy.base;
+            r = 0;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+int cuheap_pool_share(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
+                      struct cuheap_share *pieces, unsigned max)
+{
+    pthread_mutex_lock(&p->lock);
+    struct cuheap_arena *a = p->vmm && p->be.phys_export ? map_lookup(block) : NULL;
+    int r = -EINVAL;
+    uintptr_t start;
+    unsigned order;
+    bool allocated;
+    if (!a || a->pool != p || cuheap_buddy_block_of(&a->buddy, block, &start, &order, &allocated) ||
+        !allocated || start != block || !size_at(a, unit_of(a, block)) ||
+        __atomic_load_n(&a->buffer_id[unit_of(a, block)], __ATOMIC_RELAXED) != buffer_id)
+        goto out; /* freed (or taken again) since it was exported */
+    uint32_t u = unit_of(a, block), first, last;
+    granule_span(p, a, block, a->extent[u], &first, &last);
+    unsigned n = 0;
+    for (uint32_t g = first; g <= last; g++) {
+        struct cuheap_chunk *c = a->granules[g].chunk;
+        if (!c || (n && pieces[n - 1].chunk == c))
+            continue;
+        if (n == max) {
+            r = -ENOSPC;
+            goto undo;
+        }
+        int fd;
+        if (p->be.phys_export(p->be.ctx, c->handle, &fd)) {
+            r = -EIO;
+            goto undo;
+        }
+        pieces[n++] = (struct cuheap_share){.chunk = c,
+                                            .offset = (int64_t)(chunk_va(c) - block),
+                                            .bytes = chunk_bytes(p, c),
+                                            .fd = fd};
+    }
+    r = (int)n;
+    goto out;
+undo:
+    while (n)
+        close(pieces[--n].fd);
+out:
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
+{
+    tl_settle(p); /* as the pool's epochs are waited for below */
+    pthread_mutex_lock(&p->lock);
+    tc_drain_all_locked(p, false);
+    flush_stream_caches_locked(p);
+    close_epoch_locked(p);
+    /* a fence that no wait passes (the driver refuses every way to ask) stays behind */
+    while (p->ep_head != p->ep_tail && wait_oldest_locked(p))
+        ;
+    flush_quick_locked(p);
+    if (p->vmm) {
+        /* the address space stays: it costs no device memory */
+        uint64_t released = release_idle_locked(p, keep_init ? p->cfg->pool_init : 0);
+        pthread_mutex_unlock(&p->lock);
+        return released;
+    }
+    uint64_t bases[CUHEAP_NR_MAX_ARENAS], sizes[CUHEAP_NR_MAX_ARENAS];
+    unsigned nr = 0;
+    uint64_t released = 0, before = p->st.reserved;
+    for (unsigned i = 0; i < p->nr_arenas;) {
+        struct cuheap_arena *a = p->arenas[i];
+        if (a->nr_live == 0 &&
+            (!keep_init || p->st.reserved - a->buddy.size >= p->cfg->pool_init)) {
+            bases[nr] = unlink_arena_locked(p, i, &sizes[nr]);
+            nr++;
+            continue; /* slot i now holds another arena */
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&p->lock);
+    free_arenas_unlocked(p, bases, sizes, nr);
+    pthread_mutex_lock(&p->lock);
+    released = before > p->st.reserved ? before - p->st.reserved : 0;
+    pthread_mutex_unlock(&p->lock);
+    return released;
+}
+
+int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
+{
+    int r = 0;
+    pthread_mutex_lock(&p->lock);
+    if (p->vmm) {
+        r = reserve_granules_locked(p, bytes);
+        if (r != -EIO || !vmm_refused_locked(p)) {
+            pthread_mutex_unlock(&p->lock);
+            return r ? -ENOMEM : 0;
+        }
+        r = 0; /* a legacy pool now: arenas as below */
+    }
+    while (p->st.reserved < bytes && r == 0) {
+        /* in power-of-two arenas that add up to what was asked, rounded up to 2 MiB */
+        uint64_t want = bytes - p->st.reserved, size = p->cfg->arena_size;
+        if (want < size)
+            size = want <= (2u << 20) ? pow2_ceil(want) : 1ull << (63 - __builtin_clzll(want));
+        r = grow_locked(p, size, true);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r ? -ENOMEM : 0;
+}
+
+void cuheap_pool_capture(struct cuheap_pool *p, int delta)
+{
+    pthread_mutex_lock(&p->lock);
+    if (delta < 0 && p->nr_capturing == 0) {
+        pthread_mutex_unlock(&p->lock);
+        return;
+    }
+    __atomic_store_n(&p->nr_capturing, (unsigned)((int)p->nr_capturing + delta), __ATOMIC_RELAXED);
+    if (delta > 0) {
+        /* a thread may be recording a timeline fence with no pool lock (tl_wait): the capture
+         * begins once every owner has left its cache, and they read the count inside theirs
+         * from now on */
+        tc_hold_all(p);
+        tc_unhold_all(p);
+    }
+    if (!p->nr_capturing && open_epoch(p)->nr_blocks >= p->cfg->fence_batch)
+        close_epoch_locked(p);
+    pthread_mutex_unlock(&p->lock);
+}
+
+int cuheap_pool_grant_access(struct cuheap_pool *p)
+{
+    int r = 0;
+    pthread_mutex_lock(&p->lock);
+    for (unsigned i = 0; p->vmm && p->be.phys_access && i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        for (uint32_t g = 0; g < a->nr_granules; g++)
+            if (a->chunks[g].handle &&
+                p->be.phys_access(p->be.ctx, granule_va(a, g), chunk_bytes(p, &a->chunks[g])))
+                r = -EIO;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
+{
+    pthread_mutex_lock(&p->lock);
+    tc_hold_all(p);
+    for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
+        tc_fold_locked(p, tc);
+    tc_unhold_all(p);
+    *ret = p->st;
+    ret->nr_idle += atomic_load_explicit(&p->nr_idle_tl, memory_order_relaxed);
+    ret->vmm_refused = p->vmm_refused;
+    ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
+    pthread_mutex_unlock(&p->lock);
+}
+
+uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    /* the caches stay held until the backend has forgotten its fences too: a thread records
+     * the timeline's inside its cache without p->lock (tl_wait) */
+    tc_hold_all(p);
+    tc_forget_all_locked(p, true);
+    /* and the timeline, which a trim settles holding neither p->lock nor a cache (a review
+     * found a trim letting go of a fence abandon had cleared) */
+    tl_enter(&p->tl);
+    tl_forget(&p->tl, false);
+    uint64_t live = p->st.live;
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        uint64_t base = a->buddy.base, size = a->buddy.size;
+        if (p->vmm) {
+            /* the chunks died with the context: one release per chunk */
+            for (uint32_t g = 0; g < a->nr_granules; g++)
+                if (a->chunks[g].handle) {
+                    uint64_t bytes = chunk_bytes(p, &a->chunks[g]);
+                    atomic_fetch_sub(p->device_reserved, bytes);
+                    p->st.reserved -= bytes;
+                    pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, granule_va(a, g), bytes,
+                                    p->st.reserved, 0);
+                }
+        } else {
+            atomic_fetch_sub(p->device_reserved, size);
+            p->st.reserved -= size;
+            pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, base, size, p->st.reserved, 0);
+        }
+        map_update(a, false);
+        arena_retire(a);
+    }
+    p->nr_arenas = 0;
+    p->nr_empty = 0;
+    p->hint = 0;
+    p->idle.idle_next = p->idle.idle_prev = &p->idle;
+    p->nr_idle = p->idle_bytes = 0;
+    p->nr_stuck = 0;
+    uint64_t keep_hits = p->st.nr_hits, keep_misses = p->st.nr_misses;
+    memset(&p->st, 0, sizeof(p->st));
+    atomic_store(&p->nr_idle_tl, 0);
+    p->st.nr_hits = keep_hits;
+    p->st.nr_misses = keep_misses;
+    memset(p->epochs, 0, sizeof(p->epochs)); /* their events died with the context */
+    p->syncing = NULL; /* a thread syncing for some finds them gone and drops them */
+    pthread_cond_broadcast(&p->synced);
+    memset(p->caches, 0, sizeof(p->caches));
+    memset(p->quick, 0, sizeof(p->quick));
+    p->quick_bytes = 0;
+    p->nr_whole = 0;
+    p->pending_mapped = 0;
+    p->ep_head = p->ep_tail = 0;
+    if (p->be.forget)
+        p->be.forget(p->be.ctx);
+    tl_leave(&p->tl);
+    tc_unhold_all(p);
+    pthread_mutex_unlock(&p->lock);
+    return live;
+}
+
+void cuheap_pool_forget(struct cuheap_pool *p)
+{
+    /* The caches of threads that did not cross the fork stay listed, empty: their owners'
+     * thread-local pointers are gone with them, the forking thread's are still in use. */
+    tc_forget_all_locked(p, false);
+    tl_forget(&p->tl, true);
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        map_update(p->arenas[i], false);
+        arena_retire(p->arenas[i]);
+    }
+    p->nr_arenas = 0;
+    p->nr_empty = 0;
+    p->idle.idle_next = p->idle.idle_prev = &p->idle;
+    p->nr_idle = p->idle_bytes = 0;
+    p->nr_stuck = 0;
+    memset(&p->st, 0, sizeof(p->st));
+    atomic_store(&p->nr_idle_tl, 0);
+    atomic_store(&p->fences_refused, false); /* the child's contexts are its own */
+    memset(p->epochs, 0, sizeof(p->epochs));
+    p->syncing = NULL; /* on the stack of a thread the fork left behind */
+    memset(p->caches, 0, sizeof(p->caches));
+    memset(p->quick, 0, sizeof(p->quick));
+    p->quick_bytes = 0;
+    p->nr_whole = 0;
+    p->pending_mapped = 0;
+    p->ep_head = p->ep_tail = 0;
+    pool_lock_init(p);
+    pthread_cond_init(&p->synced, NULL);
+}
