@@ -41,7 +41,8 @@ static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq
  * PyTorch's expandable segments fails), so the pool makes no more mapping calls. Once it holds
  * nothing, now or at a later refusal (its idle chunks given back first), it becomes a legacy
  * pool for the rest of the run, its address space given back; until then a request that needs
- * new memory goes to the driver. Returns whether the pool is a legacy pool now. */
+ * new memory goes to the driver. May drop p->lock. Returns whether the pool is a legacy pool
+ * now. */
 bool vmm_refused_locked(struct cuheap_pool *p)
 {
     if (!p->vmm)
@@ -55,12 +56,14 @@ bool vmm_refused_locked(struct cuheap_pool *p)
         return false;
     /* no cache holds a block (each would be one in use); held still while the backing changes */
     tc_hold_all(p);
-    for (unsigned i = 0; i < p->nr_arenas; i++) {
+    unsigned nr = p->nr_arenas;
+    uint64_t vas[CUHEAP_NR_MAX_ARENAS], sizes[CUHEAP_NR_MAX_ARENAS];
+    for (unsigned i = 0; i < nr; i++) {
         struct cuheap_arena *a = p->arenas[i];
-        uint64_t va = a->buddy.base, size = a->buddy.size;
+        vas[i] = a->buddy.base;
+        sizes[i] = a->buddy.size;
         map_update(a, false);
         arena_retire(a);
-        p->be.va_free(p->be.ctx, va, size);
     }
     p->nr_arenas = p->nr_empty = p->hint = 0;
     p->st.nr_arenas = 0;
@@ -68,6 +71,10 @@ bool vmm_refused_locked(struct cuheap_pool *p)
     p->vmm = false;
     p->vmm_refused = CUHEAP_VMM_TO_LEGACY;
     tc_unhold_all(p);
+    pool_unlock(p); /* address space nobody can reach any more: given back with no lock */
+    for (unsigned i = 0; i < nr; i++)
+        dev_va_free(p, vas[i], sizes[i]);
+    pool_lock(p);
     return true;
 }
 
@@ -81,11 +88,12 @@ bool vmm_refused_locked(struct cuheap_pool *p)
  * for first, and the question asked again. When the device or the limit is full, idle chunks
  * go, then pending ones are waited for. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO; or, where
  * waiting is next, MAP_FENCE_POLL, MAP_FENCE or MAP_WAIT for the caller to do with nothing held
- * (map_wait_locked), since each drops p->lock: granules of the block's range that were
+ * (map_wait_locked), since each drops p->lock; MAP_BUSY when another thread is making a
+ * mapping call (only one does at a time, phys.c): granules of the block's range that were
  * unmapped may be mapped meanwhile by a thread whose block shares them, and a run mapped over
  * them broke the accounting (seen once under CI's load, `pool_check`: a chunk idle with a
  * granule in use). */
-enum { MAP_FENCE_POLL = 1, MAP_FENCE, MAP_WAIT, MAP_DEVICE_SYNC };
+enum { MAP_FENCE_POLL = 1, MAP_FENCE, MAP_WAIT, MAP_DEVICE_SYNC, MAP_BUSY };
 
 static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first,
                           uint32_t nr, struct acquire *acq)
@@ -94,10 +102,17 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
     bool moves = true;
     if (p->vmm_refused)
         return -EIO; /* no more mapping calls (vmm_refused_locked) */
+    /* Another thread's mapping call may map granules of this block's range: wait for it with
+     * nothing held. Not again below: p->lock is held here but inside this thread's own calls,
+     * during which this thread is the mapper. */
+    if (p->mapping)
+        return MAP_BUSY;
     for (;;) {
         struct cuheap_chunk *c = moves ? idle_of_size_locked(p, nr) : NULL;
         if (c) {
             int m = move_chunk_locked(p, c, a, first);
+            if (m == -EBUSY)
+                return MAP_BUSY;
             if (m != -EAGAIN && m != CUHEAP_BE_OOM)
                 return m;
             moves = false; /* the driver would not move it: make a new one instead */
@@ -118,6 +133,8 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
             if (release_chunk_locked(p, p->idle.idle_next))
                 p->st.nr_releases++;
         int r = new_chunk_locked(p, a, first, nr);
+        if (r == -EBUSY)
+            return MAP_BUSY;
         if (r == 0 || r == -EIO)
             return r;
         /* the device or the limit is full: idle memory goes first, then what is pending */
@@ -136,7 +153,9 @@ static int map_run_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_
 /* What map_run_locked() asked for (p->lock held on entry and exit, dropped meanwhile). */
 static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq)
 {
-    if (what == MAP_DEVICE_SYNC)
+    if (what == MAP_BUSY)
+        wait_mapper_locked(p);
+    else if (what == MAP_DEVICE_SYNC)
         wait_syncing_locked(p);
     else if (what == MAP_WAIT)
         acq->waited_in_vain |= !wait_oldest_locked(p);
@@ -218,7 +237,8 @@ again:
             for (uint32_t h = first; h <= last; h++)
                 if (a->granules[h].chunk) /* below g all, beyond it those held above */
                     drop_granule_locked(p, &a->granules[h]);
-            if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT || r == MAP_DEVICE_SYNC) {
+            if (r == MAP_FENCE_POLL || r == MAP_FENCE || r == MAP_WAIT || r == MAP_DEVICE_SYNC ||
+                r == MAP_BUSY) {
                 /* nothing held while p->lock is dropped; then the range is looked at anew */
                 map_wait_locked(p, r, acq);
                 goto again;
@@ -293,7 +313,13 @@ int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes)
         while (end < piece_end && end + 1 < a->nr_granules && !a->granules[end + 1].chunk &&
                end + 1 - g < want)
             end++;
-        if ((r = new_chunk_locked(p, a, g, end - g + 1)))
+        if ((r = new_chunk_locked(p, a, g, end - g + 1)) == -EBUSY) {
+            wait_mapper_locked(p); /* another thread's mapping call: then look again */
+            if (!p->vmm || p->vmm_refused)
+                return -EIO;
+            continue;
+        }
+        if (r)
             return r == -EIO ? -EIO : -ENOMEM;
         g = end + 1;
     }

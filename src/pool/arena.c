@@ -78,7 +78,7 @@ int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
     bool limited = false;
     int r = CUHEAP_BE_OOM;
     uint64_t ptr = 0;
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     for (; size >= need; size >>= 1) {
         if (p->limit) {
             uint64_t reserved = atomic_load(p->device_reserved);
@@ -87,12 +87,12 @@ int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
                 continue;
             }
         }
-        r = p->be.mem_alloc(p->be.ctx, size, &ptr);
+        r = dev_mem_alloc(p, size, &ptr);
         if (r != CUHEAP_BE_OOM)
             break;
     }
     if (r == 0 && (ptr & (p->cfg->min_block - 1))) {
-        p->be.mem_free(p->be.ctx, ptr); /* never expected: the driver aligns to 512 B */
+        dev_mem_free(p, ptr); /* never expected: the driver aligns to 512 B */
         r = -EINVAL;
     }
     struct cuheap_arena *a = NULL;
@@ -101,11 +101,11 @@ int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
         if (!a || map_update(a, true)) {
             if (a)
                 arena_retire(a);
-            p->be.mem_free(p->be.ctx, ptr);
+            dev_mem_free(p, ptr);
             r = -ENOMEM;
         }
     }
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     if (r != 0)
         return limited && r == CUHEAP_BE_OOM ? -EDQUOT : r;
     atomic_fetch_add(p->device_reserved, size);
@@ -144,9 +144,9 @@ void free_arenas_unlocked(struct cuheap_pool *p, const uint64_t *bases, const ui
                           unsigned nr)
 {
     for (unsigned i = 0; i < nr; i++) {
-        if (p->be.mem_free(p->be.ctx, bases[i]) == 0)
+        if (dev_mem_free(p, bases[i]) == 0)
             continue;
-        pthread_mutex_lock(&p->lock);
+        pool_lock(p);
         struct cuheap_arena *a =
             p->nr_arenas < CUHEAP_NR_MAX_ARENAS ? arena_new(p, bases[i], sizes[i], false) : NULL;
         if (a && map_update(a, true) == 0) {
@@ -162,7 +162,7 @@ void free_arenas_unlocked(struct cuheap_pool *p, const uint64_t *bases, const ui
         if (!a)
             p->st.lost += sizes[i];
         pool_note_event(p, CUHEAP_EV_ARENA_GROW, bases[i], sizes[i], p->st.reserved, 0);
-        pthread_mutex_unlock(&p->lock);
+        pool_unlock(p);
     }
 }
 
@@ -183,9 +183,9 @@ unsigned release_empty_unlocked(struct cuheap_pool *p)
     }
     if (!nr)
         return 0;
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     free_arenas_unlocked(p, bases, sizes, nr);
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     return nr;
 }
 

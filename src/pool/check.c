@@ -190,9 +190,9 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size);
 
 uint64_t cuheap_pool_debug_live(struct cuheap_pool *p)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     uint64_t live = p->st.live;
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return live;
 }
 
@@ -213,19 +213,19 @@ void cuheap_pool_debug_leave(struct cuheap_pool *p)
 
 void cuheap_pool_debug_hold(struct cuheap_pool *p)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     tc_hold_all(p);
 }
 
 void cuheap_pool_debug_unhold(struct cuheap_pool *p)
 {
     tc_unhold_all(p);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
 }
 
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     /* every thread's cache held still: their blocks change size without p->lock */
     tc_hold_all(p);
     for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
@@ -234,7 +234,7 @@ int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size)
     if (!r)
         r = check_locked(p, why, why_size);
     tc_unhold_all(p);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return r;
 }
 
@@ -284,6 +284,7 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
     for (unsigned i = 0; i < p->nr_stuck; i++)
         reserved += p->stuck[i].bytes;
     reserved += p->st.lost;
+    reserved += p->inflight_bytes; /* a mapping call in flight (phys.c) */
     if (reserved != p->st.reserved)
         FAIL("reserved %lu, arenas add up to %lu", (unsigned long)p->st.reserved,
              (unsigned long)reserved);

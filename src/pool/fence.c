@@ -25,7 +25,7 @@ static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
     }
     p->st.pending -= bytes;
     if (e->fence)
-        p->be.fence_destroy(p->be.ctx, e->fence);
+        dev_fence_destroy(p, e->fence);
     memset(e, 0, sizeof(*e));
     pool_note_event(p, CUHEAP_EV_FENCE, 0, 0, nr, bytes);
 }
@@ -41,13 +41,13 @@ static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
  * without p->lock. */
 int fence_passed(struct cuheap_pool *p, void *fence)
 {
-    int r = p->be.fence_query(p->be.ctx, fence);
+    int r = dev_fence_query(p, fence);
     if (r >= 0)
         return r != 0;
     if (__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
         return -1;
     /* once more: a capture may have ended between the refusal and the look at the count */
-    if ((r = p->be.fence_query(p->be.ctx, fence)) >= 0)
+    if ((r = dev_fence_query(p, fence)) >= 0)
         return r != 0;
     if (!__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
         atomic_store_explicit(&p->fences_refused, true, memory_order_relaxed);
@@ -77,15 +77,13 @@ static void *pin_oldest_locked(struct cuheap_pool *p)
     if (p->ep_head == p->ep_tail)
         return NULL;
     void *fence = p->epochs[p->ep_head % CUHEAP_NR_EPOCHS].fence;
-    if (p->be.fence_hold)
-        p->be.fence_hold(p->be.ctx, fence);
+    dev_fence_pin(p, fence);
     return fence;
 }
 
 static void unpin_fence_locked(struct cuheap_pool *p, void *fence)
 {
-    if (p->be.fence_hold)
-        p->be.fence_destroy(p->be.ctx, fence);
+    dev_fence_unpin(p, fence);
 }
 
 /* Wait for the oldest closed epoch's fence and give its blocks back. Only the slow paths wait,
@@ -103,12 +101,12 @@ bool wait_oldest_locked(struct cuheap_pool *p)
     unsigned head = p->ep_head;
     uint64_t t0 = mono_ns();
     p->st.nr_waits++;
-    pthread_mutex_unlock(&p->lock);
-    bool passed = p->be.fence_wait(p->be.ctx, fence) == 0;
+    pool_unlock(p);
+    bool passed = dev_fence_wait(p, fence) == 0;
     if (!passed)
-        passed = p->be.device_sync(p->be.ctx) == 0;
+        passed = dev_device_sync(p) == 0;
     uint64_t waited = mono_ns() - t0; /* not the wait for the lock: other threads' mapping */
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     p->st.fence_ns += waited;
     unpin_fence_locked(p, fence);
     struct cuheap_epoch *e = &p->epochs[head % CUHEAP_NR_EPOCHS];
@@ -133,13 +131,13 @@ bool poll_oldest_locked(struct cuheap_pool *p)
     if (!fence)
         return false;
     uint64_t t0 = mono_ns(), deadline = t0 + CUHEAP_FENCE_POLL_NS;
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     int done;
     uint64_t now = t0;
     while (!(done = fence_passed(p, fence)) && (now = mono_ns()) < deadline)
         sched_yield();
     uint64_t waited = (done > 0 ? mono_ns() : now) - t0;
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     p->st.fence_ns += waited;
     unpin_fence_locked(p, fence);
     return done > 0 && reclaim_locked(p);
@@ -158,14 +156,14 @@ bool poll_oldest_locked(struct cuheap_pool *p)
 
 bool idle_now(struct cuheap_pool *p)
 {
-    if (!p->be.streams_idle || !p->cfg->idle_check || p->cfg->reuse != CUHEAP_REUSE_FENCE)
+    if (!dev_has_idle_check(p) || !p->cfg->idle_check || p->cfg->reuse != CUHEAP_REUSE_FENCE)
         return false;
     unsigned skip = atomic_load_explicit(&p->idle_skip, memory_order_relaxed);
     if (skip) { /* a hint among threads: a lost decrement costs one check more or less */
         atomic_store_explicit(&p->idle_skip, skip - 1, memory_order_relaxed);
         return false;
     }
-    bool idle = p->be.streams_idle(p->be.ctx) == 1;
+    bool idle = dev_streams_idle(p) == 1;
     atomic_store_explicit(&p->idle_skip, idle ? 0 : IDLE_RETRY - 1, memory_order_relaxed);
     return idle;
 }
@@ -207,7 +205,7 @@ bool close_epoch_locked(struct cuheap_pool *p)
     if (!e->nr_blocks || p->nr_capturing)
         return false;
     void *fence = NULL;
-    if (full || !fences_usable(p) || p->be.fence_record(p->be.ctx, &fence) != 0) {
+    if (full || !fences_usable(p) || dev_fence_record(p, &fence) != 0) {
         /* No fence to be had: fall back to what the driver's own free does, a device sync,
          * with p->lock dropped like every other wait. The blocks wait aside meanwhile: a free
          * made during the sync joins a fresh open epoch, which the sync does not cover. The
@@ -216,9 +214,9 @@ bool close_epoch_locked(struct cuheap_pool *p)
         unsigned tail = p->ep_tail;
         memset(e, 0, sizeof(*e));
         p->syncing = &s;
-        pthread_mutex_unlock(&p->lock);
-        int synced = p->be.device_sync(p->be.ctx);
-        pthread_mutex_lock(&p->lock);
+        pool_unlock(p);
+        int synced = dev_device_sync(p);
+        pool_lock(p);
         struct cuheap_syncing **at = &p->syncing;
         while (*at && *at != &s)
             at = &(*at)->next;
@@ -247,7 +245,7 @@ void wait_syncing_locked(struct cuheap_pool *p)
     p->st.nr_waits++;
     uint64_t t0 = mono_ns();
     for (uint64_t n = p->nr_synced; p->syncing && p->nr_synced == n;)
-        pthread_cond_wait(&p->synced, &p->lock);
+        pool_wait(&p->synced, p);
     p->st.fence_ns += mono_ns() - t0; /* the lock taken again included: the wait does so */
 }
 

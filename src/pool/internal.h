@@ -45,6 +45,7 @@
 #define CUHEAP_NR_EPOCHS        64
 #define CUHEAP_NR_STREAM_CACHES 16
 #define CUHEAP_NR_STUCK         64
+#define CUHEAP_NR_SHARE_MAX     64 /* pieces one share exports at most */
 
 /* Physical memory mapped as one piece at granules [first, first + nr) of its arena: one
  * cuMemCreate, one cuMemMap and one cuMemSetAccess whatever its size. On an H200 those cost
@@ -181,11 +182,18 @@ struct cuheap_pool {
      * the GPU's lag, not the job's need, and a budget that counted them rose with every late
      * fence (the GPT replay's held/live crept from 1.04 to 1.11 over 8 passes). */
     uint64_t peak_busy;
-    uint64_t pending_mapped;     /* vmm: bytes the extents of pending blocks reach */
-    int vmm_refused;             /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _TO_LEGACY */
-    _Atomic bool fences_refused; /* a fence query was refused outside any capture (fence_passed):
-                                    no fence is recorded any more, freed blocks wait for a
-                                    device sync */
+    uint64_t pending_mapped; /* vmm: bytes the extents of pending blocks reach */
+    int vmm_refused;         /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _TO_LEGACY */
+    /* vmm: one thread at a time makes mapping calls, with p->lock dropped (phys.c, the mapper) */
+    bool mapping;                  /* a thread is the mapper */
+    pthread_cond_t mapped;         /* broadcast when it is done */
+    uint64_t inflight_bytes;       /* counted in st.reserved, in no chunk: being created or taken
+                                      apart by the mapper */
+    uint64_t nr_resets;            /* contexts abandoned: a mapper that finds it changed publishes
+                                      nothing */
+    _Atomic bool fences_refused;   /* a fence query was refused outside any capture (fence_passed):
+                                      no fence is recorded any more, freed blocks wait for a
+                                      device sync */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
     struct cuheap_timeline tl;     /* fences of the threads' large blocks */
     /* CUHEAP_IDLE_CHECK: checks to skip after the streams were found busy (idle_now), and the
@@ -458,6 +466,39 @@ extern __thread struct cuheap_tcache *tc_slot[TC_SLOTS] __attribute__((tls_model
 extern atomic_bool tc_asym;
 extern const uint16_t tc_caps[TC_NR_ORDERS];
 
+/* Pool locks the calling thread holds (pool.c): the backend's calls that may take long are
+ * made with none (device.c checks it in debug builds, and the pool's unit test in every
+ * build), and cuheap_pool_lock_held() answers for other layers. */
+extern __thread unsigned pool_locks_held __attribute__((tls_model("initial-exec")));
+
+static inline void pool_lock(struct cuheap_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    pool_locks_held++;
+}
+
+static inline bool pool_trylock(struct cuheap_pool *p)
+{
+    if (pthread_mutex_trylock(&p->lock))
+        return false;
+    pool_locks_held++;
+    return true;
+}
+
+static inline void pool_unlock(struct cuheap_pool *p)
+{
+    pool_locks_held--;
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Wait on one of the pool's conditions, p->lock dropped meanwhile as any wait must. */
+static inline void pool_wait(pthread_cond_t *cond, struct cuheap_pool *p)
+{
+    pool_locks_held--;
+    pthread_cond_wait(cond, &p->lock);
+    pool_locks_held++;
+}
+
 /* Something for the trace (the runtime's note callback): growth, release, fences, OOM. */
 static inline void pool_note_event(struct cuheap_pool *p, int type, uint64_t ptr, uint64_t size,
                                    uint64_t aux, uint64_t aux2)
@@ -483,10 +524,28 @@ unsigned release_empty_unlocked(struct cuheap_pool *p);
 unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases, uint64_t *sizes);
 
 /* device.c */
-int be_phys_unmap(struct cuheap_pool *p, uint64_t va, uint64_t bytes);
-int be_phys_release(struct cuheap_pool *p, uint64_t handle);
-int be_phys_create(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle);
-int be_phys_map(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle);
+int dev_mem_alloc(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr);
+int dev_mem_free(struct cuheap_pool *p, uint64_t ptr);
+int dev_va_reserve(struct cuheap_pool *p, uint64_t size, uint64_t *ret_va);
+void dev_va_free(struct cuheap_pool *p, uint64_t va, uint64_t size);
+int dev_phys_create(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle, uint64_t *ns);
+int dev_phys_release(struct cuheap_pool *p, uint64_t handle, uint64_t *ns);
+int dev_phys_map(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle, uint64_t *ns);
+int dev_phys_unmap(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t *ns);
+bool dev_has_access(const struct cuheap_pool *p);
+int dev_phys_access(struct cuheap_pool *p, uint64_t va, uint64_t bytes);
+bool dev_has_export(const struct cuheap_pool *p);
+int dev_phys_export(struct cuheap_pool *p, uint64_t handle, int *ret_fd);
+int dev_fence_wait(struct cuheap_pool *p, void *fence);
+int dev_device_sync(struct cuheap_pool *p);
+int dev_fence_record(struct cuheap_pool *p, void **ret_fence);
+int dev_fence_query(struct cuheap_pool *p, void *fence);
+void dev_fence_destroy(struct cuheap_pool *p, void *fence);
+void dev_fence_pin(struct cuheap_pool *p, void *fence);
+void dev_fence_unpin(struct cuheap_pool *p, void *fence);
+bool dev_has_idle_check(const struct cuheap_pool *p);
+int dev_streams_idle(struct cuheap_pool *p);
+void dev_forget(struct cuheap_pool *p);
 
 /* phys.c */
 uint64_t next_mapped_granule(const struct cuheap_arena *a, uint64_t g);
@@ -499,6 +558,10 @@ int hold_mapped_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t p
 void set_extent_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size);
 uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c);
 uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep);
+void wait_mapper_locked(struct cuheap_pool *p);
+int share_locked(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
+                 struct cuheap_share *pieces, unsigned max);
+int grant_access_locked(struct cuheap_pool *p);
 int grow_va_locked(struct cuheap_pool *p, uint64_t need);
 int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first, uint32_t nr);
 struct cuheap_chunk *idle_of_size_locked(struct cuheap_pool *p, uint32_t nr);

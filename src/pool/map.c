@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 
 struct map_slot *g_map;
-pthread_mutex_t g_map_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_map_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
 static void map_init(void)
 {

@@ -9,6 +9,8 @@
  */
 #include "internal.h"
 
+#include <unistd.h>
+
 /* ---- physical memory: granules and chunks (CUHEAP_BACKING=vmm) ---- */
 
 /* One bit per granule with memory mapped, and one per word of those bits that has any set,
@@ -159,31 +161,67 @@ static void place_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, ui
     idle_push_locked(p, c);
 }
 
-/* Unmap an idle chunk: its physical memory goes to *ret_handle, for the caller to map
- * elsewhere or give back, and its slot is empty afterwards. Returns 0, or -EIO when the
- * driver refused (the chunk then stays mapped and idle, at the back of the list). */
-static int unmap_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c, uint64_t *ret_handle)
+/* ---- the mapper ----
+ *
+ * Mapping calls (create, map with access, unmap, release: tens of microseconds each, one at a
+ * time in the driver whoever makes them) are made with p->lock dropped, by one thread at a
+ * time: the pool's mapper (p->mapping). What a call will touch is taken off every list first
+ * (an idle chunk leaves the idle list and its granules before it is unmapped), or is address
+ * space no other thread maps meanwhile (only the mapper maps); memory being created or taken
+ * apart stays counted in st.reserved (p->inflight_bytes, so that budgets and the limit see
+ * it) until the call is over and the result is published. Another thread that needs to map
+ * lets go of what it holds and waits (wait_mapper_locked), then looks again. */
+
+/* Whether the calling thread became the mapper (false: another thread is; nothing waited). */
+static bool mapper_enter_locked(struct cuheap_pool *p)
 {
-    cuheap_assert(!c->nr_busy);
+    if (p->mapping)
+        return false;
+    p->mapping = true;
+    return true;
+}
+
+static void mapper_leave_locked(struct cuheap_pool *p, uint64_t ns)
+{
+    p->st.map_ns += ns;
+    p->mapping = false;
+    pthread_cond_broadcast(&p->mapped);
+}
+
+void wait_mapper_locked(struct cuheap_pool *p)
+{
+    while (p->mapping)
+        pool_wait(&p->mapped, p);
+}
+
+/* Become the mapper, waiting for another thread's call first (p->lock dropped meanwhile). */
+static void mapper_take_locked(struct cuheap_pool *p)
+{
+    wait_mapper_locked(p);
+    p->mapping = true;
+}
+
+/* Take an idle chunk out of the pool for the mapper to unmap: off the idle list and its
+ * granules, still counted (inflight). Returns its handle. */
+static uint64_t detach_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
+{
+    cuheap_assert(!c->nr_busy && p->mapping);
+    uint64_t h = c->handle, bytes = chunk_bytes(p, c);
     idle_remove_locked(p, c);
-    if (be_phys_unmap(p, chunk_va(c), chunk_bytes(p, c))) {
-        idle_push_locked(p, c);
-        return -EIO;
-    }
-    *ret_handle = c->handle;
     for (uint32_t g = c->first; g < c->first + c->nr; g++)
         c->arena->granules[g].chunk = NULL;
     set_mapped_bits(c->arena, c->first, c->nr, false);
     c->arena->nr_mapped -= c->nr;
     c->handle = 0;
-    return 0;
+    p->inflight_bytes += bytes;
+    return h;
 }
 
-/* Physical memory no mapping uses goes back to the driver. When the driver refuses, the
- * process still holds it: it stays counted, and a later trim tries again. */
-static void give_back_locked(struct cuheap_pool *p, uint64_t handle, uint64_t bytes)
+/* Memory that went back to the driver (ok) or that it would not take back: that stays
+ * counted, and a later trim tries again (p->stuck). */
+static void account_release_locked(struct cuheap_pool *p, bool ok, uint64_t handle, uint64_t bytes)
 {
-    if (be_phys_release(p, handle) == 0) {
+    if (ok) {
         p->st.reserved -= bytes;
         atomic_fetch_sub(p->device_reserved, bytes);
     } else if (p->nr_stuck < CUHEAP_NR_STUCK) {
@@ -194,55 +232,96 @@ static void give_back_locked(struct cuheap_pool *p, uint64_t handle, uint64_t by
     }
 }
 
-/* Give an idle chunk back to the driver. Returns its bytes, 0 when it could not be unmapped. */
+/* Map physical memory at va (with access), once more when the driver failed it (the backend
+ * left nothing mapped): one failed call must not cost the program its allocation. p->lock not
+ * held. Returns 0, CUHEAP_BE_OOM when the driver said out of memory, or -EIO. */
+static int map_twice(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle,
+                     uint64_t *ns)
+{
+    int r = dev_phys_map(p, va, bytes, handle, ns);
+    if (r)
+        r = dev_phys_map(p, va, bytes, handle, ns);
+    return !r ? 0 : r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
+}
+
+/* Give an idle chunk back to the driver (p->lock dropped around the calls). Returns its
+ * bytes, 0 when it could not be unmapped (it stays, idle) or another thread is the mapper. */
 uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
 {
-    uint64_t va = chunk_va(c), bytes = chunk_bytes(p, c), h;
-    if (unmap_idle_locked(p, c, &h))
+    if (!mapper_enter_locked(p))
         return 0;
-    give_back_locked(p, h, bytes);
+    struct cuheap_arena *a = c->arena;
+    uint32_t first = c->first, nr = c->nr;
+    uint64_t va = chunk_va(c), bytes = chunk_bytes(p, c), resets = p->nr_resets, ns = 0;
+    uint64_t h = detach_idle_locked(p, c);
+    pool_unlock(p);
+    bool unmapped = dev_phys_unmap(p, va, bytes, &ns) == 0;
+    bool released = unmapped && dev_phys_release(p, h, &ns) == 0;
+    pool_lock(p);
+    if (p->nr_resets != resets) { /* the context went meanwhile, and its memory with it */
+        mapper_leave_locked(p, ns);
+        return 0;
+    }
+    p->inflight_bytes -= bytes;
+    if (!unmapped) {
+        place_chunk_locked(p, a, first, nr, h); /* still mapped: idle again, at the back */
+        mapper_leave_locked(p, ns);
+        return 0;
+    }
+    account_release_locked(p, released, h, bytes);
     pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, va, bytes, p->st.reserved, 0);
+    mapper_leave_locked(p, ns);
     return bytes;
 }
 
-/* Give idle chunks back to the driver, oldest first, while the pool holds more than keep
- * bytes without them; first, memory the driver refused to take back before. Returns the
- * bytes released. */
-uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
+/* Memory the driver refused to take back before, offered again (the mapper's, p->lock
+ * dropped). Returns the bytes it took. */
+static uint64_t release_stuck_locked(struct cuheap_pool *p)
 {
     uint64_t released = 0;
-    for (unsigned i = 0; i < p->nr_stuck;) {
-        if (be_phys_release(p, p->stuck[i].handle) == 0) {
-            p->st.reserved -= p->stuck[i].bytes;
-            atomic_fetch_sub(p->device_reserved, p->stuck[i].bytes);
-            released += p->stuck[i].bytes;
-            p->stuck[i] = p->stuck[--p->nr_stuck];
-            continue;
+    for (unsigned n = p->nr_stuck; n-- && p->nr_stuck && mapper_enter_locked(p);) {
+        uint64_t h = p->stuck[p->nr_stuck - 1].handle, bytes = p->stuck[p->nr_stuck - 1].bytes;
+        uint64_t resets = p->nr_resets, ns = 0;
+        p->nr_stuck--;
+        p->inflight_bytes += bytes;
+        pool_unlock(p);
+        bool ok = dev_phys_release(p, h, &ns) == 0;
+        pool_lock(p);
+        if (p->nr_resets != resets) {
+            mapper_leave_locked(p, ns);
+            break;
         }
-        i++;
+        p->inflight_bytes -= bytes;
+        mapper_leave_locked(p, ns);
+        if (ok) {
+            account_release_locked(p, true, h, bytes);
+            released += bytes;
+        } else if (p->nr_stuck < CUHEAP_NR_STUCK) { /* still refused: tried last next time */
+            p->stuck[p->nr_stuck] = p->stuck[0];
+            p->stuck[0].handle = h;
+            p->stuck[0].bytes = bytes;
+            p->nr_stuck++;
+        } else {
+            p->st.lost += bytes;
+        }
     }
-    for (uint64_t n = p->nr_idle;
-         n && p->nr_idle && p->st.reserved >= keep + chunk_bytes(p, p->idle.idle_next); n--)
-        released += release_chunk_locked(p, p->idle.idle_next);
     return released;
 }
 
-/* New physical memory from the driver, within the limit. A failure that is not for want of
- * memory is tried once more: one failed call must not cost the program its allocation.
- * Returns 0, CUHEAP_BE_OOM, -EDQUOT, or -EIO when the driver failed it twice. */
-static int create_chunk_locked(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle)
+/* Give idle chunks back to the driver, oldest first, while the pool holds more than keep
+ * bytes without them; first, memory the driver refused to take back before. Waits for another
+ * thread's mapping call first (p->lock dropped). Returns the bytes released. */
+uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
 {
-    if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
-        return -EDQUOT;
-    int r = be_phys_create(p, bytes, ret_handle);
-    if (r && r != CUHEAP_BE_OOM)
-        r = be_phys_create(p, bytes, ret_handle);
-    if (r)
-        return r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
-    p->st.reserved += bytes;
-    p->st.nr_creates++;
-    atomic_fetch_add(p->device_reserved, bytes);
-    return 0;
+    wait_mapper_locked(p);
+    uint64_t released = release_stuck_locked(p);
+    for (uint64_t n = p->nr_idle;
+         n && p->nr_idle && p->st.reserved >= keep + chunk_bytes(p, p->idle.idle_next); n--) {
+        wait_mapper_locked(p);
+        if (p->nr_idle && p->st.reserved >= keep + chunk_bytes(p, p->idle.idle_next))
+            released += release_chunk_locked(p, p->idle.idle_next);
+    }
+    return released;
 }
 
 /* Take address space for the pool: a vmm arena of CUHEAP_VMM_ARENA bytes, more for a larger
@@ -252,10 +331,10 @@ static int create_chunk_locked(struct cuheap_pool *p, uint64_t bytes, uint64_t *
 int grow_va_locked(struct cuheap_pool *p, uint64_t need)
 {
     uint64_t size = need > CUHEAP_VMM_ARENA ? pow2_ceil(need) : CUHEAP_VMM_ARENA, va = 0;
-    pthread_mutex_unlock(&p->lock);
-    int r = p->be.va_reserve(p->be.ctx, size, &va);
+    pool_unlock(p);
+    int r = dev_va_reserve(p, size, &va);
     if (r && r != CUHEAP_BE_OOM)
-        r = p->be.va_reserve(p->be.ctx, size, &va);
+        r = dev_va_reserve(p, size, &va);
     if (r && r != CUHEAP_BE_OOM)
         r = -EIO;
     struct cuheap_arena *a = NULL;
@@ -264,17 +343,19 @@ int grow_va_locked(struct cuheap_pool *p, uint64_t need)
         if (!a || map_update(a, true)) {
             if (a)
                 arena_retire(a);
-            p->be.va_free(p->be.ctx, va, size);
+            dev_va_free(p, va, size);
             r = -ENOMEM;
         }
     }
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     if (r == 0 && !p->vmm) {
         /* another thread gave the backing up meanwhile (vmm_refused_locked): the caller looks
          * at the pool anew, now a legacy one */
         map_update(a, false);
         arena_retire(a);
-        p->be.va_free(p->be.ctx, va, size);
+        pool_unlock(p);
+        dev_va_free(p, va, size);
+        pool_lock(p);
         return 0;
     }
     if (r)
@@ -285,34 +366,52 @@ int grow_va_locked(struct cuheap_pool *p, uint64_t need)
     return 0;
 }
 
-/* Map physical memory at va (with access), once more when the driver failed it (the backend
- * left nothing mapped): one failed call must not cost the program its allocation. Returns 0,
- * CUHEAP_BE_OOM when the driver said out of memory, or -EIO. */
-static int map_chunk_locked(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle)
-{
-    int r = be_phys_map(p, va, bytes, handle);
-    if (r)
-        r = be_phys_map(p, va, bytes, handle);
-    return !r ? 0 : r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
-}
-
-/* New physical memory mapped at the unmapped granules [first, first + nr) of arena a, as one
- * (idle) chunk. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO (the driver refused the create or
- * the map twice). */
+/* New physical memory from the driver, within the limit, mapped at the unmapped granules
+ * [first, first + nr) of arena a as one (idle) chunk; p->lock dropped around the calls. A
+ * failure that is not for want of memory is tried once more: one failed call must not cost the
+ * program its allocation. The bytes count toward the limit and the pool from before the call,
+ * so that no other thread's decision overlooks them meanwhile. Returns 0, CUHEAP_BE_OOM,
+ * -EDQUOT, -EIO when the driver failed the create or the map twice, or -EBUSY when another
+ * thread is the mapper (nothing done: the caller waits and looks again). */
 int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first, uint32_t nr)
 {
-    uint64_t h, va = granule_va(a, first), bytes = (uint64_t)nr << p->granule_shift;
-    int r = create_chunk_locked(p, bytes, &h);
+    uint64_t h = 0, va = granule_va(a, first), bytes = (uint64_t)nr << p->granule_shift, ns = 0;
+    if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
+        return -EDQUOT;
+    if (!mapper_enter_locked(p))
+        return -EBUSY;
+    uint64_t resets = p->nr_resets;
+    p->st.reserved += bytes;
+    atomic_fetch_add(p->device_reserved, bytes);
+    p->inflight_bytes += bytes;
+    pool_unlock(p);
+    int r = dev_phys_create(p, bytes, &h, &ns);
+    if (r && r != CUHEAP_BE_OOM)
+        r = dev_phys_create(p, bytes, &h, &ns);
     if (r)
-        return r;
-    if ((r = map_chunk_locked(p, va, bytes, h))) {
-        /* cannot map it here: give it back to the driver rather than hold it unmapped */
-        give_back_locked(p, h, bytes);
-        return r;
+        r = r == CUHEAP_BE_OOM ? CUHEAP_BE_OOM : -EIO;
+    int m = r ? 0 : map_twice(p, va, bytes, h, &ns);
+    /* cannot map it here: give it back to the driver rather than hold it unmapped */
+    bool given_back = m && dev_phys_release(p, h, &ns) == 0;
+    pool_lock(p);
+    if (p->nr_resets != resets) {
+        mapper_leave_locked(p, ns);
+        return CUHEAP_BE_OOM; /* the context went meanwhile: nothing of it to publish */
     }
-    place_chunk_locked(p, a, first, nr, h);
-    pool_note_event(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
-    return 0;
+    p->inflight_bytes -= bytes;
+    if (r) {
+        p->st.reserved -= bytes;
+        atomic_fetch_sub(p->device_reserved, bytes);
+    } else if (m) {
+        account_release_locked(p, given_back, h, bytes);
+        r = m;
+    } else {
+        place_chunk_locked(p, a, first, nr, h);
+        p->st.nr_creates++;
+        pool_note_event(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
+    }
+    mapper_leave_locked(p, ns);
+    return r;
 }
 
 /* An idle chunk of exactly nr granules, oldest first (the first 64 looked at). */
@@ -325,24 +424,128 @@ struct cuheap_chunk *idle_of_size_locked(struct cuheap_pool *p, uint32_t nr)
     return NULL;
 }
 
-/* Move an idle chunk whole to the unmapped granules [first, first + c->nr) of arena a.
- * Returns 0, -EAGAIN when the driver would not unmap it (it stays where it is), or what
- * map_chunk_locked() said (the chunk then went back to the driver). */
+/* Move an idle chunk whole to the unmapped granules [first, first + c->nr) of arena a, p->lock
+ * dropped around the calls. Returns 0, -EAGAIN when the driver would not unmap it (it stays
+ * where it is), -EBUSY when another thread is the mapper, or what the map said (the chunk then
+ * went back to the driver). */
 int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuheap_arena *a,
                       uint32_t first)
 {
-    uint32_t nr = c->nr;
-    uint64_t from = chunk_va(c), bytes = chunk_bytes(p, c), va = granule_va(a, first), h;
-    if (unmap_idle_locked(p, c, &h))
+    if (!mapper_enter_locked(p))
+        return -EBUSY;
+    struct cuheap_arena *from_arena = c->arena;
+    uint32_t nr = c->nr, from_first = c->first;
+    uint64_t from = chunk_va(c), bytes = chunk_bytes(p, c), va = granule_va(a, first);
+    uint64_t resets = p->nr_resets, ns = 0;
+    uint64_t h = detach_idle_locked(p, c);
+    pool_unlock(p);
+    bool unmapped = dev_phys_unmap(p, from, bytes, &ns) == 0;
+    int r = unmapped ? map_twice(p, va, bytes, h, &ns) : 0;
+    bool given_back = unmapped && r && dev_phys_release(p, h, &ns) == 0;
+    pool_lock(p);
+    if (p->nr_resets != resets) {
+        mapper_leave_locked(p, ns);
+        return CUHEAP_BE_OOM;
+    }
+    p->inflight_bytes -= bytes;
+    if (!unmapped) {
+        place_chunk_locked(p, from_arena, from_first, nr, h);
+        mapper_leave_locked(p, ns);
         return -EAGAIN;
+    }
     pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, from, bytes, p->st.reserved, 0);
-    int r = map_chunk_locked(p, va, bytes, h);
     if (r) {
-        give_back_locked(p, h, bytes);
+        account_release_locked(p, given_back, h, bytes);
+        mapper_leave_locked(p, ns);
         return r;
     }
     place_chunk_locked(p, a, first, nr, h);
     p->st.nr_moves++;
     pool_note_event(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
+    mapper_leave_locked(p, ns);
     return 0;
+}
+
+/* The physical memory under the live block at `block` (still the block shared: its buffer id),
+ * exported as file descriptors, p->lock dropped around the exports. The caller is not the
+ * mapper; this thread is while it exports, so that no chunk under the block is moved or
+ * released meanwhile. Returns the number of pieces, -EINVAL, -ENOSPC or -EIO (pool.h). */
+int share_locked(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
+                 struct cuheap_share *pieces, unsigned max)
+{
+    mapper_take_locked(p);
+    struct cuheap_arena *a = p->vmm ? map_lookup(block) : NULL;
+    uint64_t handles[CUHEAP_NR_SHARE_MAX];
+    if (max > CUHEAP_NR_SHARE_MAX)
+        max = CUHEAP_NR_SHARE_MAX;
+    uintptr_t start;
+    unsigned order, n = 0;
+    bool allocated;
+    int r = -EINVAL;
+    if (!a || a->pool != p || cuheap_buddy_block_of(&a->buddy, block, &start, &order, &allocated) ||
+        !allocated || start != block || !size_at(a, unit_of(a, block)) ||
+        __atomic_load_n(&a->buffer_id[unit_of(a, block)], __ATOMIC_RELAXED) != buffer_id)
+        goto out; /* freed (or taken again) since it was exported */
+    uint32_t u = unit_of(a, block), first, last;
+    granule_span(p, a, block, a->extent[u], &first, &last);
+    for (uint32_t g = first; g <= last; g++) {
+        struct cuheap_chunk *c = a->granules[g].chunk;
+        if (!c || (n && pieces[n - 1].chunk == c))
+            continue;
+        if (n == max) {
+            r = -ENOSPC;
+            goto out;
+        }
+        handles[n] = c->handle;
+        pieces[n++] = (struct cuheap_share){.chunk = c,
+                                            .offset = (int64_t)(chunk_va(c) - block),
+                                            .bytes = chunk_bytes(p, c),
+                                            .fd = -1};
+    }
+    uint64_t resets = p->nr_resets;
+    pool_unlock(p);
+    r = (int)n;
+    for (unsigned i = 0; i < n && r >= 0; i++)
+        if (dev_phys_export(p, handles[i], &pieces[i].fd))
+            r = -EIO;
+    if (r < 0)
+        for (unsigned i = 0; i < n; i++)
+            if (pieces[i].fd >= 0)
+                close(pieces[i].fd);
+    pool_lock(p);
+    if (p->nr_resets != resets && r >= 0) { /* the context went: those handles with it */
+        for (unsigned i = 0; i < n; i++)
+            close(pieces[i].fd);
+        r = -EINVAL;
+    }
+out:
+    mapper_leave_locked(p, 0);
+    return r < 0 ? r : (int)n;
+}
+
+/* Every mapped chunk made accessible again to the device's peers (given access since it was
+ * mapped), p->lock dropped around each call; this thread is the mapper meanwhile, so that no
+ * chunk is moved or released. Returns 0, or -EIO when the driver refused a chunk. */
+int grant_access_locked(struct cuheap_pool *p)
+{
+    mapper_take_locked(p);
+    uint64_t resets = p->nr_resets;
+    int r = 0;
+    for (unsigned i = 0; p->vmm && i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        for (uint32_t g = 0; g < a->nr_granules; g++) {
+            if (!a->chunks[g].handle)
+                continue;
+            uint64_t va = granule_va(a, g), bytes = chunk_bytes(p, &a->chunks[g]);
+            pool_unlock(p);
+            if (dev_phys_access(p, va, bytes))
+                r = -EIO;
+            pool_lock(p);
+            if (p->nr_resets != resets)
+                goto out;
+        }
+    }
+out:
+    mapper_leave_locked(p, 0);
+    return r;
 }

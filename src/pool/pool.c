@@ -34,6 +34,8 @@ static void pool_lock_init(struct cuheap_pool *p)
     pthread_mutexattr_destroy(&attr);
 }
 
+__thread unsigned pool_locks_held __attribute__((tls_model("initial-exec")));
+
 struct cuheap_pool *cuheap_pool_create(void)
 {
     void *m = mmap(NULL, sizeof(struct cuheap_pool), PROT_READ | PROT_WRITE,
@@ -56,6 +58,8 @@ void cuheap_pool_set_capturing(struct cuheap_pool *p, unsigned nr)
     __atomic_store_n(&p->nr_capturing, nr, __ATOMIC_RELAXED);
 }
 
+/* Taken and let go of without counting it as held (pool_locks_held): the child starts with
+ * its pools forgotten and their locks made anew, and no thread of it holds one. */
 void cuheap_pool_atfork_prepare(struct cuheap_pool *p)
 {
     pthread_mutex_lock(&p->lock);
@@ -66,6 +70,11 @@ void cuheap_pool_atfork_parent(struct cuheap_pool *p)
     pthread_mutex_unlock(&p->lock);
 }
 
+bool cuheap_pool_lock_held(void)
+{
+    return pool_locks_held != 0;
+}
+
 int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
                      const struct cuheap_backend *be, int device, uint64_t limit,
                      _Atomic uint64_t *device_reserved, cuheap_pool_note_fn note_fn, void *owner)
@@ -74,6 +83,7 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->owner = owner;
     pool_lock_init(p);
     pthread_cond_init(&p->synced, NULL);
+    pthread_cond_init(&p->mapped, NULL);
     p->cfg = cfg;
     p->be = *be;
     p->device = device;
@@ -156,7 +166,7 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
         return 0;
     pool_lock_noting(p, mine);
     if (p->nr_capturing && !stream) {
-        pthread_mutex_unlock(&p->lock);
+        pool_unlock(p);
         return CUHEAP_POOL_PASS;
     }
     if (p->nr_merged >= CUHEAP_PURGE_EVERY)
@@ -170,7 +180,7 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
         struct cuheap_tcache *tc = tc_find(p);
         if (tc && tc_reap_locked(p, tc) &&
             tc_alloc(p, tc, size, order, ret_ptr, ret_block, ret_seq) == 0) {
-            pthread_mutex_unlock(&p->lock);
+            pool_unlock(p);
             return 0;
         }
         /* vmm: a ready block whose memory covers a smaller request gets the rest here */
@@ -283,7 +293,7 @@ again:;
         *ret_seq = cuheap_seq_next();
     if (cached)
         tc_after_alloc_locked(p, size);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     debug_check(p);
     *ret_ptr = ptr;
     *ret_block = block;
@@ -297,12 +307,12 @@ out_of_memory:
     }
     pool_note_event(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved,
                     p->limit);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return -ENOMEM;
 refused:
     if (vmm_refused_locked(p))
         goto again; /* a legacy pool now */
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return CUHEAP_POOL_PASS; /* new memory from the driver while the pool's blocks live */
 }
 
@@ -357,7 +367,7 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
     uint32_t u = found < 0 ? 0 : unit_of(a, ptr);
     uint64_t size = found < 0 ? 0 : __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
     if (!size) {
-        pthread_mutex_unlock(&p->lock);
+        pool_unlock(p);
         return -EINVAL; /* not a block start, or not live: a double free */
     }
     unsigned order = (unsigned)found;
@@ -383,9 +393,9 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
     } else if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE) {
         return_block_locked(p, a, ptr);
     } else if (p->cfg->reuse == CUHEAP_REUSE_SYNC) {
-        pthread_mutex_unlock(&p->lock);
-        p->be.device_sync(p->be.ctx); /* what cuMemFree itself would have waited for */
-        pthread_mutex_lock(&p->lock);
+        pool_unlock(p);
+        dev_device_sync(p); /* what cuMemFree itself would have waited for */
+        pool_lock(p);
         return_block_locked(p, a, ptr);
     } else {
         pend_locked(p, a, ptr, block);
@@ -401,7 +411,7 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
         release_idle_locked(p, p->cfg->pool_init + p->cfg->vmm_cushion); /* but a cushion */
     else
         nr = spare_empty_locked(p, bases, sizes);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     if (nr)
         free_arenas_unlocked(p, bases, sizes, nr);
     debug_check(p);
@@ -411,7 +421,7 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
 int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_base,
                             uint64_t *ret_size, uint64_t *ret_buffer_id, uint64_t *ret_arena)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     struct cuheap_arena *a = map_lookup(ptr);
     uintptr_t start;
     unsigned order;
@@ -428,58 +438,23 @@ int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_b
             r = 0;
         }
     }
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return r;
 }
 
 int cuheap_pool_share(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
                       struct cuheap_share *pieces, unsigned max)
 {
-    pthread_mutex_lock(&p->lock);
-    struct cuheap_arena *a = p->vmm && p->be.phys_export ? map_lookup(block) : NULL;
-    int r = -EINVAL;
-    uintptr_t start;
-    unsigned order;
-    bool allocated;
-    if (!a || a->pool != p || cuheap_buddy_block_of(&a->buddy, block, &start, &order, &allocated) ||
-        !allocated || start != block || !size_at(a, unit_of(a, block)) ||
-        __atomic_load_n(&a->buffer_id[unit_of(a, block)], __ATOMIC_RELAXED) != buffer_id)
-        goto out; /* freed (or taken again) since it was exported */
-    uint32_t u = unit_of(a, block), first, last;
-    granule_span(p, a, block, a->extent[u], &first, &last);
-    unsigned n = 0;
-    for (uint32_t g = first; g <= last; g++) {
-        struct cuheap_chunk *c = a->granules[g].chunk;
-        if (!c || (n && pieces[n - 1].chunk == c))
-            continue;
-        if (n == max) {
-            r = -ENOSPC;
-            goto undo;
-        }
-        int fd;
-        if (p->be.phys_export(p->be.ctx, c->handle, &fd)) {
-            r = -EIO;
-            goto undo;
-        }
-        pieces[n++] = (struct cuheap_share){.chunk = c,
-                                            .offset = (int64_t)(chunk_va(c) - block),
-                                            .bytes = chunk_bytes(p, c),
-                                            .fd = fd};
-    }
-    r = (int)n;
-    goto out;
-undo:
-    while (n)
-        close(pieces[--n].fd);
-out:
-    pthread_mutex_unlock(&p->lock);
+    pool_lock(p);
+    int r = p->vmm && dev_has_export(p) ? share_locked(p, block, buffer_id, pieces, max) : -EINVAL;
+    pool_unlock(p);
     return r;
 }
 
 uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
 {
     tl_settle(p); /* as the pool's epochs are waited for below */
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     tc_drain_all_locked(p, false);
     flush_stream_caches_locked(p);
     close_epoch_locked(p);
@@ -490,7 +465,7 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     if (p->vmm) {
         /* the address space stays: it costs no device memory */
         uint64_t released = release_idle_locked(p, keep_init ? p->cfg->pool_init : 0);
-        pthread_mutex_unlock(&p->lock);
+        pool_unlock(p);
         return released;
     }
     uint64_t bases[CUHEAP_NR_MAX_ARENAS], sizes[CUHEAP_NR_MAX_ARENAS];
@@ -506,22 +481,22 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
         }
         i++;
     }
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     free_arenas_unlocked(p, bases, sizes, nr);
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     released = before > p->st.reserved ? before - p->st.reserved : 0;
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return released;
 }
 
 int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
 {
     int r = 0;
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     if (p->vmm) {
         r = reserve_granules_locked(p, bytes);
         if (r != -EIO || !vmm_refused_locked(p)) {
-            pthread_mutex_unlock(&p->lock);
+            pool_unlock(p);
             return r ? -ENOMEM : 0;
         }
         r = 0; /* a legacy pool now: arenas as below */
@@ -533,15 +508,15 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
             size = want <= (2u << 20) ? pow2_ceil(want) : 1ull << (63 - __builtin_clzll(want));
         r = grow_locked(p, size, true);
     }
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return r ? -ENOMEM : 0;
 }
 
 void cuheap_pool_capture(struct cuheap_pool *p, int delta)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     if (delta < 0 && p->nr_capturing == 0) {
-        pthread_mutex_unlock(&p->lock);
+        pool_unlock(p);
         return;
     }
     __atomic_store_n(&p->nr_capturing, (unsigned)((int)p->nr_capturing + delta), __ATOMIC_RELAXED);
@@ -554,27 +529,20 @@ void cuheap_pool_capture(struct cuheap_pool *p, int delta)
     }
     if (!p->nr_capturing && open_epoch(p)->nr_blocks >= p->cfg->fence_batch)
         close_epoch_locked(p);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
 }
 
 int cuheap_pool_grant_access(struct cuheap_pool *p)
 {
-    int r = 0;
-    pthread_mutex_lock(&p->lock);
-    for (unsigned i = 0; p->vmm && p->be.phys_access && i < p->nr_arenas; i++) {
-        struct cuheap_arena *a = p->arenas[i];
-        for (uint32_t g = 0; g < a->nr_granules; g++)
-            if (a->chunks[g].handle &&
-                p->be.phys_access(p->be.ctx, granule_va(a, g), chunk_bytes(p, &a->chunks[g])))
-                r = -EIO;
-    }
-    pthread_mutex_unlock(&p->lock);
+    pool_lock(p);
+    int r = p->vmm && dev_has_access(p) ? grant_access_locked(p) : 0;
+    pool_unlock(p);
     return r;
 }
 
 void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     tc_hold_all(p);
     for (struct cuheap_tcache *tc = p->tcaches; tc; tc = tc->next)
         tc_fold_locked(p, tc);
@@ -583,12 +551,12 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     ret->nr_idle += atomic_load_explicit(&p->nr_idle_tl, memory_order_relaxed);
     ret->vmm_refused = p->vmm_refused;
     ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
 }
 
 uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     /* the caches stay held until the backend has forgotten its fences too: a thread records
      * the timeline's inside its cache without p->lock (tl_wait) */
     tc_hold_all(p);
@@ -624,6 +592,10 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     p->hint = 0;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     p->nr_idle = p->idle_bytes = 0;
+    /* a mapping call in flight finds the context gone and publishes nothing (phys.c) */
+    atomic_fetch_sub(p->device_reserved, p->inflight_bytes);
+    p->inflight_bytes = 0;
+    p->nr_resets++;
     p->nr_stuck = 0;
     uint64_t keep_hits = p->st.nr_hits, keep_misses = p->st.nr_misses;
     memset(&p->st, 0, sizeof(p->st));
@@ -639,11 +611,10 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     p->nr_whole = 0;
     p->pending_mapped = 0;
     p->ep_head = p->ep_tail = 0;
-    if (p->be.forget)
-        p->be.forget(p->be.ctx);
+    dev_forget(p);
     tl_leave(&p->tl);
     tc_unhold_all(p);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return live;
 }
 
@@ -661,6 +632,8 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->nr_empty = 0;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     p->nr_idle = p->idle_bytes = 0;
+    p->mapping = false; /* a mapper that did not cross the fork */
+    p->inflight_bytes = 0;
     p->nr_stuck = 0;
     memset(&p->st, 0, sizeof(p->st));
     atomic_store(&p->nr_idle_tl, 0);
@@ -675,4 +648,5 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     p->ep_head = p->ep_tail = 0;
     pool_lock_init(p);
     pthread_cond_init(&p->synced, NULL);
+    pthread_cond_init(&p->mapped, NULL);
 }

@@ -128,7 +128,7 @@ static void tc_give_freed_locked(struct cuheap_pool *p, const struct tc_batch *b
             pend_nowait_locked(p, k->arena, tc_ptr(k), 1ull << tc_order(k));
     }
     if (b->fence)
-        p->be.fence_destroy(p->be.ctx, b->fence);
+        dev_fence_destroy(p, b->fence);
 }
 
 /* The cache's large block to the pool (the caller holds the cache, or is its owner, with
@@ -211,7 +211,7 @@ static void tc_thread_exit(void *arg)
         if (!tc)
             continue;
         struct cuheap_pool *p = tc->pool;
-        pthread_mutex_lock(&p->lock);
+        pool_lock(p);
         bool listed = false;
         for (struct cuheap_tcache **pp = &p->tcaches; *pp; pp = &(*pp)->next)
             if (*pp == tc) {
@@ -225,7 +225,7 @@ static void tc_thread_exit(void *arg)
             tc_drain_held_locked(p, tc, false);
             close_if_due_locked(p);
         }
-        pthread_mutex_unlock(&p->lock);
+        pool_unlock(p);
         tc_slot[i] = NULL;
         munmap(tc, sizeof(*tc));
     }
@@ -361,7 +361,7 @@ __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p, struct cu
  * recorded), both closed slots wait, or no fence is to be had, the pool takes them. */
 __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc)
 {
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     tc_enter(tc);
     tc_fold_locked(p, tc); /* a thread that only frees would otherwise never fold its count */
     tc_leave(tc);
@@ -376,8 +376,7 @@ __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuheap_tca
     }
     void *fence = NULL;
     bool own = p->cfg->reuse == CUHEAP_REUSE_FENCE && !p->nr_capturing && fences_usable(p) &&
-               tc->closed_tail - tc->closed_head < TC_NR_CLOSED &&
-               p->be.fence_record(p->be.ctx, &fence) == 0;
+               tc->closed_tail - tc->closed_head < TC_NR_CLOSED && dev_fence_record(p, &fence) == 0;
     if (own)
         p->st.nr_fences++;
     tc_enter(tc);
@@ -393,7 +392,7 @@ __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuheap_tca
     tc_leave(tc);
     if (!own)
         close_if_due_locked(p);
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
 }
 
 /* Fill the cache with up to TC_REFILL more ready blocks of the order just allocated, where
@@ -485,9 +484,9 @@ bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t siz
  * waited. */
 void pool_lock_noting(struct cuheap_pool *p, struct cuheap_tcache *tc)
 {
-    bool waited = pthread_mutex_trylock(&p->lock) != 0;
+    bool waited = !pool_trylock(p);
     if (waited)
-        pthread_mutex_lock(&p->lock);
+        pool_lock(p);
     if (!tc)
         return;
     /* the owner's own counts (no drainer reads them): no tc_enter */

@@ -55,12 +55,12 @@ static void tl_pass_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, bo
     for (; n < last; n++) {
         void **slot = &tl->ring[(n + 1) % CUHEAP_NR_TIMELINE];
         if (wait) {
-            if (p->be.fence_wait(p->be.ctx, *slot) != 0)
-                p->be.device_sync(p->be.ctx); /* what the pool's own waits fall back to */
+            if (dev_fence_wait(p, *slot) != 0)
+                dev_device_sync(p); /* what the pool's own waits fall back to */
         } else if (fence_passed(p, *slot) <= 0) {
             break;
         }
-        p->be.fence_destroy(p->be.ctx, *slot);
+        dev_fence_destroy(p, *slot);
         *slot = NULL;
         atomic_store_explicit(&tl->passed, n + 1, memory_order_release);
     }
@@ -95,7 +95,7 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
         return true;
     }
     void *fence = NULL;
-    if (!fences_usable(p) || p->be.fence_record(p->be.ctx, &fence))
+    if (!fences_usable(p) || dev_fence_record(p, &fence))
         return false;
     tl->ring[(last + 1) % CUHEAP_NR_TIMELINE] = fence;
     atomic_store_explicit(&tl->recorded, last + 1, memory_order_release);

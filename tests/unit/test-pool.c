@@ -39,7 +39,11 @@ struct host_device {
     int fence_refs[4096]; /* record: 1, hold: +1, destroy: -1 (never below 0) */
     /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
      * does a device sync while syncs_gated */
-    bool gated, waiting, syncs_gated;
+    bool gated, waiting, syncs_gated, maps_gated;
+    /* calls that may take long made while the calling thread held a pool lock (the pool's lock
+     * rule: decide under it, call with it dropped); every test's teardown fails on one */
+    int nr_under_lock;
+    const char *under_lock;
     bool fences_fail; /* fence_record refuses, as the driver does when out of resources */
     /* every fence query answers CUHEAP_BE_NO_ANSWER (a capture's error, refused), or "not yet"
      * however long (stuck); waits and device syncs still pass fences */
@@ -74,6 +78,16 @@ static void hd_log(struct host_device *d, char op, uint64_t va, uint64_t size)
     }
 }
 
+/* A call that may take long (memory, mapping, waits, syncs): counted when the calling thread
+ * holds a pool lock (d->lock held). */
+static void hd_unlocked(struct host_device *d, const char *call)
+{
+    if (cuheap_pool_lock_held()) {
+        d->nr_under_lock++;
+        d->under_lock = call;
+    }
+}
+
 /* Whether log entry i touched [va, va + size). */
 static bool hd_logged_in(const struct host_device *d, unsigned i, uint64_t va, uint64_t size)
 {
@@ -101,6 +115,7 @@ static int hd_va_reserve(void *ctx, uint64_t size, uint64_t *ret)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "cuMemAddressReserve");
     if (hd_fails(d, &d->fail_reserve)) {
         pthread_mutex_unlock(&d->lock);
         return hd_fail_result(d);
@@ -114,9 +129,12 @@ static int hd_va_reserve(void *ctx, uint64_t size, uint64_t *ret)
 
 static void hd_va_free(void *ctx, uint64_t va, uint64_t size)
 {
-    (void)ctx;
+    struct host_device *d = ctx;
     (void)va;
     (void)size;
+    pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "cuMemAddressFree");
+    pthread_mutex_unlock(&d->lock);
 }
 
 static int hd_phys_create(void *ctx, uint64_t size, uint64_t *ret)
@@ -124,6 +142,7 @@ static int hd_phys_create(void *ctx, uint64_t size, uint64_t *ret)
     struct host_device *d = ctx;
     assert_true(size && size % GRANULE == 0);
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "cuMemCreate");
     if (hd_fails(d, &d->fail_create)) {
         pthread_mutex_unlock(&d->lock);
         return hd_fail_result(d);
@@ -144,6 +163,7 @@ static int hd_phys_release(void *ctx, uint64_t h)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "cuMemRelease");
     assert_true(d->handle_size[h]);
     d->used -= d->handle_size[h];
     d->handle_size[h] = 0;
@@ -156,6 +176,11 @@ static int hd_phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t h)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "cuMemMap");
+    while (d->maps_gated) {
+        d->waiting = true;
+        pthread_cond_wait(&d->gate, &d->lock);
+    }
     assert_int_equal(d->handle_size[h], size); /* a handle maps whole, as on the real driver */
     if (hd_fails(d, &d->fail_map)) {           /* as the backend: nothing stays mapped */
         pthread_mutex_unlock(&d->lock);
@@ -185,6 +210,7 @@ static int hd_phys_unmap(void *ctx, uint64_t va, uint64_t size)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "cuMemUnmap");
     int i = 0;
     while (i < 4096 && !(d->map_va[i] == va && d->map_size[i] == size))
         i++;
@@ -202,6 +228,7 @@ static int hd_alloc(void *ctx, uint64_t size, uint64_t *ret)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "cuMemAlloc");
     if (d->used + size > d->capacity) {
         pthread_mutex_unlock(&d->lock);
         return CUHEAP_BE_OOM;
@@ -219,6 +246,7 @@ static int hd_free(void *ctx, uint64_t ptr)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "cuMemFree");
     d->used -= d->sizes[(ptr - (1ull << 44)) / (2 * MIB) % 4096];
     d->nr_frees++;
     pthread_mutex_unlock(&d->lock);
@@ -272,6 +300,7 @@ static int hd_fence_wait(void *ctx, void *f)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "a fence wait");
     while (d->gated) {
         d->waiting = true;
         pthread_cond_wait(&d->gate, &d->lock);
@@ -315,6 +344,7 @@ static int hd_sync(void *ctx)
 {
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
+    hd_unlocked(d, "a device sync");
     while (d->syncs_gated) {
         d->waiting = true;
         pthread_cond_wait(&d->gate, &d->lock);
@@ -445,6 +475,9 @@ static void teardown(struct fixture *f)
         held += f->dev.fence_refs[i] > 0;
     if (held)
         fail_msg("%d fences still held after a trim", held);
+    if (f->dev.nr_under_lock)
+        fail_msg("%d driver calls made under the pool's lock (the last: %s)", f->dev.nr_under_lock,
+                 f->dev.under_lock);
     if (f->dev.nr_overlaps || f->dev.nr_bad_unmaps)
         fail_msg("%d maps over a mapping, %d unmaps of nothing mapped", f->dev.nr_overlaps,
                  f->dev.nr_bad_unmaps);
@@ -1667,6 +1700,7 @@ static void open_gate(struct fixture *f)
     pthread_mutex_lock(&f->dev.lock);
     f->dev.gated = false;
     f->dev.syncs_gated = false;
+    f->dev.maps_gated = false;
     pthread_cond_broadcast(&f->dev.gate);
     pthread_mutex_unlock(&f->dev.lock);
 }
@@ -1852,6 +1886,79 @@ static void *sized_alloc_thread(void *arg)
     w->result = cuheap_pool_alloc(&w->f->pool, w->size, 0, &w->ptr, &block, &seq);
     atomic_store(&w->done, true);
     return NULL;
+}
+
+/* A mapping call takes tens of microseconds (more while the GPU is busy), and the driver makes
+ * a process's one at a time: the pool makes it with its lock dropped, so that other threads
+ * allocate and free meanwhile. Here one thread's 40 MiB block needs new memory, and its map
+ * blocks at the device's gate; meanwhile another thread allocates and frees 256 KiB blocks in a
+ * mapped granule (through the pool's lock: too large for a thread cache), and the pool is
+ * checked; a third thread that needs new memory itself waits for the first call, then makes its
+ * own. */
+struct map_pairs_arg {
+    struct fixture *f;
+    uint64_t size;
+    int nr, failed;
+    _Atomic bool done;
+};
+
+static void *map_pairs_thread(void *arg)
+{
+    struct map_pairs_arg *w = arg;
+    uint64_t ptr, block, seq, size, bsize;
+    for (int i = 0; i < w->nr; i++)
+        if (cuheap_pool_alloc(&w->f->pool, w->size, 0, &ptr, &block, &seq) ||
+            cuheap_pool_free(&w->f->pool, ptr, 0, &size, &bsize, &seq))
+            w->failed++;
+    atomic_store(&w->done, true);
+    return NULL;
+}
+
+static void test_mapping_call_leaves_pool_unlocked(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 0);
+    pthread_cond_init(&f->dev.gate, NULL);
+    uint64_t kept = alloc(f, 1 * MIB, 0); /* its granule's other half: the pairs' memory */
+    pthread_mutex_lock(&f->dev.lock);
+    f->dev.maps_gated = true;
+    int maps_before = f->dev.nr_maps;
+    pthread_mutex_unlock(&f->dev.lock);
+    struct sized_waiter big = {.f = f, .size = 40 * MIB}, second = {.f = f, .size = 40 * MIB};
+    struct map_pairs_arg pairs = {.f = f, .size = 256 * 1024, .nr = 64};
+    pthread_t tb, tp, ts;
+    pthread_create(&tb, NULL, sized_alloc_thread, &big);
+    bool blocked = wait_at_gate(f, &big.done);
+    pthread_create(&tp, NULL, map_pairs_thread, &pairs);
+    for (int i = 0; i < 10000 && !atomic_load(&pairs.done); i++)
+        usleep(1000);
+    bool others_went_on = atomic_load(&pairs.done);
+    char why[256] = "";
+    int broken = others_went_on ? cuheap_pool_check(&f->pool, why, sizeof(why)) : 0;
+    pthread_create(&ts, NULL, sized_alloc_thread, &second);
+    usleep(20000);
+    bool second_waited = !atomic_load(&second.done);
+    open_gate(f);
+    pthread_join(tb, NULL);
+    pthread_join(tp, NULL);
+    pthread_join(ts, NULL);
+    assert_true(blocked);
+    assert_true(others_went_on);
+    assert_int_equal(pairs.failed, 0);
+    assert_true(second_waited); /* one mapping call at a time: the second after the first */
+    if (broken)
+        fail_msg("pool invariant during a mapping call: %s", why);
+    assert_int_equal(big.result, 0);
+    assert_int_equal(second.result, 0);
+    assert_true(big.ptr != second.ptr);
+    pthread_mutex_lock(&f->dev.lock);
+    assert_true(f->dev.nr_maps >= maps_before + 2);
+    pthread_mutex_unlock(&f->dev.lock);
+    check_invariants(f);
+    release(f, big.ptr, 0);
+    release(f, second.ptr, 0);
+    release(f, kept, 0);
+    teardown(f);
 }
 
 static void test_sync_fallback_full_device_and_reset(void **state)
@@ -2808,6 +2915,7 @@ int main(void)
         cmocka_unit_test(test_vmm_granule_mapped_while_waiting),
         cmocka_unit_test(test_sync_fallback_leaves_pool_unlocked),
         cmocka_unit_test(test_sync_fallback_full_device_and_reset),
+        cmocka_unit_test(test_mapping_call_leaves_pool_unlocked),
         cmocka_unit_test(test_double_free_and_ranges_thread_cache),
         cmocka_unit_test(test_random_with_invariants_thread_cache),
         cmocka_unit_test(test_vmm_random_with_invariants_thread_cache),
