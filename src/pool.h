@@ -65,6 +65,7 @@ struct cuheap_pool_note {
     uint64_t ptr;
     uint64_t size;
     uint64_t aux, aux2;
+    void *owner; /* the pool's (cuheap_pool_init) */
 };
 typedef void (*cuheap_pool_note_fn)(struct cuheap_pool *p, const struct cuheap_pool_note *n);
 

@@ -351,7 +351,7 @@ static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
         .type = (uint8_t)n->type,
         .api = CUHEAP_API_NONE,
         .flags = CUHEAP_EVF_POOLED,
-        .device = (int16_t)cuheap_device_of_pool(p)->ordinal,
+        .device = (int16_t)((struct cuheap_device *)n->owner)->ordinal,
         .ptr = n->ptr,
         .size = n->size,
         .actual = n->size,
@@ -362,7 +362,7 @@ static void pool_note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
         return; /* the hook records these with the program's stack */
     cuheap_record(&r);
     if (n->type == CUHEAP_EV_ARENA_GROW) {
-        struct cuheap_device *d = cuheap_device_of_pool(p);
+        struct cuheap_device *d = n->owner;
         /* d->reserved was moved by the pool itself; only the peak needs a look */
         cuheap_note_reserved_peak(d);
     }

@@ -257,39 +257,6 @@ again:
     return 0;
 }
 
-/* vmm: the block the buddy gave needs granules mapped, but blocks freed before wait for a
- * fence. Once it passes they are free with their granules mapped, and the last one freed is
- * the first the buddy gives again: very likely one of this size, at an address that needs no
- * driver call. So wait for the oldest fence and ask again, rather than move memory (66 us a
- * granule on an H200) or take more. Bounded by the number of epochs. */
-void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr, uint64_t *block,
-                          struct cuheap_arena **arena)
-{
-    unsigned backs = 0;
-    for (unsigned tries = 0; tries <= CUHEAP_NR_EPOCHS; tries++) {
-        if (block_mapped_locked(p, *arena, *ptr, size))
-            return;
-        if (p->ep_head == p->ep_tail && !open_epoch(p)->nr_blocks)
-            return; /* nothing waits: moving or taking granules is all there is */
-        if (!reclaim_locked(p)) {
-            bool back = false; /* every stream idle, or a device sync: they came back */
-            if (p->ep_head == p->ep_tail) {
-                back = close_epoch_locked(p);
-                if (p->ep_head == p->ep_tail && !back)
-                    return; /* could not close it (a stream captures) */
-                if (back && backs++)
-                    return; /* once: a device sync each round would cost more than mapping */
-            }
-            if (!back && !poll_oldest_locked(p))
-                wait_oldest_locked(p);
-        }
-        /* back to the buddy, not a quick list: the list would hand this very block out again */
-        merge_block_locked(p, *arena, *ptr);
-        if (take_block_locked(p, size, ptr, block, arena))
-            cuheap_assert(!"a block just given back could not be taken again");
-    }
-}
-
 /* CUHEAP_POOL_INIT under vmm: idle granules mapped at the start of the first arena, each its
  * own chunk so that blocks of any size can use them (one driver call each, once); under the
  * aligned layout, the unmapped granules of each piece as one chunk (the size chunks come in;

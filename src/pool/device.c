@@ -13,6 +13,8 @@
  */
 #include "internal.h"
 
+__thread unsigned pool_locks_held __attribute__((tls_model("initial-exec")));
+
 /* The calling thread holds no pool lock (debug builds). */
 static inline void unlocked(void)
 {

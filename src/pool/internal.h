@@ -466,7 +466,7 @@ extern __thread struct cuheap_tcache *tc_slot[TC_SLOTS] __attribute__((tls_model
 extern atomic_bool tc_asym;
 extern const uint16_t tc_caps[TC_NR_ORDERS];
 
-/* Pool locks the calling thread holds (pool.c): the backend's calls that may take long are
+/* Pool locks the calling thread holds (device.c): the backend's calls that may take long are
  * made with none (device.c checks it in debug builds, and the pool's unit test in every
  * build), and cuheap_pool_lock_held() answers for other layers. */
 extern __thread unsigned pool_locks_held __attribute__((tls_model("initial-exec")));
@@ -504,9 +504,25 @@ static inline void pool_note_event(struct cuheap_pool *p, int type, uint64_t ptr
                                    uint64_t aux, uint64_t aux2)
 {
     if (p->note) {
-        struct cuheap_pool_note n = {type, ptr, size, aux, aux2};
+        struct cuheap_pool_note n = {type, ptr, size, aux, aux2, p->owner};
         p->note(p, &n);
     }
+}
+
+/* The first block of a quick list, off it. */
+static inline uint64_t quick_pop_locked(struct cuheap_pool *p, unsigned order,
+                                        struct cuheap_arena **ret)
+{
+    struct cuheap_quick *q = &p->quick[order];
+    uint64_t ptr = q->head;
+    struct cuheap_arena *a = map_lookup(ptr);
+    q->head = a->link[unit_of(a, ptr)];
+    q->nr--;
+    p->quick_bytes -= 1ull << order;
+    if (order > CUHEAP_QUICK_MAX_ORDER)
+        p->nr_whole--;
+    *ret = a;
+    return ptr;
 }
 
 /* map.c */
@@ -569,7 +585,6 @@ int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuhe
                       uint32_t first);
 
 /* place.c */
-uint64_t quick_pop_locked(struct cuheap_pool *p, unsigned order, struct cuheap_arena **ret);
 int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
                       struct cuheap_arena **ret_arena);
 void mark_live_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
@@ -602,8 +617,6 @@ void close_if_due_locked(struct cuheap_pool *p);
 bool vmm_refused_locked(struct cuheap_pool *p);
 int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
                         struct acquire *acq);
-void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr, uint64_t *block,
-                          struct cuheap_arena **arena);
 int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes);
 
 /* tcache.c */

@@ -79,21 +79,6 @@ static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t siz
 
 #define CUHEAP_VMM_CANDIDATES 8 /* free blocks of one order looked at for a mapped one */
 
-/* The first block of a quick list, off it. */
-uint64_t quick_pop_locked(struct cuheap_pool *p, unsigned order, struct cuheap_arena **ret)
-{
-    struct cuheap_quick *q = &p->quick[order];
-    uint64_t ptr = q->head;
-    struct cuheap_arena *a = map_lookup(ptr);
-    q->head = a->link[unit_of(a, ptr)];
-    q->nr--;
-    p->quick_bytes -= 1ull << order;
-    if (order > CUHEAP_QUICK_MAX_ORDER)
-        p->nr_whole--;
-    *ret = a;
-    return ptr;
-}
-
 /* Merge the blocks kept whole (vmm, above CUHEAP_QUICK_MAX_ORDER) back into their arenas, so
  * that placement sees their mapped granules. Returns how many. */
 static unsigned merge_whole_locked(struct cuheap_pool *p)

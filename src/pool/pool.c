@@ -34,8 +34,6 @@ static void pool_lock_init(struct cuheap_pool *p)
     pthread_mutexattr_destroy(&attr);
 }
 
-__thread unsigned pool_locks_held __attribute__((tls_model("initial-exec")));
-
 struct cuheap_pool *cuheap_pool_create(void)
 {
     void *m = mmap(NULL, sizeof(struct cuheap_pool), PROT_READ | PROT_WRITE,
@@ -119,6 +117,39 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     if (p->tc_max_order >= TC_NR_ORDERS) /* a device with granules over 2 MiB */
         p->tc_max_order = TC_NR_ORDERS - 1;
     return 0;
+}
+
+/* vmm: the block the buddy gave needs granules mapped, but blocks freed before wait for a
+ * fence. Once it passes they are free with their granules mapped, and the last one freed is
+ * the first the buddy gives again: very likely one of this size, at an address that needs no
+ * driver call. So wait for the oldest fence and ask again, rather than move memory (66 us a
+ * granule on an H200) or take more. Bounded by the number of epochs. */
+static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr,
+                                 uint64_t *block, struct cuheap_arena **arena)
+{
+    unsigned backs = 0;
+    for (unsigned tries = 0; tries <= CUHEAP_NR_EPOCHS; tries++) {
+        if (block_mapped_locked(p, *arena, *ptr, size))
+            return;
+        if (p->ep_head == p->ep_tail && !open_epoch(p)->nr_blocks)
+            return; /* nothing waits: moving or taking granules is all there is */
+        if (!reclaim_locked(p)) {
+            bool back = false; /* every stream idle, or a device sync: they came back */
+            if (p->ep_head == p->ep_tail) {
+                back = close_epoch_locked(p);
+                if (p->ep_head == p->ep_tail && !back)
+                    return; /* could not close it (a stream captures) */
+                if (back && backs++)
+                    return; /* once: a device sync each round would cost more than mapping */
+            }
+            if (!back && !poll_oldest_locked(p))
+                wait_oldest_locked(p);
+        }
+        /* back to the buddy, not a quick list: the list would hand this very block out again */
+        merge_block_locked(p, *arena, *ptr);
+        if (take_block_locked(p, size, ptr, block, arena))
+            cuheap_assert(!"a block just given back could not be taken again");
+    }
 }
 
 /* More for the pool: address space under vmm (costs no device memory), an arena of device
