@@ -23,6 +23,8 @@
 #   scripts/gpu-run.sh settings  the GPT loop (caching off, no recording) under several
 #                                settings of this build (GPT_SETTINGS) beside the caching
 #                                allocator: step time, held/live, driver calls
+#   scripts/gpu-run.sh side      the gpu suite, then this build against gpu-bundle/old/ side by
+#                                side: 16 threads at 512 B and 2 MiB, the GPT loop (caching off)
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -400,6 +402,23 @@ run_soak() {
 # (built from another commit): 16 threads of 512 B pairs (3 rounds) and a long GPT run with
 # caching off (QUICK_STEPS, default 300; held/live and step time). Lines go to summary.txt as
 # they come, so that a run cut short still reports what it did.
+run_side() {
+    run_tests
+    local libs="new=$PRE" lib r size
+    [ -f "$B/old/libcuheap.so" ] && libs="old=$B/old/libcuheap.so $libs"
+    for r in 1 2 3; do
+        for size in 512 2097152; do
+            for lib in $libs; do
+                say "threads size=$size round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" \
+                    CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" threads 16 \
+                    "$size" 2>&1 | tail -1)"
+            done
+        done
+    done
+    ROUNDS=${SIDE_ROUNDS:-2} STEPS=${SIDE_STEPS:-60} FULL=0 bash bench/compare-gpt.sh "$OUT" "$libs"
+    grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
+}
+
 run_quick() {
     LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/gpu-quick-%p.jsonl" timeout 120 "$B/test-gpu" \
         >"$OUT/gpu-suite.log" 2>&1
@@ -538,6 +557,7 @@ hot) run_hot ;;
 toggle) run_toggle ;;
 profile) run_profile ;;
 quick) run_quick ;;
+side) run_side ;;
 ipc) run_ipc ;;
 audit) run_audit ;;
 viewers) run_viewers ;;
@@ -551,7 +571,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|profile|toggle|hot|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|all" >&2
     exit 2
     ;;
 esac
