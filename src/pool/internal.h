@@ -148,6 +148,7 @@ struct cuheap_pool {
     unsigned nr_capturing; /* streams capturing: no fences recorded meanwhile */
     uint64_t gen;          /* which setup of this pool: thread caches of an earlier one are not
                               this pool's */
+    void *owner;           /* cuheap_pool_owner(), read by every free (cuheap_pool_free_any) */
     _Alignas(64) _Atomic uint64_t next_buffer_id; /* taken 256 at a time by thread caches */
     _Alignas(64) pthread_mutex_t lock;
     struct cuheap_backend be;
@@ -201,7 +202,6 @@ struct cuheap_pool {
     _Atomic unsigned idle_skip;
     _Atomic uint64_t nr_idle_tl;
     struct cuheap_pool_stats st; /* thread caches' shares folded in by cuheap_pool_get_stats() */
-    void *owner;                 /* cuheap_pool_owner() */
 };
 
 #define TC_NR_ORDERS 18 /* orders a thread cache may keep: up to 128 KiB (see tc_max_order) */
