@@ -172,8 +172,8 @@ static int fence_record(void *ctx, void **ret_fence)
 
 /* The streams a fence would record on, asked whether they are idle: the legacy stream (whose
  * answer covers the blocking and per-thread default streams, as its events do: the query has
- * default-stream semantics and its success counts as a cuStreamSynchronize, and on the H200 it
- * said busy while a kernel ran on either, bench/probe-fence.c), then each non-blocking stream
+ * default-stream semantics and its success counts as a cuStreamSynchronize, and it says busy
+ * while a kernel runs on either: bench/probe-fence.c), then each non-blocking stream
  * known in the context. Anything but success on each, a capture's refusal included, is no. */
 static int streams_idle(void *ctx)
 {
@@ -186,7 +186,7 @@ static int streams_idle(void *ctx)
     pthread_mutex_lock(&streams_lock);
     /* where a fence could not be recorded, no answer either: the list is incomplete, or the
      * context has more streams than a fence holds events (asking them all under the pool's
-     * lock would take over 100 us) */
+     * lock, a driver call each, would take too long) */
     unsigned asked = 1;
     idle = idle && !streams_unlisted;
     for (unsigned i = 0; i < nr_streams && idle; i++)

@@ -42,7 +42,7 @@ struct cuheap_cuda_device {
     _Atomic int vmm_failed_code;
     _Atomic int query_refused_code;
     /* taken and let go atomically: by the pool's paths under its lock, and for the timeline
-     * of threads' large blocks (pool.c, tl_record_locked) under the timeline's own */
+     * of threads' large blocks (pool/timeline.c, tl_record_inside) under the timeline's own */
     struct cuheap_fence fences[CUHEAP_NR_FENCES];
 };
 

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The exported driver hooks: the one choke point every CUDA runtime, framework and library
- * reaches (see DESIGN.md, "Doors"). Each hook only translates the call: the allocation layer
- * (alloc.h) decides pool or driver, applies the limit, reclaims and retries, keeps the
- * accounting and records exactly one event; otherwise a hook behaves like the driver: same
- * results, same error codes. When cuheap cannot do its part the driver's own answer goes back
- * unchanged.
+ * reaches (the three ways in are listed below; docs/HACKING.md has the map). Each hook only
+ * translates the call: the allocation layer (alloc.h) decides pool or driver, applies the
+ * limit, reclaims and retries, keeps the accounting and records exactly one event; otherwise a
+ * hook behaves like the driver: same results, same error codes. When cuheap cannot do its part
+ * the driver's own answer goes back unchanged.
  *
  * Three ways in, one set of hooks:
  *   - the symbols themselves (programs linked with -lcuda; LD_PRELOAD puts ours first);

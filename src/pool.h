@@ -35,7 +35,7 @@ struct cuheap_pool_stats {
     uint64_t nr_misses;
     uint64_t nr_arenas;
     uint64_t nr_fences;   /* fences recorded */
-    uint64_t nr_idle;     /* freed blocks given back with no fence: every stream was found
+    uint64_t nr_idle;     /* freed blocks returned with no fence: every stream was found
                              idle (CUHEAP_IDLE_CHECK) */
     uint64_t nr_waits;    /* times an allocation waited for a fence */
     uint64_t nr_moves;    /* vmm: idle chunks moved whole to where a block needed them */

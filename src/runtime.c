@@ -494,8 +494,7 @@ void cuheap_account_now(struct cuheap_device *d, int64_t live, int64_t reserved)
     if (live > 0 && (int64_t)l > 0) /* below 0: frees added before their allocations */
         raise_peak(&d->peak_live, l);
     /* a pooled pair of 2 MiB or more comes here with no reserved bytes: adding 0 took the line
-     * from every other thread (16 threads of 2 MiB pairs on the H200: 16% of their samples
-     * here) */
+     * from every other thread, a large share of contending threads' time */
     if (!reserved)
         return;
     uint64_t r = atomic_fetch_add_explicit(&d->reserved, (uint64_t)reserved, memory_order_relaxed) +

@@ -15,9 +15,9 @@
  * memory barrier (membarrier(2)) and takes its ready blocks, so that its next allocations take
  * the pool's lock, and a loop of large pairs past the budget did so on every pair. What the
  * others keep may then make the pool map more rather than wait; a full device or limit drains
- * them all (all: true, once more after the caller's alone). On the H200, 16 threads of 2 MiB
- * pairs were no faster for it (their time is the pool's lock, bench/RESULTS.md 2026-12-02);
- * the GPT replay (one thread) is unchanged. */
+ * them all (all: true, once more after the caller's alone). Draining only one's own cache
+ * costs threads that contend nothing (their time goes to the pool's lock), and a job with one
+ * allocating thread sees no difference. */
 static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq, bool all)
 {
     if (all ? acq->fenced_all : acq->fenced)
@@ -167,14 +167,12 @@ static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq
  * the block at ptr needs (its last needed granule: last).
  * tight: from g to the next mapped granule, at most `last` and CUHEAP_VMM_CHUNK, so a block
  * holds only what it uses; but the chunks made are of every size, and an idle one is moved
- * only to a place of its size, so the rest go back to the driver and new ones are made (the
- * GPT loop: about 13 of each a step, beside 14 moves).
- * aligned: the unmapped granules of the CUHEAP_VMM_CHUNK-aligned piece around
- * g, so that chunks are one size and any idle one can move anywhere. The GPT loop on an H200:
- * half the time in mapping calls and a step 1.23x the caching allocator's against 1.39x, for
- * 1.06 held/live against 1.03 (measured, a mapping call costs the step two to four times
- * the call's own time; but in 2 of 15 long replays its memory rose to 1.10-1.12, so tight stays
- * the default). A block of a piece or more owns its pieces' address space,
+ * only to a place of its size, so the rest go back to the driver and new ones are made.
+ * aligned: the unmapped granules of the CUHEAP_VMM_CHUNK-aligned piece around g, so that
+ * chunks are one size and any idle one can move anywhere: fewer mapping calls and a faster
+ * step (a mapping call costs the step more than the call's own time), for more memory held,
+ * and in some long replays much more, so tight stays the default. A block of a piece or more
+ * owns its pieces' address space,
  * so its last chunk ends where the block's bytes do (a 20 MiB block holds 20 MiB, as PyTorch's
  * segments need); a smaller one maps the piece its neighbours will share. */
 static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena *a, uint64_t ptr,

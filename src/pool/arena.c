@@ -166,9 +166,10 @@ void free_arenas_unlocked(struct cuheap_pool *p, const uint64_t *bases, const ui
     }
 }
 
-/* Give every empty arena back (p->lock held on entry and exit, dropped around the driver
- * calls). Returns how many were released. */
-unsigned release_empty_unlocked(struct cuheap_pool *p)
+/* Release every empty legacy arena to the driver. Entered and left with p->lock held, but
+ * drops it around the driver calls (free_arenas_unlocked): the caller looks at the pool anew
+ * afterwards. Returns how many were released. */
+unsigned release_empty_locked(struct cuheap_pool *p)
 {
     flush_quick_locked(p);
     uint64_t bases[CUHEAP_NR_MAX_ARENAS], sizes[CUHEAP_NR_MAX_ARENAS];
@@ -194,7 +195,7 @@ unsigned release_empty_unlocked(struct cuheap_pool *p)
  * One empty arena stays as a cushion, so a loop that allocates and frees a small block does
  * not take an arena from the driver and give it back every time, and so does what keeps
  * CUHEAP_POOL_INIT reserved. Returns how many were unlinked. */
-unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases, uint64_t *sizes)
+unsigned unlink_spare_locked(struct cuheap_pool *p, uint64_t *bases, uint64_t *sizes)
 {
     if (p->cfg->release != CUHEAP_RELEASE_EMPTY || p->nr_empty <= 1)
         return 0;

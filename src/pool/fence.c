@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Fences: freed blocks wait in epochs, each closed behind a device-wide fence, and come back
- * once it has passed (reclaim); the idle check gives them back without a fence when every
+ * once it has passed (reclaim); the idle check returns them without a fence when every
  * stream is idle; blocks freed on a known stream wait in that stream's cache. Life of a block
  * under CUHEAP_REUSE=fence: freed onto the open epoch; after CUHEAP_FENCE_BATCH frees the epoch
  * closes behind a fence; when the fence has completed, its blocks go back to placement.
@@ -13,7 +13,7 @@
 
 #include <sched.h>
 
-static void release_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
+static void return_epoch_locked(struct cuheap_pool *p, struct cuheap_epoch *e)
 {
     uint64_t nr = e->nr_blocks, bytes = e->bytes;
     for (uint64_t ptr = e->head; ptr;) {
@@ -63,7 +63,7 @@ unsigned reclaim_locked(struct cuheap_pool *p)
         struct cuheap_epoch *e = &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS];
         if (fence_passed(p, e->fence) <= 0)
             break;
-        release_epoch_locked(p, e);
+        return_epoch_locked(p, e);
         p->ep_head++;
         n++;
     }
@@ -112,7 +112,7 @@ bool wait_oldest_locked(struct cuheap_pool *p)
     struct cuheap_epoch *e = &p->epochs[head % CUHEAP_NR_EPOCHS];
     bool still = p->ep_head == head && p->ep_head != p->ep_tail && e->fence == fence;
     if (still && passed) {
-        release_epoch_locked(p, e);
+        return_epoch_locked(p, e);
         p->ep_head++;
         still = false;
     }
@@ -145,11 +145,11 @@ bool poll_oldest_locked(struct cuheap_pool *p)
 
 /* A fence proves that the work submitted before a free is done only after a round trip
  * through the GPU: an event recorded on each stream, the GPU reaching it, a query seeing it
- * (1.6 us on an idle H200, with the calls' own 1.2 us: bench/probe-fence.c). Asking the
- * streams whether they are idle proves the same at once when they are: the legacy stream's
- * answer covers every blocking stream and every thread's per-thread default stream, as its
- * events do (seen on the H200), and each non-blocking stream is asked as it gets an event. A
- * busy GPU answers no, and the question (about 0.45 us a stream) was wasted: after a no, only
+ * (microseconds even on an idle GPU: bench/probe-fence.c). Asking the streams whether they
+ * are idle proves the same at once when they are: the legacy stream's answer covers every
+ * blocking stream and every thread's per-thread default stream, as its events do (the probe
+ * shows it), and each non-blocking stream is asked as it gets an event. A busy GPU answers
+ * no, and the question (a driver call a stream) was wasted: after a no, only
  * every IDLE_RETRY-th fence asks, until a yes. Never while a stream captures (the caller sees
  * to it: a query then may be refused, or join nothing but still say nothing). */
 #define IDLE_RETRY 64
@@ -170,30 +170,30 @@ bool idle_now(struct cuheap_pool *p)
 
 /* Every stream was idle (idle_now, after every block of the open epoch was freed; p->lock
  * held): the closed epochs' fences have passed, and the open epoch's blocks need none. */
-static void release_all_epochs_locked(struct cuheap_pool *p)
+static void return_all_epochs_locked(struct cuheap_pool *p)
 {
     for (; p->ep_head != p->ep_tail; p->ep_head++)
-        release_epoch_locked(p, &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS]);
-    release_epoch_locked(p, open_epoch(p));
+        return_epoch_locked(p, &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS]);
+    return_epoch_locked(p, open_epoch(p));
     p->st.nr_idle++;
 }
 
-/* The open epoch's blocks given back at once if every stream is idle (p->lock held; never
+/* The open epoch's blocks returned at once if every stream is idle (p->lock held; never
  * while a stream captures). Returns whether they were. */
-bool give_back_if_idle_locked(struct cuheap_pool *p)
+bool return_if_idle_locked(struct cuheap_pool *p)
 {
     if (!open_epoch(p)->nr_blocks || p->nr_capturing || !idle_now(p))
         return false;
-    release_all_epochs_locked(p);
+    return_all_epochs_locked(p);
     return true;
 }
 
-/* Close the open epoch behind a new fence, or give its blocks back at once while every stream
+/* Close the open epoch behind a new fence, or return its blocks at once while every stream
  * is idle. While a stream captures, recording would disturb the capture: the epoch stays
  * open. Returns whether its blocks came back at once (the caller may look for one again). */
 bool close_epoch_locked(struct cuheap_pool *p)
 {
-    if (give_back_if_idle_locked(p))
+    if (return_if_idle_locked(p))
         return true;
     /* a full ring waits for its oldest fence (the lock dropped: the open epoch may change
      * meanwhile); one that does not pass leaves the device sync below */
@@ -225,8 +225,8 @@ bool close_epoch_locked(struct cuheap_pool *p)
         *at = s.next;
         for (; synced == 0 && p->ep_head != p->ep_tail && (int)(tail - p->ep_head) > 0;
              p->ep_head++)
-            release_epoch_locked(p, &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS]);
-        release_epoch_locked(p, &s.epoch);
+            return_epoch_locked(p, &p->epochs[p->ep_head % CUHEAP_NR_EPOCHS]);
+        return_epoch_locked(p, &s.epoch);
         p->nr_synced++;
         pthread_cond_broadcast(&p->synced);
         return true;

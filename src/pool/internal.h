@@ -18,9 +18,34 @@
  *   pool.c      the public entry points (pool.h)
  *
  * The lock rule, for every part: p->lock guards struct cuheap_pool, its arenas, chunks and
- * epochs (functions ending in _locked are entered with it held). Lock order: p->lock, then a
- * thread cache (tc_hold_all); g_map_lock (map.c) is taken inside either. The pool's parts call
- * each other by short names: they are private to the pool (hidden, declared only here).
+ * epochs. Lock order: p->lock, then a thread cache (tc_hold_all); g_map_lock (map.c) is taken
+ * inside either. The pool's parts call each other by short names: they are private to the pool
+ * (hidden, declared only here). A name ending in _locked is entered and left with p->lock held;
+ * one that drops it meanwhile says so in its comment. _unlocked: entered without p->lock.
+ * _inside: the caller holds the timeline's flag (tl->busy, timeline.c), not p->lock.
+ *
+ * Words for the way back, from a block's free to the driver, each meaning one thing:
+ *   free      what the program does (cuheap_pool_free): the block is no longer live, not yet
+ *             reusable (dev_mem_free, dev_va_free and free_arenas_unlocked keep the driver's
+ *             own verb for its call)
+ *   pend      a freed block waits behind a fence: in the open epoch, a stream cache or a
+ *             thread's batch
+ *   reclaim   an epoch's fence has passed: its blocks are returned (reclaim_locked); reap is
+ *             a thread cache's own: its oldest batch's blocks ready again (tc_reap_locked)
+ *   return    a block that needs no fence any more is reusable again: onto its order's quick
+ *             list, or merged (return_block_locked, return_epoch_locked)
+ *   merge     a block goes into its arena's buddy allocator, joined with its free buddy
+ *             (merge_block_locked); flush merges or moves a holding list's blocks all at once
+ *   give      a thread cache hands blocks to the pool, behind a fence or returned
+ *             (tc_give_freed_locked); drain: a cache emptied so
+ *   forget    blocks dropped with nothing given back: their memory went with a context or a fork
+ *   unlink    an arena or idle chunk taken out of the pool's structures under p->lock, for
+ *             the caller to release or move with the lock dropped (unlink_arena_locked,
+ *             unlink_spare_locked, unlink_idle_locked)
+ *   release   memory goes back to the driver: a chunk unmapped and released, a legacy arena
+ *             freed (release_*_locked; "give back" in comments means the same); trim releases
+ *             what the pool holds for nobody (cuheap_pool_trim)
+ *   purge     metadata pages under large free blocks handed back to the kernel (madvise)
  */
 #ifndef CUHEAP_POOL_INTERNAL_H
 #define CUHEAP_POOL_INTERNAL_H
@@ -48,9 +73,9 @@
 #define CUHEAP_NR_SHARE_MAX     64 /* pieces one share exports at most */
 
 /* Physical memory mapped as one piece at granules [first, first + nr) of its arena: one
- * cuMemCreate, one cuMemMap and one cuMemSetAccess whatever its size. On an H200 those cost
- * about 40 us for 2 MiB and for 256 MiB alike (bench/probe-vmm.c), so a 64 MiB block gets one
- * chunk, not 32 granules. A chunk is idle while no block uses any of its granules; an idle
+ * cuMemCreate, one cuMemMap and one cuMemSetAccess whatever its size. Those cost the same for
+ * 2 MiB as for 256 MiB (bench/probe-vmm.c), so a 64 MiB block gets one chunk, not 32
+ * granules. A chunk is idle while no block uses any of its granules; an idle
  * chunk stays mapped, so a block handed out at its address again needs no driver call.
  * cuMemMap cannot map part of a handle (offsets are not supported), so a chunk is mapped,
  * moved and released whole. */
@@ -163,10 +188,10 @@ struct cuheap_pool {
         epochs[CUHEAP_NR_EPOCHS]; /* ring: [ep_head, ep_tail) closed, ep_tail open */
     unsigned ep_head, ep_tail;
     struct cuheap_syncing *syncing; /* epochs out of the ring while a device sync covers them */
-    uint64_t nr_synced;             /* of those, given back (or dropped with the context) */
+    uint64_t nr_synced;             /* of those, returned (or forgotten with the context) */
     pthread_cond_t synced;          /* broadcast when one is */
     unsigned nr_since_poll;
-    uint64_t nr_merged; /* blocks given back to the buddy allocators since the last purge */
+    uint64_t nr_merged; /* blocks merged into the buddy allocators since the last purge */
     struct cuheap_stream_cache caches[CUHEAP_NR_STREAM_CACHES];
     struct cuheap_quick quick[CUHEAP_NR_ORDERS];
     uint64_t quick_bytes;     /* bytes held on the quick lists */
@@ -181,7 +206,7 @@ struct cuheap_pool {
     /* vmm: the most bytes busy chunks have held at once for live blocks: what the job has shown
      * it needs. Granules that blocks waiting for a fence still hold do not count: they are
      * the GPU's lag, not the job's need, and a budget that counted them rose with every late
-     * fence (the GPT replay's held/live crept from 1.04 to 1.11 over 8 passes). */
+     * fence, and the memory held with it. */
     uint64_t peak_busy;
     uint64_t pending_mapped; /* vmm: bytes the extents of pending blocks reach */
     int vmm_refused;         /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _TO_LEGACY */
@@ -370,9 +395,9 @@ static inline uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
 
 /* A thread's small blocks go round its own cache: freed into a batch, the batch closed behind
  * one fence of the thread's own, back to ready once the fence has passed. Every close takes the
- * pool's lock and asks the driver to record an event, so a batch is large in count (16 threads
- * of 512 B pairs on the H200, ns of one core a pair: 598-643 closing every 64 frees, 177-206
- * every 256, 102-114 every 1024), and the ready blocks hold two batches' worth, so that a closed
+ * pool's lock and asks the driver to record an event, so a batch is large in count (the fewer
+ * frees a batch, the dearer contending threads' pairs), and the ready blocks hold two batches'
+ * worth, so that a closed
  * batch's fence has a batch's time to pass before the thread needs its blocks. In bytes a batch
  * is small (a sixteenth of CUHEAP_THREAD_CACHE, in tc_free): what waits in it is memory the pool
  * holds for nobody. */
@@ -410,8 +435,8 @@ struct cuheap_tcache {
     uint16_t nr_ready[TC_NR_ORDERS];
     uint64_t ready_bytes;
     /* a ring: [closed_head, closed_tail) closed, oldest first, then the open one (tc_open):
-     * a close only moves closed_tail on, where copying the 16 KiB batch was 14 instructions a
-     * 512 B pair (callgrind) */
+     * a close only moves closed_tail on, where copying the 16 KiB batch was a large part of a
+     * small pair */
     struct tc_batch batch[TC_NR_BATCHES];
     unsigned closed_head, closed_tail;
     int64_t live, live_blocks; /* not yet folded into pool->st */
@@ -536,8 +561,8 @@ int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact);
 uint64_t unlink_arena_locked(struct cuheap_pool *p, unsigned idx, uint64_t *ret_size);
 void free_arenas_unlocked(struct cuheap_pool *p, const uint64_t *bases, const uint64_t *sizes,
                           unsigned nr);
-unsigned release_empty_unlocked(struct cuheap_pool *p);
-unsigned spare_empty_locked(struct cuheap_pool *p, uint64_t *bases, uint64_t *sizes);
+unsigned release_empty_locked(struct cuheap_pool *p);
+unsigned unlink_spare_locked(struct cuheap_pool *p, uint64_t *bases, uint64_t *sizes);
 
 /* device.c */
 int dev_mem_alloc(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr);
@@ -602,7 +627,7 @@ unsigned reclaim_locked(struct cuheap_pool *p);
 bool wait_oldest_locked(struct cuheap_pool *p);
 bool poll_oldest_locked(struct cuheap_pool *p);
 bool idle_now(struct cuheap_pool *p);
-bool give_back_if_idle_locked(struct cuheap_pool *p);
+bool return_if_idle_locked(struct cuheap_pool *p);
 bool close_epoch_locked(struct cuheap_pool *p);
 void wait_syncing_locked(struct cuheap_pool *p);
 void flush_stream_caches_locked(struct cuheap_pool *p);
@@ -705,9 +730,8 @@ static inline bool tl_passed(struct cuheap_timeline *tl, uint64_t ticket)
 
 /* Ready blocks of one order a cache keeps at most: TC_PER_ORDER of the smallest, whose batches
  * close by count, then half as many an order up to 512 KiB of them, and no more than 64 (as
- * many as a batch of them when batches were 64) from 8 KiB on: a large count of larger blocks kept
- * memory from every other size (the GPT replay held 1.043x live with 512 of every order, 1.036x
- * this way). */
+ * many as a batch of them when batches were 64) from 8 KiB on: a large count of larger blocks
+ * keeps memory from every other size. */
 #define TC_CAP(o) ((o) <= 10 ? TC_PER_ORDER : (o) == 11 ? 256 : (o) == 12 ? 128 : 64)
 
 /* Put a block into the cache's ready lists if there is room (inside the cache: tc_enter). */
@@ -806,8 +830,8 @@ tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a,
         struct tc_batch *o = tc_open(tc);
         o->blocks[o->nr++] = (struct tc_block){ptr | order, a};
         o->bytes += block;
-        /* a sixteenth of the cache's bytes at most (1 MiB by default): the GPT replay held
-         * 1.026x live so, 1.029-1.030 closing at half of them */
+        /* a sixteenth of the cache's bytes at most (1 MiB by default): batches of more bytes
+         * made the pool hold more memory for the same live bytes */
         full = o->nr == TC_BATCH || o->bytes >= p->tc_bytes / 16;
     }
     tc_leave(tc);

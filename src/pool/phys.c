@@ -201,9 +201,9 @@ static void mapper_take_locked(struct cuheap_pool *p)
     p->mapping = true;
 }
 
-/* Take an idle chunk out of the pool for the mapper to unmap: off the idle list and its
- * granules, still counted (inflight). Returns its handle. */
-static uint64_t detach_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
+/* Unlink an idle chunk for the mapper to unmap: off the idle list and its granules, still
+ * counted (inflight). Returns its handle. */
+static uint64_t unlink_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
 {
     cuheap_assert(!c->nr_busy && p->mapping);
     uint64_t h = c->handle, bytes = chunk_bytes(p, c);
@@ -253,7 +253,7 @@ uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c)
     struct cuheap_arena *a = c->arena;
     uint32_t first = c->first, nr = c->nr;
     uint64_t va = chunk_va(c), bytes = chunk_bytes(p, c), resets = p->nr_resets, ns = 0;
-    uint64_t h = detach_idle_locked(p, c);
+    uint64_t h = unlink_idle_locked(p, c);
     pool_unlock(p);
     bool unmapped = dev_phys_unmap(p, va, bytes, &ns) == 0;
     bool released = unmapped && dev_phys_release(p, h, &ns) == 0;
@@ -437,7 +437,7 @@ int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuhe
     uint32_t nr = c->nr, from_first = c->first;
     uint64_t from = chunk_va(c), bytes = chunk_bytes(p, c), va = granule_va(a, first);
     uint64_t resets = p->nr_resets, ns = 0;
-    uint64_t h = detach_idle_locked(p, c);
+    uint64_t h = unlink_idle_locked(p, c);
     pool_unlock(p);
     bool unmapped = dev_phys_unmap(p, from, bytes, &ns) == 0;
     int r = unmapped ? map_twice(p, va, bytes, h, &ns) : 0;

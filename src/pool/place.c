@@ -13,15 +13,13 @@
 /* The CUHEAP_VMM_IDLE_FIT in force: above 125 only while the memory the pool's blocks keep
  * busy is within CUHEAP_VMM_FIT_SLACK percent of the bytes they asked for. A block put into an
  * idle chunk larger than itself leaves granules of a busy chunk that only neighbours at those
- * addresses can use, and blocks end up spread over more granules; in long replays of the GPT
- * job (8 passes) that added up to held / live 1.08-1.11 in 3 of 6 runs at 200, and to
- * 1.044-1.049 in 21 of 21 with this guard, which places blocks as 125 does until the spread
- * shrinks again (bench/RESULTS.md). The bytes asked for, not rounded up to granules: so for a
- * job whose blocks round up by more than the slack (3 MiB blocks keep 4 MiB busy), 200 acts as
- * 125, which a review found; but counting the rounding let the creep back (2 of 12 long
- * replays to 1.085-1.104), and so did measuring only the free granules of busy chunks (6 of 8
- * runs at slacks of 2-10%). The live bytes are the pool's with the thread caches' folded in at each
- * batch they close (tc_close), so they lag by at most a batch a thread. */
+ * addresses can use, and blocks end up spread over more granules; over a long job the memory
+ * held creeps up, and this guard, which places blocks as 125 does until the spread shrinks
+ * again, stops it. The bytes asked for, not rounded up to granules: so for a job whose blocks
+ * round up by more than the slack (3 MiB blocks keep 4 MiB busy), 200 acts as 125; but
+ * counting the rounding let the creep back, and so did measuring only the free granules of
+ * busy chunks. The live bytes are the pool's with the thread caches' folded in at each batch
+ * they close (tc_close), so they lag by at most a batch a thread. */
 static unsigned idle_fit_now(const struct cuheap_pool *p)
 {
     unsigned fit = p->cfg->vmm_idle_fit;
@@ -40,9 +38,9 @@ static unsigned idle_fit_now(const struct cuheap_pool *p)
  * released whole, so a block put into an idle chunk much larger than itself keeps all of it
  * busy: a 4 KiB block in a 64 MiB chunk holds 64 MiB. Busy chunks, and idle ones up to
  * CUHEAP_VMM_IDLE_FIT percent of the block's granules, are good; larger idle ones are
- * avoided, kept whole for a block of their size. (At 125, the GPT loop's 2 and 4 MiB blocks
- * mapped chunks of their own next to idle ones twice their size, about 15 a step, and at the
- * budget idle ones went back to make room for them: twice the driver calls of 200.) */
+ * avoided, kept whole for a block of their size. (At 125, blocks map chunks of their own next
+ * to idle ones twice their size, and at the budget idle ones are released to make room for
+ * them: more driver calls than at 200.) */
 static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t size)
 {
     const struct cuheap_arena *a = arg;
@@ -54,7 +52,7 @@ static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t siz
      * free granules of a busy chunk cost nothing more, so they come first */
     bool aligned = a->pool->cfg->vmm_layout == CUHEAP_VMM_ALIGNED;
     /* a chunk's granules share its verdict: one look per chunk, and none at unmapped words
-     * (scoring was half of a 2 MiB pair's instructions looking at every granule, issue 14) */
+     * (looking at every granule made scoring the dearest part of a large pair) */
     uint64_t g = next_mapped_granule(a, first);
     if (g > last)
         return CUHEAP_BUDDY_SCORE_NOTHING; /* nothing mapped: the buddy splits it unscored */
@@ -94,6 +92,13 @@ static unsigned merge_whole_locked(struct cuheap_pool *p)
     return n;
 }
 
+/* A block of at least size bytes from what the pool has, with no driver call (p->lock held):
+ * its order's quick list first (a block kept whole only where its memory is still mapped), else
+ * the buddy of an arena with room, from the last one that had some (p->hint), placed under vmm
+ * by place_score. Neither live yet (mark_live_locked) nor, under vmm, backed
+ * (use_granules_locked). Returns 0 with the
+ * block's start, its bytes (a power of two) and its arena, or -ENOMEM when no arena has room:
+ * the caller reclaims, trims or grows and asks again. */
 int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
                       struct cuheap_arena **ret_arena)
 {
@@ -126,8 +131,8 @@ int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
                                                   CUHEAP_VMM_CANDIDATES, &addr, &got)
                       : cuheap_buddy_alloc(&a->buddy, size, &addr, &got);
         /* a place that needs memory mapped, while blocks kept whole hide mapped memory from
-         * placement: merge those and look again (without this the GPT replay's mapping calls
-         * rose by a third) */
+         * placement: merge those and look again (else a block maps memory while mapped
+         * memory sits in blocks kept whole) */
         if (r == 0 && p->nr_whole && !block_mapped_locked(p, a, addr, size) &&
             merge_whole_locked(p)) {
             cuheap_buddy_free(&a->buddy, addr);
@@ -214,13 +219,13 @@ void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t
     /* Bounded: quick lists must not hoard what other sizes or the driver could use. Under vmm
      * a block on a quick list holds address space only (its granules went idle above), but it
      * hides that mapped memory from placement: blocks above CUHEAP_QUICK_MAX_ORDER kept whole,
-     * 64 an order, made the GPT replay move idle chunks 3.6 times as often (1,634 moves
-     * against 455, each an unmap and a map: about 50 us on an H200). One an order is kept
-     * (issue 14): a loop that frees a 2 or 20 MiB block and asks for another of its size then
-     * takes it back without merging it up through a 4 GiB arena and splitting it down again,
-     * scored at every level (9,800 instructions a pair, 3,900 so); and when the scored
-     * placement settles on a place that needs memory mapped, those kept whole are merged and
-     * it looks again (take_block_locked), so the mapping calls stay as they were. */
+     * many an order, made placement move idle chunks far more often, each an unmap and a map.
+     * One an order is kept (issue 14): a loop that frees a 2 or 20 MiB block and asks for
+     * another of its size then takes it back without merging it up through a 4 GiB arena and
+     * splitting it down again, scored at every level (which cost that loop most of its pair);
+     * and when the scored placement settles on a place that needs memory mapped, those kept
+     * whole are merged and it looks again (take_block_locked), so the mapping calls stay as
+     * they were. */
     bool whole = p->vmm && order > CUHEAP_QUICK_MAX_ORDER && q->nr == 0;
     bool small = q->nr < CUHEAP_QUICK_MAX && order <= CUHEAP_QUICK_MAX_ORDER &&
                  (p->vmm || p->quick_bytes + (1ull << order) <= p->cfg->arena_size / 8);

@@ -21,10 +21,9 @@ void cuheap_pool_atfork_child(void)
 #define TC_LEGACY_MAX_ORDER 17 /* largest block a legacy thread cache keeps: 128 KiB */
 
 /* The pool's lock spins a little before it sleeps (glibc's adaptive mutex): its holders make
- * at most a driver call or two, and 16 threads of 2 MiB pairs, each taking it twice a pair,
- * queued on futex sleeps and wake-ups (85% of their CPU samples at two offsets of libc's futex call
- * on the H200): 43.3-43.7 us a pair a thread with it against 48.7-52.3 without (three rounds each,
- * bench/RESULTS.md). A thread alone never waits, so nothing changes for it. */
+ * at most a driver call or two, and threads that contend for it, each taking it twice a pair,
+ * otherwise spend their time in futex sleeps and wake-ups. A thread alone never waits, so
+ * nothing changes for it. */
 static void pool_lock_init(struct cuheap_pool *p)
 {
     pthread_mutexattr_t attr;
@@ -102,17 +101,16 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     if (cfg->vmm_layout == CUHEAP_VMM_ALIGNED)
         p->chunk_max = 1u << (31 - __builtin_clz(p->chunk_max));
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
-    /* under CUHEAP_RELEASE=empty a block goes back as soon as it can: none are kept aside */
+    /* under CUHEAP_RELEASE=empty a freed block is merged as soon as it can: none are kept aside */
     p->tc_bytes = cfg->release == CUHEAP_RELEASE_EMPTY ? 0 : cfg->thread_cache;
     if (p->tc_bytes)
         tc_setup_once();
     /* A block a thread keeps holds its memory from every other size: under vmm its granules,
      * which the pool would otherwise move to where they are needed; under legacy its place in
-     * an arena, so other sizes grow the pool. Measured on the GPT replay (held/live): vmm
-     * 1.033 without caches, 1.036 caching blocks up to a sixteenth of a granule, 1.052 up to a
-     * granule, 1.069 up to 64 MiB; legacy 1.294 up to 256 KiB, 1.479 from 512 KiB up to 64 MiB
-     * (a 2 MiB pair then costs 1,182 instructions instead of 1,023). So both cache small blocks
-     * only: a sixteenth of a granule, or 128 KiB under legacy (a sixteenth of 2 MiB). */
+     * an arena, so other sizes grow the pool. The larger the blocks the caches keep, the more
+     * memory the pool holds for the same live bytes under both backings (and caching large
+     * legacy blocks made a 2 MiB pair dearer). So both cache small blocks only: a sixteenth of
+     * a granule, or 128 KiB under legacy (a sixteenth of 2 MiB). */
     p->tc_max_order = p->vmm ? p->granule_shift - 4 : TC_LEGACY_MAX_ORDER;
     if (p->tc_max_order >= TC_NR_ORDERS) /* a device with granules over 2 MiB */
         p->tc_max_order = TC_NR_ORDERS - 1;
@@ -122,8 +120,8 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
 /* vmm: the block the buddy gave needs granules mapped, but blocks freed before wait for a
  * fence. Once it passes they are free with their granules mapped, and the last one freed is
  * the first the buddy gives again: very likely one of this size, at an address that needs no
- * driver call. So wait for the oldest fence and ask again, rather than move memory (66 us a
- * granule on an H200) or take more. Bounded by the number of epochs. */
+ * driver call. So wait for the oldest fence and ask again, rather than move memory (an unmap
+ * and a map, far dearer than a fence) or take more. Bounded by the number of epochs. */
 static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr,
                                  uint64_t *block, struct cuheap_arena **arena)
 {
@@ -246,7 +244,7 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
      * is idle: chosen first, the new block was placed around them, and under vmm a loop of
      * 2 MiB pairs then moved memory to it from theirs every pair. */
     if (r && !p->quick[order % CUHEAP_NR_ORDERS].head)
-        give_back_if_idle_locked(p);
+        return_if_idle_locked(p);
     bool from_cache = r == 0 && !from_tc;
 again:;
     bool flushed = false, trimmed = false;
@@ -287,7 +285,7 @@ again:;
             /* Empty arenas too small for this request (made under a limit) can make room
              * for one that fits. */
             trimmed = true;
-            if (release_empty_unlocked(p))
+            if (release_empty_locked(p))
                 continue;
         }
         if (p->syncing && synced++ < CUHEAP_NR_EPOCHS) {
@@ -374,7 +372,7 @@ int cuheap_pool_free(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, uint6
 }
 
 /* One look into the address map for both questions, whose pool and where in it: a second
- * (cuheap_pool_of, then the free's own) was 17 instructions of a 512 B pair. */
+ * (cuheap_pool_of, then the free's own) is a large part of a small pair's cost. */
 int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, void **ret_owner, uint64_t *ret_size,
                          uint64_t *ret_block, uint64_t *ret_seq)
 {
@@ -441,7 +439,7 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
     if (p->vmm && p->cfg->release == CUHEAP_RELEASE_EMPTY) /* idle granules go back at once, */
         release_idle_locked(p, p->cfg->pool_init + p->cfg->vmm_cushion); /* but a cushion */
     else
-        nr = spare_empty_locked(p, bases, sizes);
+        nr = unlink_spare_locked(p, bases, sizes);
     pool_unlock(p);
     if (nr)
         free_arenas_unlocked(p, bases, sizes, nr);
@@ -592,8 +590,8 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
      * the timeline's inside its cache without p->lock (tl_wait) */
     tc_hold_all(p);
     tc_forget_all_locked(p, true);
-    /* and the timeline, which a trim settles holding neither p->lock nor a cache (a review
-     * found a trim letting go of a fence abandon had cleared) */
+    /* and the timeline, which a trim settles holding neither p->lock nor a cache (else a trim
+     * could let go of a fence abandon had cleared) */
     tl_enter(&p->tl);
     tl_forget(&p->tl, false);
     uint64_t live = p->st.live;

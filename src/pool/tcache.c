@@ -32,8 +32,8 @@ static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
 
 /* A cache is its owner's but for drainers (trim, out of memory, stats, checks, a thread's
  * end), which are rare and hold p->lock. So the owner enters and leaves without an atomic
- * read-modify-write (an exchange is a full barrier: 24% of 16 threads' samples on the H200
- * went to the two a pair made): it marks itself busy with a plain store and looks for a
+ * read-modify-write (an exchange is a full barrier, and the two a pair made were a large share
+ * of contending threads' time): it marks itself busy with a plain store and looks for a
  * drainer; a drainer marks the cache held, makes every running thread of the process pass a
  * full memory barrier (membarrier(2)), then waits for the owner to leave. Either the owner
  * sees the drainer or the drainer sees the owner busy: the barrier puts the owner's store
@@ -468,8 +468,8 @@ bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t siz
  *
  * A block above tc_max_order is not kept ready: it holds its memory from every other size. But
  * each pair of such blocks then takes the pool's lock twice and waits for a fence recorded
- * under it, and 16 threads of 2 MiB pairs on the H200 spent 85% of their time waiting for that
- * lock, 32-42 times one thread's time a pair (bench/RESULTS.md, 2026-12-02). So a thread that
+ * under it, and threads that contend for the lock spend most of their time waiting for it,
+ * many times one thread's time a pair. So a thread that
  * keeps finding the lock taken keeps one large block of its own, freed with no pool lock, and
  * its next allocation of that order takes the block back once a fence recorded after the free
  * has passed (the timeline below, also without the pool's lock). A thread that finds the lock free

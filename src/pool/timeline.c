@@ -17,10 +17,9 @@
  * takes a ticket, the number of fences whose recording has begun, and may be used again once a
  * later one has passed. One fence recorded serves every block freed before it, and one thread at
  * a time records or asks the driver (tl->busy) while the others read tl->passed: a fence for
- * each free, recorded and polled by 16 threads at once on the legacy stream, made 16 threads of
- * 2 MiB pairs slower than waiting for the pool's lock (76 against 45 us a pair, CPU 11 against
- * 29 us: they slept in the driver; bench/RESULTS.md 2026-12-02). Fences pass in the order they
- * were recorded: each is an event on the same streams, each stream in order. */
+ * each free, recorded and polled by many threads at once on the legacy stream, was slower than
+ * waiting for the pool's lock (the threads slept in the driver's own locks). Fences pass in
+ * the order they were recorded: each is an event on the same streams, each stream in order. */
 static uint64_t tl_ticket(struct cuheap_timeline *tl)
 {
     return atomic_load_explicit(&tl->started, memory_order_seq_cst);
@@ -46,9 +45,10 @@ void tl_leave(struct cuheap_timeline *tl)
     atomic_store_explicit(&tl->busy, false, memory_order_release);
 }
 
-/* Recorded fences let go, oldest first, as they pass (inside tl_try_enter): asked about until
- * one has not (wait: false), or each waited for (a trim, tl_settle). */
-static void tl_pass_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, bool wait)
+/* Recorded fences let go, oldest first, as they pass: asked about until one has not (wait:
+ * false), or each waited for (a trim, tl_settle). _inside: the caller holds tl->busy
+ * (tl_try_enter or tl_enter), not p->lock. */
+static void tl_pass_inside(struct cuheap_pool *p, struct cuheap_timeline *tl, bool wait)
 {
     uint64_t n = atomic_load_explicit(&tl->passed, memory_order_relaxed);
     uint64_t last = atomic_load_explicit(&tl->recorded, memory_order_relaxed);
@@ -67,20 +67,21 @@ static void tl_pass_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, bo
 }
 
 /* A fence numbered above the last recorded one, recorded now unless one numbered need or later
- * is already (inside tl_try_enter; the caller asks again while its need is not met). The count
+ * is already (_inside: the caller holds tl->busy, not p->lock; it asks again while its need
+ * is not met). The count
  * of started fences goes up before the driver is asked, so that a free meanwhile waits for the
  * next one; when the driver refuses, it stays up and the next fence recorded takes the number:
  * a free that took it waits for one fence more than it needs, never for fewer, and no ticket is
- * above the count (lowering it again made one so, which pool_check rightly refused; a review
- * found it). Returns whether a fence was recorded or one is. */
-static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, uint64_t need,
+ * above the count (lowering it again could leave one so, which pool_check refuses). Returns
+ * whether a fence was recorded or one is. */
+static bool tl_record_inside(struct cuheap_pool *p, struct cuheap_timeline *tl, uint64_t need,
                              struct cuheap_tcache *tc)
 {
     uint64_t last = atomic_load_explicit(&tl->recorded, memory_order_relaxed);
     if (last >= need)
         return true;
     if (last + 1 - atomic_load_explicit(&tl->passed, memory_order_relaxed) > CUHEAP_NR_TIMELINE) {
-        tl_pass_locked(p, tl, false); /* the ring is full of fences in flight: its oldest slot */
+        tl_pass_inside(p, tl, false); /* the ring is full of fences in flight: its oldest slot */
         if (last + 1 - atomic_load_explicit(&tl->passed, memory_order_relaxed) > CUHEAP_NR_TIMELINE)
             return false;
     }
@@ -88,7 +89,7 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
     if (idle_now(p)) {
         /* asked after the count went up: every free that took a lower ticket is covered, and
          * every fence recorded before has passed */
-        tl_pass_locked(p, tl, true); /* each has passed: the waits return at once */
+        tl_pass_inside(p, tl, true); /* each has passed: the waits return at once */
         atomic_store_explicit(&tl->recorded, last + 1, memory_order_release);
         atomic_store_explicit(&tl->passed, last + 1, memory_order_release);
         atomic_fetch_add_explicit(&p->nr_idle_tl, 1, memory_order_relaxed);
@@ -109,7 +110,7 @@ static bool tl_record_locked(struct cuheap_pool *p, struct cuheap_timeline *tl, 
 void tl_settle(struct cuheap_pool *p)
 {
     tl_enter(&p->tl);
-    tl_pass_locked(p, &p->tl, true);
+    tl_pass_inside(p, &p->tl, true);
     tl_leave(&p->tl);
 }
 
@@ -179,22 +180,22 @@ static bool tl_wait(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ti
     uint64_t t0 = mono_ns(), now = t0;
     bool passed;
     for (unsigned round = 0; !(passed = tl_passed(tl, ticket)); round++) {
-        /* Never asleep on a lock, and a look before a try: 16 threads asleep on a mutex while
-         * one recorded woke up late (33 us a 2 MiB pair on the H200), and 16 threads trying a
-         * mutex between yields spent 18% of their time in the try (11 us a pair). */
+        /* Never asleep on a lock, and a look before a try: threads asleep on a mutex while one
+         * recorded woke up late, and threads trying a mutex between yields spent much of their
+         * time in the try. */
         bool recorded_now = false;
         if (atomic_load_explicit(&tl->recorded, memory_order_acquire) <= ticket) {
             if (__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
                 break;
             if (tl_try_enter(tl)) {
-                bool ok = tl_record_locked(p, tl, ticket + 1, tc);
+                bool ok = tl_record_inside(p, tl, ticket + 1, tc);
                 tl_leave(tl);
                 if (!ok)
                     break;
                 recorded_now = true;
             }
         } else if (tl_try_enter(tl)) {
-            tl_pass_locked(p, tl, false);
+            tl_pass_inside(p, tl, false);
             tl_leave(tl);
             if ((passed = tl_passed(tl, ticket)))
                 break;

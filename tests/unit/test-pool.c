@@ -2497,7 +2497,7 @@ static void wait_for(_Atomic int *what, int value)
 }
 
 /* The least count of timeline fences begun but not recorded seen as streams_idle was asked:
- * a question for a timeline fence comes after its number was taken (tl_record_locked), so
+ * a question for a timeline fence comes after its number was taken (tl_record_inside), so
  * every free before it has a lower ticket. */
 static _Atomic long tl_gap_min = LONG_MAX;
 
