@@ -445,9 +445,8 @@ MUTATIONS = [
     ("record-ignores-pause",
      "events recorded while cuheap_set_recording(0) paused recording",
      "a paused recording leaves the paused part out", "src/recorder.c",
-     "    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK)\n"
-     "        return;",
-     "    if (0)\n        return;"),
+     "    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK) {",
+     "    if (0) {"),
     ("html-label-not-escaped",
      "the HTML report's data written inside its script element with `<`, `>` and `&` as they "
      "are: a label holding `<!--<script>` swallows the page's code and no chart is drawn",
@@ -542,6 +541,29 @@ MUTATIONS = [
      "    if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */\n"
      "        cuheap_defer_settle();\n    uint64_t seq",
      "    uint64_t seq"),
+    ("oom-told-every-time",
+     "every out-of-memory the writer sees is described in full on stderr, not only the first "
+     "(later ones are to be counted)",
+     "an out-of-memory is told once, then counted", "src/recorder_oom.c",
+     "    if (n > 1) {\n        tell_again(&f, n);\n        return;\n    }",
+     "    if (0) {\n        tell_again(&f, n);\n        return;\n    }"),
+    ("oom-unseen-told-every-time",
+     "with recording off or paused, every out-of-memory is described in full from the hook, "
+     "not only the first",
+     "an out-of-memory is told once, then counted", "src/recorder_oom.c",
+     "    if (n > 1) {\n        if (power_of_two(n))",
+     "    if (0) {\n        if (power_of_two(n))"),
+    ("oom-top-site-smallest",
+     "the out-of-memory block lists the call sites holding the least first, so the top one "
+     "named is not the one holding the most",
+     "an out-of-memory names who holds the most", "src/liveset.c",
+     "    return a->bytes != b->bytes ? a->bytes > b->bytes : a->stack < b->stack;",
+     "    return a->bytes != b->bytes ? a->bytes < b->bytes : a->stack < b->stack;"),
+    ("oom-largest-free-smallest",
+     "the largest free piece in the pool is answered with the smallest free block",
+     "an out-of-memory names the largest free piece", "src/buddy.c",
+     "    return 1ull << (63 - __builtin_clzll(b->free_bitmap));",
+     "    return 1ull << __builtin_ctzll(b->free_bitmap);"),
 ]
 
 

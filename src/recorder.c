@@ -88,18 +88,33 @@ bool cuheap_recorder_idle_child(void)
     return atomic_load(&child_pending);
 }
 
+static bool is_oom(const struct cuheap_rec *r)
+{
+    return r->type == CUHEAP_EV_OOM || r->type == CUHEAP_EV_LIMIT;
+}
+
 void cuheap_record(const struct cuheap_rec *r)
 {
     /* the audit's view of the hooks: every event, before the ring can drop it */
     if (atomic_load_explicit(&cuheap_auditing, memory_order_relaxed))
         cuheap_audit_note(r);
-    if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed))
+    if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed)) {
+        if (is_oom(r))
+            cuheap_recorder_oom_unseen(r, cuheap_recorder.cfg && !cuheap_recorder.cfg->record
+                                              ? "recording is off (CUHEAP_RECORD=0)"
+                                              : "recording is off (it could not start)");
         return;
-    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK)
+    }
+    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK) {
+        if (is_oom(r))
+            cuheap_recorder_oom_unseen(r, "recording is paused (cuheap_set_recording)");
         return;
+    }
     if (!atomic_load_explicit(&cuheap_recorder.accepting, memory_order_relaxed)) {
         atomic_fetch_add_explicit(&cuheap_recorder.nr_events, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&cuheap_recorder.nr_late, 1, memory_order_relaxed);
+        if (is_oom(r))
+            cuheap_recorder_oom_unseen(r, "recording has stopped (the program is ending)");
         return;
     }
     if (atomic_load_explicit(&child_pending, memory_order_relaxed))
@@ -108,8 +123,11 @@ void cuheap_record(const struct cuheap_rec *r)
              t_native = 0, t_python = 0;
     struct cuheap_event *ev = cuheap_ring_claim(&cuheap_recorder.ring);
     atomic_fetch_add_explicit(&cuheap_recorder.nr_events, 1, memory_order_relaxed);
-    if (!ev)
+    if (!ev) {
+        if (is_oom(r))
+            cuheap_recorder_oom_unseen(r, "its event was lost to a full ring (raise CUHEAP_RING)");
         return;
+    }
     ev->seq = r->seq ? r->seq : cuheap_seq_next();
     ev->time_ns = cuheap_recorder_now();
     ev->ptr = r->ptr;
@@ -251,6 +269,8 @@ void cuheap_recorder_start(const struct cuheap_config *config)
 
 bool cuheap_recorder_pause(bool pause)
 {
+    if (pause)
+        atomic_store(&cuheap_recorder.was_paused, true);
     return atomic_exchange(&paused, pause);
 }
 
@@ -307,6 +327,8 @@ void cuheap_recorder_atfork_child(void)
     pthread_mutex_init(&child_start_lock, NULL);
     /* held by this thread for writing: made anew, as the static one (writers first) */
     capture_lock = (pthread_rwlock_t)PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+    cuheap_recorder_oom_atfork_child(); /* the child's own first out-of-memory is told */
+    atomic_store(&cuheap_recorder.was_paused, atomic_load(&paused));
     if (!atomic_load(&cuheap_recorder_on))
         return;
     /* The parent's writer thread does not exist here. Start over with our own file. */

@@ -22,6 +22,7 @@
 #include "chrome.h"
 #include "config.h"
 #include "event.h"
+#include "recorder.h"
 #include "ring.h"
 #include "stacktab.h"
 #include "tracefile.h"
@@ -44,6 +45,7 @@ struct cuheap_recorder_state {
     _Atomic uint64_t nr_consumed; /* events the writer took from the ring */
     _Atomic uint64_t nr_events;   /* events recorded, dropped ones included */
     atomic_bool stopping;         /* the writer thread is to end */
+    atomic_bool was_paused;       /* cuheap_set_recording(0) was called: the trace has gaps */
     pthread_mutex_t io_lock;
     /* the trace file (io_lock held) */
     FILE *out;
@@ -117,6 +119,23 @@ void cuheap_recorder_put_line(json_t *obj);
 /* A JSON string of text from outside (a path, the command line, a label, a host name): bytes
  * that are not UTF-8 become U+FFFD. Never NULL but on exhaustion. */
 json_t *cuheap_recorder_json_text(const char *s);
+
+/* ---- recorder_oom.c: an out-of-memory, told when it happens ---- */
+
+/* Writer (io_lock held): keep the live set from an allocation's or a free's event. */
+void cuheap_recorder_oom_track(const struct cuheap_event *ev, uint32_t stack_id);
+
+/* Writer (io_lock held): an out-of-memory event (CUHEAP_EV_OOM, _LIMIT) was written: tell it
+ * on stderr with the call sites holding the most (the first; later ones as a count) and put
+ * an oom_report line in the trace. */
+void cuheap_recorder_oom_seen(const struct cuheap_event *ev);
+
+/* Hook side: an out-of-memory the writer will never see (why says what stopped it: recording
+ * off, paused, ...): told without call sites, saying why. Never allocates, never locks. */
+void cuheap_recorder_oom_unseen(const struct cuheap_rec *r, const char *why);
+
+/* In a child after fork: nothing told yet, nothing live. */
+void cuheap_recorder_oom_atfork_child(void);
 
 /* ---- recorder_trace.c (io_lock held, or no writer yet) ---- */
 

@@ -253,6 +253,9 @@ static void put_bytes(struct line *l, const char *key, uint64_t v)
 
 static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
 {
+    /* an out-of-memory's address fields hold what the hook knew then (event.h) */
+    bool oom = ev->type == CUHEAP_EV_OOM || ev->type == CUHEAP_EV_LIMIT;
+    uint64_t ptr = oom ? 0 : ev->ptr, actual = oom ? 0 : ev->actual, stream = oom ? 0 : ev->stream;
     struct line l = {.n = 0};
     put_str(&l, "{\"type\":\"event\",\"seq\":");
     put_u64(&l, ev->seq);
@@ -267,14 +270,14 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
     put_str(&l, ",\"tid\":");
     put_u64(&l, ev->tid);
     put_str(&l, ",\"ptr\":\"");
-    put_hex(&l, ev->ptr);
+    put_hex(&l, ptr);
     put_str(&l, "\"");
     put_bytes(&l, "size", ev->size);
-    put_bytes(&l, "actual", ev->actual);
+    put_bytes(&l, "actual", actual);
     put_str(&l, (ev->flags & CUHEAP_EVF_POOLED) ? ",\"pooled\":true" : ",\"pooled\":false");
-    if (ev->stream) {
+    if (stream) {
         put_str(&l, ",\"stream\":\"");
-        put_hex(&l, ev->stream);
+        put_hex(&l, stream);
         put_str(&l, "\"");
     }
     if (ev->flags & CUHEAP_EVF_CAPTURE)
@@ -291,6 +294,10 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
         put_bytes(&l, "driver_free", ev->aux);
         put_bytes(&l, "driver_total", ev->aux2);
         put_bytes(&l, "limit", ev->type == CUHEAP_EV_LIMIT ? ev->aux2 : (uint64_t)0);
+        put_bytes(&l, "live", ev->ptr);
+        put_bytes(&l, "held", ev->actual);
+        if (ev->stream != CUHEAP_OOM_NO_POOL)
+            put_bytes(&l, "largest_free", ev->stream);
         break;
     case CUHEAP_EV_FENCE:
         put_bytes(&l, "blocks", ev->aux);
@@ -325,6 +332,8 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
     fwrite(l.buf, 1, l.n, cuheap_recorder.out);
 }
 
+static void write_event_chrome(const struct cuheap_event *ev, uint32_t stack_id);
+
 static void write_event(const struct cuheap_event *ev)
 {
     uint32_t stack_id = 0;
@@ -339,13 +348,23 @@ static void write_event(const struct cuheap_event *ev)
         cuheap_recorder.tm.intern_ns += cuheap_recorder_now() - t0;
     if (r == 0 && is_new)
         write_stack(cuheap_stacktab_get(&cuheap_recorder.stacks, stack_id));
-    if (!cuheap_recorder.out || cuheap_recorder.write_failed)
-        return;
-    cuheap_recorder.nr_written++;
-    if (cuheap_recorder.cfg->format == CUHEAP_FORMAT_JSONL) {
-        write_event_jsonl(ev, stack_id);
-        return;
+    bool oom = ev->type == CUHEAP_EV_OOM || ev->type == CUHEAP_EV_LIMIT;
+    cuheap_recorder_oom_track(ev, stack_id); /* whether the trace is written or not */
+    if (cuheap_recorder.out && !cuheap_recorder.write_failed) {
+        cuheap_recorder.nr_written++;
+        if (cuheap_recorder.cfg->format == CUHEAP_FORMAT_JSONL)
+            write_event_jsonl(ev, stack_id);
+        else
+            write_event_chrome(ev, stack_id);
     }
+    if (oom) /* after its event's line: the report follows what it reports */
+        cuheap_recorder_oom_seen(ev);
+}
+
+/* CUHEAP_FORMAT=chrome: the event as Chrome's trace events (chrome.h). */
+static void write_event_chrome(const struct cuheap_event *ev, uint32_t stack_id)
+{
+    bool oom = ev->type == CUHEAP_EV_OOM || ev->type == CUHEAP_EV_LIMIT;
     const struct cuheap_stack *s = cuheap_stacktab_get(&cuheap_recorder.stacks, stack_id);
     char label[3 * CUHEAP_LABEL_MAX + 1];
     json_t *strs = s && ev->type == CUHEAP_EV_ALLOC ? stack_strings(s) : NULL;
@@ -354,9 +373,9 @@ static void write_event(const struct cuheap_event *ev)
         .api = ev->api,
         .pooled = ev->flags & CUHEAP_EVF_POOLED,
         .device = ev->device,
-        .ptr = ev->ptr,
+        .ptr = oom ? 0 : ev->ptr,
         .size = ev->size,
-        .actual = ev->actual,
+        .actual = oom ? 0 : ev->actual,
         .aux = ev->aux,
         .aux2 = ev->aux2,
         .ts_us = (double)(ev->time_ns - cuheap_recorder.t0_ns) / 1000.0,
