@@ -125,10 +125,11 @@ json_t *cuheap_recorder_json_text(const char *s);
 /* Writer (io_lock held): keep the live set from an allocation's or a free's event. */
 void cuheap_recorder_oom_track(const struct cuheap_event *ev, uint32_t stack_id);
 
-/* Writer (io_lock held): an out-of-memory event (CUHEAP_EV_OOM, _LIMIT) was written: tell it
+/* Writer (io_lock held): an out-of-memory event (CUHEAP_EV_OOM, _LIMIT) at stack_id (the
+ * request's own stack) was written: tell it
  * on stderr with the call sites holding the most (the first; later ones as a count) and put
  * an oom_report line in the trace. */
-void cuheap_recorder_oom_seen(const struct cuheap_event *ev);
+void cuheap_recorder_oom_seen(const struct cuheap_event *ev, uint32_t stack_id);
 
 /* Hook side: an out-of-memory the writer will never see (why says what stopped it: recording
  * off, paused, ...): told without call sites, saying why. Never allocates, never locks. */

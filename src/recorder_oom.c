@@ -91,8 +91,9 @@ static void tell_again(const struct facts *f, uint64_t n)
     emit(&t);
 }
 
-/* The first lines of the block: the request, the device's bytes, the largest free piece. */
-static void head(struct text *t, const struct facts *f)
+/* The first lines of the block: the request (asked at that call site, when known), the
+ * device's bytes, the largest free piece. */
+static void head(struct text *t, const struct facts *f, const char *asked)
 {
     char a[32], b[32], c[32], d[32];
     const char *api = cuheap_api_name((unsigned)f->api);
@@ -107,6 +108,8 @@ static void head(struct text *t, const struct facts *f)
             "cuheap: out of memory on GPU %d: %s of %s, CUDA_ERROR_OUT_OF_MEMORY from the "
             "driver\n",
             f->device, api, a);
+    if (asked)
+        add(t, "cuheap:   asked for at %s\n", asked);
     add(t, "cuheap:   live %s; cuheap holds %s; the driver says %s free",
         cuheap_format_size(f->live, a, sizeof(a)), cuheap_format_size(f->held, b, sizeof(b)),
         cuheap_format_size(f->driver_free, c, sizeof(c)));
@@ -152,7 +155,7 @@ void cuheap_recorder_oom_unseen(const struct cuheap_rec *r, const char *why)
         return;
     }
     struct text t = {.n = 0};
-    head(&t, &f);
+    head(&t, &f, NULL);
     add(&t,
         "cuheap:   call sites holding the most: not known, %s; with recording on, cuheap names "
         "the three holding the most\n",
@@ -282,7 +285,7 @@ void cuheap_recorder_oom_track(const struct cuheap_event *ev, uint32_t stack_id)
         cuheap_liveset_free(&live, ev->ptr);
 }
 
-void cuheap_recorder_oom_seen(const struct cuheap_event *ev)
+void cuheap_recorder_oom_seen(const struct cuheap_event *ev, uint32_t stack_id)
 {
     uint64_t n = atomic_fetch_add_explicit(&nr_told, 1, memory_order_relaxed) + 1;
     struct facts f = {ev->type,   ev->api,    ev->device, ev->size, ev->ptr,
@@ -294,8 +297,11 @@ void cuheap_recorder_oom_seen(const struct cuheap_event *ev)
     uint64_t lost = atomic_load(&cuheap_recorder.ring.nr_dropped);
     bool paused = atomic_load(&cuheap_recorder.was_paused);
     bool complete = !lost && !paused && !live.incomplete;
-    char names[NR_TOP_SITES][NR_NAME_MAX];
+    char names[NR_TOP_SITES][NR_NAME_MAX], asked[NR_NAME_MAX];
     site_names(top, nr, names);
+    const struct cuheap_stack *own = cuheap_stacktab_get(&cuheap_recorder.stacks, stack_id);
+    if (own)
+        site_name(own, 0, asked, sizeof(asked));
     if (cuheap_recorder.out && !cuheap_recorder.write_failed &&
         cuheap_recorder.cfg->format == CUHEAP_FORMAT_JSONL) {
         json_t *sites = json_array();
@@ -315,6 +321,8 @@ void cuheap_recorder_oom_seen(const struct cuheap_event *ev)
             bytes_json(f.driver_free), ev->type == CUHEAP_EV_LIMIT ? "limit" : "driver_total",
             bytes_json(f.total_or_limit), "ooms", (json_int_t)n, "sites", sites, "complete",
             complete);
+        if (o && own)
+            json_object_set_new(o, "at", cuheap_recorder_json_text(asked));
         if (o && f.largest == CUHEAP_OOM_NO_POOL)
             json_object_set_new(o, "pool", json_false());
         cuheap_recorder_put_line(o);
@@ -324,7 +332,7 @@ void cuheap_recorder_oom_seen(const struct cuheap_event *ev)
         return;
     }
     struct text t = {.n = 0};
-    head(&t, &f);
+    head(&t, &f, own ? asked : NULL);
     if (f.device < 0)
         add(&t, "cuheap:   call sites holding the most: not kept for host memory\n");
     else if (!nr)

@@ -358,7 +358,7 @@ static void write_event(const struct cuheap_event *ev)
             write_event_chrome(ev, stack_id);
     }
     if (oom) /* after its event's line: the report follows what it reports */
-        cuheap_recorder_oom_seen(ev);
+        cuheap_recorder_oom_seen(ev, stack_id);
 }
 
 /* CUHEAP_FORMAT=chrome: the event as Chrome's trace events (chrome.h). */

@@ -390,6 +390,9 @@ void print_oom_report(const struct cuheap_trace *t, int device)
            human_bytes(report_bytes(first, "held"), c, sizeof(c)),
            json_is_false(pool) ? "(no pool)"
                                : human_bytes(report_bytes(first, "largest_free"), d, sizeof(d)));
+    json_t *at = json_object_get(first, "at");
+    if (json_is_string(at))
+        printf("    asked for at %s\n", json_string_value(at));
     json_t *sites = json_object_get(first, "sites"), *s;
     json_array_foreach(sites, i, s)
     {

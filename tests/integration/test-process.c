@@ -1243,13 +1243,15 @@ static void test_oom_told_when_it_happens(void **state)
     (void)state;
     struct result r = run(OOM_RUN "CUHEAP_OUTPUT=oom.jsonl %s %s/tests/programs/py_oom.py 4", build,
                           build, python, source);
-    char forward[64], backward[64], first[512], second[512];
+    char forward[64], backward[64], first[512], second[512], asked[512];
     oom_site(r.out, "line forward ", "forward", forward, sizeof(forward));
     oom_site(r.out, "line backward ", "backward", backward, sizeof(backward));
     line_after(r.err, "cuheap:   call sites holding the most:\n", first, sizeof(first));
     line_after(strstr(r.err, first) ? strstr(r.err, first) : "", "\n", second, sizeof(second));
+    line_after(r.err, "cuheap:   asked for at ", asked, sizeof(asked));
     if (r.status || !strstr(r.out, "results 2 2 2 2\n") ||
         count_lines(r.err, "cuheap: out of memory on GPU 0: cuMemAlloc of 40.00 MiB") != 1 ||
+        !strstr(asked, "py_oom.py:") || !strstr(asked, " in alloc") ||
         !strstr(r.err, "cuheap:   live 81.00 MiB; cuheap holds 128.00 MiB;") ||
         !strstr(r.err, "largest free piece in the pool: 32.00 MiB: fragmentation") ||
         !strstr(first, "48.00 MiB in 3 blocks") || !strstr(first, forward) ||
