@@ -312,8 +312,8 @@ void cuheap_recorder_oom_seen(const struct cuheap_event *ev, uint32_t stack_id)
                                  "frame", cuheap_recorder_json_text(names[i])));
         json_t *o = json_pack(
             "{s:s, s:I, s:I, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o, s:b}", "type",
-            "oom_report", "seq", (json_int_t)ev->seq, "t",
-            (json_int_t)(ev->time_ns - cuheap_recorder.t0_ns), "event",
+            "oom_report", "event_seq", (json_int_t)ev->seq, "t",
+            (json_int_t)(ev->time_ns - cuheap_recorder.t0_ns), "kind",
             cuheap_event_type_name(ev->type), "api", cuheap_api_name(ev->api), "device",
             (int)ev->device, "size", bytes_json(f.size), "live", bytes_json(f.live), "held",
             bytes_json(f.held), "largest_free",
