@@ -79,5 +79,6 @@ int main(void)
         cmocka_unit_test(test_top_sites_follow_frees),
         cmocka_unit_test(test_many_blocks_and_sites),
     };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
