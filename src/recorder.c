@@ -101,13 +101,15 @@ void cuheap_record(const struct cuheap_rec *r)
     if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed)) {
         if (is_oom(r))
             cuheap_recorder_oom_unseen(r, cuheap_recorder.cfg && !cuheap_recorder.cfg->record
-                                              ? "recording is off (CUHEAP_RECORD=0)"
+                                              ? "recording is off (CUHEAP_RECORD=0; with it "
+                                                "on, the three holding the most are named)"
                                               : "recording is off (it could not start)");
         return;
     }
     if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK) {
         if (is_oom(r))
-            cuheap_recorder_oom_unseen(r, "recording is paused (cuheap_set_recording)");
+            cuheap_recorder_oom_unseen(r, "recording is paused (cuheap_set_recording; while "
+                                          "it records, the three holding the most are named)");
         return;
     }
     if (!atomic_load_explicit(&cuheap_recorder.accepting, memory_order_relaxed)) {

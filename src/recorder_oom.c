@@ -110,14 +110,14 @@ static void head(struct text *t, const struct facts *f, const char *asked)
             f->device, api, a);
     if (asked)
         add(t, "cuheap:   asked for at %s\n", asked);
+    if (f->device < 0) /* pinned host memory: no device record, no pool */
+        return;
     add(t, "cuheap:   live %s; cuheap holds %s; the driver says %s free",
         cuheap_format_size(f->live, a, sizeof(a)), cuheap_format_size(f->held, b, sizeof(b)),
         cuheap_format_size(f->driver_free, c, sizeof(c)));
     if (f->type == CUHEAP_EV_OOM)
         add(t, " of %s", cuheap_format_size(f->total_or_limit, d, sizeof(d)));
     add(t, "\n");
-    if (f->device < 0) /* pinned host memory: no device, no pool */
-        return;
     if (f->largest == CUHEAP_OOM_NO_POOL) {
         add(t, "cuheap:   largest free piece in the pool: none, no pool (CUHEAP_POOL=0)\n");
         return;
@@ -156,10 +156,7 @@ void cuheap_recorder_oom_unseen(const struct cuheap_rec *r, const char *why)
     }
     struct text t = {.n = 0};
     head(&t, &f, NULL);
-    add(&t,
-        "cuheap:   call sites holding the most: not known, %s; with recording on, cuheap names "
-        "the three holding the most\n",
-        why);
+    add(&t, "cuheap:   call sites holding the most: not known, %s\n", why);
     add(&t, "%s\n", later);
     emit(&t);
 }

@@ -1279,8 +1279,8 @@ static void test_oom_told_without_recording(void **state)
 {
     (void)state;
     static const char *const runs[][2] = {
-        {"CUHEAP_RECORD=0", "not known, recording is off (CUHEAP_RECORD=0)"},
-        {"CUHEAP_OUTPUT=p.jsonl", "not known, recording is paused (cuheap_set_recording)"},
+        {"CUHEAP_RECORD=0", "not known, recording is off (CUHEAP_RECORD=0;"},
+        {"CUHEAP_OUTPUT=p.jsonl", "not known, recording is paused (cuheap_set_recording;"},
     };
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
         struct result r = run(OOM_RUN "%s %s %s/tests/programs/py_oom.py 2%s", build, build,
