@@ -387,9 +387,9 @@ MUTATIONS = [
     ("periodic-flush-removed",
      "the writer never flushes the trace between exits (a killed program loses what it "
      "recorded)",
-     "a killed run leaves a readable trace", "src/recorder.c",
-     "        if (now - last_flush >= (uint64_t)cfg->flush_ms * 1000000ull) {",
-     "        if (0 && now - last_flush >= (uint64_t)cfg->flush_ms * 1000000ull) {"),
+     "a killed run leaves a readable trace", "src/recorder_writer.c",
+     "        if (now - last_flush >= (uint64_t)cuheap_recorder.cfg->flush_ms * 1000000ull) {",
+     "        if (0 && now - last_flush >= (uint64_t)cuheap_recorder.cfg->flush_ms * 1000000ull) {"),
     ("audit-release-pairs-alloc",
      "audit: a driver record pairs with a hooked operation of either kind at its address (an "
      "allocation taken for a release)",
@@ -457,14 +457,14 @@ MUTATIONS = [
      "    size_t n = capacity;"),
     ("mark-label-leaks",
      "the JSON string of each mark's label never released",
-     "cuheap's host memory does not grow over a long run", "src/recorder.c",
-     "        json_decref(j);\n        fprintf(out, ", "        fprintf(out, "),
+     "cuheap's host memory does not grow over a long run", "src/recorder_writer.c",
+     "        json_decref(j);\n        fprintf(cuheap_recorder.out, ",
+     "        fprintf(cuheap_recorder.out, "),
     ("record-ignores-pause",
      "events recorded while cuheap_set_recording(0) paused recording",
      "a paused recording leaves the paused part out", "src/recorder.c",
-     "    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK)\n"
-     "        return;",
-     "    if (0)\n        return;"),
+     "    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK) {",
+     "    if (0) {"),
     ("html-label-not-escaped",
      "the HTML report's data written inside its script element with `<`, `>` and `&` as they "
      "are: a label holding `<!--<script>` swallows the page's code and no chart is drawn",
@@ -559,6 +559,29 @@ MUTATIONS = [
      "    if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */\n"
      "        cuheap_defer_settle();\n    uint64_t seq",
      "    uint64_t seq"),
+    ("oom-told-every-time",
+     "every out-of-memory the writer sees is described in full on stderr, not only the first "
+     "(later ones are to be counted)",
+     "an out-of-memory is told once, then counted", "src/recorder_oom.c",
+     "    if (n > 1) {\n        tell_again(&f, n);\n        return;\n    }",
+     "    if (0) {\n        tell_again(&f, n);\n        return;\n    }"),
+    ("oom-unseen-told-every-time",
+     "with recording off or paused, every out-of-memory is described in full from the hook, "
+     "not only the first",
+     "an out-of-memory is told once, then counted", "src/recorder_oom.c",
+     "    if (n > 1) {\n        if (power_of_two(n))",
+     "    if (0) {\n        if (power_of_two(n))"),
+    ("oom-top-site-smallest",
+     "the out-of-memory block lists the call sites holding the least first, so the top one "
+     "named is not the one holding the most",
+     "an out-of-memory names who holds the most", "src/liveset.c",
+     "    return a->bytes != b->bytes ? a->bytes > b->bytes : a->stack < b->stack;",
+     "    return a->bytes != b->bytes ? a->bytes < b->bytes : a->stack < b->stack;"),
+    ("oom-largest-free-smallest",
+     "the largest free piece in the pool is answered with the smallest free block",
+     "an out-of-memory names the largest free piece", "src/buddy.c",
+     "    return 1ull << (63 - __builtin_clzll(b->free_bitmap));",
+     "    return 1ull << __builtin_ctzll(b->free_bitmap);"),
 ]
 
 

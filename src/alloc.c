@@ -59,7 +59,13 @@ void cuheap_record_oom(struct cuheap_device *d, int api, uint64_t size, bool by_
                            .size = size,
                            .aux = f,
                            .aux2 = by_limit && d ? d->limit : t,
+                           .stream = CUHEAP_OOM_NO_POOL,
                            .result = CUDA_ERROR_OUT_OF_MEMORY};
+    if (d) { /* what the out-of-memory's report says (recorder.h) */
+        r.ptr = cuheap_device_live(d);
+        r.actual = atomic_load(&d->reserved);
+        r.stream = cuheap_cfg.pool ? cuheap_pool_largest_free(d->pool) : CUHEAP_OOM_NO_POOL;
+    }
     cuheap_record(&r);
 }
 

@@ -317,6 +317,13 @@ int cuheap_buddy_order_at(const struct cuheap_buddy *b, uintptr_t addr)
     return st & UNIT_ORDER_MASK;
 }
 
+uint64_t cuheap_buddy_largest_free(const struct cuheap_buddy *b)
+{
+    if (!b->size || !b->free_bitmap) /* a retired arena holds nothing */
+        return 0;
+    return 1ull << (63 - __builtin_clzll(b->free_bitmap));
+}
+
 bool cuheap_buddy_empty(const struct cuheap_buddy *b)
 {
     return b->free_bytes == b->size;

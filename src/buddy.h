@@ -110,6 +110,10 @@ int cuheap_buddy_block_of(const struct cuheap_buddy *b, uintptr_t addr, uintptr_
 /* Order of the allocated block that starts at addr, or -EINVAL. O(1). */
 int cuheap_buddy_order_at(const struct cuheap_buddy *b, uintptr_t addr);
 
+/* Bytes of the largest free block, 0 when none is: the largest request the arena could
+ * serve without another block being freed. O(1), from the bitmap. */
+uint64_t cuheap_buddy_largest_free(const struct cuheap_buddy *b);
+
 /* True when every byte is free again (one block of max_order on its list). */
 bool cuheap_buddy_empty(const struct cuheap_buddy *b);
 

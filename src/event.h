@@ -61,10 +61,12 @@ struct cuheap_py_frame {
 struct cuheap_event {
     uint64_t seq;     /* global order of events, taken where the operation took effect */
     uint64_t time_ns; /* CLOCK_MONOTONIC */
-    uint64_t ptr;     /* address the event is about */
+    uint64_t ptr;     /* address the event is about; OOM/LIMIT: the device's live bytes */
     uint64_t size;    /* bytes requested by the program (arena bytes for arena events) */
-    uint64_t actual;  /* bytes reserved for it (block size, rounded driver size) */
-    uint64_t stream;  /* CUstream where known, else 0 */
+    uint64_t actual;  /* bytes reserved for it (block size, rounded driver size); OOM/LIMIT:
+                         the bytes cuheap holds on the device */
+    uint64_t stream;  /* CUstream where known, else 0; OOM/LIMIT: the pool's largest free
+                         piece (CUHEAP_OOM_NO_POOL: no pool) */
     uint64_t aux;     /* OOM/LIMIT: driver free bytes; FENCE: blocks released; AUDIT: the
                          correlation id of a missed operation, or operations audited */
     uint64_t aux2;    /* OOM/LIMIT: driver total bytes or the limit; FENCE: bytes released;

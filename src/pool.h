@@ -165,6 +165,12 @@ int cuheap_pool_grant_access(struct cuheap_pool *p);
 
 void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret);
 
+/* The largest free piece of memory the pool holds: the largest block any of its arenas could
+ * hand out now without the driver (under vmm, a free block counts only as far as the arena
+ * has granules mapped and unused: address space alone is not memory). Takes p->lock; for an
+ * out-of-memory's report, never a hot path. */
+uint64_t cuheap_pool_largest_free(struct cuheap_pool *p);
+
 /* Check every invariant of every arena and the pending lists. Returns 0 or -EFAULT with a
  * description in why. Expensive: tests and CUHEAP_DEBUG builds. */
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size);

@@ -22,10 +22,16 @@ struct cuheap_rec {
     uint8_t flags; /* enum cuheap_event_flags */
     int16_t device;
     uint64_t seq; /* 0: take the next one now */
+    /* CUHEAP_EV_OOM and _LIMIT: ptr the device's live bytes, actual the bytes cuheap holds
+     * there, stream the pool's largest free piece (CUHEAP_OOM_NO_POOL: no pool), aux and aux2
+     * as in struct cuheap_event */
     uint64_t ptr, size, actual, stream, aux, aux2;
     int32_t result;
     const char *label; /* CUHEAP_EV_MARK, CUHEAP_EV_AUDIT */
 };
+
+/* An out-of-memory's largest free piece when there is no pool (CUHEAP_POOL=0). */
+#define CUHEAP_OOM_NO_POOL UINT64_MAX
 
 /* Start recording per cfg (ring, unwinder, Python, writer thread, trace file). Failure to
  * open the trace is reported once; events are then counted but not written. */
@@ -44,7 +50,9 @@ static inline bool cuheap_recording(void)
  * whether recording was paused before. */
 bool cuheap_recorder_pause(bool pause);
 
-/* Record one event from a hook. Never blocks, never allocates. Every event goes out here. */
+/* Record one event from a hook. Never blocks, never allocates. Every event goes out here.
+ * An out-of-memory is also told on stderr (recorder_oom.c): by the writer thread, with the
+ * call sites holding the most, or here when the writer will not see it. */
 void cuheap_record(const struct cuheap_rec *r);
 
 /* A mark (a user's, an NVTX label, a context's end) on device (-1: none). */

@@ -358,3 +358,55 @@ const char *human_bytes(uint64_t v, char *buf, size_t size)
 {
     return cuheap_format_size(v, buf, size);
 }
+
+/* ---- the out-of-memory the shim told (oom_report lines) ---- */
+
+static uint64_t report_bytes(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    if (json_is_string(v)) /* 2^63 and above */
+        return strtoull(json_string_value(v), NULL, 16);
+    return json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 0;
+}
+
+void print_oom_report(const struct cuheap_trace *t, int device)
+{
+    json_t *first = NULL, *o;
+    size_t i;
+    json_array_foreach(t->oom_reports, i, o)
+    {
+        if (!first && json_integer_value(json_object_get(o, "device")) == device)
+            first = o;
+    }
+    if (!first)
+        return;
+    char a[32], b[32], c[32], d[32];
+    json_t *api = json_object_get(first, "api"), *pool = json_object_get(first, "pool");
+    printf("    first at %.3f s: %s of %s; live %s, cuheap held %s, largest free piece %s\n",
+           (double)report_bytes(first, "t") / 1e9,
+           json_is_string(api) ? json_string_value(api) : "?",
+           human_bytes(report_bytes(first, "size"), a, sizeof(a)),
+           human_bytes(report_bytes(first, "live"), b, sizeof(b)),
+           human_bytes(report_bytes(first, "held"), c, sizeof(c)),
+           json_is_false(pool) ? "(no pool)"
+                               : human_bytes(report_bytes(first, "largest_free"), d, sizeof(d)));
+    json_t *at = json_object_get(first, "at");
+    if (json_is_string(at))
+        printf("    asked for at %s\n", json_string_value(at));
+    json_t *sites = json_object_get(first, "sites"), *s;
+    json_array_foreach(sites, i, s)
+    {
+        char name[512];
+        uint64_t id = report_bytes(s, "stack"), blocks = report_bytes(s, "blocks");
+        const char *frame = json_string_value(json_object_get(s, "frame"));
+        if (cuheap_trace_stack(t, (uint32_t)id) || !frame)
+            cuheap_trace_site(t, (uint32_t)id, name, sizeof(name));
+        else
+            snprintf(name, sizeof(name), "%s", frame);
+        printf("    %s %10s in %" PRIu64 " block%s  %s\n", i ? "            " : "held most by",
+               human_bytes(report_bytes(s, "bytes"), a, sizeof(a)), blocks, blocks == 1 ? " " : "s",
+               name);
+    }
+    if (!json_is_true(json_object_get(first, "complete")))
+        printf("    (the trace lost events before it: those call sites may be off)\n");
+}

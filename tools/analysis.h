@@ -111,4 +111,9 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
 /* "12.3 MiB" */
 const char *human_bytes(uint64_t v, char *buf, size_t size);
 
+/* `cuheap report`: what the shim told at device's first out-of-memory (its oom_report line:
+ * the request, live and held bytes, the largest free piece, the call sites holding the
+ * most), indented under the device's OUT OF MEMORY line. Prints nothing without one. */
+void print_oom_report(const struct cuheap_trace *t, int device);
+
 #endif

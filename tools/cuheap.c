@@ -614,6 +614,7 @@ static void report_one(const struct cuheap_trace *t, const struct trace_summary 
         if (d->nr_ooms || d->nr_limit)
             printf("  OUT OF MEMORY  %" PRIu64 " times, %" PRIu64 " refused by CUHEAP_LIMIT\n",
                    d->nr_ooms, d->nr_limit);
+        print_oom_report(t, d->device); /* what the shim told then */
         printf("  still live at the end: %s\n", human_bytes(d->live, b1, sizeof(b1)));
         struct site *sites;
         size_t nr = collect_sites(t, &s, SITES_AT_PEAK, d->device, &sites);

@@ -718,6 +718,10 @@ static int read_trace(const char *path, struct cuheap_trace *t, char *err, size_
         } else if (!strcmp(type, "footer")) {
             json_decref(t->footer);
             t->footer = json_incref(o);
+        } else if (!strcmp(type, "oom_report")) { /* what cuheap told at an out-of-memory */
+            if (!t->oom_reports)
+                t->oom_reports = json_array();
+            json_array_append(t->oom_reports, o);
         }
         json_decref(o);
         if (r)
@@ -878,6 +882,7 @@ void cuheap_trace_free(struct cuheap_trace *t)
     free(t->path);
     json_decref(t->header);
     json_decref(t->footer);
+    json_decref(t->oom_reports);
     memset(t, 0, sizeof(*t));
 }
 

@@ -67,6 +67,7 @@ struct cuheap_trace {
     size_t first_bad_field_line;
     char bad_field[40];       /* name of the first */
     size_t nr_unknown_events; /* event kinds this tool does not know (a newer cuheap) */
+    json_t *oom_reports;      /* the "oom_report" lines, in file order (an array; NULL: none) */
 };
 
 /* Read a trace, its events into t->events. Returns 0, or -1 with a one-line reason in err

@@ -679,3 +679,24 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     pthread_cond_init(&p->synced, NULL);
     pthread_cond_init(&p->mapped, NULL);
 }
+
+/* ---- the largest free piece, for an out-of-memory's report (pool.h) ---- */
+
+uint64_t cuheap_pool_largest_free(struct cuheap_pool *p)
+{
+    uint64_t best = 0;
+    pthread_mutex_lock(&p->lock);
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        const struct cuheap_arena *a = p->arenas[i];
+        uint64_t piece = cuheap_buddy_largest_free(&a->buddy);
+        if (a->granules) { /* vmm: the free block's memory is at most the spare granules */
+            uint64_t spare = a->nr_mapped > a->nr_used
+                                 ? (uint64_t)(a->nr_mapped - a->nr_used) << p->granule_shift
+                                 : 0;
+            piece = piece < spare ? piece : spare;
+        }
+        best = piece > best ? piece : best;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return best;
+}

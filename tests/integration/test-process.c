@@ -1208,6 +1208,93 @@ static void test_python_frames_name_the_script(void **state)
     done(&r);
 }
 
+/* Issue 32: an out-of-memory is told on stderr when it happens, once: the request, what is live
+ * and held, the largest free piece in the pool and the call sites holding the most with their
+ * innermost program frame; later ones are only counted (the 2nd, 4th, 8th, ...), and the
+ * program gets the driver's answers unchanged. py_oom.py leaves the pool two full 64 MiB
+ * arenas whose largest free piece is 32 MiB, 47 MiB held and not live: fragmentation. */
+#define OOM_RUN                                                                                    \
+    FAKE " " PRELOAD " CUHEAP_BACKING=legacy CUHEAP_ARENA_SIZE=64M FAKECUDA_DEVICE_MEM=128M "      \
+         "CUHEAP_SUMMARY=0 "
+
+/* "py_oom.py:LINE in fn" for the line the program printed after `tag` */
+static void oom_site(const char *out, const char *tag, const char *fn, char *buf, size_t size)
+{
+    const char *at = strstr(out, tag);
+    int line = at ? atoi(at + strlen(tag)) : -1;
+    snprintf(buf, size, "py_oom.py:%d in %s", line, fn);
+}
+
+/* The line of text after `after` in s (copied into buf), or "" */
+static const char *line_after(const char *s, const char *after, char *buf, size_t size)
+{
+    const char *at = strstr(s, after);
+    buf[0] = 0;
+    if (!at)
+        return buf;
+    at += strlen(after);
+    const char *end = strchr(at, '\n');
+    snprintf(buf, size, "%.*s", (int)(end ? end - at : (long)strlen(at)), at);
+    return buf;
+}
+
+static void test_oom_told_when_it_happens(void **state)
+{
+    (void)state;
+    struct result r = run(OOM_RUN "CUHEAP_OUTPUT=oom.jsonl %s %s/tests/programs/py_oom.py 4", build,
+                          build, python, source);
+    char forward[64], backward[64], first[512], second[512], asked[512];
+    oom_site(r.out, "line forward ", "forward", forward, sizeof(forward));
+    oom_site(r.out, "line backward ", "backward", backward, sizeof(backward));
+    line_after(r.err, "cuheap:   call sites holding the most:\n", first, sizeof(first));
+    line_after(strstr(r.err, first) ? strstr(r.err, first) : "", "\n", second, sizeof(second));
+    line_after(r.err, "cuheap:   asked for at ", asked, sizeof(asked));
+    if (r.status || !strstr(r.out, "results 2 2 2 2\n") ||
+        count_lines(r.err, "cuheap: out of memory on GPU 0: cuMemAlloc of 40.00 MiB") != 1 ||
+        !strstr(asked, "py_oom.py:") || !strstr(asked, " in alloc") ||
+        !strstr(r.err, "cuheap:   live 81.00 MiB; cuheap holds 128.00 MiB;") ||
+        !strstr(r.err, "largest free piece in the pool: 32.00 MiB: fragmentation") ||
+        !strstr(first, "48.00 MiB in 3 blocks") || !strstr(first, forward) ||
+        !strstr(second, "32.00 MiB in 1 block") || !strstr(second, backward) ||
+        count_lines(r.err, "call sites holding the most") != 1 ||
+        !strstr(r.err, "out of memory again on GPU 0 (cuMemAlloc of 40.00 MiB): 2 in all so far") ||
+        strstr(r.err, ": 3 in all so far") || !strstr(r.err, ": 4 in all so far"))
+        fail_msg("exit %d, want %s first and %s second\n%s%s", r.status, forward, backward, r.out,
+                 r.err);
+    done(&r);
+    /* the trace says it too, and the report shows it */
+    r = run("%s %s/scripts/validate-trace.py oom.jsonl && %s/tools/cuheap report oom.jsonl", python,
+            source, build);
+    line_after(r.out, "    held most by ", first, sizeof(first));
+    if (r.status || !strstr(r.out, "cuMemAlloc of 40.00 MiB; live 81.00 MiB") ||
+        !strstr(r.out, "largest free piece 32.00 MiB") || !strstr(first, "48.00 MiB in 3 blocks") ||
+        !strstr(first, forward))
+        fail_msg("exit %d\n%s%s", r.status, r.out, r.err);
+    done(&r);
+}
+
+/* Without the writer's live set (recording off, or paused) the block says what the hook knows
+ * and why the call sites are missing; the program's answers stay the driver's. */
+static void test_oom_told_without_recording(void **state)
+{
+    (void)state;
+    static const char *const runs[][2] = {
+        {"CUHEAP_RECORD=0", "not known, recording is off (CUHEAP_RECORD=0;"},
+        {"CUHEAP_OUTPUT=p.jsonl", "not known, recording is paused (cuheap_set_recording;"},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        struct result r = run(OOM_RUN "%s %s %s/tests/programs/py_oom.py 2%s", build, build,
+                              runs[i][0], python, source, i ? " pause" : "");
+        if (r.status || !strstr(r.out, "results 2 2\n") ||
+            count_lines(r.err, "cuheap: out of memory on GPU 0: cuMemAlloc of 40.00 MiB") != 1 ||
+            !strstr(r.err, "largest free piece in the pool: 32.00 MiB: fragmentation") ||
+            !strstr(r.err, runs[i][1]) || strstr(r.err, "in forward") ||
+            !strstr(r.err, "2 in all so far"))
+            fail_msg("%s: exit %d\n%s%s", runs[i][0], r.status, r.out, r.err);
+        done(&r);
+    }
+}
+
 /* Every CPython from 3.10 to 3.13 this machine has (pyenv keeps several): the frame layouts
  * differ per version. None found is a skip, not a pass. */
 static void test_python_frames_each_version(void **state)
@@ -1732,6 +1819,8 @@ int main(void)
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_name_the_script, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_each_version, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_oom_told_when_it_happens, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_oom_told_without_recording, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_vmm_refused_by_the_driver, fresh_dir, remove_dir),

@@ -74,6 +74,28 @@ static void test_exhaustion_and_whole_arena(void **state)
     cuheap_buddy_destroy(&b);
 }
 
+/* The largest free piece is the largest free block: a split arena's, after frees merge, and
+ * none when all is taken (what an out-of-memory's report calls fragmentation). */
+static void test_largest_free(void **state)
+{
+    (void)state;
+    struct cuheap_buddy b;
+    assert_int_equal(cuheap_buddy_init(&b, BASE, 1 << 20, 512), 0);
+    assert_int_equal(cuheap_buddy_largest_free(&b), 1 << 20);
+    uintptr_t a[4];
+    unsigned order;
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cuheap_buddy_alloc(&b, 256 << 10, &a[i], &order), 0);
+    assert_int_equal(cuheap_buddy_largest_free(&b), 0);
+    assert_int_equal(cuheap_buddy_free(&b, a[1]), 18);
+    assert_int_equal(cuheap_buddy_free(&b, a[3]), 18);
+    assert_int_equal(cuheap_buddy_largest_free(&b), 256 << 10); /* 512 KiB free, in two pieces */
+    assert_int_equal(cuheap_buddy_free(&b, a[2]), 18);
+    assert_int_equal(cuheap_buddy_largest_free(&b), 512 << 10);
+    check_ok(&b);
+    cuheap_buddy_destroy(&b);
+}
+
 static void test_block_of_finds_interior_pointers(void **state)
 {
     (void)state;
@@ -343,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_split_and_merge),
         cmocka_unit_test(test_exhaustion_and_whole_arena),
         cmocka_unit_test(test_block_of_finds_interior_pointers),
+        cmocka_unit_test(test_largest_free),
         cmocka_unit_test(test_scored_alloc_goes_where_liked),
         cmocka_unit_test(test_scored_alloc_skips_what_scores_nothing),
         cmocka_unit_test(test_purge_gives_metadata_back),
