@@ -685,7 +685,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
 uint64_t cuheap_pool_largest_free(struct cuheap_pool *p)
 {
     uint64_t best = 0;
-    pthread_mutex_lock(&p->lock);
+    pool_lock(p);
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         const struct cuheap_arena *a = p->arenas[i];
         uint64_t piece = cuheap_buddy_largest_free(&a->buddy);
@@ -697,6 +697,6 @@ uint64_t cuheap_pool_largest_free(struct cuheap_pool *p)
         }
         best = piece > best ? piece : best;
     }
-    pthread_mutex_unlock(&p->lock);
+    pool_unlock(p);
     return best;
 }
