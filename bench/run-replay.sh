@@ -63,6 +63,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
             o=$(printf '%s\n' "${ops[@]}" | sort -g | sed -n '$p;1p' | paste -sd-)
             h=$(printf '%s\n' "${held[@]}" | sort -g | sed -n '$p;1p' | paste -sd-)
             warm="$o ops, $h"
+            [ "$h" = 0.000-0.000 ] && warm="$o ops, nothing freed to replay"
         fi
         printf '%-10s %-28s %8s %8s %8s %-20s %s\n' "${name#gpt-seq-}" "$label" \
             "$(tail -1 <<<"$sorted")" "$(head -1 <<<"$sorted")" "$RUNS" "${called#-}" "$warm"
