@@ -15,10 +15,14 @@
  *
  * --passes N (default 1) replays the job's steady part N-1 more times, as a long run would: the
  * allocations the trace frees again, with the blocks it never frees (the model) kept from the
- * first pass. Each pass after the first prints its own "pass=K peak_held=B held_over_live=R"
- * line, so that memory held creeping up over a long run shows.
+ * first pass. Each pass then prints its own "pass=K peak_live=B peak_held=B held_over_live=R"
+ * line, so that memory held creeping up over a long run shows; under cuheap the line goes on
+ * with "map_ops=N ops_per_step=X": the chunks the vmm pool took from the driver, moved and
+ * gave back during that pass (cuheap_get_stats), and that over --steps. A warm job should make
+ * none: passes after the first are the warm ones.
  *
- * Output: one line, "replay=NAME allocs=N peak_live=B peak_held=B held_over_live=R".
+ * Output: one line, "replay=NAME allocs=N peak_live=B peak_held=B held_over_live=R", with
+ * " warm_ops_per_step=X" (passes 2 to N together) under cuheap when N > 1.
  */
 #include <cuheap/cuheap.h>
 #include <stdint.h>
@@ -33,6 +37,17 @@
 
 static struct driver_api cu;
 static int (*get_stats)(struct cuheap_stats *, size_t);
+
+/* Mapping operations so far: chunks taken from the driver, moved and given back (0 without
+ * cuheap, or under a cuheap older than these fields, which leaves them as zeroed here). */
+static uint64_t map_ops(void)
+{
+    struct cuheap_stats s = {0};
+    if (!get_stats)
+        return 0;
+    get_stats(&s, sizeof(s));
+    return s.nr_chunks_created + s.nr_chunks_moved + s.nr_chunks_released;
+}
 
 static void check(CUresult r, const char *what)
 {
@@ -130,8 +145,9 @@ int main(int argc, char **argv)
         }
     }
     uint64_t live = 0, peak_live = 0, peak_held = 0, nr = 0, per_step = n / steps + 1;
+    uint64_t warm_ops = 0;
     for (unsigned pass = 0; pass < passes; pass++) {
-        uint64_t pass_held = 0, pass_live = 0;
+        uint64_t pass_held = 0, pass_live = 0, ops0 = map_ops();
         for (size_t i = 0; i < nr_ev; i++) {
             const struct cuheap_trace_event *e = &tr.events[i];
             if (e->type == CUHEAP_EV_ALLOC) {
@@ -163,10 +179,18 @@ int main(int argc, char **argv)
         }
         if (pass_held > peak_held)
             peak_held = pass_held;
-        if (passes > 1)
-            printf("pass=%u peak_live=%llu peak_held=%llu held_over_live=%.3f\n", pass + 1,
+        uint64_t ops = map_ops() - ops0;
+        if (pass)
+            warm_ops += ops;
+        if (passes > 1) {
+            printf("pass=%u peak_live=%llu peak_held=%llu held_over_live=%.3f", pass + 1,
                    (unsigned long long)pass_live, (unsigned long long)pass_held,
                    pass_live ? (double)pass_held / (double)pass_live : 0.0);
+            if (get_stats)
+                printf(" map_ops=%llu ops_per_step=%.1f", (unsigned long long)ops,
+                       (double)ops / steps);
+            printf("\n");
+        }
     }
     check(cu.cuStreamSynchronize(s), "sync");
     if (get_stats) { /* cuheap keeps its own peak, which sees between our samples too */
@@ -175,10 +199,13 @@ int main(int argc, char **argv)
         peak_held = st.peak_reserved_bytes;
     }
     const char *name = getenv("REPLAY_LABEL");
-    printf("replay=%s allocs=%zu peak_live=%llu peak_held=%llu held_over_live=%.3f\n",
+    printf("replay=%s allocs=%zu peak_live=%llu peak_held=%llu held_over_live=%.3f",
            name ? name : (get_stats ? "cuheap" : "driver"), (size_t)nr,
            (unsigned long long)peak_live, (unsigned long long)peak_held,
            peak_live ? (double)peak_held / (double)peak_live : 0.0);
+    if (get_stats && passes > 1)
+        printf(" warm_ops_per_step=%.1f", (double)warm_ops / ((double)steps * (passes - 1)));
+    printf("\n");
     for (size_t k = 0; k < nr_ev; k++)
         if (vals[k])
             cu.cuMemFree_v2(vals[k]);

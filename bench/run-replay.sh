@@ -2,7 +2,10 @@
 # Held / live bytes for the recorded GPT job's allocation sequences (bench/sequences), replayed
 # through the simulated driver: the driver alone, then cuheap under each reuse policy and each
 # backing. Fence timing varies, so each cuheap configuration runs RUNS times (default 3) and
-# the worst ratio is kept. Run from the repository root after a build:
+# the worst ratio is kept. Each vmm configuration also replays the steps three times over
+# (--passes 3) and prints the mapping operations per warm step (chunks taken + moved + given
+# back in passes 2-3, over their steps: issue 31's goal is at most 1) and held/live over those
+# passes, worst and best of RUNS. Run from the repository root after a build:
 #   bash bench/run-replay.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +14,8 @@ RUNS=${RUNS:-3}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export LD_LIBRARY_PATH=$B/tests/fakecuda FAKECUDA_DEVICE_MEM=${FAKECUDA_DEVICE_MEM:-16G}
-printf '%-10s %-28s %8s %8s %8s %s\n' sequence configuration worst best runs "mapping calls (vmm)"
+printf '%-10s %-28s %8s %8s %8s %-20s %s\n' sequence configuration worst best runs \
+    "mapping calls (vmm)" "mapping ops per warm step, held/live (passes 2-3)"
 for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     name=$(basename "$seq" .jsonl.gz)
     gunzip -c "$seq" >"$T/$name.jsonl"
@@ -43,8 +47,26 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
         [ "$layout" = tight ] || label="$label $layout"
         [ "$fit" = 125 ] || label="$label fit $fit"
         called=$(printf '%s\n' "${calls[@]}" | sort -n | sed -n '1p;$p' | paste -sd-)
-        printf '%-10s %-28s %8s %8s %8s %s\n' "${name#gpt-seq-}" "$label" \
-            "$(tail -1 <<<"$sorted")" "$(head -1 <<<"$sorted")" "$RUNS" "${called#-}"
+        warm=""
+        if [ "$backing" = vmm ]; then
+            ops=() held=()
+            for ((i = 0; i < RUNS; i++)); do
+                out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=0 CUHEAP_RECORD=0 \
+                    CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing CUHEAP_VMM_LAYOUT=$layout \
+                    CUHEAP_VMM_IDLE_FIT=$fit \
+                    "$B/bench/bench-replay" --passes 3 "$T/$name.jsonl")
+                ops+=("$(sed -n 's/^replay=.*warm_ops_per_step=//p' <<<"$out")")
+                # the higher of passes 2 and 3
+                held+=("$(sed -n 's/^pass=[23] .*held_over_live=\([0-9.]*\).*/\1/p' <<<"$out" |
+                    sort -g | tail -1)")
+            done
+            o=$(printf '%s\n' "${ops[@]}" | sort -g | sed -n '$p;1p' | paste -sd-)
+            h=$(printf '%s\n' "${held[@]}" | sort -g | sed -n '$p;1p' | paste -sd-)
+            warm="$o ops, $h"
+            [ "$h" = 0.000-0.000 ] && warm="$o ops, nothing freed to replay"
+        fi
+        printf '%-10s %-28s %8s %8s %8s %-20s %s\n' "${name#gpt-seq-}" "$label" \
+            "$(tail -1 <<<"$sorted")" "$(head -1 <<<"$sorted")" "$RUNS" "${called#-}" "$warm"
     done
     # A long run: the job's steps replayed LONG_PASSES times (default 8) under the default
     # backing; held memory must not creep up as fences come late now and then.
@@ -52,7 +74,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     for ((i = 0; i < RUNS; i++)); do
         ratios+=("$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=0 CUHEAP_RECORD=0 \
             "$B/bench/bench-replay" --passes "${LONG_PASSES:-8}" "$T/$name.jsonl" |
-            sed -n 's/^replay=.*held_over_live=//p')")
+            sed -n 's/^replay=.*held_over_live=\([0-9.]*\).*/\1/p')")
     done
     sorted=$(printf '%s\n' "${ratios[@]}" | sort -g)
     printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "cuheap vmm fence, ${LONG_PASSES:-8} passes" \

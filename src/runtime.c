@@ -573,6 +573,10 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
         s.nr_pool_hits += ps.nr_hits;
         s.nr_pool_misses += ps.nr_misses;
         s.nr_arenas += ps.nr_arenas;
+        s.nr_chunks_created += ps.nr_creates;
+        s.nr_chunks_moved += ps.nr_moves;
+        s.nr_chunks_released += ps.nr_releases;
+        s.map_ns += ps.map_ns;
     }
     s.nr_allocs = (uint64_t)cuheap_counters_sum(CUHEAP_CTR_ALLOCS);
     s.nr_frees = (uint64_t)cuheap_counters_sum(CUHEAP_CTR_FREES);

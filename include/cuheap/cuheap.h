@@ -35,10 +35,22 @@ struct cuheap_stats {
     uint64_t nr_dropped;          /* events not written: the ring was full, or they came
                                      after recording stopped at exit */
     uint64_t nr_arenas;           /* pool arenas held now */
+    /* Mapping operations of the vmm pool, counted since start (0 under legacy backing): what a
+     * warm job should stop making. Appended: a caller built before them passes the older
+     * size and gets the fields above. */
+    uint64_t nr_chunks_created;  /* chunks of device memory taken from the driver (cuMemCreate,
+                                    map, set access) */
+    uint64_t nr_chunks_moved;    /* idle chunks unmapped and mapped again where a block needed
+                                    them */
+    uint64_t nr_chunks_released; /* idle chunks given back to the driver to make room for a new
+                                    one (not those a trim or out-of-memory gives back) */
+    uint64_t map_ns;             /* nanoseconds in the driver's create, map, set-access, unmap
+                                    and release calls */
 };
 
 /* Fill *ret with the current figures. size is sizeof(struct cuheap_stats) as the caller knows
- * it (newer fields are left out for older callers). Returns 0, or -EINVAL. */
+ * it: a caller built against an older header passes a smaller size and gets the fields it
+ * knows; newer fields are only ever appended. Returns 0, or -EINVAL. */
 CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size);
 
 /* How many times the program called a hooked driver entry point by its versioned name

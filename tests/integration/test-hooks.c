@@ -709,6 +709,29 @@ static void test_signal_allocates_inside_hook(void **state)
     assert_int_equal(after.live_bytes, before.live_bytes);
 }
 
+/* The mapping operations a benchmark reads per step (bench/bench-replay.c): counted under vmm,
+ * none under legacy; and a caller built before those fields gets nothing past its size. */
+static void test_stats_count_mapping_ops(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(cu.cuMemAlloc_v2(&p, 3 * MIB), CUDA_SUCCESS);
+    struct cuheap_stats s = stats();
+    uint64_t ops = s.nr_chunks_created + s.nr_chunks_moved + s.nr_chunks_released;
+    if (pool_on && vmm)
+        assert_true(s.nr_chunks_created >= 1); /* the first pooled block mapped one at least */
+    else
+        assert_int_equal(ops, 0);
+    assert_true(s.nr_chunks_created || !s.map_ns);
+    size_t old = offsetof(struct cuheap_stats, nr_chunks_created);
+    unsigned char buf[sizeof(struct cuheap_stats)];
+    memset(buf, 0xa5, sizeof(buf));
+    assert_int_equal(cuheap_get_stats((struct cuheap_stats *)buf, old), 0);
+    for (size_t i = old; i < sizeof(buf); i++)
+        assert_int_equal(buf[i], 0xa5);
+    assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
 /* ---- capture, pluggable allocator ---- */
 
 static void test_capture_passes_to_driver(void **state)
@@ -818,6 +841,7 @@ int main(void)
         cmocka_unit_test(test_threaded_alloc_free_storm),
         cmocka_unit_test(test_signal_frees_inside_hook),
         cmocka_unit_test(test_signal_allocates_inside_hook),
+        cmocka_unit_test(test_stats_count_mapping_ops),
         cmocka_unit_test(test_capture_passes_to_driver),
         cmocka_unit_test(test_pluggable_allocator),
         cmocka_unit_test(test_pool_off_goes_to_driver),
