@@ -754,11 +754,28 @@ static void report_audit(const struct cuheap_trace *t)
         printf("  ... and %zu more in the trace\n", nr_missed - NR_LISTED);
 }
 
+/* For the commands that take no option: an argument that looks like one is named as an
+ * unknown option, not opened as a trace ("--" ends the options, for a file named "-x").
+ * Returns the index of the first trace, or -1 after saying what was wrong. */
+static int no_options(const char *cmd, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--"))
+            return i + 1;
+        if (argv[i][0] == '-' && argv[i][1])
+            return fail("%s: unknown option %s (see 'cuheap help %s')", cmd, argv[i], cmd), -1;
+    }
+    return 1;
+}
+
 static int cmd_report(int argc, char **argv)
 {
-    if (argc < 2)
+    int first = no_options("report", argc, argv);
+    if (first < 0)
+        return 2;
+    if (first >= argc)
         return fail("report: expected one or more trace files");
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         struct cuheap_trace t;
         struct trace_summary s;
         if (load_summarized(argv[i], &t, &s))
@@ -963,6 +980,35 @@ static int parse_seconds(const char *s, const char *what, uint64_t *ret)
     return 0;
 }
 
+/* The latest event of any of the traces, on the time axis export_chrome() puts them on (from
+ * the earliest start). */
+static uint64_t traces_end(const struct cuheap_trace *ts, size_t nr)
+{
+    uint64_t t0 = UINT64_MAX, end = 0;
+    for (size_t i = 0; i < nr; i++) {
+        uint64_t s = (uint64_t)json_integer_value(json_object_get(ts[i].header, "start_unix_ns"));
+        t0 = s < t0 ? s : t0;
+    }
+    for (size_t i = 0; i < nr; i++) {
+        uint64_t s = (uint64_t)json_integer_value(json_object_get(ts[i].header, "start_unix_ns"));
+        end = s - t0 + ts[i].max_t > end ? s - t0 + ts[i].max_t : end;
+    }
+    return end;
+}
+
+/* The value given to a long option, as the user wrote it ("--from 100" or "--from=100"). */
+static const char *argv_value(int argc, char **argv, const char *name)
+{
+    size_t n = strlen(name);
+    const char *v = "?";
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], name) && i + 1 < argc)
+            v = argv[i + 1];
+        else if (!strncmp(argv[i], name, n) && argv[i][n] == '=')
+            v = argv[i] + n + 1;
+    return v;
+}
+
 static int cmd_chrome(int argc, char **argv)
 {
     static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
@@ -989,6 +1035,13 @@ static int cmd_chrome(int argc, char **argv)
         return fail("chrome: --to must come after --from");
     size_t nr = (size_t)(argc - optind);
     struct cuheap_trace *ts = load_all(argv, optind, argc, "chrome");
+    if (ts && from && from > traces_end(ts, nr)) {
+        fail("chrome: --from %s s is past the end of the trace%s (%.6f s): the window holds "
+             "nothing",
+             argv_value(argc, argv, "--from"), nr > 1 ? "s" : "", (double)traces_end(ts, nr) / 1e9);
+        free_all(ts, nr);
+        return 2;
+    }
     FILE *f = ts ? open_out(out_path) : NULL;
     int r = f ? export_chrome(ts, nr, from, to, f) : 0;
     if (ts)
@@ -1086,10 +1139,13 @@ static int cmd_diff(int argc, char **argv)
 
 static int cmd_check(int argc, char **argv)
 {
-    if (argc < 2)
+    int first = no_options("check", argc, argv);
+    if (first < 0)
+        return 2;
+    if (first >= argc)
         return fail("check: expected one or more trace files");
     int status = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         struct cuheap_trace t;
         char err[600], why[600];
         if (cuheap_trace_open(argv[i], &t, err, sizeof(err))) {

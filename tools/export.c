@@ -208,15 +208,17 @@ static bool is_interpreter(const char *frame)
            strstr(frame, "PyObject_");
 }
 
-/* A frame as folded stacks can hold it: ';' separates frames, a space ends the stack and a
- * line break ends the line (a frame name with one split its line in two, found by fuzzing). */
+/* A frame as folded stacks can hold it: ';' separates frames and a line break ends the line
+ * (a frame name with one split its line in two, found by fuzzing). Spaces stay: flamegraph.pl,
+ * speedscope and inferno take the count after the line's last space, so "forward (model.py:42)"
+ * keeps its name; other white space becomes a space. */
 static void folded_name(char *buf)
 {
     for (char *p = buf; *p; p++)
         if (*p == ';')
             *p = ':';
-        else if (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')
-            *p = '_';
+        else if (*p == '\n' || *p == '\r' || *p == '\t')
+            *p = ' ';
 }
 
 int export_folded(const struct cuheap_trace *t, const struct trace_summary *s, enum site_measure m,

@@ -600,8 +600,14 @@ static int read_trace(const char *path, struct cuheap_trace *t, char *err, size_
         snprintf(err, err_size, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    t->path = strdup(path);
     struct stat st;
+    bool is_dir = fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode);
+    if (is_dir) {
+        fclose(f);
+        snprintf(err, err_size, "%s: is a folder, not a cuheap trace", path);
+        return -1;
+    }
+    t->path = strdup(path);
     uint64_t total = fstat(fileno(f), &st) == 0 ? (uint64_t)st.st_size : 0;
     char *line = NULL, scratch[1024]; /* event lines are about 250 bytes */
     size_t line_cap = 0, ev_cap = 0, st_cap = 0, lineno = 0;

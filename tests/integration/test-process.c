@@ -308,6 +308,10 @@ static void test_tool_commands(void **state)
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "model_forward"));
     assert_non_null(strstr(r.out, ";"));
+    /* frame names as the report writes them (issue 32): flamegraph.pl takes the count after
+     * the last space, so the spaces inside a name stay */
+    if (!strstr(r.out, ";layer_forward (demo.c:88);"))
+        fail_msg("folded frames renamed:\n%s", r.out);
     done(&r);
     r = run(
         "%s/tools/cuheap memviz -o snap.pickle demo.jsonl && %s -c \""
@@ -1146,6 +1150,42 @@ static void test_tool_rejects_bad_input(void **state)
     }
 }
 
+/* What the tool says names what was wrong (issue 32): an option a command does not take, a
+ * folder given as a trace, a time window past the trace's end (which wrote counters at one
+ * timestamp and exited 0). */
+static void test_tool_says_what_was_wrong(void **state)
+{
+    (void)state;
+    struct result w = run("mkdir folder && " FAKE " %s/tools/cuheap run -o d.jsonl -- "
+                          "%s/tests/programs/cuheap-demo 2 >/dev/null 2>&1",
+                          build, build, build);
+    done(&w);
+    static const char *const said[][2] = {
+        {"report --bogus d.jsonl", "cuheap: report: unknown option --bogus"},
+        {"check --bogus d.jsonl", "cuheap: check: unknown option --bogus"},
+        {"report folder", "cuheap: folder: is a folder, not a cuheap trace"},
+        {"check folder", "cuheap: folder: is a folder, not a cuheap trace"},
+        {"chrome --from 100 --to 200 -o x.json d.jsonl",
+         "cuheap: chrome: --from 100 s is past the end of the trace ("},
+    };
+    for (size_t i = 0; i < sizeof(said) / sizeof(said[0]); i++) {
+        struct result r = run("%s/tools/cuheap %s", build, said[i][0]);
+        if (r.status != 2 || count_lines(r.err, "\n") != 1 ||
+            strncmp(r.err, said[i][1], strlen(said[i][1])))
+            fail_msg("cuheap %s: exit %d, said: %s(want: %s ...)", said[i][0], r.status, r.err,
+                     said[i][1]);
+        done(&r);
+    }
+    /* a file named like an option is still read after "--"; a window within the run is kept */
+    struct result r =
+        run("cp d.jsonl ./-d.jsonl && %s/tools/cuheap report -- -d.jsonl | "
+            "grep -q 'peak live' && echo read && %s/tools/cuheap chrome --from 0.000001 -o y.json "
+            "d.jsonl && echo ok",
+            build, build);
+    assert_string_equal(r.out, "read\nok\n");
+    done(&r);
+}
+
 /* cuheap installed where the path holds a space or a colon, which ld.so takes for separators
  * in LD_PRELOAD: `cuheap run` still runs the program under cuheap (a trace with its
  * allocations), through a link in a private folder of $XDG_RUNTIME_DIR that is gone
@@ -1815,6 +1855,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chrome_output_opens, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_commands, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_tool_rejects_bad_input, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_tool_says_what_was_wrong, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_run_installed_in_a_folder_with_a_space, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_python_frames_name_the_script, fresh_dir, remove_dir),
