@@ -123,6 +123,15 @@ int64_t cuheap_counters_sum(unsigned i)
     return s;
 }
 
+unsigned cuheap_counters_nr_blocks(void)
+{
+    unsigned n = 0;
+    for (struct cuheap_counters *c = atomic_load_explicit(&head, memory_order_acquire); c;
+         c = c->next)
+        n++;
+    return n;
+}
+
 void cuheap_counters_atfork_child(unsigned first, unsigned n)
 {
     for (struct cuheap_counters *c = atomic_load(&head); c; c = c->next) {

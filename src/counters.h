@@ -84,6 +84,9 @@ static inline void cuheap_count(unsigned i, int64_t n)
 /* Slot i summed over every block, live or handed back. */
 int64_t cuheap_counters_sum(unsigned i);
 
+/* How many blocks there are: at most as many threads can hold counts back at once. */
+unsigned cuheap_counters_nr_blocks(void);
+
 /* In a forked child (one thread left): zero slots [first, first + n) in every block and hand
  * back every block but the calling thread's (their threads do not exist in the child). */
 void cuheap_counters_atfork_child(unsigned first, unsigned n);

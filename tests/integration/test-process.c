@@ -8,6 +8,7 @@
  * Paths come from meson: CUHEAP_BUILD_ROOT and CUHEAP_SOURCE_ROOT.
  */
 #include <dirent.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -1480,6 +1481,43 @@ static void test_rec_chrome_name_with_a_rank(void **state)
     done(&r);
 }
 
+/* The exit summary's peak live agrees with the trace's (cuheap report): a program whose
+ * allocations are all small, whose threads never added their live bytes to the device's
+ * record, was "peak live 0 B ... fragmentation 0.00" (issue 32). Never 0 while something was
+ * live, never a fragmentation of 0.00, and the report's peak within what it says. */
+static void test_rec_summary_peak_live_of_small_allocations(void **state)
+{
+    (void)state;
+    static const char *const progs[] = {RECPROG " pause", "%s/tests/programs/cuheap-demo 5"};
+    for (size_t i = 0; i < 2; i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof(cmd),
+                 FAKE " " PRELOAD " CUHEAP_OUTPUT=t%zu.jsonl %s >/dev/null && "
+                      "%%s/tools/cuheap report t%zu.jsonl",
+                 "%s", "%s", i, progs[i], i);
+        struct result r = run(cmd, build, build, build, build);
+        const char *line = strstr(r.err, "GPU 0: peak live ");
+        const char *rep = strstr(r.out, "peak live ");
+        if (r.status || !line || !rep || strstr(r.err, "peak live 0 B") ||
+            strstr(r.err, "fragmentation 0.00"))
+            fail_msg("%s%s", r.out, r.err);
+        line += strlen("GPU 0: peak live ");
+        uint64_t lo = 0, hi, got = parse_bytes(rep + strlen("peak live "));
+        if (!strncmp(line, "under ", 6)) {
+            hi = parse_bytes(line + 6);
+        } else {
+            lo = parse_bytes(line);
+            const char *to = strstr(line, " to ");
+            hi = to && to < strchr(line, ',') ? parse_bytes(to + 4) : lo;
+        }
+        if (!got || got < lo || got > hi)
+            fail_msg("the report's peak live %" PRIu64 " is not within %" PRIu64 "-%" PRIu64
+                     ":\n%s%s",
+                     got, lo, hi, r.out, r.err);
+        done(&r);
+    }
+}
+
 static void test_rec_marks_do_not_grow_memory(void **state)
 {
     (void)state;
@@ -1874,6 +1912,8 @@ int main(void)
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_chrome_name_with_a_rank, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_marks_do_not_grow_memory, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_summary_peak_live_of_small_allocations, fresh_dir,
+                                        remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_text_that_is_not_utf8, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_sizes_beyond_int64, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_trace_file_is_created_safely, fresh_dir,
