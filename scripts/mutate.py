@@ -498,6 +498,20 @@ MUTATIONS = [
      "(\"peak live 0 B ... fragmentation 0.00\" for small allocations)",
      "the exit summary's peak live agrees with the trace", "src/runtime.c",
      "    if (most <= peak + peak / 100) {", "    if (1) {"),
+    ("memviz-block-sizes",
+     "memviz actions carry block sizes whatever the view: the Active Memory Timeline peaks above "
+     "the report's peak live",
+     "memory_viz shows the report's figures", "tools/memviz.c",
+     "    return r->pool_view ? b->actual : b->size;", "    return b->actual;"),
+    ("memviz-frees-wait-for-fence",
+     "memviz completes pooled frees at their fence in the program's view: Allocator State History "
+     "ends with blocks still allocated that the program freed",
+     "memory_viz shows the report's figures", "tools/memviz.c",
+     "    if (b.pooled && r->pool_view && r->fence_reuse", "    if (b.pooled && r->fence_reuse"),
+    ("memviz-times-from-zero",
+     "memviz times counted from the trace's start: memory_viz reads them as 1970",
+     "memory_viz shows the report's figures", "tools/memviz.c",
+     "        r->now_us = (r->start_ns + e->t) / 1000;", "        r->now_us = e->t / 1000;"),
     ("trace-written-to-a-fifo",
      "a FIFO at the trace's name is written to (a reader that leaves kills the program with "
      "SIGPIPE, one that never reads hangs its exit, another user's receives the trace)",

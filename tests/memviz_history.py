@@ -12,8 +12,11 @@ walk, standard library only, and fails on the first step that would break it.
     memviz_history.py SNAPSHOT.pickle [--expect-empty-start]
 
 Prints one line per device: entries, segments and blocks at the end, the largest reserved
-and allocated (not pending free) totals seen along the walk, and whether the walk ends with nothing (the trace
-covers the whole run). Exit 1 with the reason on a violation.
+and allocated (not pending free) totals seen along the walk, the "allocated" Allocator State
+History shows at the last event (requested sizes of every active block, as MemoryView sums
+them), the peak of the Active Memory Timeline (alloc to free_completed, in action sizes, as
+process_alloc_data stacks them), and whether the walk ends with nothing (the trace covers the
+whole run). Exit 1 with the reason on a violation.
 """
 import pickle
 import sys
@@ -53,19 +56,20 @@ def tile(snapshot):
 
 def walk(snapshot, device):
     segments = {}  # addr -> size
-    blocks = {}  # addr -> [size, free_requested]
+    blocks = {}  # addr -> [size, free_requested, requested_size]
     for seg in snapshot["segments"]:
         if seg["device"] != device:
             continue
         segments[seg["address"]] = seg["total_size"]
         for b in seg["blocks"]:
             if b["state"] in ("active_allocated", "active_pending_free"):
-                blocks[b["addr"]] = [b["size"], b["state"] == "active_pending_free"]
+                blocks[b["addr"]] = [b["size"], b["state"] == "active_pending_free", b["requested_size"]]
+    end_allocated = sum(r for _, _, r in blocks.values())
     seg_list = sorted(segments.items())
 
     def check(i, e):
         ends = sorted(segments.items())
-        for a, (size, _) in blocks.items():
+        for a, (size, _, _) in blocks.items():
             if not any(s <= a and a + size <= s + n for s, n in ends):
                 fail(f"device {device}, before entry {i} ({e['action']} {e['addr']:#x}): block {a:#x} (+{size}) lies in no segment")
         for (a1, n1), (a2, _) in zip(ends, ends[1:]):
@@ -74,7 +78,7 @@ def walk(snapshot, device):
 
     trace = snapshot["device_traces"][device] if device < len(snapshot["device_traces"]) else []
     peak_reserved = sum(segments.values())
-    peak_allocated = sum(s for s, pending in blocks.values() if not pending)
+    peak_allocated = sum(r for _, pending, r in blocks.values() if not pending)
     for i in range(len(trace) - 1, -1, -1):
         e = trace[i]
         for key in ("action", "addr", "size", "frames"):
@@ -84,7 +88,7 @@ def walk(snapshot, device):
         if act == "free_completed":
             if a in blocks:
                 fail(f"device {device}, entry {i}: free_completed of {a:#x}, which is still live after it")
-            blocks[a] = [e["size"], True]
+            blocks[a] = [e["size"], True, e["size"]]
         elif act == "free_requested":
             if a not in blocks:
                 fail(f"device {device}, entry {i}: free_requested of {a:#x}, which no block holds")
@@ -92,7 +96,7 @@ def walk(snapshot, device):
         elif act == "alloc":
             if a not in blocks or blocks[a][1]:
                 fail(f"device {device}, entry {i}: alloc of {a:#x}, which is not an allocated block after it")
-            if blocks[a][0] != e["size"]:
+            if e["size"] not in (blocks[a][0], blocks[a][2]):
                 fail(f"device {device}, entry {i}: alloc of {e['size']} bytes at {a:#x}, the block holds {blocks[a][0]}")
             del blocks[a]
         elif act == "segment_free":
@@ -110,9 +114,38 @@ def walk(snapshot, device):
             fail(f"device {device}, entry {i}: unknown action {act!r}")
         check(i, e)
         peak_reserved = max(peak_reserved, sum(segments.values()))
-        peak_allocated = max(peak_allocated, sum(s for s, pending in blocks.values() if not pending))
+        peak_allocated = max(peak_allocated, sum(r for _, pending, r in blocks.values() if not pending))
     empty = not segments and not blocks
-    return len(trace), len(seg_list), peak_reserved, peak_allocated, empty
+    return len(trace), len(seg_list), peak_reserved, peak_allocated, end_allocated, empty
+
+
+def timeline_peak(snapshot, device):
+    """The Active Memory Timeline's top: process_alloc_data stacks each alloc's size until the
+    free_completed of its address; blocks allocated before the trace (a free without its alloc,
+    or active in the segments without one) stand from the start."""
+    trace = snapshot["device_traces"][device] if device < len(snapshot["device_traces"]) else []
+    live, initial, seen = {}, 0, set()
+    for e in trace:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            seen.add(e["addr"])
+        elif e["action"] == "free_completed" and e["addr"] not in live and e["addr"] not in seen:
+            initial += e["size"]
+    for seg in snapshot["segments"]:
+        if seg["device"] == device:
+            for b in seg["blocks"]:
+                if b["state"] == "active_allocated" and b["addr"] not in seen:
+                    initial += b["requested_size"]
+    total = peak = initial
+    live = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            total += e["size"]
+        elif e["action"] == "free_completed":
+            total -= live.pop(e["addr"], 0)
+        peak = max(peak, total)
+    return peak, trace[0]["time_us"] if trace else None
 
 
 def main():
@@ -125,13 +158,15 @@ def main():
     devices = set(s["device"] for s in snapshot["segments"])
     devices |= {d for d, t in enumerate(snapshot["device_traces"]) if t}
     for d in sorted(devices):
-        n, nseg, peak_res, peak_alloc, empty = walk(snapshot, d)
+        n, nseg, peak_res, peak_alloc, end_alloc, empty = walk(snapshot, d)
+        top, first_us = timeline_peak(snapshot, d)
         if "--expect-empty-start" in sys.argv and not empty:
             fail(f"device {d}: walking back every entry leaves segments or blocks: the trace misses actions")
         nblocks = sum(1 for s in snapshot["segments"] if s["device"] == d
                       for b in s["blocks"] if b["state"] != "inactive")
         print(f"device {d}: {n} entries, {nseg} segments, {nblocks} active blocks at the end, "
               f"peak reserved {peak_res}, peak allocated {peak_alloc}, "
+              f"allocated at the end {end_alloc}, timeline peak {top}, first time_us {first_us}, "
               f"start {'empty' if empty else 'not empty'}")
 
 

@@ -68,9 +68,11 @@ static const struct command commands[] = {
     {"folded", "cuheap folded [--by peak|total] TRACE",
      "Folded stacks (outer;...;inner BYTES) for flamegraph.pl or speedscope, by bytes live at\n"
      "the peak (default) or allocated over the run.\n"},
-    {"memviz", "cuheap memviz -o OUT.pickle [--max-entries N] TRACE",
+    {"memviz", "cuheap memviz -o OUT.pickle [--max-entries N] [--pool-view] TRACE",
      "A snapshot shaped like torch.cuda.memory._snapshot() for https://pytorch.org/memory_viz:\n"
-     "the segments held at the end and per GPU the newest N actions (100000; 0: all).\n"},
+     "the segments held at the end and per GPU the newest N actions (100000; 0: all). The\n"
+     "actions tell what the program held (the report's figures); --pool-view: what the pool\n"
+     "set aside (block sizes, frees completed at their fence).\n"},
     {"html", "cuheap html [-o OUT.html] TRACE...",
      "A self-contained HTML report (stdout unless -o; opens offline in any browser): per\n"
      "process and GPU, memory over time (live, reserved, the largest call sites, markers,\n"
@@ -1077,8 +1079,10 @@ static int cmd_memviz(int argc, char **argv)
 {
     static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
                                          {"max-entries", required_argument, NULL, 'm'},
+                                         {"pool-view", no_argument, NULL, 'p'},
                                          {NULL, 0, NULL, 0}};
     const char *out_path = NULL;
+    bool pool_view = false;
     size_t max_entries = 100000; /* PyTorch's default for _record_memory_history */
     int c;
     optind = 1;
@@ -1091,6 +1095,8 @@ static int cmd_memviz(int argc, char **argv)
             if (*end || !*optarg || optarg[0] == '-')
                 return fail("memviz: --max-entries %s: expected a number (0: all)", optarg);
             max_entries = (size_t)v;
+        } else if (c == 'p') {
+            pool_view = true;
         } else {
             return bad_option("memviz", argv);
         }
@@ -1107,7 +1113,7 @@ static int cmd_memviz(int argc, char **argv)
         cuheap_trace_free(&t);
         return 2;
     }
-    export_memviz(&t, max_entries, f);
+    export_memviz(&t, max_entries, pool_view, f);
     cuheap_trace_free(&t);
     return close_out(f, out_path);
 }

@@ -24,7 +24,7 @@ int export_folded(const struct cuheap_trace *t, const struct trace_summary *s, e
  * https://pytorch.org/memory_viz and torch.cuda._memory_viz (memviz.c): the reserved
  * segments at the end of the trace with their blocks, and per device the newest max_entries
  * actions (0: all) that led there. */
-int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *out);
+int export_memviz(const struct cuheap_trace *t, size_t max_entries, bool pool_view, FILE *out);
 
 /* A self-contained HTML report (html.c): per process and GPU a memory timeline (live,
  * reserved, top sites, markers, refusals; hover and zoom), top sites at the peak with stacks,

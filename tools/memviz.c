@@ -14,8 +14,15 @@
  * invariant even on a damaged trace (dropped events), by completing what a later event
  * proves was gone.
  *
- * Sizes in actions and blocks are block sizes (what the allocator set aside, as PyTorch
- * reports them); requested_size keeps what the program asked for.
+ * By default the actions tell what the program held, so that memory_viz shows the figures
+ * `cuheap report` does: alloc and free_completed carry the requested size, and a free is
+ * completed when the program frees (the Active Memory Timeline then peaks at the report's peak
+ * live, and Allocator State History's "allocated" is what was live). With pool_view they tell
+ * what the pool set aside, as PyTorch's allocator reports its own: block sizes, and a pooled
+ * free completed only at the fence that makes it reusable (active_pending_free meanwhile).
+ * Blocks in the segments always have their block size, with requested_size beside it. Times
+ * are wall-clock microseconds, as PyTorch's; every segment and action is in pool (0, 0),
+ * PyTorch's default pool.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -71,9 +78,17 @@ struct replay {
     struct live_alloc *arenas; /* the live arenas again, few: where pool blocks may lie */
     size_t nr_arenas, cap_arenas;
     bool fence_reuse;   /* CUHEAP_REUSE=fence: pooled frees wait for a fence event */
+    bool pool_view;     /* actions in block sizes, frees completed at their fence */
     size_t max_entries; /* per device, 0: all */
-    uint64_t now_us;
+    uint64_t now_us;    /* wall clock */
+    uint64_t start_ns;  /* the trace's start, since the epoch */
 };
+
+/* An action's size for a block: what the program asked for, or under pool_view the block. */
+static uint64_t shown(const struct replay *r, const struct live_alloc *b)
+{
+    return r->pool_view ? b->actual : b->size;
+}
 
 static struct entry *add_entry(struct replay *r, int dev, uint8_t action, uint64_t addr,
                                uint64_t size, uint64_t stream, uint32_t stack)
@@ -117,8 +132,8 @@ static bool lookup(struct live_set *s, uint64_t ptr, struct live_alloc *ret)
 static void complete_block(struct replay *r, const struct live_alloc *b)
 {
     if (b->api == ALLOCATED)
-        add_entry(r, b->device, ACT_FREE_REQUESTED, b->ptr, b->actual, 0, b->stack);
-    add_entry(r, b->device, ACT_FREE_COMPLETED, b->ptr, b->actual, 0, b->stack);
+        add_entry(r, b->device, ACT_FREE_REQUESTED, b->ptr, shown(r, b), 0, b->stack);
+    add_entry(r, b->device, ACT_FREE_COMPLETED, b->ptr, shown(r, b), 0, b->stack);
     live_set_take(&r->blocks, b->ptr, NULL);
 }
 
@@ -203,7 +218,7 @@ static void on_alloc(struct replay *r, const struct cuheap_trace_event *e)
                            .api = ALLOCATED,
                            .pooled = arena};
     live_set_put(&r->blocks, &b);
-    add_entry(r, e->device, ACT_ALLOC, e->ptr, block, e->stream, e->stack);
+    add_entry(r, e->device, ACT_ALLOC, e->ptr, shown(r, &b), e->stream, e->stack);
 }
 
 static void on_free(struct replay *r, const struct cuheap_trace_event *e)
@@ -211,9 +226,9 @@ static void on_free(struct replay *r, const struct cuheap_trace_event *e)
     struct live_alloc b;
     if (!lookup(&r->blocks, e->ptr, &b) || b.api != ALLOCATED)
         return; /* its allocation was not seen */
-    add_entry(r, e->device, ACT_FREE_REQUESTED, b.ptr, b.actual, e->stream, b.stack);
+    add_entry(r, e->device, ACT_FREE_REQUESTED, b.ptr, shown(r, &b), e->stream, b.stack);
     struct device_replay *d = &r->dev[e->device];
-    if (b.pooled && r->fence_reuse && e->api != CUHEAP_API_TORCH) {
+    if (b.pooled && r->pool_view && r->fence_reuse && e->api != CUHEAP_API_TORCH) {
         /* reusable only after the fence that follows: its state says so meanwhile */
         b.api = PENDING_FREE;
         live_set_put(&r->blocks, &b);
@@ -232,7 +247,7 @@ static void on_free(struct replay *r, const struct cuheap_trace_event *e)
         d->pending[d->pending_head + d->nr_pending++] = b.ptr;
         return;
     }
-    add_entry(r, e->device, ACT_FREE_COMPLETED, b.ptr, b.actual, e->stream, b.stack);
+    add_entry(r, e->device, ACT_FREE_COMPLETED, b.ptr, shown(r, &b), e->stream, b.stack);
     live_set_take(&r->blocks, b.ptr, NULL);
     struct live_alloc s;
     if (!b.pooled && lookup(&r->segments, b.ptr, &s) && !s.pooled)
@@ -249,7 +264,7 @@ static void on_fence(struct replay *r, const struct cuheap_trace_event *e)
         uint64_t ptr = d->pending[d->pending_head];
         if (!lookup(&r->blocks, ptr, &b) || b.api != PENDING_FREE)
             continue; /* completed already, by a reuse of its address */
-        add_entry(r, b.device, ACT_FREE_COMPLETED, b.ptr, b.actual, 0, b.stack);
+        add_entry(r, b.device, ACT_FREE_COMPLETED, b.ptr, shown(r, &b), 0, b.stack);
         live_set_take(&r->blocks, ptr, NULL);
         n--;
     }
@@ -274,7 +289,7 @@ static void replay_trace(struct replay *r)
          e = cuheap_trace_next(&it)) {
         if (e->device < 0 || e->device >= CUHEAP_TRACE_NR_MAX_DEVICES)
             continue;
-        r->now_us = e->t / 1000;
+        r->now_us = (r->start_ns + e->t) / 1000;
         bool mem = counts_as_device_memory(e);
         switch (e->type) {
         case CUHEAP_EV_ALLOC:
@@ -355,6 +370,16 @@ static void p_key_int(FILE *f, const char *k, uint64_t v)
 {
     p_str(f, k);
     p_int(f, v);
+}
+
+/* segment_pool_id: (0, 0), PyTorch's default pool (memory_viz says "pool_id unknown" for an
+ * action whose segment is gone by the snapshot and that names none). */
+static void p_pool_id(FILE *f)
+{
+    p_str(f, "segment_pool_id");
+    p_int(f, 0);
+    p_int(f, 0);
+    fputc(0x86, f); /* TUPLE2 */
 }
 
 #define P_DICT_BEGIN(f) fputs("}(", f)
@@ -500,6 +525,7 @@ static void p_segments(struct pickler *p, struct replay *r)
         p_key_int(f, "stream", 0);
         /* PyTorch's small pool holds 2 MiB segments; everything else is "large" */
         p_key_str(f, "segment_type", s->actual <= (2u << 20) ? "small" : "large");
+        p_pool_id(f);
         p_str(f, "frames");
         p_frames(p, s->stack);
         p_str(f, "blocks");
@@ -526,7 +552,7 @@ static void p_segments(struct pickler *p, struct replay *r)
     free(blocks);
 }
 
-int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *f)
+int export_memviz(const struct cuheap_trace *t, size_t max_entries, bool pool_view, FILE *f)
 {
     struct replay *r = calloc(1, sizeof(*r));
     if (!r)
@@ -536,6 +562,8 @@ int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *f)
         json_string_value(json_object_get(json_object_get(t->header, "config"), "CUHEAP_REUSE"));
     r->fence_reuse = !reuse || !strcmp(reuse, "fence");
     r->max_entries = max_entries;
+    r->pool_view = pool_view;
+    r->start_ns = (uint64_t)json_integer_value(json_object_get(t->header, "start_unix_ns"));
     live_set_init(&r->blocks);
     live_set_init(&r->segments);
     replay_trace(r);
@@ -569,6 +597,7 @@ int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *f)
             p_key_int(f, "time_us", e->time_us);
             if (e->action == ACT_OOM)
                 p_key_int(f, "device_free", e->device_free);
+            p_pool_id(f);
             p_str(f, "frames");
             p_frames(&p, e->stack);
             P_DICT_END(f);
@@ -582,6 +611,8 @@ int export_memviz(const struct cuheap_trace *t, size_t max_entries, FILE *f)
     P_DICT_BEGIN(f);
     p_key_str(f, "source", "cuheap");
     p_key_str(f, "reuse", reuse ? reuse : "fence");
+    p_key_str(f, "sizes",
+              pool_view ? "blocks, freed at their fence" : "requested, freed when freed");
     P_DICT_END(f);
     P_DICT_END(f);
     fputc('.', f);

@@ -135,7 +135,8 @@ static void analyse(struct cuheap_trace *t)
     report_one(t, &s);
     export_folded(t, &s, SITES_AT_PEAK, devnull);
     export_folded(t, &s, SITES_TOTAL, devnull);
-    export_memviz(t, 1000, devnull);
+    export_memviz(t, 1000, false, devnull);
+    export_memviz(t, 1000, true, devnull);
     html(t, &s);
     check_outputs(t, &s);
     summary_free(&s);

@@ -593,6 +593,62 @@ static void test_memviz_history_is_consistent(void **state)
 /* Every kind of action, from a trace whose answers are known: an arena with a block that
  * waits for a fence, a pass-through allocation, a limit refusal and an OOM, a reuse whose
  * free was lost, an arena given back. */
+/* memory_viz shows the report's figures (issue 32): the Active Memory Timeline peaks at the
+ * report's peak live (it took rounded block sizes, held until their fence: 44.4 against 41.69
+ * MiB on the demo), Allocator State History ends with what was still live (it said 42.8 MiB
+ * while 256 KiB were), times are wall-clock microseconds (they read "Thu Jan 01 1970") and
+ * every action names its pool (tooltips said "pool_id unknown"). --pool-view keeps the pool's
+ * own view: block sizes, frees completed at their fence. */
+static void test_memviz_agrees_with_the_report(void **state)
+{
+    (void)state;
+    struct result r =
+        run(FAKE " %s/tools/cuheap run -o m.jsonl -- %s/tests/programs/cuheap-demo "
+                 "20 >/dev/null 2>&1 && %s/tools/cuheap memviz -o m.pickle m.jsonl && "
+                 "%s/tools/cuheap memviz --pool-view -o p.pickle m.jsonl && "
+                 "%s/tools/cuheap report m.jsonl",
+            build, build, build, build, build, build);
+    assert_int_equal(r.status, 0);
+    const char *peak = strstr(r.out, "peak live      "), *end = strstr(r.out, "live at the end: ");
+    assert_non_null(peak);
+    assert_non_null(end);
+    uint64_t live = parse_bytes(peak + strlen("peak live      "));
+    uint64_t left = parse_bytes(end + strlen("live at the end: "));
+    done(&r);
+    r = memviz_walk("m.pickle", "--expect-empty-start");
+    if (r.status)
+        fail_msg("%s%s", r.out, r.err);
+    const char *p = strstr(r.out, "timeline peak "), *a = strstr(r.out, "allocated at the end ");
+    const char *t0 = strstr(r.out, "first time_us ");
+    assert_non_null(p);
+    assert_non_null(a);
+    assert_non_null(t0);
+    uint64_t top = strtoull(p + strlen("timeline peak "), NULL, 10);
+    uint64_t ended = strtoull(a + strlen("allocated at the end "), NULL, 10);
+    uint64_t first_us = strtoull(t0 + strlen("first time_us "), NULL, 10);
+    /* the report rounds to 0.01 of its unit */
+    if ((top > live ? top - live : live - top) > (1u << 20) / 200 ||
+        (ended > left ? ended - left : left - ended) > 1024 / 200)
+        fail_msg("timeline peak %" PRIu64 " (report: %" PRIu64 "), allocated at the end %" PRIu64
+                 " (report: %" PRIu64 ")\n%s",
+                 top, live, ended, left, r.out);
+    if (first_us < 1500000000ull * 1000000) /* before 2017: not the wall clock */
+        fail_msg("times are not wall-clock microseconds: %s", r.out);
+    done(&r);
+    r = run("%s -c \"import pickle; s = pickle.load(open('m.pickle', 'rb')); "
+            "print(all(e.get('segment_pool_id') == (0, 0) for t in s['device_traces'] for e in t), "
+            "all(g.get('segment_pool_id') == (0, 0) for g in s['segments']))\"",
+            python);
+    assert_string_equal(r.out, "True True\n");
+    done(&r);
+    /* the pool's view: blocks as set aside, kept until their fence (higher, and walkable) */
+    r = memviz_walk("p.pickle", "--expect-empty-start");
+    p = strstr(r.out, "timeline peak ");
+    if (r.status || !p || strtoull(p + strlen("timeline peak "), NULL, 10) <= top)
+        fail_msg("%s%s", r.out, r.err);
+    done(&r);
+}
+
 static void test_memviz_actions(void **state)
 {
     (void)state;
@@ -1939,6 +1995,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_failed_load_leaks_nothing, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_memviz_history_is_consistent, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_memviz_actions, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_memviz_agrees_with_the_report, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_chrome_merge_keeps_ranks_apart, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_help_matches_readme, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_check_finds_damage, fresh_dir, remove_dir),
