@@ -9,7 +9,13 @@
  *
  * The curves go to the page as fixed time buckets holding each bucket's minimum, maximum and
  * last value, so a long trace keeps its spikes at any zoom: the page draws every pixel
- * column from min to max.
+ * column from min to max. They are kept at two resolutions: NR_BUCKETS over the whole run
+ * (with the top call sites), and NR_FINE_PER times finer (only buckets that had events go to
+ * the page), which a zoom draws once the coarse buckets grow wider than a pixel column: a
+ * window then shows its own extremes, not its buckets' (an 82 ms step cycle in a 400 s run read
+ * as a 0.8 s square wave from the coarse buckets). Markers are thinned evenly past
+ * NR_MAX_MARKS (every second one kept, then every fourth, ...), so every window of a long run
+ * keeps some; the page draws what fits and says how many it does not.
  */
 #include <inttypes.h>
 #include <stddef.h>
@@ -19,9 +25,11 @@
 #include "event.h"
 #include "export.h"
 
-#define NR_BUCKETS   3000 /* per GPU: enough to zoom in a few times past a screen's width */
-#define NR_TOP_SITES 6    /* call sites drawn as stacked areas */
-#define NR_MAX_MARKS 2000 /* markers sent to the page; a note says when there were more */
+#define NR_BUCKETS   3000 /* per GPU: a few times a screen's width */
+#define NR_FINE_PER  16   /* fine buckets per bucket: zooms of up to 16x more stay exact */
+#define NR_FINE      (NR_BUCKETS * NR_FINE_PER)
+#define NR_TOP_SITES 6     /* call sites drawn as stacked areas */
+#define NR_MAX_MARKS 16384 /* markers sent to the page, thinned evenly past it */
 #define NR_OOM_ROWS  200
 #define NR_FRAMES    24
 
@@ -116,18 +124,25 @@ static json_t *site_json(const struct cuheap_trace *t, uint32_t id)
     return text(cuheap_trace_site(t, id, name, sizeof(name)));
 }
 
-struct bucket {
+struct curve {
     uint64_t latest_t; /* time of the latest event in it; UINT64_MAX: none yet */
     uint64_t live_min, live_max, live_last;
     uint64_t res_min, res_max, res_last;
+};
+
+struct bucket {
+    struct curve c;
     uint64_t site[NR_TOP_SITES]; /* live bytes of each top site when the events left it */
 };
 
-static void note(struct bucket *b, uint64_t t, uint64_t live, uint64_t res)
+/* An event into bucket b: live and res after it; before_* what held until then, since the
+ * bucket's start (its first event), which its band covers too. */
+static void note(struct curve *b, uint64_t t, uint64_t live, uint64_t res, uint64_t before_live,
+                 uint64_t before_res)
 {
     if (b->latest_t == UINT64_MAX) {
-        b->live_min = b->live_max = live;
-        b->res_min = b->res_max = res;
+        b->live_min = b->live_max = before_live;
+        b->res_min = b->res_max = before_res;
     }
     if (live < b->live_min)
         b->live_min = live;
@@ -150,8 +165,28 @@ static json_t *u64_array(const struct bucket *b, size_t n, size_t offset)
 {
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++)
-        json_array_append_new(a, jbytes(*(const uint64_t *)((const char *)&b[i] + offset)));
+        json_array_append_new(a, jbytes(*(const uint64_t *)((const char *)&b[i].c + offset)));
     return a;
+}
+
+/* The fine buckets that had events, as parallel arrays (i: index): the page carries each
+ * value forward over the buckets between, as device_json() does for the coarse ones. */
+static json_t *fine_json(const struct curve *f)
+{
+    json_t *idx = json_array(), *v[6];
+    for (size_t k = 0; k < 6; k++)
+        v[k] = json_array();
+    for (size_t i = 0; i < NR_FINE; i++) {
+        if (f[i].latest_t == UINT64_MAX)
+            continue;
+        const uint64_t x[6] = {f[i].live_min, f[i].live_max, f[i].live_last,
+                               f[i].res_min,  f[i].res_max,  f[i].res_last};
+        json_array_append_new(idx, json_integer((json_int_t)i));
+        for (size_t k = 0; k < 6; k++)
+            json_array_append_new(v[k], jbytes(x[k]));
+    }
+    return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "n", NR_FINE, "i", idx, "lmin",
+                     v[0], "lmax", v[1], "llast", v[2], "rmin", v[3], "rmax", v[4], "rlast", v[5]);
 }
 
 /* ---- the charts, built while the trace is read ----
@@ -181,9 +216,11 @@ struct oom_row {
 };
 
 struct chart_dev {
-    struct bucket *b; /* NR_BUCKETS, from the device's first event on */
-    uint32_t cur;     /* bucket of the latest event that set a bucket's last value */
-    uint32_t *dirty;  /* sites changed since the last move to another bucket */
+    struct bucket *b;   /* NR_BUCKETS, from the device's first event on */
+    struct curve *fine; /* NR_FINE, with b */
+    uint64_t live, res; /* after the device's latest event */
+    uint32_t cur;       /* bucket of the latest event that set a bucket's last value */
+    uint32_t *dirty;    /* sites changed since the last move to another bucket */
     size_t nr_dirty, cap_dirty;
     struct log_entry *log;
     size_t nr_log, cap_log;
@@ -204,8 +241,9 @@ struct html_chart {
     bool overflow;             /* the log went past NR_MAX_LOG: read again */
     bool failed;               /* out of memory */
     struct trace_summary *own; /* html_chart_again()'s summary */
-    json_t *marks;
-    size_t nr_marks;
+    json_t *marks;             /* every mark_stride-th marker */
+    size_t nr_marks;           /* markers seen */
+    size_t mark_stride;        /* a power of 2 */
 };
 
 static bool grow(void **p, size_t *cap, size_t need, size_t size)
@@ -260,6 +298,7 @@ struct html_chart *html_chart_begin(struct trace_summary *s, uint64_t offset_ns,
     c->offset_ns = offset_ns;
     c->per_bucket = (double)(end_ns ? end_ns : 1) / NR_BUCKETS;
     c->marks = json_array();
+    c->mark_stride = 1;
     for (size_t d = 0; d < CUHEAP_TRACE_NR_MAX_DEVICES; d++)
         c->dev[d].cur = NO_BUCKET;
     return c;
@@ -283,6 +322,26 @@ static struct chart_dev *chart_dev_of(struct html_chart *c, int device)
     return NULL;
 }
 
+/* Every mark_stride-th marker is kept; when NR_MAX_MARKS are, every second of them goes and
+ * the stride doubles, so those kept stay spread evenly over the run. */
+static void keep_mark(struct html_chart *c, uint64_t at, const char *label)
+{
+    size_t i = c->nr_marks++;
+    if (i % c->mark_stride)
+        return;
+    if (json_array_size(c->marks) >= NR_MAX_MARKS) {
+        json_t *kept = json_array();
+        for (size_t k = 0; k < json_array_size(c->marks); k += 2)
+            json_array_append(kept, json_array_get(c->marks, k));
+        json_decref(c->marks);
+        c->marks = kept;
+        c->mark_stride *= 2;
+        if (i % c->mark_stride)
+            return;
+    }
+    json_array_append_new(c->marks, json_pack("[I,o]", (json_int_t)at, text(label)));
+}
+
 void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
 {
     struct html_chart *c = ctx;
@@ -291,8 +350,8 @@ void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
     if (e->type == CUHEAP_EV_MARK) {
         summarize_event(s, e);
         /* marks carry the thread's device (0 when it had none): shown on every GPU */
-        if (e->label && strcmp(e->label, "nvtx pop") && c->nr_marks++ < NR_MAX_MARKS)
-            json_array_append_new(c->marks, json_pack("[I,o]", (json_int_t)at, text(e->label)));
+        if (e->label && strcmp(e->label, "nvtx pop"))
+            keep_mark(c, at, e->label);
         return;
     }
     bool mem = counts_as_device_memory(e);
@@ -302,9 +361,11 @@ void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
      * a size_t (found by fuzzing) */
     double q = (double)at / c->per_bucket;
     size_t k = q < (double)NR_BUCKETS ? (size_t)q : NR_BUCKETS - 1;
+    double qf = q * NR_FINE_PER;
+    size_t kf = qf < (double)NR_FINE ? (size_t)qf : NR_FINE - 1;
     struct chart_dev *cd = chart_dev_of(c, e->device);
     if (cd && moves && cd->b && k != cd->cur &&
-        (cd->b[k].latest_t == UINT64_MAX || at >= cd->b[k].latest_t)) {
+        (cd->b[k].c.latest_t == UINT64_MAX || at >= cd->b[k].c.latest_t)) {
         flush(c, cd); /* before this event's change: the state the bucket left */
         cd->cur = (uint32_t)k;
     }
@@ -313,12 +374,19 @@ void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
         cd = chart_dev_of(c, e->device);
     if (cd && moves && !cd->b) {
         cd->b = malloc(NR_BUCKETS * sizeof(*cd->b));
-        if (!cd->b) {
+        cd->fine = malloc(NR_FINE * sizeof(*cd->fine));
+        if (!cd->b || !cd->fine) {
+            free(cd->b);
+            free(cd->fine);
+            cd->b = NULL;
+            cd->fine = NULL;
             c->failed = true;
             return;
         }
         for (size_t i = 0; i < NR_BUCKETS; i++)
-            cd->b[i].latest_t = UINT64_MAX;
+            cd->b[i].c.latest_t = UINT64_MAX;
+        for (size_t i = 0; i < NR_FINE; i++)
+            cd->fine[i].latest_t = UINT64_MAX;
         cd->cur = (uint32_t)k;
     }
     /* the sites it changed, each logged at the next move by its own device */
@@ -354,7 +422,10 @@ void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
         return;
     const struct device_summary *d = &s->dev[cd - c->dev];
     if (moves) {
-        note(&cd->b[k], at, d->live, d->reserved);
+        note(&cd->b[k].c, at, d->live, d->reserved, cd->live, cd->res);
+        note(&cd->fine[kf], at, d->live, d->reserved, cd->live, cd->res);
+        cd->live = d->live;
+        cd->res = d->reserved;
     } else if (e->type == CUHEAP_EV_OOM || e->type == CUHEAP_EV_LIMIT) {
         if (cd->nr_ooms < NR_OOM_ROWS)
             cd->ooms[cd->nr_ooms] =
@@ -380,6 +451,7 @@ void html_chart_free(struct html_chart *c)
         return;
     for (size_t d = 0; d < CUHEAP_TRACE_NR_MAX_DEVICES; d++) {
         free(c->dev[d].b);
+        free(c->dev[d].fine);
         free(c->dev[d].dirty);
         free(c->dev[d].log);
     }
@@ -423,15 +495,15 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
                 vals[k] = l->value;
     }
     /* buckets without events hold the value before them; before the first event, nothing */
-    struct bucket prev = {.latest_t = 0};
+    struct bucket prev = {.c.latest_t = 0};
     for (size_t i = 0; i < NR_BUCKETS; i++) {
-        if (b[i].latest_t != UINT64_MAX) {
+        if (b[i].c.latest_t != UINT64_MAX) {
             prev = b[i];
             continue;
         }
         b[i] = prev;
-        b[i].live_min = b[i].live_max = prev.live_last;
-        b[i].res_min = b[i].res_max = prev.res_last;
+        b[i].c.live_min = b[i].c.live_max = prev.c.live_last;
+        b[i].c.res_min = b[i].c.res_max = prev.c.res_last;
     }
     json_t *top = json_array();
     for (size_t k = 0; k < nr_top; k++) {
@@ -460,17 +532,19 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
         if (t->devices[k].ordinal == d->device)
             name = t->devices[k].name;
     json_t *dev = json_pack(
-        "{s:i, s:o, s:o, s:o, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:O, s:o, s:I}", "device",
-        d->device, "name", text(name), "peak_live", jbytes(d->peak_live), "peak_reserved",
+        "{s:i, s:o, s:o, s:o, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:O, s:o, s:I, s:I, s:I, "
+        "s:o}",
+        "device", d->device, "name", text(name), "peak_live", jbytes(d->peak_live), "peak_reserved",
         jbytes(d->peak_reserved), "peak_t", (json_int_t)(d->peak_live_t + c->offset_ns), "live_min",
-        u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_min)), "live_max",
-        u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_max)), "live_last",
-        u64_array(b, NR_BUCKETS, offsetof(struct bucket, live_last)), "res_min",
-        u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_min)), "res_max",
-        u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_max)), "res_last",
-        u64_array(b, NR_BUCKETS, offsetof(struct bucket, res_last)), "sites", top, "marks",
-        c->marks, "ooms", ooms, "marks_left_out",
-        (json_int_t)(c->nr_marks > NR_MAX_MARKS ? c->nr_marks - NR_MAX_MARKS : 0));
+        u64_array(b, NR_BUCKETS, offsetof(struct curve, live_min)), "live_max",
+        u64_array(b, NR_BUCKETS, offsetof(struct curve, live_max)), "live_last",
+        u64_array(b, NR_BUCKETS, offsetof(struct curve, live_last)), "res_min",
+        u64_array(b, NR_BUCKETS, offsetof(struct curve, res_min)), "res_max",
+        u64_array(b, NR_BUCKETS, offsetof(struct curve, res_max)), "res_last",
+        u64_array(b, NR_BUCKETS, offsetof(struct curve, res_last)), "sites", top, "marks", c->marks,
+        "ooms", ooms, "marks_left_out", (json_int_t)(c->nr_marks - json_array_size(c->marks)),
+        "mark_stride", (json_int_t)c->mark_stride, "end_t", (json_int_t)(t->max_t + c->offset_ns),
+        "fine", fine_json(cd->fine));
     return dev;
 }
 
@@ -551,8 +625,12 @@ static const char STYLE[] =
 static const char *const SCRIPT[] = {
     "'use strict';\n",
     "const DATA=JSON.parse(document.getElementById('cuheap-data').textContent);\n",
-    "const NS='http://www.w3.org/2000/svg',W=1000,H=300,L=78,R=12,T=22,B=34;\n",
-    "const COLORS=['#4e79a7','#f28e2c','#59a14f','#b07aa1','#edc949','#76b7b2'];\n",
+    "const NS='http://www.w3.org/2000/svg',W=1000,H=310,L=78,R=12,T=34,B=34;\n",
+    "/* the call sites' colours: none near the live line's black or the reserved line's red */\n",
+    "const "
+    "COLORS=['#f28e2c','#59a14f','#b07aa1','#edc949','#76b7b2','#9c755f'],LIVE='#222222',RES='#"
+    "d62728';\n",
+
     "function el(n,a,p){const e=document.createElementNS(NS,n);"
     "for(const k in a)e.setAttribute(k,a[k]);if(p)p.appendChild(e);return e;}\n",
     "function bytes(v){const u=['B','KiB','MiB','GiB','TiB'];let i=0;"
@@ -567,29 +645,51 @@ static const char *const SCRIPT[] = {
     "const s=nice(max/UNITS[i],5),d=Math.max(0,-Math.floor(Math.log10(s)));const t=[];"
     "for(let k=0;k*s<=max/UNITS[i]*1.0001;k++)t.push([k*s*UNITS[i],(k*s).toFixed(d)+' '+"
     "UNAMES[i]]);return t;}\n",
+    "/* the fine buckets (only those with events come), each empty one holding the value before it "
+    "*/\n",
+    "function fineLevel(g){if(g._fine)return g._fine;const f=g.fine,n=f.n,o={n};\n",
+    "for(const k of['lmin','lmax','llast','rmin','rmax','rlast'])o[k]=new Float64Array(n);\n",
+    "let j=0,l=0,r=0;for(let i=0;i<n;i++){if(j<f.i.length&&f.i[j]===i){for(const k "
+    "of['lmin','lmax','rmin','rmax'])o[k][i]=f[k][j];\n",
+    "l=f.llast[j];r=f.rlast[j];j++;}else{o.lmin[i]=o.lmax[i]=l;o.rmin[i]=o.rmax[i]=r;}o.llast[i]=l;"
+    "o.rlast[i]=r;}\n",
+    "return g._fine=o;}\n",
     "function draw(box,g,view){\n",
-    " box.textContent='';const n=g.live_max.length,span=DATA.end_ns/n;\n",
-    " const a=Math.max(0,Math.floor(view[0]/span)),b=Math.min(n,Math.ceil(view[1]/span));\n",
-    " const cols=W-L-R,plotH=H-T-B;let top=1;\n",
-    " for(let i=a;i<b;i++)top=Math.max(top,g.live_max[i],g.res_max[i]);\n",
+    " box.textContent='';const n0=g.live_max.length,span0=DATA.end_ns/n0;\n",
+    " const cols=W-L-R,plotH=H-T-B;\n",
+    " /* zoomed in until a coarse bucket is wider than half a column: the fine buckets */\n",
+    " const fine=!!g.fine&&(view[1]-view[0])/span0<2*cols;\n",
+    " const "
+    "lv=fine?fineLevel(g):{n:n0,lmin:g.live_min,lmax:g.live_max,llast:g.live_last,rmin:g.res_min,"
+    "rmax:g.res_max,rlast:g.res_last};\n",
+    " const n=lv.n,span=DATA.end_ns/n,per=n/n0,end=g.end_t===undefined?DATA.end_ns:g.end_t;\n",
+    " /* pixel columns: each the min..max of its buckets, and the last value; none past the "
+    "process's end */\n",
+    " const col=[];for(let c=0;c<cols;c++){const "
+    "t0=view[0]+(view[1]-view[0])*c/cols,t1=view[0]+(view[1]-view[0])*(c+1)/cols;\n",
+    " let "
+    "i0=Math.floor(t0/span),i1=Math.max(i0+1,Math.ceil(t1/"
+    "span));i0=Math.max(0,i0);i1=Math.min(n,i1);\n",
+    " if(i0>=i1||t0>end){col.push(null);continue;}const "
+    "ci=Math.min(n0-1,Math.floor((i1-1)/per));\n",
+    " const "
+    "o={lmin:Infinity,lmax:0,rmin:Infinity,rmax:0,l:lv.llast[i1-1],r:lv.rlast[i1-1],s:g.sites.map("
+    "s=>s.values[ci])};\n",
+    " for(let "
+    "i=i0;i<i1;i++){o.lmin=Math.min(o.lmin,lv.lmin[i]);o.lmax=Math.max(o.lmax,lv.lmax[i]);o.rmin="
+    "Math.min(o.rmin,lv.rmin[i]);o.rmax=Math.max(o.rmax,lv.rmax[i]);}\n",
+    " col.push(o);}\n",
+    " /* the top: this window's extremes, not its buckets' */\n",
+    " let top=1;for(const o of col)if(o)top=Math.max(top,o.lmax,o.rmax);\n",
     " const yt=byteTicks(top);top=Math.max(top,yt[yt.length-1][0]);\n",
     " const x=t=>L+(t-view[0])/(view[1]-view[0])*cols,y=v=>T+plotH-v/top*plotH;\n",
     " const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,role:'img'},box);\n",
     " el('rect',{x:L,y:T,width:cols,height:plotH,fill:'#fcfcfc',stroke:'#ccc'},svg);\n",
-    " /* pixel columns: each the min..max of its buckets, and the last value */\n",
-    " const col=[];for(let c=0;c<cols;c++){const t0=view[0]+(view[1]-view[0])*c/cols,"
-    "t1=view[0]+(view[1]-view[0])*(c+1)/cols;let i0=Math.floor(t0/span),"
-    "i1=Math.max(i0+1,Math.ceil(t1/span));i0=Math.max(0,i0);i1=Math.min(n,i1);"
-    "if(i0>=i1){col.push(null);continue;}"
-    "const o={lmin:Infinity,lmax:0,rmin:Infinity,rmax:0,l:g.live_last[i1-1],"
-    "r:g.res_last[i1-1],s:g.sites.map(s=>s.values[i1-1])};"
-    "for(let i=i0;i<i1;i++){o.lmin=Math.min(o.lmin,g.live_min[i]);"
-    "o.lmax=Math.max(o.lmax,g.live_max[i]);o.rmin=Math.min(o.rmin,g.res_min[i]);"
-    "o.rmax=Math.max(o.rmax,g.res_max[i]);}col.push(o);}\n",
-    " box._col=col; /* for #selftest */\n",
+    " box._col=col;box._fine=fine; /* for #selftest */\n",
     " /* stacked areas of the top call sites, under the live curve */\n",
     " let base=col.map(()=>0);g.sites.forEach((s,k)=>{let d='';const up=[];"
-    "col.forEach((o,c)=>{if(!o)return;const v=base[c]+o.s[k];up.push([c,v]);});"
+    "col.forEach((o,c)=>{if(!o)return;const v=Math.max(base[c],Math.min(base[c]+o.s[k],o.lmax));"
+    "up.push([c,v]);});"
     "if(!up.length)return;d='M'+(L+up[0][0])+','+y(base[up[0][0]]);"
     "for(const[c,v]of up)d+='L'+(L+c)+','+y(v)+'L'+(L+c+1)+','+y(v);"
     "for(let j=up.length-1;j>=0;j--){const c=up[j][0];d+='L'+(L+c+1)+','+y(base[c])+"
@@ -599,7 +699,7 @@ static const char *const SCRIPT[] = {
     "s.stack.join('\\n');"
     "for(const[c,v]of up)base[c]=v;});\n",
     " /* min..max bands, then step lines through the last values */\n",
-    " for(const[key,cl,lo,hi]of[['r','#d62728','rmin','rmax'],['l','#1f77b4','lmin','lmax']]){"
+    " for(const[key,cl,lo,hi]of[['r',RES,'rmin','rmax'],['l',LIVE,'lmin','lmax']]){"
     "let band='',step='',prev=null;col.forEach((o,c)=>{if(!o)return;"
     "if(o[hi]>o[lo])band+='M'+(L+c+0.5)+','+y(o[lo])+'V'+y(o[hi]);"
     "const yy=y(o[key]);step+=prev===null?'M'+(L+c)+','+yy:'V'+yy;step+='H'+(L+c+1);"
@@ -616,13 +716,26 @@ static const char *const SCRIPT[] = {
     "'time since the first process started';\n",
     " el('text',{x:12,y:T+plotH/2,'text-anchor':'middle',class:'axis',transform:"
     "'rotate(-90 12 '+(T+plotH/2)+')'},svg).textContent='bytes';\n",
-    " /* markers and refusals */\n",
-    " const shown=g.marks.filter(m=>m[0]>=view[0]&&m[0]<=view[1]);"
-    "shown.forEach((m,i)=>{const mx=x(m[0]);"
-    "const ln=el('line',{x1:mx,x2:mx,y1:T,y2:T+plotH,stroke:'#999','stroke-dasharray':'3 3',"
-    "class:'mark'},svg);el('title',{},ln).textContent=m[1]+' at '+secs(m[0]);"
-    "if(shown.length<=24)el('text',{x:mx+2,y:T-4-(i%2)*9,class:'axis'},svg).textContent="
-    "m[1].slice(0,24);});\n",
+    " /* markers: a line where it is 2 px from the last, a label where it overlaps none (two "
+    "rows,\n",
+    "  * inside the plot's edges); the others show on hover, and the note under the chart counts "
+    "them */\n",
+    " const shown=g.marks.filter(m=>m[0]>=view[0]&&m[0]<=view[1]).sort((p,q)=>p[0]-q[0]);\n",
+    " let lastX=-Infinity,lines=0,labels=0;const rowEnd=[-Infinity,-Infinity];\n",
+    " for(const m of shown){const mx=x(m[0]);if(mx-lastX<2)continue;lastX=mx;lines++;\n",
+    " const ln=el('line',{x1:mx,x2:mx,y1:T,y2:T+plotH,stroke:'#999','stroke-dasharray':'3 "
+    "3',class:'mark'},svg);\n",
+    " el('title',{},ln).textContent=m[1]+' at '+secs(m[0]);\n",
+    " for(let r=0;r<2;r++){if(mx+2<rowEnd[r])continue;const "
+    "tx=el('text',{x:mx+2,y:T-4-r*14,class:'axis mark-label'},svg);\n",
+    " tx.textContent=m[1].slice(0,24);const w=tx.getComputedTextLength();let "
+    "x0=mx+2;if(x0+w>L+cols)x0=mx-2-w;\n",
+    " if(x0<Math.max(L,rowEnd[r])){tx.remove();continue;}tx.setAttribute('x',x0);rowEnd[r]=x0+w+6;"
+    "labels++;break;}}\n",
+    " const mnote=shown.length?shown.length+' markers in view: '+lines+' drawn, '+labels+' "
+    "labelled, '+(shown.length-lines)+' not drawn (hover shows those near the cursor)':'';\n",
+    " const mleft=g.marks_left_out?g.marks_left_out+' markers of the trace are not in this report "
+    "(every '+g.mark_stride+'th kept)':'';\n",
     " for(const o of g.ooms){if(o.t<view[0]||o.t>view[1])continue;const ox=x(o.t);"
     "const p=el('path',{d:'M'+(ox-6)+','+T+'L'+(ox+6)+','+T+'L'+ox+','+(T+10)+'Z',"
     "fill:o.kind=='oom'?'#d62728':'#ff7f0e',class:'oom'},svg);"
@@ -651,7 +764,8 @@ static const char *const SCRIPT[] = {
     "cum+=o.s[k];if(v<cum){s+='\\n\\n'+g.sites[k].site+'\\n  '+g.sites[k].stack.join("
     "'\\n  ');break;}}"
     "const near=t=>Math.abs(x(t)-(L+c+0.5))<=3;"
-    "for(const m of g.marks)if(near(m[0]))s+='\\n\\nmarker: '+m[1];"
+    "const nm=g.marks.filter(m=>near(m[0]));for(const m of nm.slice(0,8))s+='\\n\\nmarker: '+m[1];"
+    "if(nm.length>8)s+='\\n\\n'+(nm.length-8)+' more markers here';"
     "for(const r of g.ooms)if(near(r.t))s+='\\n\\n'+(r.kind=='oom'?'out of memory: ':"
     "'refused by CUHEAP_LIMIT ('+bytes(r.limit)+'): ')+bytes(r.size)+' requested; live '+"
     "bytes(r.live)+', reserved '+bytes(r.reserved)+'\\n'+r.site+'\\n  '+r.stack.join("
@@ -670,14 +784,34 @@ static const char *const SCRIPT[] = {
     " const item=(c,t)=>{const s=document.createElement('span');const i=document."
     "createElement('i');i.style.background=c;s.appendChild(i);s.appendChild(document."
     "createTextNode(t));lg.appendChild(s);};\n",
-    " item('#1f77b4','live');item('#d62728','reserved');g.sites.forEach((s,k)=>"
+    " item(LIVE,'live');item(RES,'reserved');g.sites.forEach((s,k)=>"
     "item(COLORS[k%6],s.site));\n",
+    " if(mnote||mleft){const p=document.createElement('p');p.className='note "
+    "marks-note';p.textContent=[mnote,mleft].filter(x=>x).join('; ');box.appendChild(p);}\n",
+
     "}\n",
     "for(const box of document.querySelectorAll('.chart')){const g=DATA.processes"
     "[+box.dataset.process].gpus[+box.dataset.gpu];if(g)draw(box,g,[0,DATA.end_ns||1]);}\n",
     /* #selftest (the tests open the page so): hover and zoom each chart by synthetic mouse
      * events and leave what they showed in data- attributes */
-    "if(location.hash=='#selftest')for(const box of document.querySelectorAll('.chart')){"
+    "if(location.hash.startsWith('#selftest'))for(const box of "
+    "document.querySelectorAll('.chart')){"
+    /* what a person sees of the markers and colours: labels that overlap or leave the plot,
+     * the note, where the lines end, how far the live colour is from the sites' */
+    "const lb=[...box.querySelectorAll('text.mark-label')].map(t=>t.getBBox());let ovl=0,out=0;\n",
+    "lb.forEach((a,i)=>{if(a.x<L-1||a.x+a.width>W-R+1)out++;for(const b of "
+    "lb.slice(i+1))if(a.x<b.x+b.width&&b.x<a.x+a.width&&a.y<b.y+b.height&&b.y<a.y+a.height)ovl++;})"
+    ";\n",
+    "box.dataset.labels=lb.length+' '+ovl+' "
+    "'+out;box.dataset.marknote=(box.querySelector('.marks-note')||{}).textContent||'';\n",
+    "{const cs=box._col;let "
+    "last=-1;cs.forEach((o,c)=>{if(o)last=c;});box.dataset.lastcol=(last+1)/cs.length;}\n",
+    "{const rgb=h=>[1,3,5].map(i=>parseInt(h.slice(i,i+2),16));const "
+    "lv=rgb(box.querySelector('path.line-l').getAttribute('stroke'));\n",
+    "let d=1e9;for(const p of box.querySelectorAll('path[fill-opacity]')){const "
+    "q=rgb(p.getAttribute('fill'));d=Math.min(d,Math.hypot(...q.map((v,i)=>v-lv[i])));}box.dataset."
+    "colours=Math.round(d);}\n",
+
     "const ov=()=>box.querySelector('svg rect[fill=transparent]');let "
     "r=ov().getBoundingClientRect();"
     "const ev=(type,fx,fy)=>ov().dispatchEvent(new MouseEvent(type,{bubbles:true,"
@@ -690,7 +824,13 @@ static const char *const SCRIPT[] = {
     "box.dataset.hover=box.querySelector('.tip').textContent;"
     "ev('mousedown',0.25,0.5);ev('mousemove',0.5,0.5);ev('mouseup',0.5,0.5);"
     "box.dataset.zoomed=[...box.querySelectorAll('text.axis')].map(t=>t.textContent)"
-    ".filter(t=>t.endsWith(' s')).join(' | ');}\n",
+    ".filter(t=>t.endsWith(' s')).join(' | ');"
+    /* #selftest&zoom=A,B (seconds): that window drawn, its columns' extremes and markers */
+    "const zm=/zoom=([0-9.]+),([0-9.]+)/.exec(location.hash);if(zm){const g=DATA.processes"
+    "[+box.dataset.process].gpus[+box.dataset.gpu];draw(box,g,[zm[1]*1e9,zm[2]*1e9]);"
+    "const zc=box._col.filter(o=>o);box.dataset.zoom=Math.min(...zc.map(o=>o.lmin))+' '+"
+    "Math.max(...zc.map(o=>o.lmax))+' '+box.querySelectorAll('line.mark').length+' '+"
+    "box._fine;}}\n",
     NULL,
 };
 

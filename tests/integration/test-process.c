@@ -1076,6 +1076,127 @@ static void stack_line(FILE *f, int id, int line, const char *fn)
 
 /* cuheap diff on two runs whose answers are known; call sites matched by name although the
  * stack ids differ. */
+struct timed_event {
+    unsigned long long t, ptr, size;
+    const char *ev; /* "alloc", "free" or "mark" */
+    unsigned stack;
+};
+
+static int by_time(const void *a, const void *b)
+{
+    const struct timed_event *x = a, *y = b;
+    return x->t < y->t ? -1 : x->t > y->t;
+}
+
+/* A 400 s run: 1 MiB that stays, then 64 MiB allocated every 82 ms and freed 41 ms later (a
+ * step cycle), 1 GiB for one millisecond at 300.010 s, and nr_marks markers evenly spread. */
+static void long_run_trace(const char *name, unsigned nr_marks)
+{
+    size_t cap = 12000 + nr_marks, n = 0;
+    struct timed_event *v = calloc(cap, sizeof(*v));
+    assert_non_null(v);
+    v[n++] = (struct timed_event){1000, 0x1000000, 1 << 20, "alloc", 2};
+    for (unsigned long long t = 1000000; t < 400000000000ull; t += 82000000) {
+        v[n++] = (struct timed_event){t, 0x80000000, 64 << 20, "alloc", 1};
+        v[n++] = (struct timed_event){t + 41000000, 0x80000000, 64 << 20, "free", 0};
+    }
+    v[n++] = (struct timed_event){300010000000ull, 0x100000000, 1ull << 30, "alloc", 1};
+    v[n++] = (struct timed_event){300011000000ull, 0x100000000, 1ull << 30, "free", 0};
+    for (unsigned i = 0; i < nr_marks; i++)
+        v[n++] = (struct timed_event){2000000 + 399000000000ull / nr_marks * i, 0, 0, "mark", 0};
+    assert_true(n <= cap);
+    qsort(v, n, sizeof(*v), by_time);
+    FILE *f = open_trace(name);
+    stack_line(f, 1, 42, "forward");
+    stack_line(f, 2, 7, "setup");
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(v[i].ev, "mark"))
+            trace_event(f, i + 1, v[i].t, v[i].ev, 1, v[i].ptr, v[i].size, 0, v[i].stack);
+        else
+            fprintf(f,
+                    "{\"type\":\"event\",\"seq\":%zu,\"t\":%llu,\"event\":\"mark\",\"api\":"
+                    "\"none\",\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":0,\"actual\":0,"
+                    "\"pooled\":false,\"label\":\"step %zu\"}\n",
+                    i + 1, v[i].t, i);
+    }
+    close_trace(f, n);
+    free(v);
+}
+
+/* A second process of the same job that ends at 200 s: a 32 MiB arena and 1 MiB from it
+ * every second. */
+static void short_run_trace(const char *name)
+{
+    FILE *f = open_trace(name);
+    unsigned long long seq = 1;
+    trace_event(f, seq++, 1000, "arena_grow", 1, 0x10000000, 32 << 20, 1, 0);
+    for (unsigned long long t = 1000000000; t <= 200000000000ull; t += 1000000000) {
+        trace_event(f, seq++, t, "alloc", 1, 0x10000000, 1 << 20, 1, 0);
+        trace_event(f, seq++, t + 500000000, "free", 1, 0x10000000, 1 << 20, 1, 0);
+    }
+    close_trace(f, seq - 1);
+}
+
+/* The HTML report's data on a long run (issue 32): past the bound, markers are thinned evenly
+ * (the first 2,000 were kept, so a later window had none) and the page is told how many went;
+ * the fine buckets hold a window's extremes; each process says where it ended. */
+static void test_html_long_run_data(void **state)
+{
+    (void)state;
+    long_run_trace("many.jsonl", 40000);
+    short_run_trace("short.jsonl");
+    struct result r = run("%s/tools/cuheap html -o many.html many.jsonl short.jsonl", build);
+    assert_int_equal(r.status, 0);
+    done(&r);
+    r = html_data("many.html",
+                  "(lambda g, h: (len(g['marks']) <= 16384, len(g['marks']) + g['marks_left_out'], "
+                  "g['marks'][-1][0] > 390e9, max(g['fine']['lmax'][k] for k, i in "
+                  "enumerate(g['fine']['i']) if 300.05e9 <= (i + 0.5) * d['end_ns'] / "
+                  "g['fine']['n'] <= 300.12e9), round(h['end_t'] / 1e9)))"
+                  "(d['processes'][0]['gpus'][0], d['processes'][1]['gpus'][0])");
+    /* 65 MiB in the window, though its coarse bucket holds the 1 GiB spike */
+    assert_string_equal(r.out, "(True, 40000, True, 68157440, 200)\n");
+    done(&r);
+}
+
+/* What a person sees of the HTML report in headless Chromium on a long run and on the
+ * 20-step demo (issue 32): marker labels that never overlap nor leave the plot (the demo's
+ * overlapped into a band, its last clipped), a note saying how many markers are not drawn
+ * (6,000 here), a zoom into 70 ms showing that window's extremes (it showed its coarse
+ * bucket's 1 GiB spike) and its marker, the live colour far from every call site's (both were
+ * blue), and the process that ended at 200 s drawn to there only (it ran on to the end). */
+static void test_html_long_run_in_chromium(void **state)
+{
+    (void)state;
+    long_run_trace("long.jsonl", 6000);
+    short_run_trace("short.jsonl");
+    struct result r = run(
+        FAKE
+        " %s/tools/cuheap run -o d.jsonl -- %s/tests/programs/cuheap-demo 20 >/dev/null "
+        "2>&1 && %s/tools/cuheap html -o long.html long.jsonl short.jsonl && "
+        "%s/tools/cuheap html -o d20.html d.jsonl && " CHROMIUM
+        "--v=0 --window-size=1200,1800 --dump-dom 'file://%s/long.html#selftest&zoom=300.05,"
+        "300.12' 2>long.err >long.dom; " CHROMIUM
+        "--v=0 --window-size=1200,1800 --dump-dom 'file://%s/d20.html#selftest' 2>>long.err "
+        ">>long.dom; grep -h CONSOLE long.err; "
+        "%s -c \"import re, html; d = open('long.dom').read(); "
+        "a = lambda k: [html.unescape(x) for x in re.findall(r'data-' + k + r'=.(.*?)\\\"', d)]; "
+        "l = [[int(v) for v in x.split()] for x in a('labels')]; z = a('zoom')[0].split(); "
+        "print(l[0][0] > 10, l[2][0] >= 10, sum(x[1] + x[2] for x in l)); "
+        "print(a('marknote')[0]); print(z[0], z[1], int(z[2]) >= 1, z[3]); "
+        "print(int(a('colours')[0]) > 100, 0.48 < float(a('lastcol')[1]) < 0.52)\"",
+        build, build, build, build, build, tmp, tmp, python);
+    /* labels: many on the long run, at least 10 of the demo's 20, none overlapping or outside;
+     * the note; the zoom: 1 MiB to 65 MiB, a marker, the fine buckets; colours; the end */
+    if (!strstr(r.out, "True True 0\n6000 markers in view: ") ||
+        !strstr(r.out, " not drawn (hover shows those near the cursor)\n"
+                       "1048576 68157440 True true\nTrue True\n"))
+        fail_msg("console messages; labels, note, zoom (min max markers fine), colour distance "
+                 "and where the short run ends:\n%s%s%s",
+                 r.out, r.err, slurp_in_tmp("long.err"));
+    done(&r);
+}
+
 static void test_diff_two_runs(void **state)
 {
     (void)state;
@@ -2002,6 +2123,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_top_prints_what_it_is_asked, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_hostile_labels, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_html_long_run_data, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_diff_two_runs, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_progress_only_on_a_terminal, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_chrome_time_window, fresh_dir, remove_dir),
@@ -2025,6 +2147,7 @@ int main(void)
         }
         const struct CMUnitTest chromium[] = {
             cmocka_unit_test_setup_teardown(test_html_renders_in_chromium, fresh_dir, remove_dir),
+            cmocka_unit_test_setup_teardown(test_html_long_run_in_chromium, fresh_dir, remove_dir),
         };
         return cmocka_run_group_tests(chromium, NULL, NULL);
     }
