@@ -7,15 +7,16 @@ Allocator State History) draw something, and Allocator State History can select 
 middle and last events without an exception (issue 13: "Cannot read properties of null
 (reading 'occupied')").
 
-    scripts/check-memviz-page.py [--memoryviz MemoryViz.js] [--d3 d3.v5.min.js] PAGE.html...
+    scripts/check-memviz-page.py --viz DIR [--d3 d3.v7.min.js] PAGE.html...
 
-The pages load MemoryViz.js, and it loads d3 v5, from CDNs; this runs offline, so the page is
-served from a temporary folder on 127.0.0.1 with those imports pointed at local copies:
-  MemoryViz.js  --memoryviz, else MemoryViz.js beside the page (scripts/gpu-run.sh viewers
-                copies PyTorch's there when its install has one), else the installed torch's
-                torch/utils/viz/MemoryViz.js; a page that carries the module inline needs none
-  d3 v5         --d3, else d3.v5.min.js from the mpld3 package (installed, or its wheel
-                fetched once with `pip download` into ~/.cache/cuheap)
+The pages import MemoryViz.js, and it imports d3 and its own modules, from the network; this
+fetches nothing: the page is served from a temporary folder on 127.0.0.1 with those imports
+pointed at the files of DIR, PyTorch's torch/utils/viz/ as a source tree of the version to
+check has it (MemoryViz.js and what it imports beside it, process_alloc_data.js today; the
+wheel ships neither), and at a d3 build of the major version MemoryViz.js imports (d3 v7
+today): --d3, else d3.v7.min.js or d3.min.js in DIR. Nothing of PyTorch's or d3's is kept in
+this repository. A page that carries the module inline needs only d3.
+
 Exit 0 when every page passes, 1 when one fails, 2 when a page cannot be checked.
 """
 import argparse
@@ -29,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import zipfile
 
 VIEWS = ["Active Memory Timeline", "Active Cached Segment Timeline", "Allocator State History"]
 
@@ -44,6 +44,7 @@ window.addEventListener('unhandledrejection', e => __cuheap.errors.push('rejecti
   const orig = console.error;
   console.error = (...a) => { __cuheap.errors.push('console.error: ' + a.join(' ')); orig.apply(console, a); };
 })();
+// the views are divs of <body>; their menus sit in a div of their own since d3 v7's page
 function __cuheap_visible() {
   return [...document.querySelectorAll('body > div')].filter(d => d.style.display !== 'none' && d.id !== 'cuheap-check');
 }
@@ -61,7 +62,7 @@ function __cuheap_wait(cond, then, tries = 600) {
   setTimeout(() => __cuheap_wait(cond, then, tries - 1), 50);
 }
 function __cuheap_run() {
-  const selects = document.querySelectorAll('body > select');
+  const selects = document.querySelectorAll('select');
   const view = selects[1];
   const names = VIEWS_JSON;
   let i = 0;
@@ -95,7 +96,7 @@ function __cuheap_run() {
   next();
 }
 window.addEventListener('load', () => __cuheap_wait(
-  () => document.querySelectorAll('body > select').length >= 3 && __cuheap_visible().some(d => d.querySelector('svg')),
+  () => document.querySelectorAll('select').length >= 3 && __cuheap_visible().some(d => d.querySelector('svg')),
   __cuheap_run));
 </script>
 """.replace("VIEWS_JSON", json.dumps(VIEWS))
@@ -106,7 +107,7 @@ MEMORYVIZ_URL = re.compile(r'(from\s*["\'])(https?://[^"\']*/MemoryViz\.js)(["\'
 
 
 def d3_locally(js):
-    """The CDN imports of d3 v5 and its modules, as names from the d3 bundle loaded before."""
+    """The CDN imports of d3 and its modules, as names from the d3 bundle loaded before."""
     js = D3_IMPORT.sub(lambda m: "const %s = window.d3;" % m.group(1), js)
 
     def named(m):
@@ -116,49 +117,46 @@ def d3_locally(js):
     return D3_NAMED.sub(named, js)
 
 
-def find_d3(given):
-    if given:
-        return given
-    try:
-        import mpld3  # noqa: F401 (only its files are used)
-
-        path = os.path.join(os.path.dirname(mpld3.__file__), "js", "d3.v5.min.js")
-        if os.path.exists(path):
-            return path
-    except ImportError:
-        pass
-    cache = os.path.join(os.path.expanduser("~"), ".cache", "cuheap")
-    path = os.path.join(cache, "d3.v5.min.js")
-    if os.path.exists(path):
-        return path
-    os.makedirs(cache, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
-                            "mpld3==0.5.12"], capture_output=True, text=True)
-        wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
-        if r.returncode or not wheels:
-            sys.exit("check-memviz-page: no d3 v5 (give --d3, or let pip download mpld3): "
-                     + r.stderr.strip()[-300:])
-        with zipfile.ZipFile(os.path.join(tmp, wheels[0])) as z, open(path, "wb") as out:
-            out.write(z.read("mpld3/js/d3.v5.min.js"))
-    return path
+RELATIVE_IMPORT = re.compile(r'from\s*["\']\./([\w.-]+\.js)["\']')
+D3_WANTED = re.compile(r'/d3@(\d+)')
+D3_VERSION = re.compile(r'd3js\.org v(\d+)\.')
 
 
-def find_memoryviz(given, page):
-    if given:
-        return given
-    beside = os.path.join(os.path.dirname(os.path.abspath(page)), "MemoryViz.js")
-    if os.path.exists(beside):
-        return beside
-    try:
-        import torch  # noqa: F401
+def missing(what):
+    print("check-memviz-page: " + what, file=sys.stderr)
+    sys.exit(2)
 
-        path = os.path.join(os.path.dirname(torch.__file__), "utils", "viz", "MemoryViz.js")
-        if os.path.exists(path):
-            return path
-    except ImportError:
-        pass
-    return None
+
+def viewer_files(viz, d3, need_viz):
+    """The files to serve beside the page: {name: text}, d3 under d3.js. Exits 2 naming what is
+    missing or of the wrong version."""
+    files = {}
+    if need_viz:
+        if not viz:
+            missing("the pages import MemoryViz.js from the network: give --viz DIR, the "
+                    "torch/utils/viz/ folder of a PyTorch source tree")
+        todo = ["MemoryViz.js"]
+        while todo:
+            name = todo.pop()
+            path = os.path.join(viz, name)
+            if not os.path.isfile(path):
+                why = "" if name == "MemoryViz.js" else ", which MemoryViz.js imports"
+                missing("%s is missing%s (--viz: the torch/utils/viz/ folder of a PyTorch "
+                        "source tree)" % (path, why))
+            files[name] = open(path, encoding="utf-8").read()
+            todo += [n for n in RELATIVE_IMPORT.findall(files[name]) if n not in files]
+    if not d3 and viz:
+        d3 = next((os.path.join(viz, n) for n in ("d3.v7.min.js", "d3.min.js")
+                   if os.path.isfile(os.path.join(viz, n))), None)
+    if not d3 or not os.path.isfile(d3):
+        missing("%s: no d3 build: give --d3 FILE, or put d3.v7.min.js in the --viz folder"
+                % (d3 or "--d3"))
+    files["d3.js"] = open(d3, encoding="utf-8").read()
+    wanted = D3_WANTED.search(files.get("MemoryViz.js", ""))
+    have = D3_VERSION.search(files["d3.js"][:300])
+    if wanted and have and wanted.group(1) != have.group(1):
+        missing("%s is d3 v%s; MemoryViz.js imports d3 v%s" % (d3, have.group(1), wanted.group(1)))
+    return files
 
 
 def chromium():
@@ -168,21 +166,15 @@ def chromium():
     sys.exit("check-memviz-page: no chromium (Debian: apt-get install chromium)")
 
 
-def check(page, memoryviz, d3, verbose):
+def check(page, files, verbose):
     html = open(page, encoding="utf-8").read()
     with tempfile.TemporaryDirectory() as tmp:
-        if MEMORYVIZ_URL.search(html):
-            mv = find_memoryviz(memoryviz, page)
-            if not mv:
-                print("%s: the page loads MemoryViz.js from the network: give --memoryviz "
-                      "(torch/utils/viz/MemoryViz.js of a PyTorch source tree)" % page)
-                return 2
-            with open(os.path.join(tmp, "MemoryViz.js"), "w", encoding="utf-8") as f:
-                f.write(d3_locally(open(mv, encoding="utf-8").read()))
-            html = MEMORYVIZ_URL.sub(lambda m: m.group(1) + "./MemoryViz.js" + m.group(3), html)
+        for name, text in files.items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                f.write(d3_locally(text) if name != "d3.js" else text)
+        html = MEMORYVIZ_URL.sub(lambda m: m.group(1) + "./MemoryViz.js" + m.group(3), html)
         html = d3_locally(html)
-        shutil.copy(d3, os.path.join(tmp, "d3.v5.min.js"))
-        inject = '<script src="./d3.v5.min.js"></script>' + DRIVER
+        inject = '<script src="./d3.js"></script>' + DRIVER
         at = html.find("<script")
         html = html[:at] + inject + html[at:] if at >= 0 else inject + html
         with open(os.path.join(tmp, "page.html"), "w", encoding="utf-8") as f:
@@ -244,19 +236,22 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--memoryviz", help="a local MemoryViz.js, for pages that load it from the network")
-    ap.add_argument("--d3", help="a local d3 v5 bundle (d3.v5.min.js)")
+    ap.add_argument("--viz", help="PyTorch's torch/utils/viz/ folder (MemoryViz.js and the "
+                    "modules it imports), and a d3 build unless --d3")
+    ap.add_argument("--d3", help="a d3 bundle of the version MemoryViz.js imports (d3.v7.min.js)")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("pages", nargs="+")
     a = ap.parse_args()
     for p in a.pages:
-        if not os.path.exists(p):
-            print("check-memviz-page: %s: no such file" % p, file=sys.stderr)
-            return 2
-    d3 = find_d3(a.d3)
+        if not os.path.isfile(p):
+            missing("%s: no such file" % p)
+    if a.viz and not os.path.isdir(a.viz):
+        missing("--viz %s: not a folder" % a.viz)
+    need_viz = any(MEMORYVIZ_URL.search(open(p, encoding="utf-8").read()) for p in a.pages)
+    files = viewer_files(a.viz, a.d3, need_viz)
     worst = 0
     for p in a.pages:
-        worst = max(worst, check(p, a.memoryviz, d3, a.verbose))
+        worst = max(worst, check(p, files, a.verbose))
     return worst
 
 

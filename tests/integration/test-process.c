@@ -993,6 +993,79 @@ static void test_html_hostile_labels(void **state)
     done(&r);
 }
 
+/* A stand-in for PyTorch's viewer, laid out as today's MemoryViz.js lays out its page (our own
+ * code, not PyTorch's): d3 v7 and a module of its own imported, its three menus in a div of
+ * their own (no longer children of <body>), each view a div of <body> with an SVG, Allocator
+ * State History with a list of events. Written to viz/, with a page that imports it as
+ * torch.cuda._memory_viz's pages do and a d3 "build" that names its version. */
+static void memviz_stand_in(const char *d3_version)
+{
+    struct result r = run(
+        "mkdir -p viz && cat > viz/MemoryViz.js <<'EOF'\n"
+        "import * as d3 from \"https://cdn.jsdelivr.net/npm/d3@7/+esm\";\n"
+        "import {scaleLinear} from \"https://cdn.jsdelivr.net/npm/d3-scale@4/+esm\";\n"
+        "import {names} from \"./process_alloc_data.js\";\n"
+        "const controls = document.body.appendChild(document.createElement('div'));\n"
+        "const sel = [0, 1, 2].map(() => controls.appendChild(document.createElement('select')));\n"
+        "for (const v of names) sel[1].appendChild(new Option(v));\n"
+        "const divs = {};\n"
+        "function show() {\n"
+        "  for (const d of Object.values(divs)) d.style.display = 'none';\n"
+        "  const v = sel[1].value;\n"
+        "  if (!divs[v]) {\n"
+        "    const d = divs[v] = document.body.appendChild(document.createElement('div'));\n"
+        "    const grid = d.appendChild(document.createElement('div'));\n"
+        "    grid.innerHTML = '<svg><rect width=\"' + scaleLinear(3) + '\"/></svg>';\n"
+        "    const list = grid.appendChild(document.createElement('div'));\n"
+        "    for (let i = 0; i < 3; i++) "
+        "list.appendChild(document.createElement('pre')).textContent = d3.v + i;\n"
+        "  }\n"
+        "  divs[v].style.display = 'flex';\n"
+        "}\n"
+        "sel[1].addEventListener('change', show);\n"
+        "export function add_local_files(files, view) { sel[1].value = view; show(); }\n"
+        "EOF\n"
+        "echo \"export const names = ['Active Memory Timeline', 'Active Cached Segment Timeline', "
+        "'Allocator State History'];\" > viz/process_alloc_data.js && "
+        "printf '// https://d3js.org v%s Copyright\\nwindow.d3 = {v: \"e\", scaleLinear: x => "
+        "x};\\n' "
+        "> viz/d3.v7.min.js && cat > page.html <<'EOF'\n"
+        "<!DOCTYPE html><html><head></head><body><script type=\"module\">\n"
+        "import {add_local_files} from \"https://cdn.jsdelivr.net/gh/pytorch/pytorch@main/torch/"
+        "utils/viz/MemoryViz.js\"\n"
+        "add_local_files([], 'Active Memory Timeline')\n"
+        "</script></body>\n"
+        "EOF\n",
+        d3_version);
+    assert_int_equal(r.status, 0);
+    done(&r);
+}
+
+/* scripts/check-memviz-page.py fetches nothing (it downloaded a d3 v5 with pip) and says in
+ * one line which of the viewer's files is missing, or of the wrong d3 version (issue 32). */
+static void test_memviz_page_check_names_what_is_missing(void **state)
+{
+    (void)state;
+    memviz_stand_in("5.16.0");
+    static const char *const cases[][2] = {
+        {"page.html", "the pages import MemoryViz.js from the network: give --viz DIR"},
+        {"--viz empty page.html", "empty/MemoryViz.js is missing (--viz"},
+        {"--viz noimport page.html",
+         "noimport/process_alloc_data.js is missing, which MemoryViz.js imports"},
+        {"--viz viz page.html", "viz/d3.v7.min.js is d3 v5; MemoryViz.js imports d3 v7"},
+        {"--viz viz nosuch.html", "nosuch.html: no such file"},
+    };
+    struct result w = run("mkdir empty noimport && cp viz/MemoryViz.js noimport/");
+    done(&w);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct result r = run("%s %s/scripts/check-memviz-page.py %s", python, source, cases[i][0]);
+        if (r.status != 2 || count_lines(r.err, "\n") != 1 || !strstr(r.err, cases[i][1]))
+            fail_msg("check-memviz-page.py %s: exit %d, said: %s%s(want: %s)", cases[i][0],
+                     r.status, r.out, r.err, cases[i][1]);
+        done(&r);
+    }
+}
+
 /* Its own profile folder: another Chromium on the machine (the default profile's lock) would
  * take the page over and leave this one with nothing. */
 #define CHROMIUM                                                                                   \
@@ -1063,6 +1136,19 @@ static void test_html_renders_in_chromium(void **state)
         fail_msg("console messages; svgs, live lines, marks, ooms, images, title, marks named:"
                  "\n%s%s%s",
                  r.out, r.err, slurp_in_tmp("hdom.err"));
+    done(&r);
+}
+
+/* scripts/check-memviz-page.py drives a viewer laid out as today's MemoryViz.js (its menus no
+ * longer children of <body>, which timed out "waiting for the page") through its three views
+ * and Allocator State History's events (issue 32). */
+static void test_memviz_page_check_in_chromium(void **state)
+{
+    (void)state;
+    memviz_stand_in("7.9.0");
+    struct result r = run("%s %s/scripts/check-memviz-page.py --viz viz page.html", python, source);
+    if (r.status || !strstr(r.out, "page.html: ok (Active Memory Timeline 1 marks; "))
+        fail_msg("exit %d:\n%s%s", r.status, r.out, r.err);
     done(&r);
 }
 
@@ -2117,6 +2203,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_memviz_history_is_consistent, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_memviz_actions, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_memviz_agrees_with_the_report, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_memviz_page_check_names_what_is_missing, fresh_dir,
+                                        remove_dir),
         cmocka_unit_test_setup_teardown(test_chrome_merge_keeps_ranks_apart, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_help_matches_readme, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_check_finds_damage, fresh_dir, remove_dir),
@@ -2148,6 +2236,8 @@ int main(void)
         const struct CMUnitTest chromium[] = {
             cmocka_unit_test_setup_teardown(test_html_renders_in_chromium, fresh_dir, remove_dir),
             cmocka_unit_test_setup_teardown(test_html_long_run_in_chromium, fresh_dir, remove_dir),
+            cmocka_unit_test_setup_teardown(test_memviz_page_check_in_chromium, fresh_dir,
+                                            remove_dir),
         };
         return cmocka_run_group_tests(chromium, NULL, NULL);
     }
