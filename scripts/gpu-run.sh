@@ -306,9 +306,10 @@ run_viewers() {
             say "memory_viz $cmd ($backing): exit $? $(head -c 300 "$out" | tr '\n' ' ')"
         done
     done
-    # The pages come back to be opened with scripts/check-memviz-page.py (headless Chromium,
-    # offline): trace_plot and segment_plot of each backing, and PyTorch's MemoryViz.js when
-    # its install has one (the pages otherwise load it from a CDN).
+    # The pages come back to be opened with scripts/check-memviz-page.py --viz DIR (headless
+    # Chromium, offline): trace_plot and segment_plot of each backing, and PyTorch's
+    # MemoryViz.js when its install has one (wheels ship none: DIR is then a source tree's
+    # torch/utils/viz/ with a d3 of the version it imports).
     mkdir -p "$OUT/memviz-pages"
     for backing in legacy vmm; do
         for cmd in trace_plot segment_plot; do
