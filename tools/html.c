@@ -12,10 +12,9 @@
  * column from min to max. They are kept at two resolutions: NR_BUCKETS over the whole run
  * (with the top call sites), and NR_FINE_PER times finer (only buckets that had events go to
  * the page), which a zoom draws once the coarse buckets grow wider than a pixel column: a
- * window then shows its own extremes, not its buckets' (an 82 ms step cycle in a 400 s run read
- * as a 0.8 s square wave from the coarse buckets). Markers are thinned evenly past
- * NR_MAX_MARKS (every second one kept, then every fourth, ...), so every window of a long run
- * keeps some; the page draws what fits and says how many it does not.
+ * window then shows its own extremes and cycles, not its buckets'. Markers are thinned
+ * evenly past NR_MAX_MARKS (every second one kept, then every fourth, ...), so every window of
+ * a long run keeps some; the page draws what fits and says how many it does not.
  */
 #include <inttypes.h>
 #include <stddef.h>
