@@ -523,6 +523,11 @@ MUTATIONS = [
      "an HTML bucket's band leaves out what held from its start to its first event",
      "the HTML report shows a long run as it was", "tools/html.c",
      "        b->live_min = b->live_max = before_live;", "        b->live_min = b->live_max = live;"),
+    ("html-fine-sites-missing",
+     "the HTML report's fine buckets carry no call-site bytes: a zoom's stacked areas show the "
+     "coarse buckets' ends, empty under a step's allocation",
+     "the HTML report shows a long run as it was", "tools/html.c",
+     "            memcpy(fs[group].v, vals, sizeof(vals));\n", ""),
     ("html-zoom-coarse-only",
      "a zoom into the HTML chart re-splits the coarse buckets: the window shows its buckets' "
      "extremes, not its own",

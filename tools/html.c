@@ -168,14 +168,27 @@ static json_t *u64_array(const struct bucket *b, size_t n, size_t offset)
     return a;
 }
 
-/* The fine buckets that had events, as parallel arrays (i: index): the page carries each
- * value forward over the buckets between, as device_json() does for the coarse ones. */
-static json_t *fine_json(const struct curve *f)
+struct fine_sites {
+    uint64_t v[NR_TOP_SITES]; /* the top sites' bytes when the events left the bucket */
+    bool set;                 /* a group of the log: the events left it */
+};
+
+/* The fine buckets that had events, as parallel arrays (i: index; s: the top sites' bytes, per
+ * site): the page carries each value forward over the buckets between, as device_json() does
+ * for the coarse ones. A bucket whose events left no group (time went back) holds the sites'
+ * bytes of the group before it. */
+static json_t *fine_json(const struct curve *f, const struct fine_sites *fs, size_t nr_top)
 {
-    json_t *idx = json_array(), *v[6];
+    json_t *idx = json_array(), *v[6], *sv = json_array(), *sa[NR_TOP_SITES];
     for (size_t k = 0; k < 6; k++)
         v[k] = json_array();
+    for (size_t k = 0; k < nr_top; k++)
+        json_array_append_new(sv, sa[k] = json_array());
+    static const uint64_t none[NR_TOP_SITES];
+    const uint64_t *held = none;
     for (size_t i = 0; i < NR_FINE; i++) {
+        if (fs[i].set)
+            held = fs[i].v;
         if (f[i].latest_t == UINT64_MAX)
             continue;
         const uint64_t x[6] = {f[i].live_min, f[i].live_max, f[i].live_last,
@@ -183,9 +196,12 @@ static json_t *fine_json(const struct curve *f)
         json_array_append_new(idx, json_integer((json_int_t)i));
         for (size_t k = 0; k < 6; k++)
             json_array_append_new(v[k], jbytes(x[k]));
+        for (size_t k = 0; k < nr_top; k++)
+            json_array_append_new(sa[k], jbytes(held[k]));
     }
-    return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "n", NR_FINE, "i", idx, "lmin",
-                     v[0], "lmax", v[1], "llast", v[2], "rmin", v[3], "rmax", v[4], "rlast", v[5]);
+    return json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "n", NR_FINE, "i", idx,
+                     "lmin", v[0], "lmax", v[1], "llast", v[2], "rmin", v[3], "rmax", v[4], "rlast",
+                     v[5], "s", sv);
 }
 
 /* ---- the charts, built while the trace is read ----
@@ -218,7 +234,7 @@ struct chart_dev {
     struct bucket *b;   /* NR_BUCKETS, from the device's first event on */
     struct curve *fine; /* NR_FINE, with b */
     uint64_t live, res; /* after the device's latest event */
-    uint32_t cur;       /* bucket of the latest event that set a bucket's last value */
+    uint32_t cur;       /* fine bucket of the latest event that set a bucket's last value */
     uint32_t *dirty;    /* sites changed since the last move to another bucket */
     size_t nr_dirty, cap_dirty;
     struct log_entry *log;
@@ -363,16 +379,16 @@ void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
     double qf = q * NR_FINE_PER;
     size_t kf = qf < (double)NR_FINE ? (size_t)qf : NR_FINE - 1;
     struct chart_dev *cd = chart_dev_of(c, e->device);
-    if (cd && moves && cd->b && k != cd->cur &&
-        (cd->b[k].c.latest_t == UINT64_MAX || at >= cd->b[k].c.latest_t)) {
+    if (cd && moves && cd->b && kf != cd->cur &&
+        (cd->fine[kf].latest_t == UINT64_MAX || at >= cd->fine[kf].latest_t)) {
         flush(c, cd); /* before this event's change: the state the bucket left */
-        cd->cur = (uint32_t)k;
+        cd->cur = (uint32_t)kf;
     }
     summarize_event(s, e);
     if (!cd && e->device >= 0) /* the summary may have just met the device */
         cd = chart_dev_of(c, e->device);
     if (cd && moves && !cd->b) {
-        cd->b = malloc(NR_BUCKETS * sizeof(*cd->b));
+        cd->b = calloc(NR_BUCKETS, sizeof(*cd->b));
         cd->fine = malloc(NR_FINE * sizeof(*cd->fine));
         if (!cd->b || !cd->fine) {
             free(cd->b);
@@ -386,7 +402,7 @@ void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
             cd->b[i].c.latest_t = UINT64_MAX;
         for (size_t i = 0; i < NR_FINE; i++)
             cd->fine[i].latest_t = UINT64_MAX;
-        cd->cur = (uint32_t)k;
+        cd->cur = (uint32_t)kf;
     }
     /* the sites it changed, each logged at the next move by its own device */
     for (unsigned i = 0; i < s->nr_changed; i++) {
@@ -475,13 +491,22 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
     struct site *sites;
     size_t nr_sites = collect_sites(t, s, SITES_AT_PEAK, d->device, &sites);
     size_t nr_top = nr_sites < NR_TOP_SITES ? nr_sites : NR_TOP_SITES;
-    /* the log, replayed for the top sites: each group sets its bucket's values */
+    /* the log, replayed for the top sites: each group sets its fine bucket's values, and so
+     * those of the bucket it lies in */
+    struct fine_sites *fs = calloc(NR_FINE, sizeof(*fs));
+    if (!fs) {
+        free(sites);
+        return NULL;
+    }
     uint64_t vals[NR_TOP_SITES] = {0};
     uint32_t group = NO_BUCKET;
     for (size_t i = 0; i <= cd->nr_log; i++) {
         const struct log_entry *l = i < cd->nr_log ? &cd->log[i] : NULL;
-        if ((!l || l->site == NO_SITE) && group != NO_BUCKET)
-            memcpy(b[group].site, vals, sizeof(vals));
+        if ((!l || l->site == NO_SITE) && group != NO_BUCKET) {
+            memcpy(fs[group].v, vals, sizeof(vals));
+            fs[group].set = true;
+            memcpy(b[group / NR_FINE_PER].site, vals, sizeof(vals));
+        }
         if (!l)
             break;
         if (l->site == NO_SITE) {
@@ -543,7 +568,8 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
         u64_array(b, NR_BUCKETS, offsetof(struct curve, res_last)), "sites", top, "marks", c->marks,
         "ooms", ooms, "marks_left_out", (json_int_t)(c->nr_marks - json_array_size(c->marks)),
         "mark_stride", (json_int_t)c->mark_stride, "end_t", (json_int_t)(t->max_t + c->offset_ns),
-        "fine", fine_json(cd->fine));
+        "fine", fine_json(cd->fine, fs, nr_top));
+    free(fs);
     return dev;
 }
 
@@ -648,10 +674,12 @@ static const char *const SCRIPT[] = {
     "*/\n",
     "function fineLevel(g){if(g._fine)return g._fine;const f=g.fine,n=f.n,o={n};\n",
     "for(const k of['lmin','lmax','llast','rmin','rmax','rlast'])o[k]=new Float64Array(n);\n",
-    "let j=0,l=0,r=0;for(let i=0;i<n;i++){if(j<f.i.length&&f.i[j]===i){for(const k "
+    "o.s=f.s.map(()=>new Float64Array(n));const sv=f.s.map(()=>0);let j=0,l=0,r=0;\n",
+    "for(let i=0;i<n;i++){if(j<f.i.length&&f.i[j]===i){for(const k "
     "of['lmin','lmax','rmin','rmax'])o[k][i]=f[k][j];\n",
-    "l=f.llast[j];r=f.rlast[j];j++;}else{o.lmin[i]=o.lmax[i]=l;o.rmin[i]=o.rmax[i]=r;}o.llast[i]=l;"
-    "o.rlast[i]=r;}\n",
+    "l=f.llast[j];r=f.rlast[j];f.s.forEach((a,k)=>{sv[k]=a[j];});j++;}else{o.lmin[i]=o.lmax[i]=l;o."
+    "rmin[i]=o.rmax[i]=r;}\n",
+    "o.llast[i]=l;o.rlast[i]=r;sv.forEach((v,k)=>{o.s[k][i]=v;});}\n",
     "return g._fine=o;}\n",
     "function draw(box,g,view){\n",
     " box.textContent='';const n0=g.live_max.length,span0=DATA.end_ns/n0;\n",
@@ -672,8 +700,8 @@ static const char *const SCRIPT[] = {
     " if(i0>=i1||t0>end){col.push(null);continue;}const "
     "ci=Math.min(n0-1,Math.floor((i1-1)/per));\n",
     " const "
-    "o={lmin:Infinity,lmax:0,rmin:Infinity,rmax:0,l:lv.llast[i1-1],r:lv.rlast[i1-1],s:g.sites.map("
-    "s=>s.values[ci])};\n",
+    "o={lmin:Infinity,lmax:0,rmin:Infinity,rmax:0,l:lv.llast[i1-1],r:lv.rlast[i1-1],"
+    "s:fine?lv.s.map(a=>a[i1-1]):g.sites.map(s=>s.values[ci])};\n",
     " for(let "
     "i=i0;i<i1;i++){o.lmin=Math.min(o.lmin,lv.lmin[i]);o.lmax=Math.max(o.lmax,lv.lmax[i]);o.rmin="
     "Math.min(o.rmin,lv.rmin[i]);o.rmax=Math.max(o.rmax,lv.rmax[i]);}\n",
