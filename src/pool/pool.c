@@ -436,9 +436,9 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
         tc_get_locked(p); /* this thread's next frees need no lock */
     uint64_t bases[CUHEAP_NR_SPARE_MAX], sizes[CUHEAP_NR_SPARE_MAX];
     unsigned nr = 0;
-    if (p->vmm && p->cfg->release == CUHEAP_RELEASE_EMPTY) /* idle granules go back at once, */
+    if (p->cfg->release == CUHEAP_RELEASE_EMPTY && p->vmm) /* idle granules go back at once, */
         release_idle_locked(p, p->cfg->pool_init + p->cfg->vmm_cushion); /* but a cushion */
-    else
+    else if (p->cfg->release == CUHEAP_RELEASE_EMPTY)
         nr = unlink_spare_locked(p, bases, sizes);
     pool_unlock(p);
     if (nr)
