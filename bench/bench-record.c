@@ -24,18 +24,10 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "cupti_audit.h"
 #include "recorder.h"
 #include "ring.h"
 #include "stacktab.h"
 #include "unwind.h"
-
-/* The audit is not part of this benchmark. */
-atomic_bool cuheap_auditing;
-void cuheap_audit_note(const struct cuheap_rec *r)
-{
-    (void)r;
-}
 
 static uint64_t now_ns(void)
 {

@@ -355,6 +355,8 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 
 void cuheap_audit_note(const struct cuheap_rec *r)
 {
+    if (!atomic_load_explicit(&cuheap_auditing, memory_order_relaxed))
+        return;
     struct cuheap_audit_seen s = {.op = CUHEAP_AUDIT_ALLOC,
                                   .device = r->device,
                                   .addr = r->ptr,

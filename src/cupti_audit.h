@@ -14,7 +14,8 @@
 #include "config.h"
 #include "recorder.h"
 
-/* Set while the audit runs: cuheap_record() then hands each event to cuheap_audit_note(). */
+/* Set while the audit runs: cuheap_audit_note() (the recorder's tap, set by the runtime) then
+ * matches each event the hooks record. */
 extern atomic_bool cuheap_auditing;
 
 /* Open CUPTI and subscribe (at start-up, on the thread that boots cuheap). */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The thread's re-entry guard, one for all of cuheap (defined in runtime.c). Set while this
+ * The thread's re-entry guard, one for all of cuheap (guard.c). Set while this
  * thread works inside cuheap: a hook, cuheap_mark, an NVTX callback, the audit's start and
  * stop. A hook reached meanwhile on the same thread (cuheap calling the driver, a signal
  * handler that allocates) finds cuheap_boot() false and goes straight to the driver instead

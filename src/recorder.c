@@ -24,7 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cupti_audit.h"
 #include "log.h"
 #include "pyframes.h"
 #include "recorder_internal.h"
@@ -93,11 +92,19 @@ static bool is_oom(const struct cuheap_rec *r)
     return r->type == CUHEAP_EV_OOM || r->type == CUHEAP_EV_LIMIT;
 }
 
+static _Atomic(cuheap_record_tap_fn) record_tap;
+
+void cuheap_recorder_set_tap(cuheap_record_tap_fn tap)
+{
+    atomic_store_explicit(&record_tap, tap, memory_order_release);
+}
+
 void cuheap_record(const struct cuheap_rec *r)
 {
     /* the audit's view of the hooks: every event, before the ring can drop it */
-    if (atomic_load_explicit(&cuheap_auditing, memory_order_relaxed))
-        cuheap_audit_note(r);
+    cuheap_record_tap_fn tap = atomic_load_explicit(&record_tap, memory_order_acquire);
+    if (tap)
+        tap(r);
     if (!atomic_load_explicit(&cuheap_recorder_on, memory_order_relaxed)) {
         if (is_oom(r))
             cuheap_recorder_oom_unseen(r, cuheap_recorder.cfg && !cuheap_recorder.cfg->record

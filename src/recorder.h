@@ -55,6 +55,12 @@ bool cuheap_recorder_pause(bool pause);
  * call sites holding the most, or here when the writer will not see it. */
 void cuheap_record(const struct cuheap_rec *r);
 
+/* A function that sees every event cuheap_record() is given, before the ring can drop it (the
+ * audit's view of the hooks): the runtime sets it, so that the recorder calls into nothing
+ * above it. NULL: none. */
+typedef void (*cuheap_record_tap_fn)(const struct cuheap_rec *r);
+void cuheap_recorder_set_tap(cuheap_record_tap_fn tap);
+
 /* A mark (a user's, an NVTX label, a context's end) on device (-1: none). */
 static inline void cuheap_record_mark(int device, const char *label)
 {

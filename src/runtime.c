@@ -34,8 +34,6 @@ atomic_bool cuheap_booted;
 _Static_assert(CUHEAP_NR_MAX_DEVICES == CUHEAP_NR_COUNTED_DEVICES,
                "each device record has its pending-live counter");
 
-__thread int cuheap_busy __attribute__((tls_model("initial-exec")));
-
 /* Start-up and fork. boot() runs under boot_lock, and every fork takes boot_lock before the
  * child is made, so a fork on one thread while another starts cuheap waits for the start to
  * end: a child made halfway through inherited the trace writer's lock held by a writer it
@@ -106,6 +104,7 @@ static void exit_stop(void)
     if (!first || !atomic_load(&cuheap_booted))
         return;
     cuheap_audit_stop(); /* its misses and verdict go into the trace before it closes */
+    cuheap_recorder_set_tap(NULL);
     cuheap_recorder_stop();
     /* after the stop, which waits for a child's trace being opened on another thread */
     if (cuheap_cfg.summary && !cuheap_recorder_idle_child())
@@ -297,8 +296,10 @@ static void *boot_once_now(void *arg)
     /* After booted and outside boot_lock: CUPTI's set-up may start threads that reach a hook
      * (they must find cuheap started, not wait for it), and may register fork handlers of
      * its own (pthread_atfork under boot_lock could wait for a fork waiting for boot_lock). */
-    if (now && atomic_load(&cuheap_booted) && !atomic_load(&exit_began))
+    if (now && atomic_load(&cuheap_booted) && !atomic_load(&exit_began)) {
+        cuheap_recorder_set_tap(cuheap_audit_note); /* the hooks' events, as they are recorded */
         cuheap_audit_start(&cuheap_cfg);
+    }
     return NULL;
 }
 
