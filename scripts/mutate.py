@@ -332,12 +332,6 @@ MUTATIONS = [
      "no lock held across a driver call", "src/pool/internal.h",
      "    pool_locks_held--;\n    pthread_mutex_unlock(&p->lock);",
      "    pthread_mutex_unlock(&p->lock);"),
-    ("two-mappers-at-once",
-     "vmm: a second thread makes mapping calls while another's are in flight, on memory the "
-     "first has not published yet",
-     "one mapping call at a time, on memory nobody else touches", "src/pool/phys.c",
-     "    if (p->mapping)\n        return false;\n    p->mapping = true;",
-     "    p->mapping = true;"),
     ("vmm-failure-not-retried",
      "vmm: a map (or set-access) the driver fails once is not tried again: one transient failure "
      "gives the backing up",

@@ -40,6 +40,7 @@ struct host_device {
     /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
      * does a device sync while syncs_gated */
     bool gated, waiting, syncs_gated, maps_gated;
+    int nr_at_map_gate; /* maps that found maps_gated set (each blocked until it opened) */
     /* calls that may take long made while the calling thread held a pool lock (the pool's lock
      * rule: decide under it, call with it dropped); every test's teardown fails on one */
     int nr_under_lock;
@@ -177,6 +178,8 @@ static int hd_phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t h)
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
     hd_unlocked(d, "cuMemMap");
+    if (d->maps_gated)
+        d->nr_at_map_gate++;
     while (d->maps_gated) {
         d->waiting = true;
         pthread_cond_wait(&d->gate, &d->lock);
@@ -1937,6 +1940,9 @@ static void test_mapping_call_leaves_pool_unlocked(void **state)
     int broken = others_went_on ? cuheap_pool_check(&f->pool, why, sizeof(why)) : 0;
     pthread_create(&ts, NULL, sized_alloc_thread, &second);
     usleep(20000);
+    pthread_mutex_lock(&f->dev.lock);
+    int at_gate = f->dev.nr_at_map_gate; /* the first's map only: the second waits its turn */
+    pthread_mutex_unlock(&f->dev.lock);
     bool second_waited = !atomic_load(&second.done);
     open_gate(f);
     pthread_join(tb, NULL);
@@ -1946,6 +1952,7 @@ static void test_mapping_call_leaves_pool_unlocked(void **state)
     assert_true(others_went_on);
     assert_int_equal(pairs.failed, 0);
     assert_true(second_waited); /* one mapping call at a time: the second after the first */
+    assert_int_equal(at_gate, 1);
     if (broken)
         fail_msg("pool invariant during a mapping call: %s", why);
     assert_int_equal(big.result, 0);
