@@ -24,11 +24,14 @@
 
 struct cuheap_device {
     _Atomic(CUcontext) ctx; /* NULL until the record is complete */
+    /* read by every pooled allocation: with the fields written only when the record is made,
+     * off the line of the byte counts below, which every large pair writes */
+    struct cuheap_pool *pool; /* made with the record, never freed */
     int ordinal;
-    unsigned index;            /* in the table: CUHEAP_CTR_LIVE + index is its pending live */
-    uint64_t total;            /* bytes on the device */
-    uint64_t limit;            /* CUHEAP_LIMIT in bytes, 0 = none */
-    _Atomic uint64_t reserved; /* bytes held from the driver through cuheap */
+    unsigned index; /* in the table: CUHEAP_CTR_LIVE + index is its pending live */
+    uint64_t total; /* bytes on the device */
+    uint64_t limit; /* CUHEAP_LIMIT in bytes, 0 = none */
+    _Alignas(64) _Atomic uint64_t reserved; /* bytes held from the driver through cuheap */
     /* Bytes the program holds (requested sizes), less what threads still hold back in their
      * CUHEAP_CTR_LIVE + index counters (each under CUHEAP_LIVE_BATCH in magnitude; read the
      * total with cuheap_device_live()). Wraps below 0 while frees are added before the
@@ -38,8 +41,7 @@ struct cuheap_device {
      * pending bytes) x CUHEAP_LIVE_BATCH of the true peak, exact for requests that large. */
     _Atomic uint64_t peak_live;
     _Atomic uint64_t peak_reserved;
-    struct cuheap_pool *pool;       /* made with the record, never freed */
-    struct cuheap_cuda_device cuda; /* the pool's backend's own state */
+    _Alignas(64) struct cuheap_cuda_device cuda; /* the pool's backend's own state */
 };
 
 extern struct cuheap_config cuheap_cfg;
