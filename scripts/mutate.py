@@ -629,7 +629,7 @@ MUTATIONS = [
      "handed it again into the pass-through map (the new allocation's entry is taken)",
      "the summary's allocations and frees match", "src/alloc.c",
      "    if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */\n"
-     "        cuheap_defer_settle();\n    uint64_t seq",
+     "        cuheap_defer_settle_now();\n    uint64_t seq",
      "    uint64_t seq"),
     ("oom-told-every-time",
      "every out-of-memory the writer sees is described in full on stderr, not only the first "

@@ -11,7 +11,6 @@
 
 #include "addrmap.h"
 #include "config.h"
-#include "defer.h"
 #include "log.h"
 
 static uint8_t capture_flag(void)
@@ -139,7 +138,7 @@ CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint
         return r;
     }
     if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */
-        cuheap_defer_settle();
+        cuheap_defer_settle_now();
     uint64_t seq = cuheap_event_seq();
     struct cuheap_addr_entry e = {key, size, actual, (int16_t)(device_mem && d ? d->ordinal : -1),
                                   (uint8_t)api};
@@ -157,7 +156,7 @@ CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint
 void cuheap_passthru_free_begin(struct cuheap_passthru_free *f, uint64_t key)
 {
     if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */
-        cuheap_defer_settle();
+        cuheap_defer_settle_now();
     memset(f, 0, sizeof(*f));
     f->known = cuheap_addrmap_take(&cuheap_passthru, key, &f->entry) == 0;
     f->seq = cuheap_event_seq();

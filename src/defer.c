@@ -36,7 +36,6 @@ struct deferred {
     uint8_t api;     /* enum cuheap_api */
 };
 
-__thread struct cuheap_defer_count cuheap_deferred __attribute__((tls_model("initial-exec")));
 static __thread struct deferred slots[CUHEAP_NR_DEFERRED]
     __attribute__((tls_model("initial-exec")));
 static __thread bool settling __attribute__((tls_model("initial-exec")));
@@ -59,6 +58,8 @@ static bool push(const struct deferred *e)
         }
     } while (!atomic_compare_exchange_weak_explicit(&cuheap_deferred.pushed, &t, t + 1,
                                                     memory_order_relaxed, memory_order_relaxed));
+    /* before the entry counts for anything: the guard works it off through this */
+    atomic_store_explicit(&cuheap_defer_settle_fn, cuheap_defer_settle, memory_order_relaxed);
     slots[t % CUHEAP_NR_DEFERRED] = *e;
     atomic_signal_fence(memory_order_seq_cst); /* filled before the handler returns */
     return true;
@@ -134,23 +135,8 @@ void cuheap_defer_settle(void)
         settle(&e);
     }
     settling = false;
-}
-
-void cuheap_defer_drain(void)
-{
-    do {
-        cuheap_busy = 1;
-        cuheap_defer_settle();
-        cuheap_busy = 0;
-        atomic_signal_fence(memory_order_seq_cst);
-    } while (cuheap_defer_pending());
     if (atomic_load_explicit(&nr_full, memory_order_relaxed))
         cuheap_log_once("calls made inside a signal handler while cuheap worked on the same "
                         "thread went to the driver alone: more than %d at once",
                         CUHEAP_NR_DEFERRED);
-}
-
-void cuheap_defer_atfork_child(void)
-{
-    atomic_store(&cuheap_deferred.done, atomic_load(&cuheap_deferred.pushed));
 }

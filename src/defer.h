@@ -45,12 +45,8 @@ void cuheap_defer_alloc(int api, uint64_t key, uint64_t size, uint64_t actual, u
 /* The driver freed key for a nested call: leave its book-keeping. */
 void cuheap_defer_freed(int api, uint64_t key, uint64_t stream);
 
-/* Guard set: settle now what nested calls left, before this thread changes the pass-through
- * map, so that the map sees its calls in the order they were made (a handler's driver free
- * of an address that the interrupted call then gets from the driver). */
+/* Guard set: settle now what nested calls left (the guard's cuheap_defer_settle_now() calls
+ * it, through the pointer push() leaves it). */
 void cuheap_defer_settle(void);
-
-/* A forked child: the entries were the parent's (its pools and map are forgotten). */
-void cuheap_defer_atfork_child(void);
 
 #endif

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The thread's re-entry guard, one for all of cuheap (guard.c). Set while this
+ * The thread's re-entry guard, one for all of cuheap (guard.c), and the count of what nested
+ * calls left for the thread. Set while this
  * thread works inside cuheap: a hook, cuheap_mark, an NVTX callback, the audit's start and
  * stop. A hook reached meanwhile on the same thread (cuheap calling the driver, a signal
  * handler that allocates) finds cuheap_boot() false and goes straight to the driver instead
@@ -31,8 +32,26 @@ static inline bool cuheap_defer_pending(void)
            atomic_load_explicit(&cuheap_deferred.done, memory_order_relaxed);
 }
 
-/* Work off this thread's list (defer.c); called with the guard clear. */
+/* What works the list off (defer.c's cuheap_defer_settle), left here by the first entry
+ * pushed: the layers below defer.c (the allocation layer, the runtime) reach it only through
+ * the guard, and no entry is pending before it is set. */
+extern void (*_Atomic cuheap_defer_settle_fn)(void);
+
+/* Guard set: settle now what nested calls left, before this thread changes the pass-through
+ * map, so that the map sees its calls in the order they were made (a handler's driver free
+ * of an address that the interrupted call then gets from the driver). */
+static inline void cuheap_defer_settle_now(void)
+{
+    void (*settle)(void) = atomic_load_explicit(&cuheap_defer_settle_fn, memory_order_relaxed);
+    if (settle)
+        settle();
+}
+
+/* Work off this thread's list; called with the guard clear (guard.c). */
 void cuheap_defer_drain(void);
+
+/* A forked child: the entries were the parent's (its pools and map are forgotten). */
+void cuheap_defer_atfork_child(void);
 
 /* Clear the guard, then do what calls nested meanwhile left. Cleared first: a handler that
  * runs after the look finds the guard clear and does its own work in full. */

@@ -29,7 +29,6 @@
 #include "recorder_internal.h"
 #include "unwind.h"
 
-struct cuheap_recorder_state cuheap_recorder = {.io_lock = PTHREAD_MUTEX_INITIALIZER};
 atomic_bool cuheap_recorder_on;
 /* cuheap_set_recording(0): events other than marks stop at the door, before their stacks. */
 static atomic_bool paused;
@@ -211,16 +210,6 @@ void cuheap_recorder_device(int ordinal, const char *name, uint64_t total)
     snprintf(d->name, sizeof(d->name), "%s", name);
     d->total = total;
     atomic_store(&d->state, 1);
-}
-
-uint64_t cuheap_recorder_nr_dropped(void)
-{
-    uint64_t n =
-        atomic_load(&cuheap_recorder.ring.nr_dropped) + atomic_load(&cuheap_recorder.nr_late);
-    if (!atomic_load(&cuheap_recorder.accepting))
-        n += atomic_load(&cuheap_recorder.ring.nr_pushed) -
-             atomic_load(&cuheap_recorder.nr_consumed);
-    return n;
 }
 
 static bool start_writer(void)

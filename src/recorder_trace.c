@@ -23,6 +23,45 @@
 #include "recorder_internal.h"
 #include "unwind.h"
 
+/* The recorder's state, shared by its parts (recorder_internal.h): defined here, at the bottom
+ * of the recorder, which the other parts call into and which calls into none of them. */
+struct cuheap_recorder_state cuheap_recorder = {.io_lock = PTHREAD_MUTEX_INITIALIZER};
+
+uint64_t cuheap_recorder_nr_dropped(void)
+{
+    uint64_t n =
+        atomic_load(&cuheap_recorder.ring.nr_dropped) + atomic_load(&cuheap_recorder.nr_late);
+    if (!atomic_load(&cuheap_recorder.accepting))
+        n += atomic_load(&cuheap_recorder.ring.nr_pushed) -
+             atomic_load(&cuheap_recorder.nr_consumed);
+    return n;
+}
+
+void cuheap_recorder_put_line(json_t *obj)
+{
+    if (cuheap_recorder.out && !cuheap_recorder.write_failed) {
+        json_dumpf(obj, cuheap_recorder.out, JSON_COMPACT);
+        fputc('\n', cuheap_recorder.out);
+    }
+    json_decref(obj);
+}
+
+/* A JSON string of text from outside (a path, the command line, a label, a host name):
+ * jansson refuses bytes that are not UTF-8, and a refused string used to empty a label or
+ * lose the whole header, so those bytes become U+FFFD. Never NULL but on exhaustion. */
+json_t *cuheap_recorder_json_text(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    if (j)
+        return j;
+    char *clean = malloc(3 * strlen(s) + 1);
+    if (!clean)
+        return json_string("?");
+    j = json_string(cuheap_utf8_clean(s, clean));
+    free(clean);
+    return j;
+}
+
 #define TRACE_FORMAT_VERSION 1
 
 static char out_buf[1 << 20]; /* the trace's stdio buffer: written out every CUHEAP_FLUSH_MS */

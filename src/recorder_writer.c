@@ -26,31 +26,6 @@
 
 #define CHROME_STACK_FRAMES 16
 
-void cuheap_recorder_put_line(json_t *obj)
-{
-    if (cuheap_recorder.out && !cuheap_recorder.write_failed) {
-        json_dumpf(obj, cuheap_recorder.out, JSON_COMPACT);
-        fputc('\n', cuheap_recorder.out);
-    }
-    json_decref(obj);
-}
-
-/* A JSON string of text from outside (a path, the command line, a label, a host name):
- * jansson refuses bytes that are not UTF-8, and a refused string used to empty a label or
- * lose the whole header, so those bytes become U+FFFD. Never NULL but on exhaustion. */
-json_t *cuheap_recorder_json_text(const char *s)
-{
-    json_t *j = json_string(s ? s : "");
-    if (j)
-        return j;
-    char *clean = malloc(3 * strlen(s) + 1);
-    if (!clean)
-        return json_string("?");
-    j = json_string(cuheap_utf8_clean(s, clean));
-    free(clean);
-    return j;
-}
-
 static const char *module_path(const Dl_info *info)
 {
     if (info->dli_fname[0] != '/' && cuheap_recorder.exe_path[0] &&

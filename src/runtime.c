@@ -20,7 +20,6 @@
 #include <time.h>
 
 #include "cupti_audit.h"
-#include "defer.h"
 #include "event.h"
 #include "log.h"
 #include "pyframes.h"
