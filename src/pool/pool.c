@@ -583,6 +583,20 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     pool_unlock(p);
 }
 
+/* Every list of freed blocks emptied, nothing given back: the memory is gone (a context's
+ * end, a fork's child). */
+static void drop_lists(struct cuheap_pool *p)
+{
+    memset(p->epochs, 0, sizeof(p->epochs));
+    p->syncing = NULL;
+    memset(p->caches, 0, sizeof(p->caches));
+    memset(p->quick, 0, sizeof(p->quick));
+    p->quick_bytes = 0;
+    p->nr_whole = 0;
+    p->pending_mapped = 0;
+    p->ep_head = p->ep_tail = 0;
+}
+
 uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
 {
     pool_lock(p);
@@ -631,15 +645,9 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     atomic_store(&p->nr_idle_tl, 0);
     p->st.nr_hits = keep_hits;
     p->st.nr_misses = keep_misses;
-    memset(p->epochs, 0, sizeof(p->epochs)); /* their events died with the context */
-    p->syncing = NULL; /* a thread syncing for some finds them gone and drops them */
+    drop_lists(p); /* their events died with the context; a thread syncing for some finds
+                      them gone and drops them */
     pthread_cond_broadcast(&p->synced);
-    memset(p->caches, 0, sizeof(p->caches));
-    memset(p->quick, 0, sizeof(p->quick));
-    p->quick_bytes = 0;
-    p->nr_whole = 0;
-    p->pending_mapped = 0;
-    p->ep_head = p->ep_tail = 0;
     dev_forget(p);
     tl_leave(&p->tl);
     tc_unhold_all(p);
@@ -667,14 +675,7 @@ void cuheap_pool_forget(struct cuheap_pool *p)
     memset(&p->st, 0, sizeof(p->st));
     atomic_store(&p->nr_idle_tl, 0);
     atomic_store(&p->fences_refused, false); /* the child's contexts are its own */
-    memset(p->epochs, 0, sizeof(p->epochs));
-    p->syncing = NULL; /* on the stack of a thread the fork left behind */
-    memset(p->caches, 0, sizeof(p->caches));
-    memset(p->quick, 0, sizeof(p->quick));
-    p->quick_bytes = 0;
-    p->nr_whole = 0;
-    p->pending_mapped = 0;
-    p->ep_head = p->ep_tail = 0;
+    drop_lists(p); /* a syncing list is on the stack of a thread the fork left behind */
     pool_lock_init(p);
     pthread_cond_init(&p->synced, NULL);
     pthread_cond_init(&p->mapped, NULL);
