@@ -25,6 +25,10 @@
 #                                allocator: step time, held/live, driver calls
 #   scripts/gpu-run.sh side      the gpu suite, then this build against gpu-bundle/old/ side by
 #                                side: 16 threads at 512 B and 2 MiB, the GPT loop (caching off)
+#   scripts/gpu-run.sh steady    issue 31: the gpu suite, the churn workloads (bench-churn) under
+#                                the driver alone, this build and gpu-bundle/old/ (vmm, legacy),
+#                                then the GPT loop: caching allocator, caching off under both
+#                                builds and backings, caching on + cuheap, cuheap as pluggable
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -420,6 +424,33 @@ run_side() {
     grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
 }
 
+run_steady() {
+    if [ "${STEADY_TESTS:-1}" = 1 ]; then
+        run_tests
+        say "gpu suite: $(grep -c '^ok' "$OUT/gpu-suite.log") ok, $(grep -c '^not ok' "$OUT/gpu-suite.log") not ok"
+    fi
+    local libs="new=$PRE" lib w r backing out
+    [ -f "$B/old/libcuheap.so" ] && libs="old=$B/old/libcuheap.so $libs"
+    for r in $(seq "${STEADY_CHURN_RUNS:-2}"); do
+        for w in ${STEADY_WORKLOADS:-streams alternate grow-shrink}; do
+            say "churn round=$r driver $(timeout 120 "$B/bench-churn" "$w" 2>&1 | tail -1)"
+            for backing in vmm legacy; do
+                for lib in $libs; do
+                    out=$(env LD_PRELOAD="${lib#*=}" CUHEAP_BACKING=$backing CUHEAP_RECORD=0 \
+                        CUHEAP_SUMMARY=0 timeout 120 "$B/bench-churn" "$w" 2>&1 | tail -1)
+                    say "churn round=$r ${lib%%=*}-$backing $out"
+                done
+            done
+        done
+    done
+    local gpt="$libs"
+    [ -f "$B/old/libcuheap.so" ] && gpt="$gpt old-legacy=$B/old/libcuheap.so,CUHEAP_BACKING=legacy"
+    gpt="$gpt new-legacy=$PRE,CUHEAP_BACKING=legacy new-cachingon=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    gpt="$gpt new-pluggable=,CUHEAP_PLUGGABLE=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    ROUNDS=${STEADY_ROUNDS:-2} STEPS=${STEADY_STEPS:-40} FULL=0 bash bench/compare-gpt.sh "$OUT" "$gpt"
+    grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
+}
+
 run_quick() {
     LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/gpu-quick-%p.jsonl" timeout 120 "$B/test-gpu" \
         >"$OUT/gpu-suite.log" 2>&1
@@ -559,6 +590,7 @@ toggle) run_toggle ;;
 profile) run_profile ;;
 quick) run_quick ;;
 side) run_side ;;
+steady) run_steady ;;
 ipc) run_ipc ;;
 audit) run_audit ;;
 viewers) run_viewers ;;

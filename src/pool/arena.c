@@ -58,12 +58,13 @@ void arena_retire(struct cuheap_arena *a)
     cuheap_buddy_retire(&a->buddy); /* size becomes 0; base and unit size stay for tc_free */
 }
 
-/* Take one arena from the device. Its size doubles the pool each time, from an eighth of
+/* Take one arena from the device: a quarter of what the pool holds, from an eighth of
  * CUHEAP_ARENA_SIZE up to CUHEAP_ARENA_SIZE, so a small program does not hold a whole arena
- * for a few buffers; smaller when a limit or the device leaves less; never smaller than
- * need. With exact, the arena is need bytes (a power of two), no more: CUHEAP_POOL_INIT.
- * Drops p->lock around the driver call.
- * Returns 0, CUHEAP_BE_OOM, or -EDQUOT when the limit is what refused. */
+ * for a few buffers, and an arena, which stays until it is empty, adds little beyond what the
+ * job uses (a pool that doubled held up to twice as much for good); smaller when a limit or
+ * the device leaves less; never smaller than need. With exact, the arena is need bytes (a power of
+ * two), no more: CUHEAP_POOL_INIT. Drops p->lock around the driver call. Returns 0, CUHEAP_BE_OOM,
+ * or -EDQUOT when the limit is what refused. */
 int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
 {
     if (p->nr_arenas == CUHEAP_NR_MAX_ARENAS)
@@ -72,7 +73,7 @@ int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
         need = p->cfg->min_block;
     need = pow2_ceil(need);
     uint64_t size = p->cfg->arena_size;
-    uint64_t target = pow2_ceil(p->st.reserved > size / 8 ? p->st.reserved : size / 8);
+    uint64_t target = pow2_ceil(p->st.reserved / 4 > size / 8 ? p->st.reserved / 4 : size / 8);
     if (target < size || exact)
         size = target > need && !exact ? target : need;
     bool limited = false;

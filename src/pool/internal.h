@@ -221,6 +221,7 @@ struct cuheap_pool {
                                       no fence is recorded any more, freed blocks wait for a
                                       device sync */
     struct cuheap_tcache *tcaches; /* every thread's cache of this pool */
+    uint32_t nr_tcaches;           /* on that list */
     struct cuheap_timeline tl;     /* fences of the threads' large blocks */
     /* CUHEAP_IDLE_CHECK: checks to skip after the streams were found busy (idle_now), and the
      * checks that found them idle on the timeline's side, folded into st.nr_idle when read */
@@ -408,6 +409,10 @@ static inline uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
 #define TC_REFILL     16   /* ready blocks taken at once from the pool */
 #define TC_IDS        256
 #define TC_SLOTS      4 /* pools (devices) a thread keeps a cache for */
+/* What all threads' ready blocks may hold together: a thirty-second of the live bytes, and
+ * what one thread's may hold however few the live bytes are (tc_share_locked). */
+#define TC_LIVE_SHARE  32
+#define TC_READY_FLOOR (2ull << 20)
 
 struct tc_block {
     uint64_t ptr;
@@ -434,6 +439,7 @@ struct cuheap_tcache {
     struct tc_block ready[TC_NR_ORDERS][TC_PER_ORDER]; /* fence passed, memory held */
     uint16_t nr_ready[TC_NR_ORDERS];
     uint64_t ready_bytes;
+    uint64_t ready_cap; /* ready bytes at most: the thread's share (tc_share_locked) */
     /* a ring: [closed_head, closed_tail) closed, oldest first, then the open one (tc_open):
      * a close only moves closed_tail on, where copying the 16 KiB batch was a large part of a
      * small pair */
@@ -653,6 +659,7 @@ void tc_fold_locked(struct cuheap_pool *p, struct cuheap_tcache *tc);
 unsigned tc_drain_all_locked(struct cuheap_pool *p, bool freed_only);
 void tc_drain_mine_locked(struct cuheap_pool *p);
 struct cuheap_tcache *tc_get_locked(struct cuheap_pool *p);
+uint64_t tc_share_locked(const struct cuheap_pool *p);
 bool tc_reap_locked(struct cuheap_pool *p, struct cuheap_tcache *tc);
 __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p, struct cuheap_tcache *tc);
 __attribute__((noinline)) void tc_close(struct cuheap_pool *p, struct cuheap_tcache *tc);
@@ -739,7 +746,7 @@ static inline bool tc_keep_ready(struct cuheap_pool *p, struct cuheap_tcache *tc
                                  struct cuheap_arena *a, unsigned order)
 {
     if (order > p->tc_max_order || tc->nr_ready[order] >= tc_caps[order] ||
-        tc->ready_bytes + (1ull << order) > p->tc_bytes)
+        tc->ready_bytes + (1ull << order) > tc->ready_cap)
         return false;
     tc->ready[order][tc->nr_ready[order]++] = (struct tc_block){ptr, a};
     tc->ready_bytes += 1ull << order;

@@ -247,7 +247,7 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
         return_if_idle_locked(p);
     bool from_cache = r == 0 && !from_tc;
 again:;
-    bool flushed = false, trimmed = false;
+    bool flushed = false, trimmed = false, waited_in_vain = false;
     unsigned synced = 0;
     while (r) {
         r = take_block_locked(p, size, &ptr, &block, &arena);
@@ -276,6 +276,16 @@ again:;
         }
         if (poll_oldest_locked(p))
             continue;
+        /* An arena is held until it is empty again, so where the blocks behind fences hold
+         * as much as this request, wait for them first (as vmm does past its budget, and as
+         * the driver's own free waits for the device every time): a host that runs ahead of
+         * its streams otherwise doubles the pool again and again for memory a moment from
+         * coming back. */
+        if (!waited_in_vain && p->ep_head != p->ep_tail && p->st.pending >= 1ull << order) {
+            if (wait_oldest_locked(p))
+                continue;
+            waited_in_vain = true;
+        }
         g = grow_locked(p, size, false);
         if (g == 0)
             continue;

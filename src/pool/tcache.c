@@ -216,6 +216,7 @@ static void tc_thread_exit(void *arg)
         for (struct cuheap_tcache **pp = &p->tcaches; *pp; pp = &(*pp)->next)
             if (*pp == tc) {
                 *pp = tc->next;
+                p->nr_tcaches--;
                 listed = true;
                 break;
             }
@@ -238,6 +239,20 @@ static void tc_make_key(void)
     tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0;
     if (!tc_key_ok)
         cuheap_log("thread caches: no thread key; a thread's cache is kept after it ends");
+}
+
+/* Ready bytes one thread's cache may keep: its share of a thirty-second of the pool's live
+ * bytes, at least TC_READY_FLOOR and at most CUHEAP_THREAD_CACHE. Ready blocks are memory the
+ * pool holds for one thread and no other size, so what all threads keep together follows what
+ * the job uses, not how many threads it has: four threads on streams of their own each kept
+ * their whole CUHEAP_THREAD_CACHE of small blocks beside a few hundred MiB live, a third more
+ * held than without caches (bench/RESULTS.md, issue 31). Taken again at each refill. */
+uint64_t tc_share_locked(const struct cuheap_pool *p)
+{
+    uint64_t n = p->nr_tcaches ? p->nr_tcaches : 1, share = p->st.live / (TC_LIVE_SHARE * n);
+    if (share < TC_READY_FLOOR)
+        share = TC_READY_FLOOR;
+    return share < p->tc_bytes ? share : p->tc_bytes;
 }
 
 /* The calling thread's cache of p, made on first use (p->lock held); NULL when caches are off,
@@ -269,6 +284,8 @@ struct cuheap_tcache *tc_get_locked(struct cuheap_pool *p)
         tc->gen = p->gen;
         tc->next = p->tcaches;
         p->tcaches = tc;
+        p->nr_tcaches++;
+        tc->ready_cap = tc_share_locked(p);
         tc_slot[i] = tc;
         return tc;
     }
@@ -328,7 +345,7 @@ __attribute__((noinline)) bool tc_reap_unlocked(struct cuheap_pool *p, struct cu
         /* tc_keep_ready() for each block, with the caps from a table and the room reckoned
          * once: a thread's every block passes here once a round */
         uint32_t keep = 0;
-        uint64_t room = p->tc_bytes > tc->ready_bytes ? p->tc_bytes - tc->ready_bytes : 0,
+        uint64_t room = tc->ready_cap > tc->ready_bytes ? tc->ready_cap - tc->ready_bytes : 0,
                  moved = 0;
         for (uint32_t i = 0; i < b->nr; i++) {
             const struct tc_block k = b->blocks[i];
@@ -417,7 +434,7 @@ static void tc_refill_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, un
     /* Small blocks also come from the arenas when the list is out: splitting is cheap there. */
     bool split = order <= CUHEAP_QUICK_MAX_ORDER && (!p->vmm || order < p->granule_shift);
     while (n < TC_REFILL && n < room && (q->head || split) &&
-           bytes + (1ull << order) <= p->tc_bytes) {
+           bytes + (1ull << order) <= tc->ready_cap) {
         uint64_t ptr, block;
         struct cuheap_arena *a;
         if (q->head) {
@@ -514,6 +531,7 @@ void tc_after_alloc_locked(struct cuheap_pool *p, uint64_t size)
         return;
     tc_enter(tc);
     tc_fold_locked(p, tc);
+    tc->ready_cap = tc_share_locked(p);
     tc_leave(tc);
     unsigned order = order_of_size(p, size);
     if (order < CUHEAP_NR_ORDERS)

@@ -1521,7 +1521,8 @@ static void test_python_frames_name_the_script(void **state)
  * program gets the driver's answers unchanged. py_oom.py leaves the pool two full 64 MiB
  * arenas whose largest free piece is 32 MiB, 47 MiB held and not live: fragmentation. */
 #define OOM_RUN                                                                                    \
-    FAKE " " PRELOAD " CUHEAP_BACKING=legacy CUHEAP_ARENA_SIZE=64M FAKECUDA_DEVICE_MEM=128M "      \
+    FAKE " " PRELOAD " CUHEAP_BACKING=legacy CUHEAP_ARENA_SIZE=64M CUHEAP_POOL_INIT=128M "         \
+         "FAKECUDA_DEVICE_MEM=128M "                                                               \
          "CUHEAP_SUMMARY=0 "
 
 /* "py_oom.py:LINE in fn" for the line the program printed after `tag` */

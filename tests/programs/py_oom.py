@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """A Python program that runs the simulated device out of memory, as a training step would:
 named functions hold most of the memory, then a request no free piece of the pool holds and
-the device cannot give. Run under cuheap with CUHEAP_BACKING=legacy, CUHEAP_ARENA_SIZE=64M
-and FAKECUDA_DEVICE_MEM=128M, the pool holds two full arenas: 48 MiB in forward's three
+the device cannot give. Run under cuheap with CUHEAP_BACKING=legacy, CUHEAP_ARENA_SIZE=64M,
+CUHEAP_POOL_INIT=128M and FAKECUDA_DEVICE_MEM=128M, the pool holds two full arenas: 48 MiB in forward's three
 blocks, 1 MiB at module level and 32 MiB in backward's block, and its largest free piece is
 32 MiB. It prints the lines of its allocations (for the test to look for) and what each
 out-of-memory request got from the driver (2: CUDA_ERROR_OUT_OF_MEMORY), which cuheap must
