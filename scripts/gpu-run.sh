@@ -198,29 +198,44 @@ run_clients() {
         # torchrun with two ranks: each rank writes its own trace (named by rank); the tool
         # merges them into one timeline. Modes: caching allocator (cuheap records), caching off
         # (cuheap's pool), caching with NCCL buffer registration.
-        for mode in caching nocache register; do
+        # DDP_BACKINGS (default vmm): the pool's backings to run each mode under; DDP_AUDIT=1
+        # adds one run per mode under CUHEAP_AUDIT (each rank's exit line)
+        for mode in ${DDP_MODES:-caching nocache register}; do
             envs=(TORCH_DDP_MODE=$mode)
             [ $mode = nocache ] && envs+=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
             [ $mode = register ] && envs+=(TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1)
             base=$(env "${envs[@]}" timeout 150 torchrun --nproc_per_node=2 \
                 tests/gpu/ddp_client.py 2>&1)
             echo "### ddp $mode plain"$'\n'"$base" >&3
-            with=$(env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_SUMMARY=0 \
-                CUHEAP_OUTPUT="$T/ddp-$mode-r%r-%p.jsonl" timeout 150 torchrun --nproc_per_node=2 \
-                tests/gpu/ddp_client.py 2>&1)
-            echo "### ddp $mode cuheap"$'\n'"$with" >&3
-            a=$(grep '^losses' <<<"$base")
-            b=$(grep '^losses' <<<"$with")
-            if [ -n "$a" ] && [ "$a" = "$b" ]; then
-                say "  ddp $mode ($(grep '^backend' <<<"$with")): losses identical"
-            else
-                say "  ddp $mode: LOSSES DIFFER or run failed (see clients.log)"
-            fi
-            "$B/cuheap" chrome -o "$T/ddp-$mode-merged.trace.json" "$T"/ddp-$mode-r*.jsonl >&3 2>&1 &&
-                say "    $(ls "$T"/ddp-$mode-r*.jsonl | wc -l) rank traces merged into ddp-$mode-merged.trace.json"
-            for f in "$T"/ddp-$mode-r*.jsonl; do
-                say "    $(basename "$f"): $("$B/cuheap" report "$f" 2>/dev/null | grep -E '^GPU|peak live' | tr -s ' ' | paste -sd' ')"
+            for backing in ${DDP_BACKINGS:-vmm}; do
+                local tag=ddp-$mode-$backing
+                with=$(env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_BACKING=$backing CUHEAP_SUMMARY=0 \
+                    CUHEAP_OUTPUT="$T/$tag-r%r-%p.jsonl" timeout 150 torchrun --nproc_per_node=2 \
+                    tests/gpu/ddp_client.py 2>&1)
+                echo "### $tag cuheap"$'\n'"$with" >&3
+                a=$(grep '^losses' <<<"$base")
+                b=$(grep '^losses' <<<"$with")
+                if [ -n "$a" ] && [ "$a" = "$b" ]; then
+                    say "  $tag ($(grep '^backend' <<<"$with")): losses identical"
+                else
+                    say "  $tag: LOSSES DIFFER or run failed (see clients.log)"
+                fi
+                "$B/cuheap" chrome -o "$T/$tag-merged.trace.json" "$T"/$tag-r*.jsonl >&3 2>&1 &&
+                    say "    $(ls "$T"/$tag-r*.jsonl | wc -l) rank traces merged into $tag-merged.trace.json"
+                "$B/cuheap" report "$T"/$tag-r*.jsonl >"$OUT/$tag-report.txt" 2>&1
+                say "    report of both ranks: exit $?, $(grep -cE '^GPU' "$OUT/$tag-report.txt") GPU lines"
+                for f in "$T"/$tag-r*.jsonl; do
+                    say "    $(basename "$f"): $("$B/cuheap" report "$f" 2>/dev/null | grep -E '^GPU|peak live' | tr -s ' ' | paste -sd' ')"
+                done
             done
+            if [ "${DDP_AUDIT:-0}" = 1 ]; then
+                with=$(env "${envs[@]}" LD_PRELOAD=$PRE CUHEAP_AUDIT=1 CUHEAP_VERBOSE=1 \
+                    CUHEAP_OUTPUT="$T/ddp-$mode-audit-r%r-%p.jsonl" timeout 150 \
+                    torchrun --nproc_per_node=2 tests/gpu/ddp_client.py 2>&1)
+                echo "### ddp $mode audit"$'\n'"$with" >&3
+                grep -E '^cuheap: audit: ([0-9]+ driver|CUPTI|cannot|no |needs|.*failed)' <<<"$with" |
+                    cut -c1-300 | sed "s/^/  ddp $mode audit: /" | tee -a "$OUT/summary.txt" >/dev/null
+            fi
         done
     fi
     exec 3>&-

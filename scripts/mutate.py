@@ -77,6 +77,23 @@ MUTATIONS = [
      "memory held stays close to what is used (pool v2)", "src/pool/pool.c",
      "            if (close_epoch_locked(p))\n                continue;",
      "            if (close_epoch_locked(p))\n                (void)0;"),
+    ("legacy-grows-past-pending",
+     "under legacy, an allocation that finds no free block takes a new arena while blocks "
+     "behind fences hold as much as it asks for",
+     "memory held stays close to what is used (legacy)", "src/pool/pool.c",
+     "            if (wait_oldest_locked(p))\n                continue;\n            waited_in_vain = true;",
+     "            waited_in_vain = true;"),
+    ("legacy-arenas-double",
+     "a new legacy arena is as large as what the pool holds already (the pool doubles)",
+     "memory held stays close to what is used (legacy)", "src/pool/arena.c",
+     "pow2_ceil(p->st.reserved / 4 > size / 8 ? p->st.reserved / 4 : size / 8)",
+     "pow2_ceil(p->st.reserved > size / 8 ? p->st.reserved : size / 8)"),
+    ("tc-keeps-whole-setting",
+     "each thread's cache keeps CUHEAP_THREAD_CACHE bytes of ready blocks however few bytes "
+     "the job keeps live",
+     "memory held stays close to what is used (thread caches)", "src/pool/tcache.c",
+     "    return share < p->tc_bytes ? share : p->tc_bytes;",
+     "    return p->tc_bytes;"),
     ("peak-reserved-misses-growth",
      "the peak of reserved bytes is not raised when the pool grows or the driver grants a "
      "pass-through allocation",
