@@ -88,6 +88,17 @@ MUTATIONS = [
      "memory held stays close to what is used (legacy)", "src/pool/arena.c",
      "pow2_ceil(p->st.reserved / 4 > size / 8 ? p->st.reserved / 4 : size / 8)",
      "pow2_ceil(p->st.reserved > size / 8 ? p->st.reserved : size / 8)"),
+    ("legacy-arenas-at-once",
+     "under legacy, threads that miss at once each take an arena of their own",
+     "memory held stays close to what is used (legacy)", "src/pool/arena.c",
+     "    if (p->mapping) {\n        while (p->mapping)\n            pool_wait(&p->mapped, p);\n        return 0; /* the caller looks again */\n    }",
+     "    while (p->mapping)\n        pool_wait(&p->mapped, p);"),
+    ("legacy-first-fit-arena",
+     "under legacy, a block is taken from the first arena with room, splitting a large piece "
+     "while a small one that fits is free in another",
+     "memory held stays close to what is used (legacy)", "src/pool/place.c",
+     "    unsigned first = p->vmm ? p->hint : best_fit_arena_locked(p, order);",
+     "    unsigned first = p->hint;\n    (void)best_fit_arena_locked;"),
     ("tc-keeps-whole-setting",
      "each thread's cache keeps CUHEAP_THREAD_CACHE bytes of ready blocks however few bytes "
      "the job keeps live",

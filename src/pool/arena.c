@@ -76,6 +76,15 @@ int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
     uint64_t target = pow2_ceil(p->st.reserved / 4 > size / 8 ? p->st.reserved / 4 : size / 8);
     if (target < size || exact)
         size = target > need && !exact ? target : need;
+    /* One thread at a time takes an arena, as the mapper does under vmm: threads that all
+     * missed at once each took one (four threads on streams of their own grew the pool from
+     * 288 to 672 MiB for 123 MiB live), where the first one's arena may serve the others. */
+    if (p->mapping) {
+        while (p->mapping)
+            pool_wait(&p->mapped, p);
+        return 0; /* the caller looks again */
+    }
+    p->mapping = true;
     bool limited = false;
     int r = CUHEAP_BE_OOM;
     uint64_t ptr = 0;
@@ -107,6 +116,8 @@ int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
         }
     }
     pool_lock(p);
+    p->mapping = false;
+    pthread_cond_broadcast(&p->mapped);
     if (r != 0)
         return limited && r == CUHEAP_BE_OOM ? -EDQUOT : r;
     atomic_fetch_add(p->device_reserved, size);

@@ -210,7 +210,8 @@ struct cuheap_pool {
     uint64_t peak_busy;
     uint64_t pending_mapped; /* vmm: bytes the extents of pending blocks reach */
     int vmm_refused;         /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _TO_LEGACY */
-    /* vmm: one thread at a time makes mapping calls, with p->lock dropped (phys.c, the mapper) */
+    /* one thread at a time makes mapping calls (vmm: phys.c, the mapper) or takes an arena
+     * (legacy: arena.c), with p->lock dropped */
     bool mapping;                  /* a thread is the mapper */
     pthread_cond_t mapped;         /* broadcast when it is done */
     uint64_t inflight_bytes;       /* counted in st.reserved, in no chunk: being created or taken

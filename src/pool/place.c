@@ -92,6 +92,31 @@ static unsigned merge_whole_locked(struct cuheap_pool *p)
     return n;
 }
 
+/* Legacy: the arena whose smallest free block that fits is the smallest (the first such from
+ * p->hint), so that a small block takes a small free piece rather than splitting the only
+ * large one of the first arena with room: requests of 8-16 MiB among smaller ones on four
+ * streams grew the pool to several times their live bytes when they found every large piece
+ * split (bench/RESULTS.md, issue 31). Returns p->hint when no arena has one. */
+static unsigned best_fit_arena_locked(const struct cuheap_pool *p, unsigned order)
+{
+    unsigned best = p->hint, best_order = CUHEAP_NR_ORDERS;
+    uint64_t fits = order < 64 ? ~((1ull << order) - 1) : 0;
+    for (unsigned n = 0; n < p->nr_arenas; n++) {
+        unsigned i = (p->hint + n) % p->nr_arenas;
+        uint64_t free_orders = p->arenas[i]->buddy.free_bitmap & fits;
+        if (!free_orders)
+            continue;
+        unsigned o = (unsigned)__builtin_ctzll(free_orders);
+        if (o < best_order) {
+            best_order = o;
+            best = i;
+            if (o == order)
+                break; /* none fits better */
+        }
+    }
+    return best;
+}
+
 /* A block of at least size bytes from what the pool has, with no driver call (p->lock held):
  * its order's quick list first (a block kept whole only where its memory is still mapped), else
  * the buddy of an arena with room, from the last one that had some (p->hint), placed under vmm
@@ -119,8 +144,9 @@ int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         *ret_arena = a;
         return 0;
     }
+    unsigned first = p->vmm ? p->hint : best_fit_arena_locked(p, order);
     for (unsigned n = 0; n < p->nr_arenas; n++) {
-        unsigned i = (p->hint + n) % p->nr_arenas;
+        unsigned i = (first + n) % p->nr_arenas;
         struct cuheap_arena *a = p->arenas[i];
         uintptr_t addr;
         unsigned got;

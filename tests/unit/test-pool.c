@@ -39,7 +39,7 @@ struct host_device {
     int fence_refs[4096]; /* record: 1, hold: +1, destroy: -1 (never below 0) */
     /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
      * does a device sync while syncs_gated */
-    bool gated, waiting, syncs_gated, maps_gated;
+    bool gated, waiting, syncs_gated, maps_gated, allocs_gated;
     int nr_at_map_gate; /* maps that found maps_gated set (each blocked until it opened) */
     /* calls that may take long made while the calling thread held a pool lock (the pool's lock
      * rule: decide under it, call with it dropped); every test's teardown fails on one */
@@ -232,6 +232,10 @@ static int hd_alloc(void *ctx, uint64_t size, uint64_t *ret)
     struct host_device *d = ctx;
     pthread_mutex_lock(&d->lock);
     hd_unlocked(d, "cuMemAlloc");
+    while (d->allocs_gated) {
+        d->waiting = true;
+        pthread_cond_wait(&d->gate, &d->lock);
+    }
     if (d->used + size > d->capacity) {
         pthread_mutex_unlock(&d->lock);
         return CUHEAP_BE_OOM;
@@ -1759,6 +1763,7 @@ static void open_gate(struct fixture *f)
     f->dev.gated = false;
     f->dev.syncs_gated = false;
     f->dev.maps_gated = false;
+    f->dev.allocs_gated = false;
     pthread_cond_broadcast(&f->dev.gate);
     pthread_mutex_unlock(&f->dev.lock);
 }
@@ -1944,6 +1949,60 @@ static void *sized_alloc_thread(void *arg)
     w->result = cuheap_pool_alloc(&w->f->pool, w->size, 0, &w->ptr, &block, &seq);
     atomic_store(&w->done, true);
     return NULL;
+}
+
+/* Legacy: threads that miss at once wait for the one taking an arena, which may serve them
+ * all, rather than each take one (four threads on streams held 2.3x more so). */
+static void test_legacy_one_arena_at_a_time(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    pthread_cond_init(&f->dev.gate, NULL);
+    f->dev.allocs_gated = true;
+    struct sized_waiter first = {.f = f, .size = 1 * MIB}, second = {.f = f, .size = 1 * MIB};
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, sized_alloc_thread, &first);
+    bool blocked = wait_at_gate(f, &first.done); /* in its cuMemAlloc, the lock dropped */
+    pthread_create(&t2, NULL, sized_alloc_thread, &second);
+    usleep(20000);
+    bool second_waited = !atomic_load(&second.done);
+    open_gate(f);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    assert_true(blocked);
+    assert_true(second_waited);
+    assert_int_equal(first.result, 0);
+    assert_int_equal(second.result, 0);
+    assert_int_equal(f->dev.nr_allocs, 1); /* the first's 8 MiB arena holds both */
+    assert_int_equal(atomic_load(&f->reserved), 8 * MIB);
+    release(f, first.ptr, 0);
+    release(f, second.ptr, 0);
+    teardown(f);
+}
+
+/* Legacy: a block goes where the smallest free piece that fits is, in whichever arena, so a
+ * large piece elsewhere stays whole for a large request. */
+static void test_legacy_small_block_leaves_large_piece(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 30, 64 * MIB, 0);
+    uint64_t a = alloc(f, 4 * MIB, 0), c = alloc(f, 2 * MIB, 0), d = alloc(f, 2 * MIB, 0);
+    assert_int_equal(atomic_load(&f->reserved), 8 * MIB); /* the first arena, full */
+    uint64_t e = alloc(f, 4 * MIB, 0), g = alloc(f, 4 * MIB, 0);
+    assert_int_equal(atomic_load(&f->reserved), 16 * MIB); /* a second one, full */
+    release(f, d, 0);                                      /* 2 MiB free in the first arena */
+    release(f, g, 0); /* 4 MiB free in the second, where the pool last took a block */
+    uint64_t small = alloc(f, 1 * MIB, 0);
+    uint64_t large = alloc(f, 4 * MIB, 0);
+    assert_int_equal(large, g);
+    assert_int_equal(small, d);
+    assert_int_equal(atomic_load(&f->reserved), 16 * MIB); /* no arena for the large one */
+    release(f, a, 0);
+    release(f, c, 0);
+    release(f, e, 0);
+    release(f, small, 0);
+    release(f, large, 0);
+    teardown(f);
 }
 
 /* A mapping call takes tens of microseconds (more while the GPU is busy), and the driver makes
@@ -2945,6 +3004,8 @@ int main(void)
         cmocka_unit_test(test_pool_holds_little_more_than_it_grew_for),
         cmocka_unit_test(test_legacy_waits_for_pending_before_growing),
         cmocka_unit_test(test_thread_cache_keeps_its_share_of_live),
+        cmocka_unit_test(test_legacy_one_arena_at_a_time),
+        cmocka_unit_test(test_legacy_small_block_leaves_large_piece),
         cmocka_unit_test(test_immediate_reuses_at_once),
         cmocka_unit_test(test_fence_holds_blocks_until_complete),
         cmocka_unit_test(test_fence_miss_waits_for_oldest_when_full),
