@@ -27,8 +27,9 @@
 #                                side: 16 threads at 512 B and 2 MiB, the GPT loop (caching off)
 #   scripts/gpu-run.sh steady    issue 31: the gpu suite, the churn workloads (bench-churn) under
 #                                the driver alone, this build and gpu-bundle/old/ (vmm, legacy),
-#                                then the GPT loop: caching allocator, caching off under both
-#                                builds and backings, caching on + cuheap, cuheap as pluggable
+#                                16 threads of 512 B and 64 KiB pairs, then the GPT loop:
+#                                caching allocator, caching off under both builds and
+#                                backings, caching on + cuheap, cuheap as pluggable
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -455,6 +456,15 @@ run_steady() {
                         CUHEAP_SUMMARY=0 timeout 120 "$B/bench-churn" "$w" 2>&1 | tail -1)
                     say "churn round=$r ${lib%%=*}-$backing $out"
                 done
+            done
+        done
+    done
+    for r in 1 2; do
+        for size in 512 65536; do
+            for lib in $libs; do
+                say "threads size=$size round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" \
+                    CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" threads 16 \
+                    "$size" 2>&1 | tail -1)"
             done
         done
     done
