@@ -418,6 +418,20 @@ run_soak() {
         tee -a "$OUT/summary.txt"
 }
 
+# 16 threads' pairs under each build of $1 ("label=lib ..."), $2 rounds, sizes $3.
+threads_side() {
+    local r size lib
+    for r in $(seq "$2"); do
+        for size in $3; do
+            for lib in $1; do
+                say "threads size=$size round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" \
+                    CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" threads 16 \
+                    "$size" 2>&1 | tail -1)"
+            done
+        done
+    done
+}
+
 # A short check for a session with little device time: the gpu suite under the default
 # backing and policy, then this build against gpu-bundle/old/libcuheap.so when there is one
 # (built from another commit): 16 threads of 512 B pairs (3 rounds) and a long GPT run with
@@ -427,15 +441,7 @@ run_side() {
     run_tests
     local libs="new=$PRE" lib r size
     [ -f "$B/old/libcuheap.so" ] && libs="old=$B/old/libcuheap.so $libs"
-    for r in 1 2 3; do
-        for size in 512 2097152; do
-            for lib in $libs; do
-                say "threads size=$size round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" \
-                    CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" threads 16 \
-                    "$size" 2>&1 | tail -1)"
-            done
-        done
-    done
+    threads_side "$libs" 3 "512 2097152"
     ROUNDS=${SIDE_ROUNDS:-2} STEPS=${SIDE_STEPS:-60} FULL=0 bash bench/compare-gpt.sh "$OUT" "$libs"
     grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
 }
@@ -459,15 +465,7 @@ run_steady() {
             done
         done
     done
-    for r in 1 2; do
-        for size in 512 65536; do
-            for lib in $libs; do
-                say "threads size=$size round=$r ${lib%%=*} $(env LD_PRELOAD="${lib#*=}" \
-                    CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" threads 16 \
-                    "$size" 2>&1 | tail -1)"
-            done
-        done
-    done
+    threads_side "$libs" 2 "512 65536"
     local gpt="$libs"
     [ -f "$B/old/libcuheap.so" ] && gpt="$gpt old-legacy=$B/old/libcuheap.so,CUHEAP_BACKING=legacy"
     gpt="$gpt new-legacy=$PRE,CUHEAP_BACKING=legacy new-cachingon=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
