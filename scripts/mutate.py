@@ -99,6 +99,12 @@ MUTATIONS = [
      "memory held stays close to what is used (legacy)", "src/pool/place.c",
      "    unsigned first = p->vmm ? p->hint : best_fit_arena_locked(p, order);",
      "    unsigned first = p->hint;\n    (void)best_fit_arena_locked;"),
+    ("legacy-grows-over-room",
+     "under legacy, an allocation takes a new arena although blocks that came back while the "
+     "pool's lock was dropped (a poll, a wait) left room for it",
+     "memory held stays close to what is used (legacy)", "src/pool/pool.c",
+     "        if (room_for_order_locked(p, order))\n            continue;",
+     "        (void)room_for_order_locked;"),
     ("tc-keeps-whole-setting",
      "each thread's cache keeps CUHEAP_THREAD_CACHE bytes of ready blocks however few bytes "
      "the job keeps live",

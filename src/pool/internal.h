@@ -617,6 +617,7 @@ int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuhe
                       uint32_t first);
 
 /* place.c */
+bool room_for_order_locked(const struct cuheap_pool *p, unsigned order);
 int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
                       struct cuheap_arena **ret_arena);
 void mark_live_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,

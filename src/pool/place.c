@@ -117,6 +117,16 @@ static unsigned best_fit_arena_locked(const struct cuheap_pool *p, unsigned orde
     return best;
 }
 
+/* Whether some arena has a free block of order or more: the buddy would give it at once. */
+bool room_for_order_locked(const struct cuheap_pool *p, unsigned order)
+{
+    uint64_t fits = order < 64 ? ~((1ull << order) - 1) : 0;
+    for (unsigned i = 0; i < p->nr_arenas; i++)
+        if (p->arenas[i]->buddy.free_bitmap & fits)
+            return true;
+    return false;
+}
+
 /* A block of at least size bytes from what the pool has, with no driver call (p->lock held):
  * its order's quick list first (a block kept whole only where its memory is still mapped), else
  * the buddy of an arena with room, from the last one that had some (p->hint), placed under vmm

@@ -286,6 +286,10 @@ again:;
                 continue;
             waited_in_vain = true;
         }
+        /* The lock was dropped above (a poll, a wait): other threads' blocks may have come
+         * back meanwhile and made room, and an arena taken then stays until it is empty. */
+        if (room_for_order_locked(p, order))
+            continue;
         g = grow_locked(p, size, false);
         if (g == 0)
             continue;

@@ -35,6 +35,8 @@ struct host_device {
     int nr_fences;
     int nr_idle_checks;                  /* streams_idle asked */
     void (*_Atomic on_idle_check)(void); /* called as streams_idle is asked (a test's probe) */
+    /* called once, at the first fence query made with no pool lock held (a test's probe) */
+    void (*_Atomic on_query_unlocked)(void);
     bool fences_done[4096];
     int fence_refs[4096]; /* record: 1, hold: +1, destroy: -1 (never below 0) */
     /* when gated, a fence wait blocks until the gate opens (waiting says one is blocked); so
@@ -295,6 +297,11 @@ static int hd_streams_idle(void *ctx)
 static int hd_fence_query(void *ctx, void *f)
 {
     struct host_device *d = ctx;
+    if (atomic_load(&d->on_query_unlocked) && !cuheap_pool_lock_held()) {
+        void (*probe)(void) = atomic_exchange(&d->on_query_unlocked, NULL);
+        if (probe)
+            probe();
+    }
     pthread_mutex_lock(&d->lock);
     int r = d->queries_refused || (d->nr_refusals > 0 && d->nr_refusals--) ? CUHEAP_BE_NO_ANSWER
             : d->queries_stuck                                             ? 0
@@ -1980,6 +1987,51 @@ static void test_legacy_one_arena_at_a_time(void **state)
     teardown(f);
 }
 
+/* Legacy: blocks that came back while the pool's lock was dropped (here another thread's
+ * wait passed their fence during this one's poll) are room: no new arena for what fits in
+ * them, since an arena stays until it is empty (four threads on streams grew the pool to
+ * twice what they needed so). */
+static struct sized_waiter *room_waiter;
+
+static void open_gate_and_wait_for_waiter(void)
+{
+    open_gate(current);
+    for (int i = 0; i < 30000 && !atomic_load(&room_waiter->done); i++)
+        usleep(100);
+}
+
+static void test_legacy_no_arena_for_what_came_back(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    pthread_cond_init(&f->dev.gate, NULL);
+    uint64_t x = alloc(f, 4 * MIB, 0), y1 = alloc(f, 2 * MIB, 0), y2 = alloc(f, 2 * MIB, 0);
+    assert_int_equal(atomic_load(&f->reserved), 8 * MIB); /* one arena, full */
+    release(f, y1, 0);
+    release(f, y2, 0); /* 4 MiB behind a fence that has not passed */
+    f->dev.gated = true;
+    struct sized_waiter waiter = {.f = f, .size = 2 * MIB}, poller = {.f = f, .size = 2 * MIB};
+    room_waiter = &waiter;
+    pthread_t tw, tp;
+    pthread_create(&tw, NULL, sized_alloc_thread, &waiter);
+    bool blocked = wait_at_gate(f, &waiter.done); /* waits for the fence, the lock dropped */
+    /* the poller's poll lets the waiter through: 2 MiB of the 4 are left when it looks again */
+    atomic_store(&f->dev.on_query_unlocked, open_gate_and_wait_for_waiter);
+    pthread_create(&tp, NULL, sized_alloc_thread, &poller);
+    pthread_join(tw, NULL);
+    pthread_join(tp, NULL);
+    assert_true(blocked);
+    assert_null(atomic_load(&f->dev.on_query_unlocked)); /* the poller did poll */
+    assert_int_equal(waiter.result, 0);
+    assert_int_equal(poller.result, 0);
+    assert_int_equal(f->dev.nr_allocs, 1);
+    assert_int_equal(atomic_load(&f->reserved), 8 * MIB);
+    release(f, x, 0);
+    release(f, waiter.ptr, 0);
+    release(f, poller.ptr, 0);
+    teardown(f);
+}
+
 /* Legacy: a block goes where the smallest free piece that fits is, in whichever arena, so a
  * large piece elsewhere stays whole for a large request. */
 static void test_legacy_small_block_leaves_large_piece(void **state)
@@ -3005,6 +3057,7 @@ int main(void)
         cmocka_unit_test(test_legacy_waits_for_pending_before_growing),
         cmocka_unit_test(test_thread_cache_keeps_its_share_of_live),
         cmocka_unit_test(test_legacy_one_arena_at_a_time),
+        cmocka_unit_test(test_legacy_no_arena_for_what_came_back),
         cmocka_unit_test(test_legacy_small_block_leaves_large_piece),
         cmocka_unit_test(test_immediate_reuses_at_once),
         cmocka_unit_test(test_fence_holds_blocks_until_complete),
