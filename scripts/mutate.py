@@ -11,6 +11,8 @@ records which tests failed. A mutation no test catches is a hole in the tests; a
 text is no longer in the source is stale and must be updated with the code it breaks.
 
 usage: scripts/mutate.py [--only ID[,ID...]] [--report tests/MUTATIONS.md] [--keep]
+With --only, the rows run replace theirs in an existing report (new ones are added at the
+end of its table) and the rest of it stays; without, the report is written anew.
 Exit status: 0 when every mutation was caught, 1 otherwise.
 """
 import argparse
@@ -796,19 +798,10 @@ def main():
               f" ({secs:.0f} s)", flush=True)
     run(["ninja", "-C", build], tree, log)  # leave the scratch build matching the source
 
-    with open(args.report, "w") as f:
-        f.write("# Mutation testing\n\n")
-        f.write("Each row is a deliberate breakage of a promise cuheap makes, applied by "
-                "`scripts/mutate.py` to a copy of the tree, which is rebuilt and run through the "
-                "unit and integration suites. Every breakage must make at least one test fail.\n\n")
-        f.write(f"Last run: {datetime.date.today().isoformat()}, commit {head}, "
-                f"`python3 scripts/mutate.py`"
-                + (f" `--only {args.only}`" if args.only else "") + ".\n\n")
-        f.write("| id | breakage | rule | file | result | failing tests |\n")
-        f.write("|---|---|---|---|---|---|\n")
-        for mid, what, rule, path, verdict, caught_by in results:
-            f.write(f"| `{mid}` | {what} | {rule} | `{path}` | {verdict} | "
-                    f"{', '.join(caught_by) if caught_by else '-'} |\n")
+    if args.only and os.path.exists(args.report):
+        merge_report(args.report, results)
+    else:
+        write_report(args.report, results, head, args.only)
     caught = sum(1 for r in results if r[4] == "caught")
     print(f"mutate: {caught} of {len(results)} mutations caught; report: {args.report}")
     if not args.keep:
@@ -816,6 +809,42 @@ def main():
     else:
         print(f"mutate: scratch tree kept in {scratch}")
     return 0 if caught == len(results) else 1
+
+
+def row_of(result):
+    mid, what, rule, path, verdict, caught_by = result
+    return (f"| `{mid}` | {what} | {rule} | `{path}` | {verdict} | "
+            f"{', '.join(caught_by) if caught_by else '-'} |\n")
+
+
+def merge_report(report, results):
+    """--only: the rows run replace theirs in the existing table (new ones go at its end); the
+    rest of the report, its history and the other rows, stays as it was."""
+    with open(report) as f:
+        lines = f.readlines()
+    fresh = {r[0]: row_of(r) for r in results}
+    for i, line in enumerate(lines):
+        mid = line.split("`")[1] if line.startswith("| `") else None
+        if mid in fresh:
+            lines[i] = fresh.pop(mid)
+    last = max((i for i, line in enumerate(lines) if line.startswith("|")), default=len(lines) - 1)
+    lines[last + 1:last + 1] = list(fresh.values())
+    with open(report, "w") as f:
+        f.writelines(lines)
+
+
+def write_report(report, results, head, only):
+    with open(report, "w") as f:
+        f.write("# Mutation testing\n\n")
+        f.write("Each row is a deliberate breakage of a promise cuheap makes, applied by "
+                "`scripts/mutate.py` to a copy of the tree, which is rebuilt and run through the "
+                "unit and integration suites. Every breakage must make at least one test fail.\n\n")
+        f.write(f"Last run: {datetime.date.today().isoformat()}, commit {head}, "
+                f"`python3 scripts/mutate.py`" + (f" `--only {only}`" if only else "") + ".\n\n")
+        f.write("| id | breakage | rule | file | result | failing tests |\n")
+        f.write("|---|---|---|---|---|---|\n")
+        for r in results:
+            f.write(row_of(r))
 
 
 if __name__ == "__main__":
