@@ -466,8 +466,11 @@ run_steady() {
         done
     done
     threads_side "$libs" 2 "512 65536"
+    # STEADY_GPT_OLD=0: the GPT loop under this build alone (the old build's churn only)
     local gpt="$libs"
-    [ -f "$B/old/libcuheap.so" ] && gpt="$gpt old-legacy=$B/old/libcuheap.so,CUHEAP_BACKING=legacy"
+    [ "${STEADY_GPT_OLD:-1}" = 0 ] && gpt="new=$PRE"
+    [ -f "$B/old/libcuheap.so" ] && [ "${STEADY_GPT_OLD:-1}" != 0 ] &&
+        gpt="$gpt old-legacy=$B/old/libcuheap.so,CUHEAP_BACKING=legacy"
     gpt="$gpt new-legacy=$PRE,CUHEAP_BACKING=legacy new-cachingon=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
     gpt="$gpt new-pluggable=,CUHEAP_PLUGGABLE=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
     ROUNDS=${STEADY_ROUNDS:-2} STEPS=${STEADY_STEPS:-40} FULL=0 bash bench/compare-gpt.sh "$OUT" "$gpt"
