@@ -8,10 +8,42 @@
 # cuheap's worst over the driver's worst, and the vmm pool's mapping operations per warm step
 # (the run's second half), worst and best. Run from the repository root after a build:
 #   bash bench/run-churn.sh [BUILD_DIR]
+#
+# CAPACITIES="262M 300M 400M" asks instead whether each configuration fits on a device of each
+# size (the simulated device's memory): the runs, of RUNS, that ran to the end without an
+# out-of-memory (the driver alone's peak is its held bytes; cuheap's may be more).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
 RUNS=${RUNS:-3}
+if [ -n "${CAPACITIES:-}" ]; then
+    export LD_LIBRARY_PATH=$B/tests/fakecuda
+    printf '%-22s %-10s %s\n' workload device "runs that ran to the end, of $RUNS"
+    for w in ${WORKLOADS:-streams}; do
+        args=${w//,/ }
+        name=${args%% *}
+        opts=${args#"$name"}
+        for mem in $CAPACITIES; do
+            line=
+            for cfg in driver ${CONFIGS:-vmm legacy}; do
+                ok=0
+                for ((i = 0; i < RUNS; i++)); do
+                    if [ "$cfg" = driver ]; then
+                        FAKECUDA_DEVICE_MEM=$mem "$B/bench/bench-churn" $opts "$name" >/dev/null 2>&1 &&
+                            ok=$((ok + 1))
+                    else
+                        FAKECUDA_DEVICE_MEM=$mem LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=0 \
+                            CUHEAP_RECORD=0 CUHEAP_BACKING=${cfg%-notc} "$B/bench/bench-churn" \
+                            $opts "$name" >/dev/null 2>&1 && ok=$((ok + 1))
+                    fi
+                done
+                line="$line $cfg $ok"
+            done
+            printf '%-22s %-10s%s\n' "$name$opts" "$mem" "$line"
+        done
+    done
+    exit 0
+fi
 export LD_LIBRARY_PATH=$B/tests/fakecuda FAKECUDA_DEVICE_MEM=${FAKECUDA_DEVICE_MEM:-16G}
 WORKLOADS=${WORKLOADS:-streams streams,--depth,64 alternate grow-shrink}
 printf '%-22s %-20s %8s %8s %5s %10s %s\n' workload configuration worst best runs "x driver" \

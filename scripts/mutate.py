@@ -348,14 +348,19 @@ MUTATIONS = [
      "out of memory only when the driver alone would say so", "src/alloc.h",
      "    if (r == CUHEAP_POOL_PASS || r < 0)\n        return 0;",
      "    if (r == CUHEAP_POOL_PASS)\n        return 0;\n    if (r < 0)\n        return -1;"),
-    ("vmm-refusal-not-falling-back",
-     "vmm: the driver refuses the backing (a create, map or set-access fails twice with another "
-     "error than out of memory) and the pool never becomes a legacy pool: every request passes "
-     "to the driver for the rest of the run",
+    ("vmm-refused-becomes-legacy",
+     "vmm: once the driver refused the backing and the pool holds nothing, it becomes a legacy "
+     "pool of cuMemAlloc arenas (1.3-2.5x the live bytes, failing near the device's capacity "
+     "where the driver alone fits) instead of sending requests to the driver",
      "out of memory only when the driver alone would say so", "src/pool/acquire.c",
-     "    if (p->st.reserved || p->nr_empty != p->nr_arenas) /* blocks in use or pending, or memory */\n"
-     "        return false;",
-     "    if (1)\n        return false;"),
+     "    __atomic_store_n(&p->to_driver, true, __ATOMIC_RELEASE);",
+     "    p->vmm = false;"),
+    ("no-vmm-device-pools",
+     "a device without VMM under the default backing gets a legacy pool instead of the "
+     "driver's own allocations",
+     "out of memory only when the driver alone would say so", "src/pool/pool.c",
+     "        p->to_driver = true;",
+     "        (void)0;"),
     ("mapping-call-under-pool-lock",
      "vmm: a new chunk is created and mapped with the pool's lock held, so every other thread's "
      "allocation and free waits behind the driver's mapping calls",

@@ -49,15 +49,16 @@ struct cuheap_pool_stats {
                              had, CUHEAP_REUSE=sync) */
     uint64_t lost;   /* bytes the driver would not take back and the pool could not keep track of
                         (counted in reserved for good) */
-    int vmm_refused; /* CUHEAP_VMM_TO_DRIVER or _TO_LEGACY: the driver refused the backing */
+    int vmm_refused; /* CUHEAP_VMM_TO_DRIVER: the driver refused the backing; _ABSENT: none */
     bool fences_refused; /* fence queries refused outside any capture: freed blocks wait for a
                             device sync instead of a fence */
 };
 
-/* What the pool does after the driver refused a VMM call twice over (not for want of memory):
- * requests that need new memory go to the driver, until the pool holds nothing and becomes a
- * legacy pool (pool.c, vmm_refused_locked). */
-enum { CUHEAP_VMM_TO_DRIVER = 1, CUHEAP_VMM_TO_LEGACY };
+/* Why a CUHEAP_BACKING=vmm pool sends requests to the driver: it refused a VMM call twice over
+ * (not for want of memory; requests that need new memory go to the driver, and every request
+ * once the pool holds nothing: acquire.c, vmm_refused_locked), or the device has no VMM (every
+ * request, from the start). */
+enum { CUHEAP_VMM_TO_DRIVER = 1, CUHEAP_VMM_ABSENT };
 
 /* Something the pool did that a trace should show; seq is taken under the pool lock. */
 struct cuheap_pool_note {

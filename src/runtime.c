@@ -689,15 +689,18 @@ static void summary(void)
                               " times every stream was idle and none was needed "
                               "(CUHEAP_IDLE_CHECK)",
                               d->ordinal, ps.nr_fences, ps.nr_idle);
-        if (ps.vmm_refused) {
+        if (ps.vmm_refused == CUHEAP_VMM_ABSENT)
+            cuheap_log_always("GPU %d: no VMM on this device: requests go to the driver "
+                              "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)",
+                              d->ordinal);
+        else if (ps.vmm_refused) {
             int code = atomic_load_explicit(&d->cuda.vmm_failed_code, memory_order_relaxed);
             const char *call = atomic_load_explicit(&d->cuda.vmm_failed_call, memory_order_relaxed);
             char name[48];
             cuheap_log_always("GPU %d: vmm refused by the driver (%s: %s): %s", d->ordinal,
                               call ? call : "a VMM call", error_name(code, name, sizeof(name)),
-                              ps.vmm_refused == CUHEAP_VMM_TO_LEGACY
-                                  ? "using legacy arenas"
-                                  : "requests for new memory go to the driver");
+                              "requests for new memory go to the driver (CUHEAP_BACKING=legacy "
+                              "for a pool of cuMemAlloc arenas)");
         }
         if (ps.fences_refused) {
             char name[48];

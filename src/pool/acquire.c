@@ -38,22 +38,24 @@ static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq
  * reclaim, then to the driver). The backing does not work on this device, as on some
  * virtualized or partitioned GPUs, older drivers and containers (on WSL2 cuMemSetAccess
  * answers CUDA_ERROR_UNKNOWN although the device advertises VMM, and every allocation of
- * PyTorch's expandable segments fails), so the pool makes no more mapping calls. Once it holds
- * nothing, now or at a later refusal (its idle chunks given back first), it becomes a legacy
- * pool for the rest of the run, its address space given back; until then a request that needs
- * new memory goes to the driver. May drop p->lock. Returns whether the pool is a legacy pool
- * now. */
-bool vmm_refused_locked(struct cuheap_pool *p)
+ * PyTorch's expandable segments fails), so the pool makes no more mapping calls: a request
+ * that needs new memory goes to the driver, and once the pool holds nothing, now or at a later
+ * refusal (its idle chunks given back first), every request does (p->to_driver), its address
+ * space given back. Not a legacy pool: its arenas held 1.3-2.5x the live bytes where the
+ * driver alone held 1.1-1.2x, and failed jobs near the device's capacity that the driver alone
+ * ran (bench/RESULTS.md, issue 31); CUHEAP_BACKING=legacy still asks for one. May drop
+ * p->lock. */
+void vmm_refused_locked(struct cuheap_pool *p)
 {
-    if (!p->vmm)
-        return true; /* another thread saw to it (grow_va_locked drops the lock) */
+    if (!p->vmm || p->to_driver)
+        return; /* another thread saw to it (grow_va_locked drops the lock) */
     p->vmm_refused = CUHEAP_VMM_TO_DRIVER;
     tc_drain_all_locked(p, false);
     reclaim_locked(p);
     flush_quick_locked(p);
     release_idle_locked(p, 0);
     if (p->st.reserved || p->nr_empty != p->nr_arenas) /* blocks in use or pending, or memory */
-        return false;
+        return;
     /* no cache holds a block (each would be one in use); held still while the backing changes */
     tc_hold_all(p);
     unsigned nr = p->nr_arenas;
@@ -68,14 +70,12 @@ bool vmm_refused_locked(struct cuheap_pool *p)
     p->nr_arenas = p->nr_empty = p->hint = 0;
     p->st.nr_arenas = 0;
     p->peak_busy = 0;
-    p->vmm = false;
-    p->vmm_refused = CUHEAP_VMM_TO_LEGACY;
+    __atomic_store_n(&p->to_driver, true, __ATOMIC_RELEASE);
     tc_unhold_all(p);
     pool_unlock(p); /* address space nobody can reach any more: given back with no lock */
     for (unsigned i = 0; i < nr; i++)
         dev_va_free(p, vas[i], sizes[i]);
     pool_lock(p);
-    return true;
 }
 
 /* Physical memory for the unmapped granules [first, first + nr) of arena a, as one chunk:

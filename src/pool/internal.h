@@ -209,7 +209,8 @@ struct cuheap_pool {
      * fence, and the memory held with it. */
     uint64_t peak_busy;
     uint64_t pending_mapped; /* vmm: bytes the extents of pending blocks reach */
-    int vmm_refused;         /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _TO_LEGACY */
+    int vmm_refused;         /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _ABSENT */
+    bool to_driver;          /* every request goes to the driver (vmm_refused_locked) */
     /* one thread at a time makes mapping calls (vmm: phys.c, the mapper) or takes an arena
      * (legacy: arena.c), with p->lock dropped */
     bool mapping;                  /* a thread is the mapper */
@@ -647,7 +648,7 @@ void pend_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, ui
 void close_if_due_locked(struct cuheap_pool *p);
 
 /* acquire.c */
-bool vmm_refused_locked(struct cuheap_pool *p);
+void vmm_refused_locked(struct cuheap_pool *p);
 int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
                         struct acquire *acq);
 int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes);

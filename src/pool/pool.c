@@ -93,6 +93,12 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->min_order = 63u - (unsigned)__builtin_clzll(cfg->min_block);
     p->vmm = cfg->backing == CUHEAP_BACKING_VMM && be->granule && be->va_reserve && be->va_free &&
              be->phys_create && be->phys_release && be->phys_map && be->phys_unmap;
+    /* a device without VMM: the driver's own allocations, not a legacy pool (vmm_refused_locked
+     * says why); CUHEAP_BACKING=legacy asks for one */
+    if (cfg->backing == CUHEAP_BACKING_VMM && !p->vmm) {
+        p->vmm_refused = CUHEAP_VMM_ABSENT;
+        p->to_driver = true;
+    }
     p->granule_shift = p->vmm ? 63u - (unsigned)__builtin_clzll(be->granule) : 0;
     p->chunk_max =
         p->vmm && cfg->vmm_chunk > be->granule ? (uint32_t)(cfg->vmm_chunk >> p->granule_shift) : 1;
@@ -170,7 +176,7 @@ static __attribute__((noinline)) int pool_alloc_slow(struct cuheap_pool *p, uint
 int cuheap_pool_alloc(struct cuheap_pool *p, uint64_t size, uint64_t stream, uint64_t *ret_ptr,
                       uint64_t *ret_block, uint64_t *ret_seq)
 {
-    if (size == 0 || size > p->cfg->pool_max)
+    if (size == 0 || size > p->cfg->pool_max || __atomic_load_n(&p->to_driver, __ATOMIC_ACQUIRE))
         return CUHEAP_POOL_PASS;
     unsigned order = order_of_size(p, size);
     /* a block too large for the caches asks no fence on their behalf */
@@ -353,8 +359,7 @@ out_of_memory:
     pool_unlock(p);
     return -ENOMEM;
 refused:
-    if (vmm_refused_locked(p))
-        goto again; /* a legacy pool now */
+    vmm_refused_locked(p);
     pool_unlock(p);
     return CUHEAP_POOL_PASS; /* new memory from the driver while the pool's blocks live */
 }
@@ -538,11 +543,14 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
     pool_lock(p);
     if (p->vmm) {
         r = reserve_granules_locked(p, bytes);
-        if (r != -EIO || !vmm_refused_locked(p)) {
-            pool_unlock(p);
-            return r ? -ENOMEM : 0;
-        }
-        r = 0; /* a legacy pool now: arenas as below */
+        if (r == -EIO)
+            vmm_refused_locked(p); /* nothing to reserve: the driver serves what is asked */
+        pool_unlock(p);
+        return r && r != -EIO ? -ENOMEM : 0;
+    }
+    if (p->to_driver) {
+        pool_unlock(p);
+        return 0;
     }
     while (p->st.reserved < bytes && r == 0) {
         /* in power-of-two arenas that add up to what was asked, rounded up to 2 MiB */

@@ -2060,11 +2060,11 @@ static void test_rec_signal_handler_allocating_during_a_mark(void **state)
 static void test_vmm_refused_by_the_driver(void **state)
 {
     (void)state;
-    /* The pool's VMM calls fail: once (tried again), every time with a refusal's code (legacy
-     * arenas from then on, said once at exit; on WSL2 cuMemSetAccess answers 999 although the
-     * device advertises VMM), or every time out of memory (the pool is full as far as it can
-     * tell, and the driver's cuMemAlloc grants the request). The program gets every allocation
-     * the driver alone grants: 20 of 20 (before, it lost one, or all 20). */
+    /* The pool's VMM calls fail: once (tried again), every time with a refusal's code (the
+     * driver's own allocations from then on, said once at exit; on WSL2 cuMemSetAccess answers 999
+     * although the device advertises VMM), or every time out of memory (the pool is full as far as
+     * it can tell, and the driver's cuMemAlloc grants the request). The program gets every
+     * allocation the driver alone grants: 20 of 20 (before, it lost one, or all 20). */
     static const struct {
         const char *fail, *line; /* line: what the summary says, NULL: no refusal */
     } cases[] = {
@@ -2076,19 +2076,26 @@ static void test_vmm_refused_by_the_driver(void **state)
         {"cuMemAddressReserve:@1=801", NULL},
         {"cuMemCreate:@1+", NULL},
         {"cuMemCreate:@1+=801", "GPU 0: vmm refused by the driver (cuMemCreate: "
-                                "CUDA_ERROR_NOT_SUPPORTED): using legacy arenas\n"},
-        {"cuMemAddressReserve:@1+=801", "GPU 0: vmm refused by the driver (cuMemAddressReserve: "
-                                        "CUDA_ERROR_NOT_SUPPORTED): using legacy arenas\n"},
+                                "CUDA_ERROR_NOT_SUPPORTED): requests for new memory go to the "
+                                "driver (CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
+        {"cuMemAddressReserve:@1+=801",
+         "GPU 0: vmm refused by the driver (cuMemAddressReserve: "
+         "CUDA_ERROR_NOT_SUPPORTED): requests for new memory go to the driver "
+         "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
         {"cuMemSetAccess:@1+=999", "GPU 0: vmm refused by the driver (cuMemSetAccess: "
-                                   "CUDA_ERROR_UNKNOWN): using legacy arenas\n"},
+                                   "CUDA_ERROR_UNKNOWN): requests for new memory go to the driver "
+                                   "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
         {"cuMemMap:@1+=999", "GPU 0: vmm refused by the driver (cuMemMap: CUDA_ERROR_UNKNOWN): "
-                             "using legacy arenas\n"},
+                             "requests for new memory go to the driver (CUHEAP_BACKING=legacy for "
+                             "a pool of cuMemAlloc arenas)\n"},
         {"cuMemCreate:@1+=999", "GPU 0: vmm refused by the driver (cuMemCreate: "
-                                "CUDA_ERROR_UNKNOWN): using legacy arenas\n"},
+                                "CUDA_ERROR_UNKNOWN): requests for new memory go to the driver "
+                                "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
         /* refused once the pool holds memory: what needs more goes to the driver */
-        {"cuMemSetAccess:@3+=999", "GPU 0: vmm refused by the driver (cuMemSetAccess: "
-                                   "CUDA_ERROR_UNKNOWN): requests for new memory go to the "
-                                   "driver\n"},
+        {"cuMemSetAccess:@3+=999",
+         "GPU 0: vmm refused by the driver (cuMemSetAccess: "
+         "CUDA_ERROR_UNKNOWN): requests for new memory go to the "
+         "driver (CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct result r = run(FAKE " " PRELOAD " CUHEAP_BACKING=vmm CUHEAP_RECORD=0 "

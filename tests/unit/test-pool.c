@@ -426,6 +426,8 @@ static void no_warn(const char *line, void *arg)
     (void)arg;
 }
 
+static bool fixture_no_vmm; /* the device has no VMM: granule 0 */
+
 static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity, uint64_t arena,
                                      uint64_t limit, enum cuheap_backing backing)
 {
@@ -459,7 +461,7 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
         .stream_fence_record = hd_stream_fence,
         .device_sync = hd_sync,
         .mem_info = hd_info,
-        .granule = GRANULE,
+        .granule = fixture_no_vmm ? 0 : GRANULE,
         .va_reserve = hd_va_reserve,
         .va_free = hd_va_free,
         .phys_create = hd_phys_create,
@@ -2948,9 +2950,10 @@ static void test_fence_that_never_passes_is_left(void **state)
 }
 
 /* The driver refuses the vmm backing (not for want of memory): the first allocation, and every
- * one after it, is served from legacy arenas; the refused call left no handle or reservation
- * behind. */
-static void test_vmm_refused_becomes_legacy(void **state)
+ * one after it, goes to the driver, as it would without cuheap (legacy arenas held 1.3-2.5x
+ * the live bytes and failed jobs near the device's capacity that the driver alone ran); the
+ * refused call left no handle or reservation behind, and no arena was taken. */
+static void test_vmm_refused_goes_to_the_driver(void **state)
 {
     (void)state;
     for (int what = 0; what < 3; what++) {
@@ -2959,19 +2962,49 @@ static void test_vmm_refused_becomes_legacy(void **state)
                     : what == 1 ? &f->dev.fail_create
                                 : &f->dev.fail_map;
         *fail = INT_MAX;
-        uint64_t small = alloc(f, 4096, 0), large = alloc(f, 3 * MIB, 0);
-        assert_false(f->pool.vmm);
+        uint64_t ptr, block, seq;
+        for (int i = 0; i < 4; i++) {
+            uint64_t size = i % 2 ? 3 * MIB : 4096;
+            assert_int_equal(cuheap_pool_alloc(&f->pool, size, 0, &ptr, &block, &seq),
+                             CUHEAP_POOL_PASS);
+        }
+        assert_int_equal(cuheap_pool_reserve(&f->pool, 64 * MIB), 0); /* nothing to reserve */
         struct cuheap_pool_stats st;
         cuheap_pool_get_stats(&f->pool, &st);
-        assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_LEGACY);
-        assert_int_equal(f->dev.nr_creates, f->dev.nr_releases);  /* handles given back */
-        assert_int_equal(f->dev.used, atomic_load(&f->reserved)); /* the legacy arenas only */
-        assert_true(f->dev.nr_allocs > 0);
-        release(f, small, 0);
-        release(f, large, 0);
+        assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_DRIVER);
+        assert_int_equal(st.reserved, 0);
+        assert_int_equal(f->dev.nr_creates, f->dev.nr_releases); /* handles given back */
+        assert_int_equal(f->dev.nr_allocs, 0);                   /* no legacy arena */
+        assert_int_equal(atomic_load(&f->reserved), 0);
         check_invariants(f);
         teardown(f);
     }
+}
+
+/* A device without VMM under the default backing: every request goes to the driver from the
+ * first, and the summary can say why; CUHEAP_BACKING=legacy still gets a pool of arenas. */
+static void test_no_vmm_device_goes_to_the_driver(void **state)
+{
+    (void)state;
+    fixture_no_vmm = true;
+    struct fixture *f =
+        setup_backing(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0, CUHEAP_BACKING_VMM);
+    struct fixture *g = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    fixture_no_vmm = false;
+    uint64_t ptr, block, seq;
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 3 * MIB, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    assert_int_equal(cuheap_pool_reserve(&f->pool, 64 * MIB), 0);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.vmm_refused, CUHEAP_VMM_ABSENT);
+    assert_int_equal(f->dev.nr_allocs, 0);
+    uint64_t kept = alloc(g, 3 * MIB, 0); /* the legacy backing asked for: an arena */
+    assert_int_equal(g->dev.nr_allocs, 1);
+    release(g, kept, 0);
+    teardown(g);
+    current = f;
+    teardown(f);
 }
 
 /* One failed VMM call (any of reserve, create, map) is tried again: the pool stays vmm. */
@@ -2997,8 +3030,9 @@ static void test_vmm_failure_once_is_retried(void **state)
     }
 }
 
-/* Refused while pooled blocks live: a request that needs new memory goes to the driver; once
- * the program freed everything, the next refusal makes the pool a legacy one. */
+/* Refused while pooled blocks live: a request that needs new memory goes to the driver, one
+ * that fits what is mapped is still served; once the program freed everything, every request
+ * goes to the driver and the pool gives its address space back. */
 static void test_vmm_refused_with_blocks_live(void **state)
 {
     (void)state;
@@ -3007,18 +3041,21 @@ static void test_vmm_refused_with_blocks_live(void **state)
     f->dev.fail_map = INT_MAX;
     assert_int_equal(cuheap_pool_alloc(&f->pool, 8 * MIB, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
     assert_true(f->pool.vmm);
+    assert_false(f->pool.to_driver);
     struct cuheap_pool_stats st;
     cuheap_pool_get_stats(&f->pool, &st);
     assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_DRIVER);
     check_invariants(f);
     release(f, a, 0);
     complete_fences(&f->dev);
-    uint64_t b = alloc(f, 8 * MIB, 0);
-    assert_false(f->pool.vmm);
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 8 * MIB, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    assert_true(f->pool.to_driver);
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
     cuheap_pool_get_stats(&f->pool, &st);
-    assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_LEGACY);
+    assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_DRIVER);
+    assert_int_equal(st.reserved, 0);
     assert_int_equal(f->dev.nr_creates, f->dev.nr_releases);
-    release(f, b, 0);
+    assert_int_equal(f->dev.nr_allocs, 0); /* no legacy arena */
     check_invariants(f);
     teardown(f);
 }
@@ -3126,7 +3163,8 @@ int main(void)
         cmocka_unit_test(test_wait_that_returns_passes_its_fence),
         cmocka_unit_test(test_fence_query_refused_outside_capture),
         cmocka_unit_test(test_fence_that_never_passes_is_left),
-        cmocka_unit_test(test_vmm_refused_becomes_legacy),
+        cmocka_unit_test(test_vmm_refused_goes_to_the_driver),
+        cmocka_unit_test(test_no_vmm_device_goes_to_the_driver),
         cmocka_unit_test(test_vmm_failure_once_is_retried),
         cmocka_unit_test(test_vmm_refused_with_blocks_live),
         cmocka_unit_test(test_vmm_out_of_memory_is_no_refusal),
