@@ -690,7 +690,7 @@ static void summary(void)
                               "(CUHEAP_IDLE_CHECK)",
                               d->ordinal, ps.nr_fences, ps.nr_idle);
         if (ps.vmm_refused == CUHEAP_VMM_ABSENT)
-            cuheap_log_always("GPU %d: no VMM on this device: requests go to the driver "
+            cuheap_log_always("GPU %d: no VMM on this device or driver: requests go to the driver "
                               "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)",
                               d->ordinal);
         else if (ps.vmm_refused) {

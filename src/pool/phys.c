@@ -331,6 +331,8 @@ uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep)
 int grow_va_locked(struct cuheap_pool *p, uint64_t need)
 {
     uint64_t size = need > CUHEAP_VMM_ARENA ? pow2_ceil(need) : CUHEAP_VMM_ARENA, va = 0;
+    if (p->vmm_refused || p->to_driver)
+        return -EIO; /* no more VMM calls: the driver serves what the pool cannot */
     pool_unlock(p);
     int r = dev_va_reserve(p, size, &va);
     if (r && r != CUHEAP_BE_OOM)
@@ -348,15 +350,15 @@ int grow_va_locked(struct cuheap_pool *p, uint64_t need)
         }
     }
     pool_lock(p);
-    if (r == 0 && !p->vmm) {
-        /* another thread gave the backing up meanwhile (vmm_refused_locked): the caller looks
-         * at the pool anew, now a legacy one */
+    if (r == 0 && (p->vmm_refused || p->to_driver)) {
+        /* another thread gave the backing up meanwhile (vmm_refused_locked): the address space
+         * goes back, and the caller's request to the driver */
         map_update(a, false);
         arena_retire(a);
         pool_unlock(p);
         dev_va_free(p, va, size);
         pool_lock(p);
-        return 0;
+        return -EIO;
     }
     if (r)
         return r;

@@ -200,6 +200,10 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
         tc_large_alloc(p, mine, size, order, ret_ptr, ret_block, ret_seq) == 0)
         return 0;
     pool_lock_noting(p, mine);
+    if (p->to_driver) { /* switched while this thread waited for the lock */
+        pool_unlock(p);
+        return CUHEAP_POOL_PASS;
+    }
     if (p->nr_capturing && !stream) {
         pool_unlock(p);
         return CUHEAP_POOL_PASS;
@@ -541,16 +545,16 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
 {
     int r = 0;
     pool_lock(p);
+    if (p->to_driver) {
+        pool_unlock(p);
+        return 0; /* nothing to reserve: the driver serves what is asked */
+    }
     if (p->vmm) {
         r = reserve_granules_locked(p, bytes);
         if (r == -EIO)
             vmm_refused_locked(p); /* nothing to reserve: the driver serves what is asked */
         pool_unlock(p);
         return r && r != -EIO ? -ENOMEM : 0;
-    }
-    if (p->to_driver) {
-        pool_unlock(p);
-        return 0;
     }
     while (p->st.reserved < bytes && r == 0) {
         /* in power-of-two arenas that add up to what was asked, rounded up to 2 MiB */

@@ -2969,6 +2969,10 @@ static void test_vmm_refused_goes_to_the_driver(void **state)
                              CUHEAP_POOL_PASS);
         }
         assert_int_equal(cuheap_pool_reserve(&f->pool, 64 * MIB), 0); /* nothing to reserve */
+        assert_int_equal(f->pool.nr_arenas, 0); /* no address space taken after the refusal */
+        assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &ptr, &block, &seq),
+                         CUHEAP_POOL_PASS);
+        assert_int_equal(f->pool.nr_arenas, 0);
         struct cuheap_pool_stats st;
         cuheap_pool_get_stats(&f->pool, &st);
         assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_DRIVER);
