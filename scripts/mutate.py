@@ -361,6 +361,12 @@ MUTATIONS = [
      "out of memory only when the driver alone would say so", "src/pool/pool.c",
      "        p->to_driver = true;",
      "        (void)0;"),
+    ("summary-switch-unsaid",
+     "after a VMM refusal the summary says the pool's memory is still used where every request "
+     "goes to the driver",
+     "a clear one-line error naming what was wrong", "src/pool/pool.c",
+     "    ret->to_driver = __atomic_load_n(&p->to_driver, __ATOMIC_ACQUIRE);",
+     "    ret->to_driver = false;"),
     ("mapping-call-under-pool-lock",
      "vmm: a new chunk is created and mapped with the pool's lock held, so every other thread's "
      "allocation and free waits behind the driver's mapping calls",

@@ -50,6 +50,8 @@ struct cuheap_pool_stats {
     uint64_t lost;   /* bytes the driver would not take back and the pool could not keep track of
                         (counted in reserved for good) */
     int vmm_refused; /* CUHEAP_VMM_TO_DRIVER: the driver refused the backing; _ABSENT: none */
+    bool to_driver;  /* every request goes to the driver (after a refusal: once the pool held
+                        nothing) */
     bool fences_refused; /* fence queries refused outside any capture: freed blocks wait for a
                             device sync instead of a fence */
 };

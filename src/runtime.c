@@ -697,10 +697,14 @@ static void summary(void)
             int code = atomic_load_explicit(&d->cuda.vmm_failed_code, memory_order_relaxed);
             const char *call = atomic_load_explicit(&d->cuda.vmm_failed_call, memory_order_relaxed);
             char name[48];
-            cuheap_log_always("GPU %d: vmm refused by the driver (%s: %s): %s", d->ordinal,
-                              call ? call : "a VMM call", error_name(code, name, sizeof(name)),
-                              "requests for new memory go to the driver (CUHEAP_BACKING=legacy "
-                              "for a pool of cuMemAlloc arenas)");
+            /* once the pool held nothing, every request; before, its memory was still used */
+            cuheap_log_always("GPU %d: vmm refused by the driver (%s: %s): %s (CUHEAP_BACKING="
+                              "legacy for a pool of cuMemAlloc arenas)",
+                              d->ordinal, call ? call : "a VMM call",
+                              error_name(code, name, sizeof(name)),
+                              ps.to_driver ? "every request goes to the driver"
+                                           : "requests for new memory go to the driver, what "
+                                             "the pool holds still serves the rest");
         }
         if (ps.fences_refused) {
             char name[48];

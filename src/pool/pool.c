@@ -605,6 +605,7 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     *ret = p->st;
     ret->nr_idle += atomic_load_explicit(&p->nr_idle_tl, memory_order_relaxed);
     ret->vmm_refused = p->vmm_refused;
+    ret->to_driver = __atomic_load_n(&p->to_driver, __ATOMIC_ACQUIRE);
     ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
     pool_unlock(p);
 }

@@ -2075,27 +2075,27 @@ static void test_vmm_refused_by_the_driver(void **state)
         {"cuMemCreate:@1=801", NULL},
         {"cuMemAddressReserve:@1=801", NULL},
         {"cuMemCreate:@1+", NULL},
-        {"cuMemCreate:@1+=801", "GPU 0: vmm refused by the driver (cuMemCreate: "
-                                "CUDA_ERROR_NOT_SUPPORTED): requests for new memory go to the "
-                                "driver (CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
+    /* refused before the pool held anything: every request goes to the driver */
+#define EVERY                                                                                      \
+    "): every request goes to the driver (CUHEAP_BACKING=legacy for a pool of "                    \
+    "cuMemAlloc arenas)\n"
+        {"cuMemCreate:@1+=801",
+         "GPU 0: vmm refused by the driver (cuMemCreate: CUDA_ERROR_NOT_SUPPORTED" EVERY},
         {"cuMemAddressReserve:@1+=801",
-         "GPU 0: vmm refused by the driver (cuMemAddressReserve: "
-         "CUDA_ERROR_NOT_SUPPORTED): requests for new memory go to the driver "
-         "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
-        {"cuMemSetAccess:@1+=999", "GPU 0: vmm refused by the driver (cuMemSetAccess: "
-                                   "CUDA_ERROR_UNKNOWN): requests for new memory go to the driver "
-                                   "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
-        {"cuMemMap:@1+=999", "GPU 0: vmm refused by the driver (cuMemMap: CUDA_ERROR_UNKNOWN): "
-                             "requests for new memory go to the driver (CUHEAP_BACKING=legacy for "
-                             "a pool of cuMemAlloc arenas)\n"},
-        {"cuMemCreate:@1+=999", "GPU 0: vmm refused by the driver (cuMemCreate: "
-                                "CUDA_ERROR_UNKNOWN): requests for new memory go to the driver "
-                                "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
-        /* refused once the pool holds memory: what needs more goes to the driver */
+         "GPU 0: vmm refused by the driver (cuMemAddressReserve: CUDA_ERROR_NOT_SUPPORTED" EVERY},
+        {"cuMemSetAccess:@1+=999",
+         "GPU 0: vmm refused by the driver (cuMemSetAccess: CUDA_ERROR_UNKNOWN" EVERY},
+        {"cuMemMap:@1+=999",
+         "GPU 0: vmm refused by the driver (cuMemMap: CUDA_ERROR_UNKNOWN" EVERY},
+        {"cuMemCreate:@1+=999",
+         "GPU 0: vmm refused by the driver (cuMemCreate: CUDA_ERROR_UNKNOWN" EVERY},
+#undef EVERY
+        /* refused once the pool holds memory: what needs more goes to the driver, and the
+         * summary says the pool's memory is still used */
         {"cuMemSetAccess:@3+=999",
-         "GPU 0: vmm refused by the driver (cuMemSetAccess: "
-         "CUDA_ERROR_UNKNOWN): requests for new memory go to the "
-         "driver (CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
+         "GPU 0: vmm refused by the driver (cuMemSetAccess: CUDA_ERROR_UNKNOWN): requests for "
+         "new memory go to the driver, what the pool holds still serves the rest "
+         "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)\n"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct result r = run(FAKE " " PRELOAD " CUHEAP_BACKING=vmm CUHEAP_RECORD=0 "
