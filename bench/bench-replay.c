@@ -4,7 +4,7 @@
  * trace, e.g. bench/sequences/gpt-seq-nocache.jsonl.gz decompressed) through cuMemAlloc/cuMemFree
  * and prints peak live bytes, peak bytes held from the device, and their ratio.
  *
- *   bench-replay [--work-us N] [--steps N] [--passes N] TRACE
+ *   bench-replay [--work-us N] [--steps N] [--passes N] [--pluggable 1] TRACE
  *
  * Run it on the simulated driver alone (what the driver itself holds: the device's used bytes),
  * or with libcuheap.so preloaded (what cuheap holds: its peak reserved bytes). Like a training
@@ -20,6 +20,10 @@
  * with "map_ops=N ops_per_step=X": the chunks the vmm pool took from the driver, moved and
  * gave back during that pass (cuheap_get_stats), and that over --steps. A warm job should make
  * none: passes after the first are the warm ones.
+ *
+ * --pluggable 1 (under cuheap) allocates and frees through cuheap_torch_alloc/cuheap_torch_free
+ * on the replay's stream, as PyTorch's CUDAPluggableAllocator does, instead of cuMemAlloc and
+ * cuMemFree: blocks freed on a known stream, which may be reused on it at once.
  *
  * Output: one line, "replay=NAME allocs=N peak_live=B peak_held=B held_over_live=R", with
  * " warm_ops_per_step=X" (passes 2 to N together) under cuheap when N > 1.
@@ -37,6 +41,8 @@
 
 static struct driver_api cu;
 static int (*get_stats)(struct cuheap_stats *, size_t);
+static void *(*torch_alloc)(ssize_t, int, void *);
+static void (*torch_free)(void *, ssize_t, int, void *);
 
 /* Mapping operations so far: chunks taken from the driver, moved and given back (0 without
  * cuheap, or under a cuheap older than these fields, which leaves them as zeroed here). */
@@ -84,6 +90,7 @@ static uint64_t held_now(uint64_t used_at_start)
 int main(int argc, char **argv)
 {
     unsigned work_us = 20, steps = 30, passes = 1;
+    bool pluggable = false;
     int a = 1;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--work-us"))
@@ -92,11 +99,14 @@ int main(int argc, char **argv)
             steps = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--passes"))
             passes = (unsigned)atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--pluggable"))
+            pluggable = atoi(argv[a + 1]) != 0;
         else
             break;
     }
     if (a != argc - 1 || !steps || !passes) {
-        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] TRACE\n");
+        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] "
+                        "[--pluggable 1] TRACE\n");
         return 2;
     }
     struct cuheap_trace tr;
@@ -108,6 +118,12 @@ int main(int argc, char **argv)
     if (driver_api_start(&cu, 0))
         return 1;
     *(void **)&get_stats = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
+    *(void **)&torch_alloc = dlsym(RTLD_DEFAULT, "cuheap_torch_alloc");
+    *(void **)&torch_free = dlsym(RTLD_DEFAULT, "cuheap_torch_free");
+    if (pluggable && (!torch_alloc || !torch_free)) {
+        fprintf(stderr, "bench-replay: --pluggable needs libcuheap.so preloaded\n");
+        return 2;
+    }
     CUstream s;
     check(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     size_t f0, t0;
@@ -155,7 +171,13 @@ int main(int argc, char **argv)
                               e->api == CUHEAP_API_TORCH;
                 if (!device || !e->ptr || (pass && !freed[i]))
                     continue;
-                check(cu.cuMemAlloc_v2(&vals[i], e->size ? e->size : 1), "cuMemAlloc");
+                if (pluggable) {
+                    vals[i] = (CUdeviceptr)(uintptr_t)torch_alloc((ssize_t)(e->size ? e->size : 1),
+                                                                  0, (void *)s);
+                    check(vals[i] ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY, "cuheap_torch_alloc");
+                } else {
+                    check(cu.cuMemAlloc_v2(&vals[i], e->size ? e->size : 1), "cuMemAlloc");
+                }
                 live += e->size;
                 if (live > peak_live)
                     peak_live = live;
@@ -167,7 +189,11 @@ int main(int argc, char **argv)
                     check(cu.cuStreamSynchronize(s), "step end");
             } else if (e->type == CUHEAP_EV_FREE && match[i] && vals[match[i] - 1]) {
                 const struct cuheap_trace_event *x = &tr.events[match[i] - 1];
-                check(cu.cuMemFree_v2(vals[match[i] - 1]), "cuMemFree");
+                if (pluggable)
+                    torch_free((void *)(uintptr_t)vals[match[i] - 1], (ssize_t)x->size, 0,
+                               (void *)s);
+                else
+                    check(cu.cuMemFree_v2(vals[match[i] - 1]), "cuMemFree");
                 vals[match[i] - 1] = 0;
                 live -= x->size;
             } else {

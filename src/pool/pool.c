@@ -406,6 +406,20 @@ int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, void **ret_owner, uint64
     return pool_free_in(a->pool, a, ptr, stream, ret_size, ret_block, ret_seq);
 }
 
+/* Whether a block freed on a known stream (the pluggable allocator's frees) waits in that
+ * stream's cache, for reuse there at once, or behind a fence as other frees do. Under vmm only
+ * blocks under half a granule: a cached block stays whole at its order with its granules
+ * mapped, so a request of another order maps new memory while the cache's sits unused, and one
+ * of the same order may need more granules than the cached block has; behind a fence the
+ * block merges back into its arena, where placement finds its memory. On the GPT replay
+ * through the pluggable allocator, caching every size made over twice the mapping operations
+ * of the same job's cudaMalloc path; caching below half a granule, as many
+ * (bench/RESULTS.md). */
+static bool stream_cacheable(const struct cuheap_pool *p, uint64_t block)
+{
+    return !p->vmm || block < granule_bytes(p) / 2;
+}
+
 static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, bool cached,
                           uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
 {
@@ -430,7 +444,8 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
         *ret_seq = cuheap_seq_next();
     *ret_size = size;
     *ret_block = block;
-    struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, true) : NULL;
+    struct cuheap_stream_cache *sc =
+        stream && stream_cacheable(p, block) ? stream_cache_locked(p, stream, true) : NULL;
     if (sc) {
         a->link[u] = sc->heads[order];
         sc->heads[order] = ptr;

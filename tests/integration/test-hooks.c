@@ -755,14 +755,16 @@ static void test_pluggable_allocator(void **state)
     (void)state;
     CUstream s;
     assert_int_equal(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    void *a = cuheap_torch_alloc(1 << 20, 0, s);
+    /* a small block (under vmm, under half a granule: larger ones wait behind a fence, so
+     * that their memory serves other sizes) */
+    void *a = cuheap_torch_alloc(1 << 16, 0, s);
     assert_non_null(a);
-    memset(a, 1, 1 << 20);
-    cuheap_torch_free(a, 1 << 20, 0, s);
-    void *b = cuheap_torch_alloc(1 << 20, 0, s);
+    memset(a, 1, 1 << 16);
+    cuheap_torch_free(a, 1 << 16, 0, s);
+    void *b = cuheap_torch_alloc(1 << 16, 0, s);
     if (pool_on)
         assert_ptr_equal(b, a); /* same stream: reused at once, in stream order */
-    cuheap_torch_free(b, 1 << 20, 0, s);
+    cuheap_torch_free(b, 1 << 16, 0, s);
     void *big = cuheap_torch_alloc((ssize_t)big_size(), 0, s);
     assert_non_null(big);
     cuheap_torch_free(big, (ssize_t)big_size(), 0, s);

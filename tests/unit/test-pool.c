@@ -984,6 +984,48 @@ static void check_invariants(struct fixture *f)
         fail_msg("pool invariant: %s", why);
 }
 
+/* A training-shaped loop on one stream (activations of many sizes, 1.5x as large every other
+ * step, freed in reverse; the host syncs at each step's end): the mapping calls its warm half
+ * makes, its blocks freed on that stream (the pluggable allocator's frees) or on none (cudaFree's).
+ */
+static int loop_mapping_calls(uint64_t stream)
+{
+    static const uint64_t sizes[] = {6 * MIB,  12 * MIB, 20 * MIB, 40 * MIB, 3 * MIB,
+                                     24 * MIB, 9 * MIB,  33 * MIB, 5 * MIB,  17 * MIB};
+    enum { NR = sizeof(sizes) / sizeof(sizes[0]), STEPS = 40 };
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t model = alloc(f, 8 * MIB, 0), act[NR];
+    int warm = 0;
+    for (int step = 0; step < STEPS; step++) {
+        if (step == STEPS / 2)
+            warm = mapping_calls(f);
+        for (int k = 0; k < NR; k++)
+            act[k] = alloc(f, step % 2 ? sizes[k] * 3 / 2 : sizes[k], stream);
+        for (int k = NR; k-- > 0;)
+            release(f, act[k], stream);
+        complete_fences(&f->dev); /* the step's end: its work is done */
+    }
+    warm = mapping_calls(f) - warm;
+    check_invariants(f);
+    release(f, model, 0);
+    teardown(f);
+    return warm;
+}
+
+/* Blocks freed on their stream are reused there at once, but under vmm a block of half a
+ * granule or more waits behind a fence, so that it merges back and its memory serves the
+ * blocks of other sizes: kept whole per stream, each size found the others' memory taken and
+ * had memory mapped for it (the pluggable allocator made twice the mapping calls of
+ * cudaMalloc's path on a recorded job). */
+static void test_vmm_stream_frees_map_no_more(void **state)
+{
+    (void)state;
+    int plain = loop_mapping_calls(0), on_stream = loop_mapping_calls(0x9);
+    print_message("# warm mapping calls: %d freed on no stream, %d on the stream\n", plain,
+                  on_stream);
+    assert_true(on_stream <= plain + plain / 4 + 4);
+}
+
 /* A 20 MiB request takes a 32 MiB block of address space and 20 MiB of device memory. */
 static void test_vmm_rounding_costs_no_memory(void **state)
 {
@@ -1841,11 +1883,11 @@ static void test_vmm_granule_mapped_while_waiting(void **state)
 {
     (void)state;
     struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
-    f->cfg.vmm_cushion = 16 * MIB; /* the budget: 64 MiB below, plus this */
+    f->cfg.vmm_cushion = 0; /* the budget: the most the blocks have used at once */
     pthread_cond_init(&f->dev.gate, NULL);
-    uint64_t big = alloc(f, 64 * MIB, 0x5); /* the pool's high-water mark: 64 MiB */
-    release(f, big, 0x5);                   /* waits in stream 0x5's cache */
-    uint64_t live = alloc(f, 16 * MIB, 0);  /* up to the budget: the next granule must wait */
+    uint64_t big = alloc(f, 64 * MIB, 0x5);
+    uint64_t live = alloc(f, 16 * MIB, 0); /* the budget: 80 MiB, all of it held */
+    release(f, big, 0x5);                  /* behind a fence: the next granule must wait for it */
     pthread_mutex_lock(&f->dev.lock);
     f->dev.gated = true;
     pthread_mutex_unlock(&f->dev.lock);
@@ -3120,6 +3162,7 @@ int main(void)
         cmocka_unit_test(test_reserve_what_is_asked),
         cmocka_unit_test(test_random_with_invariants),
         cmocka_unit_test(test_vmm_rounding_costs_no_memory),
+        cmocka_unit_test(test_vmm_stream_frees_map_no_more),
         cmocka_unit_test(test_vmm_reuse_needs_no_driver_call),
         cmocka_unit_test(test_vmm_block_is_few_chunks),
         cmocka_unit_test(test_vmm_idle_makes_room),
