@@ -14,7 +14,7 @@ ninja -C "$dir" >/dev/null
 b=gpu-bundle
 rm -rf "$b"
 mkdir -p "$b"
-cp "$dir/src/libcuheap.so" "$dir/tools/cuheap" "$dir/tests/test-gpu" "$dir/bench/bench-alloc" "$dir/bench/bench-churn" \
+cp "$dir/src/libcuheap.so" "$dir/tools/cuheap" "$dir/tests/test-gpu" "$dir/bench/bench-alloc" "$dir/bench/bench-churn" "$dir/bench/bench-replay" \
    "$dir/tests/programs/door-procaddr" "$dir/tests/programs/door-dlsym" \
    "$dir/tests/programs/cuheap-demo" "$dir/tests/programs/audit-door" "$b/"
 lib=$(dirname "$(readlink -f /usr/lib/x86_64-linux-gnu/libunwind.so.8)")
