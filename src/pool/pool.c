@@ -411,10 +411,8 @@ int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, void **ret_owner, uint64
  * blocks under half a granule: a cached block stays whole at its order with its granules
  * mapped, so a request of another order maps new memory while the cache's sits unused, and one
  * of the same order may need more granules than the cached block has; behind a fence the
- * block merges back into its arena, where placement finds its memory. On the GPT replay
- * through the pluggable allocator, caching every size made over twice the mapping operations
- * of the same job's cudaMalloc path; caching below half a granule, as many
- * (bench/RESULTS.md). */
+ * block merges back into its arena, where placement finds its memory (the GPT replay through
+ * the pluggable allocator: bench/RESULTS.md, issue 31). */
 static bool stream_cacheable(const struct cuheap_pool *p, uint64_t block)
 {
     return !p->vmm || block < granule_bytes(p) / 2;
