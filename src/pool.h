@@ -138,7 +138,9 @@ int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_b
  * down to CUHEAP_POOL_INIT when keep_init). Returns the bytes released. */
 uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init);
 
-/* Grow the pool until it holds at least bytes (CUHEAP_POOL_INIT). Returns 0 or -ENOMEM. */
+/* Grow the pool until it holds at least bytes (CUHEAP_POOL_INIT). Returns 0, -ENOMEM, or
+ * -EIO when nothing can be reserved because every request goes to the driver (it refused the
+ * vmm backing, now or before). */
 int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes);
 
 /* Stream capture began (+1) or ended (-1) somewhere in the process. */

@@ -423,8 +423,18 @@ static struct cuheap_device *device_lookup(CUcontext ctx)
         fresh = d != NULL;
     }
     pthread_mutex_unlock(&devices_lock);
-    if (fresh && cuheap_cfg.pool && cuheap_cfg.pool_init &&
-        cuheap_pool_reserve(d->pool, cuheap_cfg.pool_init))
+    int r = fresh && cuheap_cfg.pool && cuheap_cfg.pool_init
+                ? cuheap_pool_reserve(d->pool, cuheap_cfg.pool_init)
+                : 0;
+    if (r == -EIO) { /* said, not left for the user to find out from a pool that stays empty */
+        struct cuheap_pool_stats ps;
+        cuheap_pool_get_stats(d->pool, &ps);
+        cuheap_log("CUHEAP_POOL_INIT: nothing reserved on device %d: every request goes to the "
+                   "driver (%s)",
+                   d->ordinal,
+                   ps.vmm_refused == CUHEAP_VMM_ABSENT ? "the device has no vmm"
+                                                       : "the driver refused the vmm backing");
+    } else if (r)
         cuheap_log("CUHEAP_POOL_INIT: could only reserve %" PRIu64 " bytes on device %d",
                    (uint64_t)atomic_load(&d->reserved), d->ordinal);
     return d;

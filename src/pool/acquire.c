@@ -51,6 +51,8 @@ void vmm_refused_locked(struct cuheap_pool *p)
         return; /* another thread saw to it (grow_va_locked drops the lock) */
     p->vmm_refused = CUHEAP_VMM_TO_DRIVER;
     tc_drain_all_locked(p, false);
+    flush_stream_caches_locked(p); /* a stream's kept block holds its granules for good else */
+    close_epoch_locked(p);
     reclaim_locked(p);
     flush_quick_locked(p);
     release_idle_locked(p, 0);

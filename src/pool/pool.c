@@ -560,14 +560,15 @@ int cuheap_pool_reserve(struct cuheap_pool *p, uint64_t bytes)
     pool_lock(p);
     if (p->to_driver) {
         pool_unlock(p);
-        return 0; /* nothing to reserve: the driver serves what is asked */
+        return -EIO; /* nothing to reserve: the driver serves what is asked */
     }
     if (p->vmm) {
         r = reserve_granules_locked(p, bytes);
         if (r == -EIO)
-            vmm_refused_locked(p); /* nothing to reserve: the driver serves what is asked */
+            vmm_refused_locked(p); /* its granules go back: the driver serves what is asked */
+        bool to_driver = p->to_driver;
         pool_unlock(p);
-        return r && r != -EIO ? -ENOMEM : 0;
+        return to_driver ? -EIO : r ? -ENOMEM : 0;
     }
     while (p->st.reserved < bytes && r == 0) {
         /* in power-of-two arenas that add up to what was asked, rounded up to 2 MiB */

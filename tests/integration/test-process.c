@@ -2110,6 +2110,23 @@ static void test_vmm_refused_by_the_driver(void **state)
     }
 }
 
+/* CUHEAP_POOL_INIT where the driver refuses the vmm backing: the program gets every allocation
+ * from the driver, and one line says why nothing was reserved (it said nothing before). */
+static void test_pool_init_refused_is_said(void **state)
+{
+    (void)state;
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_BACKING=vmm CUHEAP_RECORD=0 CUHEAP_POOL_INIT=64M "
+                 "FAKECUDA_DEVICE_MEM=256M FAKECUDA_FAIL='cuMemCreate:@1+=801' "
+                 "timeout 60 %s/tests/programs/stress vmm-refused",
+            build, build, build);
+    if (r.status || !strstr(r.out, "granted 20 of 20, 20 intact") ||
+        count_lines(r.err, "CUHEAP_POOL_INIT: nothing reserved on device 0: every request goes "
+                           "to the driver (the driver refused the vmm backing)") != 1)
+        fail_msg("exit %d\n%s%s", r.status, r.out, r.err);
+    done(&r);
+}
+
 static void test_fence_query_refused_does_not_hang(void **state)
 {
     (void)state;
@@ -2177,6 +2194,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_nvtx_ranges_become_markers, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_several_devices, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_vmm_refused_by_the_driver, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_pool_init_refused_is_said, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_fence_query_refused_does_not_hang, fresh_dir,
                                         remove_dir),
         /* the recorder's cases */

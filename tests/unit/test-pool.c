@@ -3010,7 +3010,7 @@ static void test_vmm_refused_goes_to_the_driver(void **state)
             assert_int_equal(cuheap_pool_alloc(&f->pool, size, 0, &ptr, &block, &seq),
                              CUHEAP_POOL_PASS);
         }
-        assert_int_equal(cuheap_pool_reserve(&f->pool, 64 * MIB), 0); /* nothing to reserve */
+        assert_int_equal(cuheap_pool_reserve(&f->pool, 64 * MIB), -EIO); /* nothing to reserve */
         assert_int_equal(f->pool.nr_arenas, 0); /* no address space taken after the refusal */
         assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &ptr, &block, &seq),
                          CUHEAP_POOL_PASS);
@@ -3027,6 +3027,33 @@ static void test_vmm_refused_goes_to_the_driver(void **state)
     }
 }
 
+/* A refusal while a small block waits in a stream's cache (the pluggable allocator's frees):
+ * the cache goes behind a fence like every other kept block, so once it passes the pool holds
+ * nothing and every request goes to the driver; kept in the cache, the block pinned the pool's
+ * memory for as long as the program ran. */
+static void test_vmm_refused_flushes_stream_caches(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    release(f, alloc(f, 64 * MIB, 0), 0); /* a budget the next requests stay within */
+    complete_fences(&f->dev);
+    uint64_t small = alloc(f, 4096, 0x5);
+    release(f, small, 0x5);
+    f->dev.fail_create = f->dev.fail_map = INT_MAX;
+    uint64_t ptr, block, seq;
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 3 * MIB, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    complete_fences(&f->dev);
+    assert_int_equal(cuheap_pool_alloc(&f->pool, 3 * MIB, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.vmm_refused, CUHEAP_VMM_TO_DRIVER);
+    assert_int_equal(st.reserved, 0);
+    assert_int_equal(f->pool.nr_arenas, 0);
+    assert_int_equal(f->dev.nr_creates, f->dev.nr_releases); /* every handle given back */
+    check_invariants(f);
+    teardown(f);
+}
+
 /* A device without VMM under the default backing: every request goes to the driver from the
  * first, and the summary can say why; CUHEAP_BACKING=legacy still gets a pool of arenas. */
 static void test_no_vmm_device_goes_to_the_driver(void **state)
@@ -3040,7 +3067,7 @@ static void test_no_vmm_device_goes_to_the_driver(void **state)
     uint64_t ptr, block, seq;
     assert_int_equal(cuheap_pool_alloc(&f->pool, 4096, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
     assert_int_equal(cuheap_pool_alloc(&f->pool, 3 * MIB, 0, &ptr, &block, &seq), CUHEAP_POOL_PASS);
-    assert_int_equal(cuheap_pool_reserve(&f->pool, 64 * MIB), 0);
+    assert_int_equal(cuheap_pool_reserve(&f->pool, 64 * MIB), -EIO);
     struct cuheap_pool_stats st;
     cuheap_pool_get_stats(&f->pool, &st);
     assert_int_equal(st.vmm_refused, CUHEAP_VMM_ABSENT);
@@ -3211,6 +3238,7 @@ int main(void)
         cmocka_unit_test(test_fence_query_refused_outside_capture),
         cmocka_unit_test(test_fence_that_never_passes_is_left),
         cmocka_unit_test(test_vmm_refused_goes_to_the_driver),
+        cmocka_unit_test(test_vmm_refused_flushes_stream_caches),
         cmocka_unit_test(test_no_vmm_device_goes_to_the_driver),
         cmocka_unit_test(test_vmm_failure_once_is_retried),
         cmocka_unit_test(test_vmm_refused_with_blocks_live),
