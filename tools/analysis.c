@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "event.h"
+#include "stepplan.h"
 
 static size_t hash_ptr(uint64_t p, size_t n)
 {
@@ -409,4 +410,120 @@ void print_oom_report(const struct cuheap_trace *t, int device)
     }
     if (!json_is_true(json_object_get(first, "complete")))
         printf("    (the trace lost events before it: those call sites may be off)\n");
+}
+
+/* A device's allocations in trace order: size, event index of the allocation and of its free
+ * (UINT64_MAX: never freed). */
+struct step_alloc {
+    uint64_t size, at, freed;
+};
+
+#define STEP_PLAN_MAX 16384
+
+static bool grow_allocs(struct step_alloc **v, size_t *cap, size_t nr)
+{
+    if (nr < *cap)
+        return true;
+    size_t c = *cap ? *cap * 2 : 4096;
+    struct step_alloc *n = realloc(*v, c * sizeof(*n));
+    if (!n)
+        return false;
+    *v = n;
+    *cap = c;
+    return true;
+}
+
+bool estimate_step(const struct cuheap_trace *t, int device, struct step_estimate *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    struct step_alloc *v = NULL;
+    size_t nr = 0, cap = 0, idx = 0;
+    struct live_set live;
+    live_set_init(&live);
+    bool ok = true;
+    struct cuheap_trace_iter it;
+    for (const struct cuheap_trace_event *e = cuheap_trace_first(t, &it); e && ok;
+         e = cuheap_trace_next(&it), idx++) {
+        if (e->device != device || !counts_as_device_memory(e))
+            continue;
+        struct live_alloc a;
+        if (e->type == CUHEAP_EV_ALLOC) {
+            if (!(ok = grow_allocs(&v, &cap, nr)))
+                break;
+            live_set_take(&live, e->ptr, &a); /* its free was lost */
+            v[nr] = (struct step_alloc){e->size, idx, UINT64_MAX};
+            live_set_put(&live, &(struct live_alloc){.ptr = e->ptr, .t = nr});
+            nr++;
+        } else if (e->type == CUHEAP_EV_FREE && live_set_take(&live, e->ptr, &a)) {
+            v[a.t].freed = idx;
+        }
+    }
+    cuheap_trace_iter_end(&it);
+    live_set_free(&live);
+    uint64_t *keys = ok ? malloc((nr ? nr : 1) * sizeof(*keys)) : NULL;
+    ok = ok && keys;
+    for (size_t i = 0; ok && i < nr; i++)
+        keys[i] = v[i].size;
+    size_t p = ok ? cuheap_step_period(keys, nr) : 0;
+    free(keys);
+    if (p > STEP_PLAN_MAX) { /* placing is quadratic in a step's blocks: said, not planned */
+        free(v);
+        ret->period = p;
+        return true;
+    }
+    struct cuheap_step_block *b = p ? calloc(p, sizeof(*b)) : NULL;
+    if (p && !b)
+        ok = false;
+    if (!ok || !p) {
+        free(v);
+        return ok;
+    }
+    size_t k0 = nr / 2;
+    uint64_t t0 = v[k0].at, period = v[k0 + p].at - t0;
+    size_t nb = 0;
+    for (size_t k = 0; k < k0 + p; k++) {
+        bool through = v[k].at < t0 && v[k].freed >= t0 + period; /* or never freed */
+        bool in_step = k >= k0;
+        if (in_step && v[k].freed != UINT64_MAX && v[k].freed - v[k].at < period)
+            b[nb++] = (struct cuheap_step_block){v[k].size, v[k].at - t0,
+                                                 v[k].at - t0 + (v[k].freed - v[k].at), 0};
+        else if (through || in_step)
+            ret->outside += v[k].size;
+    }
+    /* the most bytes live during the step, from every allocation's life */
+    int64_t *delta = calloc(period + 1, sizeof(*delta));
+    if (!delta) {
+        free(b);
+        free(v);
+        return false;
+    }
+    int64_t base = 0;
+    for (size_t k = 0; k < nr; k++) {
+        uint64_t a = v[k].at, f = v[k].freed;
+        if (a >= t0 + period || f < t0)
+            continue;
+        if (a < t0)
+            base += (int64_t)v[k].size;
+        else
+            delta[a - t0] += (int64_t)v[k].size;
+        if (f < t0 + period)
+            delta[f - t0] -= (int64_t)v[k].size;
+    }
+    int64_t cur = base, most = base;
+    for (uint64_t i = 0; i < period; i++) {
+        cur += delta[i];
+        if (cur > most)
+            most = cur;
+    }
+    free(delta);
+    ret->peak_live = (uint64_t)most;
+    uint64_t region = cuheap_step_plan(b, nb, period, 2ull << 20);
+    free(b);
+    free(v);
+    if (region == UINT64_MAX) /* every life is shorter than the step: only memory runs out */
+        return false;
+    ret->region = region;
+    ret->nr_planned = nb;
+    ret->period = p;
+    return true;
 }

@@ -108,6 +108,22 @@ enum site_measure {
 size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s,
                      enum site_measure m, int device, struct site **ret);
 
+/* A device's repeating step and what a placement planned once from it would hold
+ * (src/stepplan.h): the step taken from the middle of the trace, its blocks placed on a circle
+ * of its events, beside the bytes that stay live through it (allocated before, freed after or
+ * never) and its blocks that live a step or longer. */
+struct step_estimate {
+    size_t period;      /* allocations a step; 0: no step repeats */
+    uint64_t region;    /* bytes the planned blocks take */
+    uint64_t outside;   /* bytes live through the step outside the plan */
+    uint64_t peak_live; /* the most live bytes during the step */
+    size_t nr_planned;  /* blocks placed; 0 with a period: too long a step to plan */
+};
+
+/* Returns false when the trace could not be read again or memory ran out; a trace without a
+ * repeating step is no failure (period 0). */
+bool estimate_step(const struct cuheap_trace *t, int device, struct step_estimate *ret);
+
 /* "12.3 MiB" */
 const char *human_bytes(uint64_t v, char *buf, size_t size);
 

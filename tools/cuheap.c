@@ -613,6 +613,17 @@ static void report_one(const struct cuheap_trace *t, const struct trace_summary 
                ", %s allocated in all\n",
                d->nr_allocs, d->nr_pooled, d->nr_frees,
                human_bytes(d->bytes_allocated, b3, sizeof(b3)));
+        struct step_estimate st;
+        if (estimate_step(t, d->device, &st) && st.period && !st.nr_planned)
+            printf("  steps          repeat every %zu allocations\n", st.period);
+        else if (st.period)
+            printf("  steps          repeat every %zu allocations; one step's blocks placed once "
+                   "take %s\n                 beside %s live through it: %.3f of the step's peak "
+                   "live %s\n",
+                   st.period, human_bytes(st.region, b1, sizeof(b1)),
+                   human_bytes(st.outside, b2, sizeof(b2)),
+                   st.peak_live ? (double)(st.region + st.outside) / (double)st.peak_live : 0.0,
+                   human_bytes(st.peak_live, b3, sizeof(b3)));
         if (d->nr_ooms || d->nr_limit)
             printf("  OUT OF MEMORY  %" PRIu64 " times, %" PRIu64 " refused by CUHEAP_LIMIT\n",
                    d->nr_ooms, d->nr_limit);

@@ -175,11 +175,79 @@ static void test_summary_while_reading(void **state)
     unlink(reversed);
 }
 
+/* A training loop: 8 MiB kept from the start, a warm-up of other sizes, then 12 steps of
+ * A 4 MiB, B 1 MiB, B freed, C 2 MiB, A freed, C freed (A and C live together, B beside A).
+ * Planned once for one step, B shares C's place: 6 MiB beside the 8 MiB kept, which is the
+ * step's own peak (8 + 4 + 2), so 1.000 of it. */
+static int write_loop(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof(path), "/tmp/cuheap-analysis-XXXXXX");
+    FILE *f = fdopen(mkstemp(path), "w");
+    fputs("{\"type\":\"header\",\"format\":\"cuheap-trace\",\"version\":1,\"pid\":9,"
+          "\"start_unix_ns\":0,\"config\":{}}\n",
+          f);
+    uint64_t seq = 1, n = 0;
+    line(f, "alloc", seq++, 0x100000000, 8 * MIB, 0, 0);
+    for (int i = 0; i < 5; i++) {
+        line(f, "alloc", seq++, 0x200000000, (uint64_t)(i + 5) * MIB, 0, 0);
+        line(f, "free", seq++, 0x200000000, (uint64_t)(i + 5) * MIB, 0, 0);
+    }
+    for (int step = 0; step < 12; step++) {
+        line(f, "alloc", seq++, 0x300000000, 4 * MIB, 0, 0);
+        line(f, "alloc", seq++, 0x400000000, 1 * MIB, 0, 0);
+        line(f, "free", seq++, 0x400000000, 1 * MIB, 0, 0);
+        line(f, "alloc", seq++, 0x500000000, 2 * MIB, 0, 0);
+        line(f, "free", seq++, 0x300000000, 4 * MIB, 0, 0);
+        line(f, "free", seq++, 0x500000000, 2 * MIB, 0, 0);
+    }
+    n = seq - 1;
+    fprintf(f,
+            "{\"type\":\"footer\",\"events\":%llu,\"written\":%llu,\"dropped\":0,"
+            "\"stacks\":0,\"t\":%llu}\n",
+            (unsigned long long)n, (unsigned long long)n, (unsigned long long)seq * 1000);
+    fclose(f);
+    return 0;
+}
+
+static void test_step_estimate(void **state)
+{
+    (void)state;
+    struct cuheap_trace t;
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, &t, err, sizeof(err)), 0);
+    struct step_estimate st;
+    assert_true(estimate_step(&t, 0, &st));
+    assert_int_equal(st.period, 3);
+    assert_int_equal(st.nr_planned, 3);
+    assert_int_equal(st.region, 6 * MIB);
+    assert_int_equal(st.outside, 8 * MIB);
+    assert_int_equal(st.peak_live, 14 * MIB);
+    assert_true(estimate_step(&t, 1, &st)); /* a device with nothing: no step */
+    assert_int_equal(st.period, 0);
+    cuheap_trace_free(&t);
+}
+
+/* The first trace has no step: four allocations of one size are no loop. */
+static void test_no_step(void **state)
+{
+    (void)state;
+    struct cuheap_trace t;
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, &t, err, sizeof(err)), 0);
+    struct step_estimate st;
+    assert_true(estimate_step(&t, 0, &st));
+    assert_int_equal(st.period, 0);
+    cuheap_trace_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_summary, write_trace, remove_trace),
         cmocka_unit_test_setup_teardown(test_summary_while_reading, write_trace, remove_trace),
+        cmocka_unit_test_setup_teardown(test_step_estimate, write_loop, remove_trace),
+        cmocka_unit_test_setup_teardown(test_no_step, write_trace, remove_trace),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: MIT */
+#include "stepplan.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+size_t cuheap_step_period(const uint64_t *keys, size_t n)
+{
+    size_t from = n / 2;
+    for (size_t p = 1; p <= n / 4; p++) {
+        size_t i = from;
+        while (i < from + 2 * p && keys[i] == keys[i - p])
+            i++;
+        if (i == from + 2 * p)
+            return p;
+    }
+    return 0;
+}
+
+/* A block's life as up to two pieces of [0, period). */
+struct span {
+    uint64_t a[2], b[2];
+    int nr;
+};
+
+static struct span span_of(const struct cuheap_step_block *x, uint64_t period)
+{
+    struct span s = {{x->start, 0}, {x->end, 0}, 1};
+    if (x->end > period) {
+        s.b[0] = period;
+        s.a[1] = 0;
+        s.b[1] = x->end - period;
+        s.nr = 2;
+    }
+    return s;
+}
+
+static bool spans_meet(const struct span *s, const struct span *t)
+{
+    for (int i = 0; i < s->nr; i++)
+        for (int j = 0; j < t->nr; j++)
+            if (s->a[i] < t->b[j] && t->a[j] < s->b[i])
+                return true;
+    return false;
+}
+
+struct placed {
+    uint64_t lo, hi; /* bytes taken */
+};
+
+struct ranked {
+    uint64_t size;
+    size_t i;
+};
+
+static int by_size_down(const void *x, const void *y)
+{
+    const struct ranked *p = x, *q = y;
+    if (p->size != q->size)
+        return p->size > q->size ? -1 : 1;
+    return p->i < q->i ? -1 : p->i > q->i; /* the step's order among equals: one plan always */
+}
+
+static int by_lo(const void *x, const void *y)
+{
+    const struct placed *p = x, *q = y;
+    return p->lo < q->lo ? -1 : p->lo > q->lo;
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+/* What a block takes: its size rounded up to its alignment. */
+static uint64_t taken(const struct cuheap_step_block *b, uint64_t granule, uint64_t *ret_align)
+{
+    uint64_t al = b->size >= granule ? granule : 512;
+    if (ret_align)
+        *ret_align = al;
+    return align_up(b->size ? b->size : 1, al);
+}
+
+uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t period,
+                          uint64_t granule)
+{
+    for (size_t i = 0; i < n; i++)
+        if (blocks[i].start >= period || blocks[i].end <= blocks[i].start ||
+            blocks[i].end - blocks[i].start >= period)
+            return UINT64_MAX;
+    struct ranked *order = malloc((n ? n : 1) * sizeof(*order));
+    struct span *spans = malloc((n ? n : 1) * sizeof(*spans));
+    struct placed *busy = malloc((n ? n : 1) * sizeof(*busy));
+    bool *done = calloc(n ? n : 1, sizeof(*done));
+    if (!order || !spans || !busy || !done) {
+        free(order);
+        free(spans);
+        free(busy);
+        free(done);
+        return UINT64_MAX;
+    }
+    for (size_t i = 0; i < n; i++) {
+        order[i] = (struct ranked){blocks[i].size, i};
+        spans[i] = span_of(&blocks[i], period);
+    }
+    qsort(order, n, sizeof(*order), by_size_down);
+    uint64_t region = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = order[k].i;
+        uint64_t al, len = taken(&blocks[i], granule, &al);
+        size_t nr = 0; /* the bytes of placed blocks that live while this one does */
+        for (size_t j = 0; j < n; j++)
+            if (done[j] && spans_meet(&spans[i], &spans[j]))
+                busy[nr++] = (struct placed){blocks[j].offset,
+                                             blocks[j].offset + taken(&blocks[j], granule, NULL)};
+        qsort(busy, nr, sizeof(*busy), by_lo);
+        uint64_t off = 0;
+        for (size_t j = 0; j < nr && busy[j].lo < off + len; j++)
+            if (busy[j].hi > off)
+                off = align_up(busy[j].hi, al);
+        blocks[i].offset = off;
+        done[i] = true;
+        if (off + len > region)
+            region = off + len;
+    }
+    free(order);
+    free(spans);
+    free(busy);
+    free(done);
+    return region;
+}

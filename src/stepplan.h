@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A job's repeating step, and a placement planned once for it: the blocks of one step put on
+ * a circle one step long, so that every later step can reuse the same places. Pure: it knows
+ * nothing of CUDA or of the pool. `cuheap report` uses it to say what a layout planned from
+ * one step would hold (bench/RESULTS.md, issue 31: on the H200's GPT loop 1.007-1.018 of the
+ * step's peak live bytes, where the pool holds 1.033).
+ */
+#ifndef CUHEAP_STEPPLAN_H
+#define CUHEAP_STEPPLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The smallest period p such that, from the middle of keys[0..n) on, two whole periods repeat
+ * the one before them (keys[i] == keys[i - p] over [n/2, n/2 + 2p)): a warm-up and a tail of
+ * another shape are allowed, a step that changes in the middle of the run is not. 0 when no
+ * period up to n/4 does. */
+size_t cuheap_step_period(const uint64_t *keys, size_t n);
+
+/* One block of a step: its bytes and when it lives, in the step's own clock: start in
+ * [0, period), end in (start, start + period). end past period wraps around the circle. */
+struct cuheap_step_block {
+    uint64_t size;
+    uint64_t start, end;
+    uint64_t offset; /* out: where it goes in the region */
+};
+
+/* Place blocks so that no two that live at once on the circle overlap: greedy, largest first,
+ * each at the lowest offset free over its whole life. Blocks of a granule or more start on a
+ * granule (the unit memory is mapped in), smaller ones on 512 bytes; every block takes its
+ * size rounded up so. Returns the region's bytes, or UINT64_MAX when a block's life is empty
+ * or not shorter than the period, or memory ran out (offsets then unset). */
+uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t period,
+                          uint64_t granule);
+
+#endif /* CUHEAP_STEPPLAN_H */
