@@ -3,18 +3,48 @@
 
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 size_t cuheap_step_period(const uint64_t *keys, size_t n)
 {
-    size_t from = n / 2;
-    for (size_t p = 1; p <= n / 4; p++) {
-        size_t i = from;
-        while (i < from + 2 * p && keys[i] == keys[i - p])
-            i++;
-        if (i == from + 2 * p)
-            return p;
+    /* For every p at once, how far keys from the middle on match the keys p before them: the
+     * Z-function of the middle's suffix followed by keys from n/4 on (linear; trying each p
+     * in turn was quadratic on a trace of one size with one odd allocation). */
+    size_t mid = n / 2, len = n - mid, from = n / 4, nu = len + (n - from);
+    if (n < 4)
+        return 0;
+    uint64_t *u = malloc(nu * sizeof(*u));
+    size_t *z = calloc(nu, sizeof(*z));
+    if (!u || !z) {
+        free(u);
+        free(z);
+        return 0;
     }
-    return 0;
+    memcpy(u, keys + mid, len * sizeof(*u));
+    memcpy(u + len, keys + from, (n - from) * sizeof(*u));
+    for (size_t i = 1, l = 0, r = 0; i < nu; i++) {
+        size_t k = i < r ? (z[i - l] < r - i ? z[i - l] : r - i) : 0;
+        while (i + k < nu && u[k] == u[i + k])
+            k++;
+        z[i] = k;
+        if (i + k > r) {
+            l = i;
+            r = i + k;
+        }
+    }
+    size_t found = 0;
+    for (size_t p = 1; p <= n / 4 && !found; p++) {
+        size_t run = z[len + (mid - from) - p];
+        run = run < len ? run : len;
+        /* the run must reach a quarter of the trace past the middle, not just two periods: a
+         * layer repeating inside the step matches a few times, then breaks at the step's edge */
+        size_t need = 2 * p > n / 4 ? 2 * p : n / 4;
+        if (run >= need)
+            found = p;
+    }
+    free(u);
+    free(z);
+    return found;
 }
 
 /* A block's life as up to two pieces of [0, period). */
@@ -86,7 +116,7 @@ uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t p
 {
     for (size_t i = 0; i < n; i++)
         if (blocks[i].start >= period || blocks[i].end <= blocks[i].start ||
-            blocks[i].end - blocks[i].start >= period)
+            blocks[i].end - blocks[i].start >= period || blocks[i].size >= 1ull << 46)
             return UINT64_MAX;
     struct ranked *order = malloc((n ? n : 1) * sizeof(*order));
     struct span *spans = malloc((n ? n : 1) * sizeof(*spans));

@@ -12,10 +12,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The smallest period p such that, from the middle of keys[0..n) on, two whole periods repeat
- * the one before them (keys[i] == keys[i - p] over [n/2, n/2 + 2p)): a warm-up and a tail of
- * another shape are allowed, a step that changes in the middle of the run is not. 0 when no
- * period up to n/4 does. */
+/* The smallest period p such that, from the middle of keys[0..n) on, keys repeat the ones p
+ * before them for at least two periods and a quarter of n (keys[i] == keys[i - p] over
+ * [n/2, n/2 + max(2p, n/4))): a warm-up and a tail of another shape are allowed, a pattern
+ * repeating only inside the step or a step that changes in the middle of the run is not. 0
+ * when no period up to n/4 does. Linear in n. */
 size_t cuheap_step_period(const uint64_t *keys, size_t n);
 
 /* One block of a step: its bytes and when it lives, in the step's own clock: start in
@@ -30,7 +31,8 @@ struct cuheap_step_block {
  * each at the lowest offset free over its whole life. Blocks of a granule or more start on a
  * granule (the unit memory is mapped in), smaller ones on 512 bytes; every block takes its
  * size rounded up so. Returns the region's bytes, or UINT64_MAX when a block's life is empty
- * or not shorter than the period, or memory ran out (offsets then unset). */
+ * or not shorter than the period, a block is 64 TiB or more, or memory ran out (offsets then
+ * unset). */
 uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t period,
                           uint64_t granule);
 

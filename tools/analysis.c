@@ -433,6 +433,26 @@ static bool grow_allocs(struct step_alloc **v, size_t *cap, size_t nr)
     return true;
 }
 
+/* A change of live bytes at an event, for the sweep over the step. */
+struct step_change {
+    uint64_t at;
+    uint64_t bytes;
+    bool up, planned;
+};
+
+static int by_at(const void *x, const void *y)
+{
+    const struct step_change *a = x, *b = y;
+    if (a->at != b->at)
+        return a->at < b->at ? -1 : 1;
+    return (int)a->up - (int)b->up; /* a free before an allocation at the same event */
+}
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a + b < a ? UINT64_MAX : a + b;
+}
+
 bool estimate_step(const struct cuheap_trace *t, int device, struct step_estimate *ret)
 {
     memset(ret, 0, sizeof(*ret));
@@ -450,7 +470,8 @@ bool estimate_step(const struct cuheap_trace *t, int device, struct step_estimat
         if (e->type == CUHEAP_EV_ALLOC) {
             if (!(ok = grow_allocs(&v, &cap, nr)))
                 break;
-            live_set_take(&live, e->ptr, &a); /* its free was lost */
+            if (live_set_take(&live, e->ptr, &a)) /* its free was lost: gone by now */
+                v[a.t].freed = idx;
             v[nr] = (struct step_alloc){e->size, idx, UINT64_MAX};
             live_set_put(&live, &(struct live_alloc){.ptr = e->ptr, .t = nr});
             nr++;
@@ -458,6 +479,7 @@ bool estimate_step(const struct cuheap_trace *t, int device, struct step_estimat
             v[a.t].freed = idx;
         }
     }
+    ok = ok && !it.failed;
     cuheap_trace_iter_end(&it);
     live_set_free(&live);
     uint64_t *keys = ok ? malloc((nr ? nr : 1) * sizeof(*keys)) : NULL;
@@ -466,64 +488,56 @@ bool estimate_step(const struct cuheap_trace *t, int device, struct step_estimat
         keys[i] = v[i].size;
     size_t p = ok ? cuheap_step_period(keys, nr) : 0;
     free(keys);
+    if (!ok || !p) {
+        free(v);
+        return ok;
+    }
     if (p > STEP_PLAN_MAX) { /* placing is quadratic in a step's blocks: said, not planned */
         free(v);
         ret->period = p;
         return true;
     }
-    struct cuheap_step_block *b = p ? calloc(p, sizeof(*b)) : NULL;
-    if (p && !b)
-        ok = false;
-    if (!ok || !p) {
-        free(v);
-        return ok;
-    }
-    size_t k0 = nr / 2;
-    uint64_t t0 = v[k0].at, period = v[k0 + p].at - t0;
-    size_t nb = 0;
-    for (size_t k = 0; k < k0 + p; k++) {
-        bool through = v[k].at < t0 && v[k].freed >= t0 + period; /* or never freed */
-        bool in_step = k >= k0;
-        if (in_step && v[k].freed != UINT64_MAX && v[k].freed - v[k].at < period)
-            b[nb++] = (struct cuheap_step_block){v[k].size, v[k].at - t0,
-                                                 v[k].at - t0 + (v[k].freed - v[k].at), 0};
-        else if (through || in_step)
-            ret->outside += v[k].size;
-    }
-    /* the most bytes live during the step, from every allocation's life */
-    int64_t *delta = calloc(period + 1, sizeof(*delta));
-    if (!delta) {
-        free(b);
-        free(v);
-        return false;
-    }
-    int64_t base = 0;
-    for (size_t k = 0; k < nr; k++) {
+    size_t k0 = nr / 2; /* p <= nr / 4: the step and the allocation after it are in the trace */
+    uint64_t t0 = v[k0].at, period = v[k0 + p].at - t0, t1 = t0 + period;
+    struct cuheap_step_block *b = calloc(p, sizeof(*b));
+    struct step_change *ch = malloc(2 * nr * sizeof(*ch));
+    size_t nb = 0, nc = 0;
+    ok = b && ch;
+    /* Planned: the step's blocks that live less than a step (the ones before the step that
+     * are freed in it are the same blocks one step earlier). The rest live beside the plan. */
+    for (size_t k = 0; ok && k < nr; k++) {
         uint64_t a = v[k].at, f = v[k].freed;
-        if (a >= t0 + period || f < t0)
+        if (a >= t1 || f < t0 || v[k].size >= 1ull << 46)
             continue;
-        if (a < t0)
-            base += (int64_t)v[k].size;
-        else
-            delta[a - t0] += (int64_t)v[k].size;
-        if (f < t0 + period)
-            delta[f - t0] -= (int64_t)v[k].size;
+        bool shorter = f != UINT64_MAX && f - a < period;
+        bool planned = shorter && k >= k0 && k < k0 + p;
+        if (planned)
+            b[nb++] = (struct cuheap_step_block){v[k].size, a - t0, f - t0, 0};
+        ch[nc++] = (struct step_change){a < t0 ? t0 : a, v[k].size, true, shorter};
+        if (f < t1)
+            ch[nc++] = (struct step_change){f, v[k].size, false, shorter};
     }
-    int64_t cur = base, most = base;
-    for (uint64_t i = 0; i < period; i++) {
-        cur += delta[i];
-        if (cur > most)
-            most = cur;
+    uint64_t region = ok ? cuheap_step_plan(b, nb, period, 2ull << 20) : UINT64_MAX;
+    if (region != UINT64_MAX) {
+        qsort(ch, nc, sizeof(*ch), by_at);
+        uint64_t all = 0, beside = 0;
+        for (size_t i = 0; i < nc; i++) {
+            uint64_t *sum[2] = {&all, ch[i].planned ? NULL : &beside};
+            for (int j = 0; j < 2; j++)
+                if (sum[j])
+                    *sum[j] = ch[i].up ? add_sat(*sum[j], ch[i].bytes)
+                                       : *sum[j] - (ch[i].bytes < *sum[j] ? ch[i].bytes : *sum[j]);
+            if (all > ret->peak_live)
+                ret->peak_live = all;
+            if (beside > ret->outside)
+                ret->outside = beside;
+        }
+        ret->region = region;
+        ret->nr_planned = nb;
+        ret->period = p;
     }
-    free(delta);
-    ret->peak_live = (uint64_t)most;
-    uint64_t region = cuheap_step_plan(b, nb, period, 2ull << 20);
+    free(ch);
     free(b);
     free(v);
-    if (region == UINT64_MAX) /* every life is shorter than the step: only memory runs out */
-        return false;
-    ret->region = region;
-    ret->nr_planned = nb;
-    ret->period = p;
-    return true;
+    return region != UINT64_MAX;
 }

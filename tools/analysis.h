@@ -110,8 +110,8 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
 
 /* A device's repeating step and what a placement planned once from it would hold
  * (src/stepplan.h): the step taken from the middle of the trace, its blocks placed on a circle
- * of its events, beside the bytes that stay live through it (allocated before, freed after or
- * never) and its blocks that live a step or longer. */
+ * of its events, beside the blocks that live a step or longer (or are never freed), counted
+ * at their most during the step. */
 struct step_estimate {
     size_t period;      /* allocations a step; 0: no step repeats */
     uint64_t region;    /* bytes the planned blocks take */

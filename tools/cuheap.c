@@ -618,7 +618,8 @@ static void report_one(const struct cuheap_trace *t, const struct trace_summary 
             printf("  steps          repeat every %zu allocations\n", st.period);
         else if (st.period)
             printf("  steps          repeat every %zu allocations; one step's blocks placed once "
-                   "take %s\n                 beside %s live through it: %.3f of the step's peak "
+                   "take %s\n                 beside %s of longer-lived blocks: %.3f of the step's "
+                   "peak "
                    "live %s\n",
                    st.period, human_bytes(st.region, b1, sizeof(b1)),
                    human_bytes(st.outside, b2, sizeof(b2)),

@@ -228,7 +228,7 @@ static void test_step_estimate(void **state)
     cuheap_trace_free(&t);
 }
 
-/* The first trace has no step: four allocations of one size are no loop. */
+/* The first trace has no step: four allocations of four sizes are no loop. */
 static void test_no_step(void **state)
 {
     (void)state;

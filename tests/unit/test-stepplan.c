@@ -30,6 +30,18 @@ static void test_period_after_warmup(void **state)
             keys[n++] = step[i];
     keys[n++] = 999; /* a tail of another shape (the last evaluation) */
     assert_int_equal(cuheap_step_period(keys, n), 6);
+    /* a step of 12 layers alike: the layer repeats inside it, the step is what repeats on */
+    uint64_t model[38 * 12];
+    for (int r = 0; r < 12; r++) {
+        uint64_t *k = model + r * 38;
+        k[0] = 11;
+        for (int layer = 0; layer < 12; layer++)
+            for (int j = 0; j < 3; j++)
+                k[1 + layer * 3 + j] = (uint64_t)(3 + 2 * j);
+        k[37] = 13;
+    }
+    for (size_t len = 38 * 8; len <= 38 * 12; len++)
+        assert_int_equal(cuheap_step_period(model, len), 38);
 }
 
 static void test_no_period(void **state)
@@ -134,5 +146,6 @@ int main(void)
         cmocka_unit_test(test_plan_shares_across_the_wrap),
         cmocka_unit_test(test_plan_refuses_a_life_of_a_step),
     };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
