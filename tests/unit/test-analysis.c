@@ -228,6 +228,53 @@ static void test_step_estimate(void **state)
     cuheap_trace_free(&t);
 }
 
+/* A double buffer: each step's 100 MiB block lives into the next step, beside the one before
+ * it, with 1 and 2 MiB blocks of the step's own. The buffers live longer than a step and stay
+ * beside the plan, both at once: no estimate below the step's peak live (it said 0.505). */
+static int write_double_buffer(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof(path), "/tmp/cuheap-analysis-XXXXXX");
+    FILE *f = fdopen(mkstemp(path), "w");
+    fputs("{\"type\":\"header\",\"format\":\"cuheap-trace\",\"version\":1,\"pid\":9,"
+          "\"start_unix_ns\":0,\"config\":{}}\n",
+          f);
+    uint64_t seq = 1;
+    for (int step = 0; step < 16; step++) {
+        uint64_t buf = step % 2 ? 0x300000000 : 0x400000000;
+        line(f, "alloc", seq++, buf, 100 * MIB, 0, 0);
+        line(f, "alloc", seq++, 0x500000000, 1 * MIB, 0, 0);
+        line(f, "free", seq++, 0x500000000, 1 * MIB, 0, 0);
+        if (step)
+            line(f, "free", seq++, step % 2 ? 0x400000000 : 0x300000000, 100 * MIB, 0, 0);
+        line(f, "alloc", seq++, 0x600000000, 2 * MIB, 0, 0);
+        line(f, "free", seq++, 0x600000000, 2 * MIB, 0, 0);
+    }
+    fprintf(f,
+            "{\"type\":\"footer\",\"events\":%llu,\"written\":%llu,\"dropped\":0,"
+            "\"stacks\":0,\"t\":%llu}\n",
+            (unsigned long long)seq - 1, (unsigned long long)seq - 1,
+            (unsigned long long)seq * 1000);
+    fclose(f);
+    return 0;
+}
+
+static void test_step_estimate_longer_lives(void **state)
+{
+    (void)state;
+    struct cuheap_trace t;
+    char err[256];
+    assert_int_equal(cuheap_trace_read(path, &t, err, sizeof(err)), 0);
+    struct step_estimate st;
+    assert_true(estimate_step(&t, 0, &st));
+    assert_int_equal(st.period, 3);
+    assert_int_equal(st.peak_live, 201 * MIB);
+    assert_int_equal(st.outside, 200 * MIB);
+    assert_int_equal(st.region, 2 * MIB);
+    assert_true(st.region + st.outside >= st.peak_live);
+    cuheap_trace_free(&t);
+}
+
 /* The first trace has no step: four allocations of four sizes are no loop. */
 static void test_no_step(void **state)
 {
@@ -247,6 +294,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_summary, write_trace, remove_trace),
         cmocka_unit_test_setup_teardown(test_summary_while_reading, write_trace, remove_trace),
         cmocka_unit_test_setup_teardown(test_step_estimate, write_loop, remove_trace),
+        cmocka_unit_test_setup_teardown(test_step_estimate_longer_lives, write_double_buffer,
+                                        remove_trace),
         cmocka_unit_test_setup_teardown(test_no_step, write_trace, remove_trace),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
