@@ -386,6 +386,10 @@ static const struct option options[] = {
      "granules it needs (100 to 10000) rather than have memory mapped for it (higher: fewer "
      "driver calls, more memory held)",
      parse_uint, FIELD(vmm_idle_fit), 100, 10000, NULL},
+    {"CUHEAP_STEP_PLAN", "0",
+     "vmm: once the job's large allocations repeat step after step, serve them from one region "
+     "planned for the step and mapped once (no driver calls in a warm step)",
+     parse_bool, FIELD(step_plan), 0, 0, NULL},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "
      "lock (0: every allocation takes the pool's lock)",
@@ -536,6 +540,7 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
     EMIT("CUHEAP_VMM_CUSHION=%" PRIu64, cfg->vmm_cushion);
     EMIT("CUHEAP_VMM_LAYOUT=%s", vmm_layout_names[cfg->vmm_layout]);
     EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
+    EMIT("CUHEAP_STEP_PLAN=%d", cfg->step_plan);
     EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);
     EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
     EMIT("CUHEAP_IDLE_CHECK=%d", cfg->idle_check);

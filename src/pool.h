@@ -40,7 +40,9 @@ struct cuheap_pool_stats {
     uint64_t nr_waits;    /* times an allocation waited for a fence */
     uint64_t nr_moves;    /* vmm: idle chunks moved whole to where a block needed them */
     uint64_t nr_creates;  /* vmm: chunks taken from the driver */
-    uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one */
+    uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one (and step
+                             plans' regions given back) */
+    uint64_t nr_planned;  /* allocations served from a step plan's region (CUHEAP_STEP_PLAN) */
     uint64_t map_ns;      /* vmm: time in the driver's create, map (with access), unmap and
                              release calls */
     uint64_t fence_ns;    /* time the pool's threads spent polling (up to 50 us at a time) and

@@ -5,7 +5,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+size_t cuheap_step_period_work(size_t n)
+{
+    size_t nu = (n - n / 2) + (n - n / 4);
+    return nu * (sizeof(uint64_t) + sizeof(size_t));
+}
+
 size_t cuheap_step_period(const uint64_t *keys, size_t n)
+{
+    if (n < 4)
+        return 0;
+    void *work = malloc(cuheap_step_period_work(n));
+    size_t p = work ? cuheap_step_period_in(keys, n, work) : 0;
+    free(work);
+    return p;
+}
+
+size_t cuheap_step_period_in(const uint64_t *keys, size_t n, void *work)
 {
     /* For every p at once, how far keys from the middle on match the keys p before them: the
      * Z-function of the middle's suffix followed by keys from n/4 on (linear; trying each p
@@ -13,13 +29,9 @@ size_t cuheap_step_period(const uint64_t *keys, size_t n)
     size_t mid = n / 2, len = n - mid, from = n / 4, nu = len + (n - from);
     if (n < 4)
         return 0;
-    uint64_t *u = malloc(nu * sizeof(*u));
-    size_t *z = calloc(nu, sizeof(*z));
-    if (!u || !z) {
-        free(u);
-        free(z);
-        return 0;
-    }
+    uint64_t *u = work;
+    size_t *z = (size_t *)(u + nu);
+    memset(z, 0, nu * sizeof(*z));
     memcpy(u, keys + mid, len * sizeof(*u));
     memcpy(u + len, keys + from, (n - from) * sizeof(*u));
     for (size_t i = 1, l = 0, r = 0; i < nu; i++) {
@@ -42,8 +54,6 @@ size_t cuheap_step_period(const uint64_t *keys, size_t n)
         if (run >= need)
             found = p;
     }
-    free(u);
-    free(z);
     return found;
 }
 
@@ -83,18 +93,62 @@ struct ranked {
     size_t i;
 };
 
-static int by_size_down(const void *x, const void *y)
+/* Largest first; the step's order among equals, so that one step always gives one plan. */
+static bool ranked_before(const struct ranked *p, const struct ranked *q)
 {
-    const struct ranked *p = x, *q = y;
-    if (p->size != q->size)
-        return p->size > q->size ? -1 : 1;
-    return p->i < q->i ? -1 : p->i > q->i; /* the step's order among equals: one plan always */
+    return p->size != q->size ? p->size > q->size : p->i < q->i;
 }
 
-static int by_lo(const void *x, const void *y)
+/* Heap sorts of our own: the pool plans inside an allocation, where nothing may call malloc,
+ * and qsort may. */
+static void sift_ranked(struct ranked *a, size_t i, size_t n)
 {
-    const struct placed *p = x, *q = y;
-    return p->lo < q->lo ? -1 : p->lo > q->lo;
+    for (size_t c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n && ranked_before(&a[c], &a[c + 1]))
+            c++;
+        if (!ranked_before(&a[i], &a[c]))
+            return;
+        struct ranked t = a[i];
+        a[i] = a[c];
+        a[c] = t;
+    }
+}
+
+static void sort_ranked(struct ranked *a, size_t n)
+{
+    for (size_t i = n / 2; i-- > 0;)
+        sift_ranked(a, i, n);
+    for (size_t k = n; k-- > 1;) {
+        struct ranked t = a[0];
+        a[0] = a[k];
+        a[k] = t;
+        sift_ranked(a, 0, k);
+    }
+}
+
+static void sift_placed(struct placed *a, size_t i, size_t n)
+{
+    for (size_t c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n && a[c].lo < a[c + 1].lo)
+            c++;
+        if (a[i].lo >= a[c].lo)
+            return;
+        struct placed t = a[i];
+        a[i] = a[c];
+        a[c] = t;
+    }
+}
+
+static void sort_placed(struct placed *a, size_t n)
+{
+    for (size_t i = n / 2; i-- > 0;)
+        sift_placed(a, i, n);
+    for (size_t k = n; k-- > 1;) {
+        struct placed t = a[0];
+        a[0] = a[k];
+        a[k] = t;
+        sift_placed(a, 0, k);
+    }
 }
 
 static uint64_t align_up(uint64_t v, uint64_t a)
@@ -111,29 +165,39 @@ static uint64_t taken(const struct cuheap_step_block *b, uint64_t granule, uint6
     return align_up(b->size ? b->size : 1, al);
 }
 
+size_t cuheap_step_plan_work(size_t n)
+{
+    n = n ? n : 1;
+    return n * (sizeof(struct ranked) + sizeof(struct span) + sizeof(struct placed) + sizeof(bool));
+}
+
 uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t period,
                           uint64_t granule)
+{
+    void *work = malloc(cuheap_step_plan_work(n));
+    uint64_t region = work ? cuheap_step_plan_in(blocks, n, period, granule, work) : UINT64_MAX;
+    free(work);
+    return region;
+}
+
+uint64_t cuheap_step_plan_in(struct cuheap_step_block *blocks, size_t n, uint64_t period,
+                             uint64_t granule, void *work)
 {
     for (size_t i = 0; i < n; i++)
         if (blocks[i].start >= period || blocks[i].end <= blocks[i].start ||
             blocks[i].end - blocks[i].start >= period || blocks[i].size >= 1ull << 46)
             return UINT64_MAX;
-    struct ranked *order = malloc((n ? n : 1) * sizeof(*order));
-    struct span *spans = malloc((n ? n : 1) * sizeof(*spans));
-    struct placed *busy = malloc((n ? n : 1) * sizeof(*busy));
-    bool *done = calloc(n ? n : 1, sizeof(*done));
-    if (!order || !spans || !busy || !done) {
-        free(order);
-        free(spans);
-        free(busy);
-        free(done);
-        return UINT64_MAX;
-    }
+    size_t m = n ? n : 1;
+    struct ranked *order = work;
+    struct span *spans = (struct span *)(order + m);
+    struct placed *busy = (struct placed *)(spans + m);
+    bool *done = (bool *)(busy + m);
+    memset(done, 0, m * sizeof(*done));
     for (size_t i = 0; i < n; i++) {
         order[i] = (struct ranked){blocks[i].size, i};
         spans[i] = span_of(&blocks[i], period);
     }
-    qsort(order, n, sizeof(*order), by_size_down);
+    sort_ranked(order, n);
     uint64_t region = 0;
     for (size_t k = 0; k < n; k++) {
         size_t i = order[k].i;
@@ -143,7 +207,7 @@ uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t p
             if (done[j] && spans_meet(&spans[i], &spans[j]))
                 busy[nr++] = (struct placed){blocks[j].offset,
                                              blocks[j].offset + taken(&blocks[j], granule, NULL)};
-        qsort(busy, nr, sizeof(*busy), by_lo);
+        sort_placed(busy, nr);
         uint64_t off = 0;
         for (size_t j = 0; j < nr && busy[j].lo < off + len; j++)
             if (busy[j].hi > off)
@@ -153,9 +217,5 @@ uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t p
         if (off + len > region)
             region = off + len;
     }
-    free(order);
-    free(spans);
-    free(busy);
-    free(done);
     return region;
 }

@@ -3,8 +3,8 @@
  * A job's repeating step, and a placement planned once for it: the blocks of one step put on
  * a circle one step long, so that every later step can reuse the same places. Pure: it knows
  * nothing of CUDA or of the pool. `cuheap report` uses it to say what a layout planned from
- * one step would hold (bench/RESULTS.md, issue 31: on the H200's GPT loop 1.007-1.018 of the
- * step's peak live bytes, where the pool holds 1.033).
+ * one step would hold; the pool's step plan (src/pool/plan.c, CUHEAP_STEP_PLAN) serves one
+ * (the _in variants: in the caller's memory, no malloc).
  */
 #ifndef CUHEAP_STEPPLAN_H
 #define CUHEAP_STEPPLAN_H
@@ -18,6 +18,11 @@
  * repeating only inside the step or a step that changes in the middle of the run is not. 0
  * when no period up to n/4 does. Linear in n. */
 size_t cuheap_step_period(const uint64_t *keys, size_t n);
+
+/* The same in caller's memory of cuheap_step_period_work(n) bytes (8-byte aligned): no malloc,
+ * for the pool, which plans inside an allocation. */
+size_t cuheap_step_period_work(size_t n);
+size_t cuheap_step_period_in(const uint64_t *keys, size_t n, void *work);
 
 /* One block of a step: its bytes and when it lives, in the step's own clock: start in
  * [0, period), end in (start, start + period). end past period wraps around the circle. */
@@ -35,5 +40,10 @@ struct cuheap_step_block {
  * unset). */
 uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t period,
                           uint64_t granule);
+
+/* The same in caller's memory of cuheap_step_plan_work(n) bytes (8-byte aligned). */
+size_t cuheap_step_plan_work(size_t n);
+uint64_t cuheap_step_plan_in(struct cuheap_step_block *blocks, size_t n, uint64_t period,
+                             uint64_t granule, void *work);
 
 #endif /* CUHEAP_STEPPLAN_H */

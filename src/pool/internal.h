@@ -14,6 +14,7 @@
  *   acquire.c   where a vmm block gets its memory: mapped, moved, new, or waited for
  *   tcache.c    per-thread caches of small blocks
  *   timeline.c  the shared fences of threads that keep a large block of their own
+ *   plan.c      the step plan: a repeating step's large blocks from one region mapped once
  *   check.c     the invariant checker (tests, debug builds)
  *   pool.c      the public entry points (pool.h)
  *
@@ -113,6 +114,7 @@ struct cuheap_arena {
     _Alignas(64) uint64_t nr_live; /* allocated blocks, pending ones included */
     uint32_t nr_mapped;            /* granules with physical memory mapped */
     uint32_t nr_used;              /* granules some live or pending block uses */
+    bool planned;                  /* the step plan's region (plan.c): no buddy, no unit records */
 };
 
 /* A batch of freed blocks waiting behind one fence. */
@@ -229,7 +231,102 @@ struct cuheap_pool {
      * checks that found them idle on the timeline's side, folded into st.nr_idle when read */
     _Atomic unsigned idle_skip;
     _Atomic uint64_t nr_idle_tl;
+    struct cuheap_plan *plan;    /* CUHEAP_STEP_PLAN under vmm (plan.c), else NULL */
     struct cuheap_pool_stats st; /* thread caches' shares folded in by cuheap_pool_get_stats() */
+};
+
+/* ---- the step plan (plan.c) ---- */
+
+#define PLAN_WINDOW        8192u                /* large allocations looked at for a period */
+#define PLAN_MAX_SLOTS     (PLAN_WINDOW / 4)    /* the longest period found in the window */
+#define PLAN_NR_TRACK      (2 * PLAN_MAX_SLOTS) /* measured blocks live at once, twice over */
+#define PLAN_MAX_CONFLICTS (1u << 20)           /* pairs of planned slots sharing bytes, at most */
+#define PLAN_MAX_REGIONS                                                                           \
+    8u                             /* plans made per pool at most: a job that keeps changing its   \
+                                      step gets no more (their arenas are never freed) */
+#define PLAN_MAX_PIECES 4096u      /* a region's pieces: granules, larger past 8 GiB at 2 MiB */
+#define PLAN_MAX_PINNED 1024u      /* blocks of retired regions still live, at most */
+#define PIECE_GOING     UINT32_MAX /* a piece being given back */
+#define PLAN_MIN_ORDER  18u        /* blocks above 128 KiB, which thread caches never serve */
+#define PLAN_LAG        2u /* allocations a free's fence is given before its bytes serve again */
+#define PLAN_ALIGN      (64u << 10) /* planned blocks of 64 KiB or more start on 64 KiB */
+#define PLAN_SYNC       8u  /* sizes in a row that find the step's phase again after a change */
+#define PLAN_SYNC_MAX   64u /* sizes looked back at to tell phases apart */
+#define PLAN_BAD_STEPS  3u  /* steps in a row of many misses that retire a plan */
+#define PLAN_SETTLE     4u  /* steps served after which the rest of the pool is left to itself */
+
+enum plan_state {
+    PLAN_OFF,     /* given up: too many plans tried */
+    PLAN_WATCH,   /* looking for a period in the sizes */
+    PLAN_MEASURE, /* one step's lives being measured */
+    PLAN_MAP,     /* planned: the region is mapped at the step's quietest moment */
+    PLAN_ON,      /* serving */
+};
+
+/* One allocation of the measured step: its size and life, its place, and its state now. */
+struct plan_slot {
+    uint64_t size;   /* bytes asked for in the measured step */
+    uint64_t end;    /* measured: step clock when freed, 0 = not within a step */
+    uint64_t offset; /* in the region */
+    uint64_t asked;  /* bytes asked now, 0 = not live */
+    uint64_t ticket; /* freed: the timeline's ticket (UINT64_MAX: a device sync under way) */
+    uint64_t buffer_id;
+    uint32_t conf_first, conf_nr; /* the planned slots whose bytes meet this one's */
+    bool planned;                 /* lives less than a step: has a place */
+    bool waiting;                 /* freed, its fence not yet seen to pass */
+};
+
+struct plan_track {
+    uint64_t ptr; /* 0 = empty */
+    uint32_t slot;
+};
+
+/* A plan's memory: one address range, mapped in pieces so that a retired region goes back
+ * but for the pieces under blocks the program still holds. */
+struct plan_region {
+    struct cuheap_arena arena; /* first: a planned arena is its region (plan_region_of) */
+    uint64_t bytes, piece_bytes;
+    uint32_t nr_pieces, nr_held; /* pieces, and those not yet given back */
+    bool retired;
+    uint64_t handle[PLAN_MAX_PIECES]; /* 0 = given back */
+    uint32_t live[PLAN_MAX_PIECES];   /* retired: pinned blocks over the piece, or PIECE_GOING */
+    uint64_t ticket[PLAN_MAX_PIECES]; /* retired: the newest free's ticket over it, 0 = none */
+};
+
+/* A block of a retired region the program has not freed yet. */
+struct plan_pinned {
+    uint64_t ptr, size, buffer_id;
+    struct plan_region *region;
+};
+
+struct cuheap_step_block;
+
+struct cuheap_plan {
+    struct plan_region regions[PLAN_MAX_REGIONS]; /* never reused: lock-free readers */
+    struct plan_pinned pinned[PLAN_MAX_PINNED];
+    uint32_t nr_pinned;
+    bool reap_due; /* a retired region's piece may go back */
+    int state;
+    unsigned nr_regions; /* plans tried */
+    uint64_t clock;      /* large allocations the pool's lock saw */
+    uint64_t watch_from;
+    uint64_t period, start;  /* the step: clock start + k is its allocation k, every period */
+    uint64_t quiet;          /* the step's allocation where the fewest planned bytes live */
+    uint64_t *sizes;         /* [PLAN_WINDOW], by clock */
+    struct plan_slot *slots; /* [period] */
+    struct cuheap_step_block *blocks;
+    uint32_t *by_offset; /* planned slots in the order of their offsets */
+    uint32_t nr_by_offset;
+    uint32_t *conf;
+    struct plan_track *track; /* measure: block -> slot */
+    uint32_t nr_tracked;
+    void *work;                 /* the planner's memory */
+    struct plan_region *cur;    /* the region being served from, NULL = none */
+    struct cuheap_arena *arena; /* its arena */
+    uint64_t region_bytes, max_size;
+    uint64_t nr_live, step_misses, steps_on, nr_missed;
+    unsigned bad_steps; /* steps in a row of many misses */
+    bool lost; /* the sizes left the measured step's order: its phase is being looked for */
 };
 
 #define TC_NR_ORDERS 18 /* orders a thread cache may keep: up to 128 KiB (see tc_max_order) */
@@ -558,6 +655,25 @@ static inline uint64_t quick_pop_locked(struct cuheap_pool *p, unsigned order,
     return ptr;
 }
 
+/* plan.c */
+int plan_create(struct cuheap_pool *p);
+int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
+                      int64_t *ret_track);
+void plan_track_locked(struct cuheap_pool *p, uint64_t ptr, int64_t slot);
+void plan_untrack_locked(struct cuheap_pool *p, uint64_t ptr);
+int plan_free_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                     uint64_t *ret_size, uint64_t *ret_block);
+int plan_block_range_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                            uint64_t *ret_base, uint64_t *ret_size, uint64_t *ret_buffer_id);
+int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t block,
+                      uint64_t buffer_id, struct cuheap_share *pieces, unsigned max);
+int plan_grant_access_locked(struct cuheap_pool *p);
+uint64_t plan_trim_locked(struct cuheap_pool *p);
+void plan_retire_locked(struct cuheap_pool *p);
+uint64_t plan_forget_locked(struct cuheap_pool *p, bool context);
+int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *ret_live,
+                      uint64_t *ret_live_blocks, char *why, size_t why_size);
+
 /* map.c */
 void map_atfork_child(void);
 int map_update(struct cuheap_arena *a, bool add);
@@ -676,6 +792,9 @@ void tc_forget_all_locked(struct cuheap_pool *p, bool held);
 void tl_enter(struct cuheap_timeline *tl);
 void tl_leave(struct cuheap_timeline *tl);
 void tl_settle(struct cuheap_pool *p);
+uint64_t tl_ticket_now(struct cuheap_timeline *tl);
+bool tl_try_pass(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded);
+bool tl_wait_for(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded);
 void tl_forget(struct cuheap_timeline *tl, bool fork_child);
 __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct cuheap_tcache *tc,
                                             struct cuheap_arena *a, uint64_t ptr,

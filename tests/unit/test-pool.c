@@ -406,6 +406,7 @@ static uint64_t fixture_thread_cache; /* CUHEAP_THREAD_CACHE of the next fixture
 static enum cuheap_vmm_layout fixture_layout = CUHEAP_VMM_TIGHT;
 static unsigned fixture_idle_fit = 125;      /* CUHEAP_VMM_IDLE_FIT of the next fixture */
 static uint64_t fixture_vmm_chunk = 8 * MIB; /* CUHEAP_VMM_CHUNK of the next fixture */
+static bool fixture_step_plan;               /* CUHEAP_STEP_PLAN of the next fixture */
 
 static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
 {
@@ -447,6 +448,7 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
     f->cfg.thread_cache = fixture_thread_cache;
     f->cfg.vmm_layout = fixture_layout;
     f->cfg.vmm_idle_fit = fixture_idle_fit;
+    f->cfg.step_plan = fixture_step_plan;
     f->dev.next_va = 1ull << 46;
     struct cuheap_backend be = {
         .ctx = &f->dev,
@@ -2281,6 +2283,116 @@ WITH_ALIGNED(test_vmm_out_of_memory_and_limit)
 WITH_ALIGNED(test_vmm_trim_and_reserve)
 
 /* A pool under the fence policy with thread caches of 16 MiB: legacy (0) or vmm (1). */
+/* ---- the step plan (CUHEAP_STEP_PLAN) ---- */
+
+enum { PLAN_STEP = 24 };
+static bool plan_check_mid; /* check the pool within steps too (a check walks it all: slow) */
+
+/* One training-shaped step: PLAN_STEP large blocks of many sizes (shift changes them all),
+ * the first half freed in reverse at the step's end, the rest as soon as the next is made;
+ * the host syncs at the end. */
+static void plan_step(struct fixture *f, uint64_t shift, uint64_t *keep)
+{
+    uint64_t act[PLAN_STEP];
+    for (int k = 0; k < PLAN_STEP; k++) {
+        act[k] = alloc(f, (uint64_t)(k % 7 + 1) * MIB + (uint64_t)k * 256 * 1024 + shift, 0x9);
+        if (k > PLAN_STEP / 2 && !(keep && k == PLAN_STEP - 1))
+            release(f, act[k - 1], 0x9);
+        if (plan_check_mid && k % 5 == 4)
+            check_invariants(f); /* mid-step: no block over another's bytes, live or fenced */
+    }
+    if (keep)
+        *keep = act[PLAN_STEP - 1];
+    else
+        release(f, act[PLAN_STEP - 1], 0x9);
+    for (int k = PLAN_STEP / 2; k-- > 0;)
+        release(f, act[k], 0x9);
+    complete_fences(&f->dev);
+}
+
+static uint64_t planned_so_far(struct fixture *f)
+{
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    return st.nr_planned;
+}
+
+/* Once a step repeats, its large blocks come from one region mapped once: a warm step makes
+ * no mapping call, and the pool holds about the step's peak (the region) and no more. */
+static void test_plan_warm_step_maps_nothing(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    uint64_t peak = 0;
+    for (int k = 0; k < PLAN_STEP; k++)
+        peak += (uint64_t)(k % 7 + 1) * MIB + (uint64_t)k * 256 * 1024;
+    int steps = 2 * PLAN_WINDOW / PLAN_STEP, warm = 0;
+    uint64_t planned = 0;
+    for (int step = 0; step < steps; step++) {
+        if (step == steps - 40) {
+            warm = mapping_calls(f);
+            planned = planned_so_far(f);
+            plan_check_mid = true;
+        }
+        plan_step(f, 0, NULL);
+        if (step % 64 == 0)
+            check_invariants(f);
+    }
+    print_message("# plan: %d mapping calls in 40 warm steps, %lu of %d blocks planned, %lu MiB "
+                  "held for a step of %lu MiB\n",
+                  mapping_calls(f) - warm, (unsigned long)(planned_so_far(f) - planned),
+                  40 * PLAN_STEP, (unsigned long)(f->pool.st.reserved / MIB),
+                  (unsigned long)(peak / MIB));
+    plan_check_mid = false;
+    assert_int_equal(mapping_calls(f) - warm, 0);
+    assert_true(planned_so_far(f) - planned >= 40 * PLAN_STEP * 9 / 10);
+    assert_true(f->pool.st.reserved <= peak + peak / 10);
+    /* a planned block freed twice is refused, as any other */
+    uint64_t p = alloc(f, 1 * MIB, 0x9), size, block, seq;
+    assert_true(planned_so_far(f) > 0);
+    release(f, p, 0x9);
+    assert_int_equal(cuheap_pool_free(&f->pool, p, 0x9, &size, &block, &seq), -EINVAL);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* A job whose step changes shape gets the rest of the pool: the plan retires, its region goes
+ * back but for the pieces under a block the program still holds, which go when it is freed;
+ * the new shape is planned in turn. */
+static void test_plan_retires_when_the_step_changes(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
+    for (int step = 0; step < steps; step++)
+        plan_step(f, 0, NULL);
+    uint64_t kept;
+    plan_step(f, 0, &kept); /* served from the plan, and held on to */
+    assert_true(map_lookup(kept)->planned);
+    int releases = f->dev.nr_releases;
+    for (int step = 0; step < 8; step++)
+        plan_step(f, 64 * 1024, NULL); /* every size another */
+    check_invariants(f);
+    assert_true(f->dev.nr_releases > releases); /* the region went, piece by piece */
+    uint64_t reserved = f->pool.st.reserved;
+    release(f, kept, 0x9);
+    complete_fences(&f->dev);
+    for (int step = 0; step < 2; step++)
+        plan_step(f, 64 * 1024, NULL); /* its pieces go at the next large allocations */
+    check_invariants(f);
+    assert_true(f->pool.st.reserved < reserved);
+    uint64_t planned = planned_so_far(f);
+    for (int step = 0; step < steps; step++)
+        plan_step(f, 64 * 1024, NULL);
+    assert_true(planned_so_far(f) > planned); /* the new shape planned */
+    check_invariants(f);
+    teardown(f);
+}
+
 static struct fixture *setup_thread_cached(int backing)
 {
     fixture_thread_cache = 16 * MIB;
@@ -3198,6 +3310,8 @@ int main(void)
         cmocka_unit_test(test_vmm_pending_granules_stay),
         cmocka_unit_test(test_vmm_out_of_memory_and_limit),
         cmocka_unit_test(test_vmm_trim_and_reserve),
+        cmocka_unit_test(test_plan_warm_step_maps_nothing),
+        cmocka_unit_test(test_plan_retires_when_the_step_changes),
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
         cmocka_unit_test(test_vmm_late_fences_do_not_raise_the_budget),

@@ -1,0 +1,1087 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The step plan (CUHEAP_STEP_PLAN): a job whose large allocations repeat step after step gets
+ * them from one region, planned for one step and mapped once, so that a warm step makes no
+ * mapping call. The planner is pure (src/stepplan.c); this part watches the sizes of large
+ * allocations for a period, measures one step's lives, maps the region at the step's quietest
+ * moment and serves allocation k of every later step at its place, while the size is the one
+ * measured and no block that shares its bytes is live or waiting for a fence. Whatever the
+ * plan cannot serve goes to the rest of the pool as before. Sizes that leave the measured
+ * order are followed until the step's phase is found again; a plan that keeps missing is
+ * retired: its blocks still live stay as pinned blocks, and its region, mapped in pieces,
+ * goes back but for the pieces under them, which follow as they are freed.
+ *
+ * Only blocks above PLAN_MIN_ORDER: smaller ones are served by thread caches without the
+ * lock, so the sequence the pool sees of them is not the program's.
+ *
+ * Lock rule: entered and left with p->lock held; dropped only as the mapper around the
+ * region's driver calls (plan_map_locked, reap_region_locked, the export and access calls),
+ * around a free's device sync under CUHEAP_REUSE=sync, and around the wait for a fence that
+ * a slot's bytes need (wait_ticket_locked), as the rest of the pool waits. A fence is recorded or
+ * asked about under the lock, as the epochs' are, never waited for under the lock.
+ */
+#include "internal.h"
+
+#include "stepplan.h"
+
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* Bytes of the plan's own memory: taken once when the pool is set up with CUHEAP_STEP_PLAN,
+ * from mmap (nothing on an allocation's path calls malloc), touched only as far as used. */
+static size_t plan_work_bytes(void)
+{
+    /* the window's sizes in order, then the period search's memory; or the planner's */
+    size_t a = PLAN_WINDOW * sizeof(uint64_t) + cuheap_step_period_work(PLAN_WINDOW);
+    size_t b = cuheap_step_plan_work(PLAN_MAX_SLOTS);
+    size_t c = PLAN_MAX_SLOTS * sizeof(int64_t);
+    size_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+static size_t plan_bytes(void)
+{
+    return sizeof(struct cuheap_plan) + PLAN_WINDOW * sizeof(uint64_t) +
+           PLAN_MAX_SLOTS *
+               (sizeof(struct plan_slot) + sizeof(struct cuheap_step_block) + sizeof(uint32_t)) +
+           PLAN_NR_TRACK * sizeof(struct plan_track) + PLAN_MAX_CONFLICTS * sizeof(uint32_t) +
+           plan_work_bytes();
+}
+
+int plan_create(struct cuheap_pool *p)
+{
+    size_t bytes = plan_bytes();
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED)
+        return -ENOMEM;
+    struct cuheap_plan *pl = m;
+    char *at = (char *)(pl + 1);
+    pl->sizes = (uint64_t *)at;
+    at += PLAN_WINDOW * sizeof(uint64_t);
+    pl->slots = (struct plan_slot *)at;
+    at += PLAN_MAX_SLOTS * sizeof(struct plan_slot);
+    pl->blocks = (struct cuheap_step_block *)at;
+    at += PLAN_MAX_SLOTS * sizeof(struct cuheap_step_block);
+    pl->track = (struct plan_track *)at;
+    at += PLAN_NR_TRACK * sizeof(struct plan_track);
+    pl->conf = (uint32_t *)at;
+    at += PLAN_MAX_CONFLICTS * sizeof(uint32_t);
+    pl->by_offset = (uint32_t *)at;
+    at += PLAN_MAX_SLOTS * sizeof(uint32_t);
+    pl->work = at;
+    pl->state = PLAN_WATCH;
+    p->plan = pl;
+    return 0;
+}
+
+/* ---- watching for a period, measuring a step ---- */
+
+static void watch_again(struct cuheap_plan *pl)
+{
+    pl->state = pl->nr_regions >= PLAN_MAX_REGIONS ? PLAN_OFF : PLAN_WATCH;
+    pl->watch_from = pl->clock;
+    memset(pl->track, 0, PLAN_NR_TRACK * sizeof(*pl->track));
+    pl->nr_tracked = 0;
+}
+
+static uint32_t track_hash(uint64_t ptr)
+{
+    return (uint32_t)((ptr >> 9) * 0x9e3779b97f4a7c15ull >> 40) & (PLAN_NR_TRACK - 1);
+}
+
+/* The block at ptr is allocation slot of the step being measured. false: the table is full. */
+static bool track_add(struct cuheap_plan *pl, uint64_t ptr, uint32_t slot)
+{
+    if (pl->nr_tracked >= PLAN_NR_TRACK / 2)
+        return false;
+    for (uint32_t i = track_hash(ptr);; i = (i + 1) & (PLAN_NR_TRACK - 1))
+        if (!pl->track[i].ptr) {
+            pl->track[i] = (struct plan_track){ptr, slot};
+            pl->nr_tracked++;
+            return true;
+        }
+}
+
+/* The slot of the measured block at ptr, taken off the table; -1 when it is not one. Deletes
+ * by moving later entries of the run back (no tombstones: the table is emptied per step). */
+static int64_t track_take(struct cuheap_plan *pl, uint64_t ptr)
+{
+    uint32_t mask = PLAN_NR_TRACK - 1, i = track_hash(ptr);
+    for (; pl->track[i].ptr && pl->track[i].ptr != ptr; i = (i + 1) & mask)
+        ;
+    if (!pl->track[i].ptr)
+        return -1;
+    int64_t slot = pl->track[i].slot;
+    pl->track[i].ptr = 0;
+    pl->nr_tracked--;
+    for (uint32_t j = (i + 1) & mask; pl->track[j].ptr; j = (j + 1) & mask) {
+        uint32_t h = track_hash(pl->track[j].ptr);
+        /* move j back to the hole at i when its home is not in (i, j] */
+        if ((j > i && (h <= i || h > j)) || (j < i && h <= i && h > j)) {
+            pl->track[i] = pl->track[j];
+            pl->track[j].ptr = 0;
+            i = j;
+        }
+    }
+    return slot;
+}
+
+/* Every PLAN_WINDOW / 4 large allocations once a window is full: do the last PLAN_WINDOW sizes
+ * repeat? A period found starts the measure of the next step. */
+static void watch_locked(struct cuheap_plan *pl)
+{
+    uint64_t seen = pl->clock - pl->watch_from;
+    if (seen < PLAN_WINDOW || seen % (PLAN_WINDOW / 4))
+        return;
+    uint64_t *keys = pl->work; /* the window in order, then the search's own memory */
+    for (uint64_t i = 0; i < PLAN_WINDOW; i++)
+        keys[i] = pl->sizes[(pl->clock - PLAN_WINDOW + i) % PLAN_WINDOW];
+    size_t period = cuheap_step_period_in(keys, PLAN_WINDOW, keys + PLAN_WINDOW);
+    if (!period || period > PLAN_MAX_SLOTS)
+        return;
+    pl->period = period;
+    pl->start = pl->clock;
+    pl->state = PLAN_MEASURE;
+    memset(pl->track, 0, PLAN_NR_TRACK * sizeof(*pl->track));
+    pl->nr_tracked = 0;
+}
+
+/* The step clock of a block's end, with the fence's lag: on the H200 a free's fence passed
+ * within a few allocations (bench/RESULTS.md, issue 31), and a plan that reused a place at once
+ * would find it still waiting. Never a step or more. */
+static uint64_t lagged_end(uint64_t start, uint64_t end, uint64_t period)
+{
+    uint64_t e = end + PLAN_LAG;
+    return e - start < period ? e : start + period - 1 > end ? start + period - 1 : end;
+}
+
+/* Offsets for the measured step (its blocks living less than a step; the others stay the
+ * rest of the pool's), the slots that share bytes, and the step's quietest moment, when the
+ * region is mapped. Returns false when no plan can be made. */
+static bool plan_make_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
+{
+    uint64_t period = pl->period;
+    size_t n = 0;
+    for (uint32_t k = 0; k < period; k++) {
+        struct plan_slot *s = &pl->slots[k];
+        s->planned = s->end && s->end - k < period;
+        if (!s->planned)
+            continue;
+        pl->blocks[n++] = (struct cuheap_step_block){
+            .size = s->size, .start = k, .end = lagged_end(k, s->end, period)};
+    }
+    if (!n)
+        return false;
+    uint64_t region = cuheap_step_plan_in(pl->blocks, n, period, PLAN_ALIGN, pl->work);
+    if (region == UINT64_MAX || !region)
+        return false;
+    uint64_t g = granule_bytes(p);
+    pl->region_bytes = (region + g - 1) / g * g;
+    /* the planned slots by offset */
+    n = 0;
+    for (uint32_t k = 0; k < period; k++) {
+        struct plan_slot *s = &pl->slots[k];
+        if (!s->planned)
+            continue;
+        s->offset = pl->blocks[n++].offset;
+        uint32_t j = pl->nr_by_offset++, *o = pl->by_offset;
+        for (; j && pl->slots[o[j - 1]].offset > s->offset; j--)
+            o[j] = o[j - 1];
+        o[j] = k;
+    }
+    /* the slots whose bytes meet each one's, as one list per slot */
+    uint32_t nr_conf = 0, *o = pl->by_offset;
+    pl->max_size = 0;
+    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
+        struct plan_slot *s = &pl->slots[o[x]];
+        s->conf_first = nr_conf;
+        for (uint32_t y = 0; y < pl->nr_by_offset; y++) {
+            struct plan_slot *t = &pl->slots[o[y]];
+            if (y == x || t->offset >= s->offset + s->size || s->offset >= t->offset + t->size)
+                continue;
+            if (t->offset >= s->offset + s->size)
+                break;
+            if (nr_conf == PLAN_MAX_CONFLICTS)
+                return false;
+            pl->conf[nr_conf++] = o[y];
+        }
+        s->conf_nr = nr_conf - s->conf_first;
+        if (s->size > pl->max_size)
+            pl->max_size = s->size;
+    }
+    /* the moment of the step with the fewest planned bytes live: the rest of the pool holds
+     * the least then, beside the region, while the plan takes over */
+    int64_t *delta = pl->work;
+    memset(delta, 0, period * sizeof(*delta));
+    for (uint32_t k = 0; k < period; k++) {
+        struct plan_slot *s = &pl->slots[k];
+        if (!s->planned)
+            continue;
+        uint64_t e = lagged_end(k, s->end, period);
+        delta[k] += (int64_t)s->size;
+        if (e < period) {
+            delta[e] -= (int64_t)s->size;
+        } else {
+            delta[0] += (int64_t)s->size;
+            delta[e - period] -= (int64_t)s->size;
+        }
+    }
+    int64_t live = 0, least = INT64_MAX;
+    for (uint32_t k = 0; k < period; k++) {
+        live += delta[k];
+        if (live < least) {
+            least = live;
+            pl->quiet = k;
+        }
+    }
+    return true;
+}
+
+/* The measure's end (the step measured and one more for its frees): a plan, or watch again. */
+static void measured_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
+{
+    pl->nr_by_offset = 0;
+    if (plan_make_locked(p, pl) &&
+        (!p->limit || atomic_load(p->device_reserved) + pl->region_bytes <= p->limit)) {
+        pl->state = PLAN_MAP;
+        return;
+    }
+    pl->nr_regions++; /* a plan that cannot be made counts as one tried */
+    watch_again(pl);
+}
+
+/* ---- the region ---- */
+
+static struct plan_region *plan_region_of(struct cuheap_arena *a)
+{
+    return (struct plan_region *)a;
+}
+
+static uint64_t piece_len(const struct plan_region *rg, uint32_t i)
+{
+    uint64_t at = (uint64_t)i * rg->piece_bytes;
+    return rg->bytes - at < rg->piece_bytes ? rg->bytes - at : rg->piece_bytes;
+}
+
+/* The pieces [*first, *last] under bytes [offset, offset + size) of the region. */
+static void pieces_of(const struct plan_region *rg, uint64_t offset, uint64_t size, uint32_t *first,
+                      uint32_t *last)
+{
+    *first = (uint32_t)(offset / rg->piece_bytes);
+    *last = (uint32_t)((offset + (size ? size : 1) - 1) / rg->piece_bytes);
+}
+
+/* Unmap and give back pieces of the region whose live count is PIECE_GOING, p->lock not held
+ * (the caller is the mapper). Returns how many the driver took back. */
+static uint32_t give_back_going(struct cuheap_pool *p, struct plan_region *rg, uint64_t *ns,
+                                bool *ok)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
+        if (rg->live[i] != PIECE_GOING)
+            continue;
+        uint64_t va = rg->arena.buddy.base + (uint64_t)i * rg->piece_bytes;
+        ok[i] = dev_phys_unmap(p, va, piece_len(rg, i), ns) == 0 &&
+                dev_phys_release(p, rg->handle[i], ns) == 0;
+        n += ok[i];
+    }
+    return n;
+}
+
+/* Reserve the region and map it piece by piece as the mapper, p->lock dropped; publish it as
+ * an arena of its own (in the address map, so that frees and range queries find it; in no
+ * list of the pool's). The rest of the pool's idle chunks go back first: the plan takes over
+ * the memory the step's blocks used. Returns 0, -EBUSY when another thread is the mapper
+ * (asked again at the next allocation), or another negative errno (the plan is given up). */
+static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
+{
+    if (p->mapping)
+        return -EBUSY;
+    release_idle_locked(p, 0);
+    if (p->mapping)
+        return -EBUSY;
+    struct plan_region *rg = &pl->regions[pl->nr_regions];
+    uint64_t bytes = pl->region_bytes, g = granule_bytes(p), va = 0, ns = 0;
+    uint64_t piece = (bytes + PLAN_MAX_PIECES - 1) / PLAN_MAX_PIECES, resets = p->nr_resets;
+    piece = (piece + g - 1) / g * g;
+    if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
+        return -EDQUOT;
+    memset(rg, 0, sizeof(*rg));
+    rg->bytes = bytes;
+    rg->piece_bytes = piece;
+    rg->nr_pieces = (uint32_t)((bytes + piece - 1) / piece);
+    p->mapping = true;
+    p->st.reserved += bytes;
+    atomic_fetch_add(p->device_reserved, bytes);
+    p->inflight_bytes += bytes;
+    pool_unlock(p);
+    int r = dev_va_reserve(p, bytes, &va);
+    bool reserved = r == 0;
+    uint32_t made = 0;
+    for (; !r && made < rg->nr_pieces; made++) {
+        uint64_t h = 0, len = piece_len(rg, made);
+        r = dev_phys_create(p, len, &h, &ns);
+        if (!r && (r = dev_phys_map(p, va + (uint64_t)made * piece, len, h, &ns)) != 0)
+            dev_phys_release(p, h, &ns);
+        if (r)
+            break;
+        rg->handle[made] = h;
+    }
+    rg->arena.buddy.base = va;
+    if (r) {
+        for (uint32_t i = 0; i < made; i++)
+            rg->live[i] = PIECE_GOING;
+        bool ok[PLAN_MAX_PIECES];
+        give_back_going(p, rg, &ns, ok);
+        if (reserved)
+            dev_va_free(p, va, bytes);
+    }
+    pool_lock(p);
+    p->st.map_ns += ns;
+    p->mapping = false;
+    pthread_cond_broadcast(&p->mapped);
+    if (p->nr_resets != resets) {
+        memset(rg->handle, 0, sizeof(rg->handle));
+        return -ENODEV; /* the context went meanwhile, and the region with it */
+    }
+    p->inflight_bytes -= bytes;
+    struct cuheap_arena *a = r ? NULL : &rg->arena;
+    if (a) {
+        memset(rg->live, 0, sizeof(rg->live));
+        a->pool = p;
+        a->planned = true;
+        a->buddy.min_order = p->min_order;
+        a->buddy.nr_units = 0; /* no thread cache's free takes a block of it (tc_free) */
+        __atomic_store_n(&a->buddy.size, bytes, __ATOMIC_RELEASE);
+        if (map_update(a, true)) {
+            __atomic_store_n(&a->buddy.size, 0, __ATOMIC_RELEASE);
+            a = NULL;
+            r = -ENOMEM;
+            for (uint32_t i = 0; i < rg->nr_pieces; i++)
+                rg->live[i] = PIECE_GOING;
+            p->mapping = true;
+            pool_unlock(p);
+            bool ok[PLAN_MAX_PIECES];
+            give_back_going(p, rg, &ns, ok);
+            dev_va_free(p, va, bytes);
+            pool_lock(p);
+            p->mapping = false;
+            pthread_cond_broadcast(&p->mapped);
+        }
+    }
+    if (r) {
+        p->st.reserved -= bytes;
+        atomic_fetch_sub(p->device_reserved, bytes);
+        return r;
+    }
+    rg->nr_held = rg->nr_pieces;
+    pl->nr_regions++;
+    pl->cur = rg;
+    pl->arena = a;
+    p->st.nr_creates += rg->nr_pieces;
+    pool_note_event(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
+    /* what the rest of the pool's blocks need from now on: not the step's peak any more */
+    p->peak_busy = busy_bytes_locked(p);
+    return 0;
+}
+
+/* Give back the pieces of retired regions that no pinned block holds and whose last free's
+ * fence has passed, as the mapper with p->lock dropped; a region none of whose pieces is left
+ * leaves the address map and gives its addresses back. */
+static void reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl);
+
+static bool ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket);
+
+static void reap_region_locked(struct cuheap_pool *p, struct cuheap_plan *pl,
+                               struct plan_region *rg)
+{
+    if (p->mapping) {
+        pl->reap_due = true;
+        return;
+    }
+    /* one question of the timeline for the newest fence still in the way */
+    uint64_t newest = 0;
+    for (uint32_t i = 0; i < rg->nr_pieces; i++)
+        if (rg->handle[i] && !rg->live[i] && rg->ticket[i] > newest &&
+            !tl_passed(&p->tl, rg->ticket[i]))
+            newest = rg->ticket[i];
+    bool passed = !newest || ticket_passed_locked(p, newest);
+    uint32_t n = 0;
+    uint64_t bytes = 0, ns = 0, resets = p->nr_resets;
+    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
+        if (!rg->handle[i] || rg->live[i])
+            continue;
+        if (!passed && rg->ticket[i] && !tl_passed(&p->tl, rg->ticket[i])) {
+            pl->reap_due = true; /* asked again at the next large allocation */
+            continue;
+        }
+        rg->live[i] = PIECE_GOING;
+        bytes += piece_len(rg, i);
+        n++;
+    }
+    if (!n)
+        return;
+    bool all = n == rg->nr_held;
+    uint64_t va = rg->arena.buddy.base;
+    if (all) { /* no block of it is live: nothing looks it up any more */
+        map_update(&rg->arena, false);
+        __atomic_store_n(&rg->arena.buddy.size, 0, __ATOMIC_RELEASE);
+    }
+    p->mapping = true;
+    p->inflight_bytes += bytes;
+    pool_unlock(p);
+    bool ok[PLAN_MAX_PIECES];
+    uint32_t gone = give_back_going(p, rg, &ns, ok);
+    if (all && gone == n)
+        dev_va_free(p, va, rg->bytes);
+    pool_lock(p);
+    p->st.map_ns += ns;
+    p->mapping = false;
+    pthread_cond_broadcast(&p->mapped);
+    if (p->nr_resets != resets)
+        return; /* the context went meanwhile: plan_forget_locked counted the region */
+    p->inflight_bytes -= bytes;
+    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
+        if (rg->live[i] != PIECE_GOING)
+            continue;
+        uint64_t len = piece_len(rg, i);
+        p->st.reserved -= len;
+        atomic_fetch_sub(p->device_reserved, len);
+        if (ok[i])
+            p->st.nr_releases++;
+        else
+            p->st.lost += len; /* the driver kept it: counted for good, as a stuck chunk */
+        rg->handle[i] = 0;
+        rg->live[i] = 0;
+        rg->nr_held--;
+    }
+    pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, va, bytes, p->st.reserved, 0);
+}
+
+static void reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
+{
+    pl->reap_due = false;
+    for (unsigned r = 0; r < pl->nr_regions; r++) {
+        struct plan_region *rg = &pl->regions[r];
+        if (!rg->retired || !rg->nr_held)
+            continue;
+        if (p->mapping) {
+            pl->reap_due = true;
+            return;
+        }
+        reap_region_locked(p, pl, rg);
+    }
+}
+
+/* The plan stops serving: its live blocks stay where they are as pinned blocks of a retired
+ * region, whose other pieces go back as their fences pass; the sizes are watched again for a
+ * new plan. Returns false, and keeps serving, when the pinned blocks would not fit their table. */
+static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
+{
+    struct plan_region *rg = pl->cur;
+    if (!rg) {
+        watch_again(pl);
+        return true;
+    }
+    if (pl->nr_pinned + pl->nr_live > PLAN_MAX_PINNED)
+        return false;
+    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
+        struct plan_slot *s = &pl->slots[pl->by_offset[x]];
+        uint32_t first, last;
+        pieces_of(rg, s->offset, s->asked ? s->asked : s->size, &first, &last);
+        if (s->asked) {
+            pl->pinned[pl->nr_pinned++] =
+                (struct plan_pinned){.ptr = rg->arena.buddy.base + s->offset,
+                                     .size = s->asked,
+                                     .buffer_id = s->buffer_id,
+                                     .region = rg};
+            for (uint32_t i = first; i <= last; i++)
+                rg->live[i]++;
+        } else if (s->waiting && !tl_passed(&p->tl, s->ticket)) {
+            for (uint32_t i = first; i <= last; i++)
+                if (s->ticket > rg->ticket[i])
+                    rg->ticket[i] = s->ticket;
+        }
+        s->asked = 0;
+        s->waiting = false;
+    }
+    rg->retired = true;
+    pl->cur = NULL;
+    pl->arena = NULL;
+    pl->nr_live = 0;
+    pl->nr_by_offset = 0;
+    watch_again(pl);
+    reap_region_locked(p, pl, rg);
+    return true;
+}
+
+/* ---- serving ---- */
+
+/* Whether a fence after ticket has passed; records one, or asks the driver, when no other
+ * thread is doing so (no wait). */
+static bool ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket)
+{
+    if (ticket == UINT64_MAX)
+        return false; /* a device sync under way (CUHEAP_REUSE=sync) */
+    if (tl_passed(&p->tl, ticket))
+        return true;
+    if (p->nr_capturing)
+        return false;
+    unsigned fences = 0;
+    bool passed = tl_try_pass(p, ticket, &fences);
+    p->st.nr_fences += fences;
+    return passed;
+}
+
+/* Whether slot k's bytes are free: no slot sharing them live, none waiting for a fence.
+ * SLOT_FENCE: only fences stand in the way, the latest of them *ret_ticket. */
+enum { SLOT_FREE, SLOT_LIVE, SLOT_FENCE };
+
+static int slot_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint32_t k,
+                            uint64_t *ret_ticket)
+{
+    struct plan_slot *s = &pl->slots[k];
+    int r = SLOT_FREE;
+    *ret_ticket = 0;
+    for (uint32_t x = 0; x <= s->conf_nr; x++) {
+        struct plan_slot *t = x < s->conf_nr ? &pl->slots[pl->conf[s->conf_first + x]] : s;
+        if (t->asked)
+            return SLOT_LIVE;
+        if (t->waiting) {
+            if (ticket_passed_locked(p, t->ticket)) {
+                t->waiting = false;
+                continue;
+            }
+            if (t->ticket == UINT64_MAX)
+                return SLOT_LIVE; /* a device sync: not a fence to poll */
+            r = SLOT_FENCE;
+            if (t->ticket > *ret_ticket)
+                *ret_ticket = t->ticket;
+        }
+    }
+    return r;
+}
+
+/* Wait, p->lock dropped, for a fence after ticket: polled for up to CUHEAP_FENCE_POLL_NS,
+ * then waited for. The rest of the pool would otherwise map memory for the block, and its own
+ * path waits for fences rather than grow past what the job has needed (acquire.c); the
+ * driver's own free waits for the whole device every time. */
+static void wait_ticket_locked(struct cuheap_pool *p, uint64_t ticket)
+{
+    uint64_t t0 = mono_ns();
+    unsigned fences = 0;
+    bool passed;
+    pool_unlock(p);
+    while (!(passed = tl_try_pass(p, ticket, &fences)) && mono_ns() < t0 + CUHEAP_FENCE_POLL_NS)
+        for (int i = 0; i < 64; i++)
+            cpu_relax();
+    if (!passed)
+        tl_wait_for(p, ticket, &fences);
+    pool_lock(p);
+    p->st.nr_fences += fences;
+    p->st.nr_waits += !passed;
+    p->st.fence_ns += mono_ns() - t0;
+}
+
+/* At the start of every step the plan serves: a step of many misses retires it (the job
+ * changed shape). In the first steps, the rest of the pool gives back what the plan took
+ * over: its blocks waiting for a fence come back (no allocation of its own may come to reclaim
+ * them) and its idle chunks go to the driver; its budget is then what its own blocks use. */
+static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
+{
+    uint64_t misses = pl->step_misses;
+    pl->step_misses = 0;
+    if (misses > pl->period / 4) {
+        if (++pl->bad_steps == PLAN_BAD_STEPS) {
+            if (retire_locked(p, pl))
+                return;
+        }
+    } else {
+        pl->bad_steps = 0;
+    }
+    if (misses)
+        pl->steps_on = 0; /* the rest of the pool served them: it settles again */
+    if (pl->steps_on++ >= PLAN_SETTLE)
+        return;
+    if (open_epoch(p)->nr_blocks)
+        close_epoch_locked(p); /* may drop p->lock */
+    reclaim_locked(p);
+    if (p->idle_bytes)
+        release_idle_locked(p, 0);
+    p->peak_busy = busy_bytes_locked(p);
+}
+
+/* The step's phase again after its sizes left the measured order (an allocation more or
+ * less, a step of another shape): the one phase whose measured sizes end with the longest run
+ * of the sizes just seen, PLAN_SYNC at least. Where several phases match as far back as
+ * PLAN_SYNC_MAX (layers of one shape repeat within a step, and their blocks live differently),
+ * none is taken yet: the sizes that follow tell them apart. Returns whether one was found. */
+static bool resync_locked(struct cuheap_plan *pl, uint64_t t)
+{
+    uint64_t period = pl->period, seen = t - pl->watch_from + 1, best = 0, best_phase = 0;
+    uint64_t most = seen < PLAN_SYNC_MAX ? seen : PLAN_SYNC_MAX;
+    bool tie = false;
+    if (most > period)
+        most = period;
+    for (uint64_t phase = 0; phase < period; phase++) {
+        uint64_t n = 0;
+        while (n < most && pl->slots[(phase + period * PLAN_SYNC_MAX - n) % period].size ==
+                               pl->sizes[(t - n) % PLAN_WINDOW])
+            n++;
+        if (n > best) {
+            best = n;
+            best_phase = phase;
+            tie = false;
+        } else if (n == best) {
+            tie = true;
+        }
+    }
+    if (best < PLAN_SYNC || tie)
+        return false;
+    pl->start = t - best_phase;
+    return true;
+}
+
+int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
+                      int64_t *ret_track)
+{
+    struct cuheap_plan *pl = p->plan;
+    if (pl->reap_due)
+        reap_locked(p, pl); /* may drop p->lock */
+    uint64_t t = pl->clock++;
+    pl->sizes[t % PLAN_WINDOW] = size;
+    *ret_track = -1;
+    switch (pl->state) {
+    case PLAN_WATCH:
+        watch_locked(pl);
+        return 1;
+    case PLAN_MEASURE: {
+        uint64_t k = t - pl->start;
+        if (size != pl->sizes[(t - pl->period) % PLAN_WINDOW]) {
+            watch_again(pl); /* not the period after all */
+            return 1;
+        }
+        if (k < pl->period) {
+            pl->slots[k] = (struct plan_slot){.size = size};
+            *ret_track = (int64_t)k;
+        } else if (k == 2 * pl->period - 1) {
+            measured_locked(p, pl);
+        }
+        return 1;
+    }
+    case PLAN_MAP:
+        if ((t - pl->start) % pl->period != pl->quiet)
+            return 1;
+        {
+            int r = plan_map_locked(p, pl);
+            if (r == -EBUSY)
+                return 1;
+            if (r) {
+                pl->nr_regions++;
+                watch_again(pl);
+                return 1;
+            }
+        }
+        pl->state = PLAN_ON;
+        pl->lost = false;
+        pl->bad_steps = 0;
+        pl->steps_on = 0;
+        pl->step_misses = 0;
+        break;
+    case PLAN_ON:
+        break;
+    default:
+        return 1;
+    }
+    uint32_t k = (uint32_t)((t - pl->start) % pl->period);
+    if (pl->lost || pl->slots[k].size != size) {
+        pl->lost = !resync_locked(pl, t);
+        k = (uint32_t)((t - pl->start) % pl->period);
+    }
+    if (k == 0)
+        step_begins_locked(p, pl);
+    if (pl->state != PLAN_ON)
+        return 1;
+    struct plan_slot *s = &pl->slots[k];
+    uint64_t ticket = 0;
+    int why = s->planned && !pl->lost ? slot_free_locked(p, pl, k, &ticket) : SLOT_LIVE;
+    if (why == SLOT_FENCE && !p->nr_capturing) {
+        struct cuheap_arena *region = pl->arena;
+        wait_ticket_locked(p, ticket);
+        if (pl->state != PLAN_ON || pl->arena != region)
+            return 1; /* retired or gone meanwhile */
+        why = slot_free_locked(p, pl, k, &ticket);
+    }
+    if (why != SLOT_FREE) {
+        pl->step_misses += s->planned;
+        pl->nr_missed++;
+        return 1;
+    }
+    s->asked = size;
+    s->buffer_id = buffer_id_prefix(p) | next_buffer_ids(p, 1);
+    uint64_t block = (size + 511) & ~511ull;
+    pl->nr_live++;
+    p->st.live += size;
+    p->st.live_blocks += block;
+    p->st.nr_hits++;
+    p->st.nr_planned++;
+    *ret_ptr = pl->arena->buddy.base + s->offset;
+    *ret_block = block;
+    return 0;
+}
+
+void plan_track_locked(struct cuheap_pool *p, uint64_t ptr, int64_t slot)
+{
+    struct cuheap_plan *pl = p->plan;
+    if (pl->state == PLAN_MEASURE && !track_add(pl, ptr, (uint32_t)slot))
+        watch_again(pl); /* more live blocks than the table holds: no plan for this job */
+}
+
+void plan_untrack_locked(struct cuheap_pool *p, uint64_t ptr)
+{
+    struct cuheap_plan *pl = p->plan;
+    int64_t k = track_take(pl, ptr);
+    if (k >= 0)
+        pl->slots[k].end = pl->clock - pl->start;
+}
+
+/* The live slot starting at ptr, or NULL. */
+static struct plan_slot *slot_at_locked(struct cuheap_plan *pl, uint64_t ptr)
+{
+    uint64_t off = ptr - pl->arena->buddy.base;
+    uint32_t lo = 0, hi = pl->nr_by_offset;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (pl->slots[pl->by_offset[mid]].offset < off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (; lo < pl->nr_by_offset && pl->slots[pl->by_offset[lo]].offset == off; lo++)
+        if (pl->slots[pl->by_offset[lo]].asked)
+            return &pl->slots[pl->by_offset[lo]];
+    return NULL;
+}
+
+/* The pinned block of a retired region at ptr, or NULL. */
+static struct plan_pinned *pinned_at(struct cuheap_plan *pl, struct cuheap_arena *a, uint64_t ptr)
+{
+    for (uint32_t i = 0; i < pl->nr_pinned; i++)
+        if (pl->pinned[i].ptr == ptr && &pl->pinned[i].region->arena == a)
+            return &pl->pinned[i];
+    return NULL;
+}
+
+/* What a free of a planned block waits for before its bytes serve again, as the rest of the
+ * pool's frees do (CUHEAP_REUSE): a fence after now, a device sync (made here, p->lock
+ * dropped, as the driver's own free would), or nothing. Returns the ticket, 0 for none. */
+static uint64_t free_ticket_locked(struct cuheap_pool *p)
+{
+    if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE)
+        return 0;
+    uint64_t ticket = tl_ticket_now(&p->tl); /* after the block left the live: the free began */
+    if (p->cfg->reuse == CUHEAP_REUSE_SYNC) {
+        pool_unlock(p);
+        dev_device_sync(p); /* the fence after ticket passed with it */
+        pool_lock(p);
+    }
+    return ticket;
+}
+
+static int pinned_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, struct plan_pinned *b,
+                              uint64_t *ret_size, uint64_t *ret_block)
+{
+    struct plan_region *rg = b->region;
+    uint64_t size = b->size, block = (size + 511) & ~511ull, off = b->ptr - rg->arena.buddy.base;
+    *b = pl->pinned[--pl->nr_pinned];
+    p->st.live -= size;
+    p->st.live_blocks -= block;
+    *ret_size = size;
+    *ret_block = block;
+    uint32_t first, last;
+    pieces_of(rg, off, size, &first, &last);
+    for (uint32_t i = first; i <= last; i++)
+        rg->live[i]--;
+    uint64_t ticket = free_ticket_locked(p); /* may drop p->lock: the pieces counted first */
+    for (uint32_t i = first; i <= last; i++)
+        if (ticket > rg->ticket[i])
+            rg->ticket[i] = ticket;
+    reap_locked(p, pl);
+    return 0;
+}
+
+int plan_free_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                     uint64_t *ret_size, uint64_t *ret_block)
+{
+    struct cuheap_plan *pl = p->plan;
+    struct plan_slot *s = pl->arena == a ? slot_at_locked(pl, ptr) : NULL;
+    if (!s) {
+        struct plan_pinned *b = pinned_at(pl, a, ptr);
+        return b ? pinned_free_locked(p, pl, b, ret_size, ret_block) : -EINVAL;
+    }
+    uint64_t size = s->asked, block = (size + 511) & ~511ull;
+    s->asked = 0;
+    pl->nr_live--;
+    p->st.live -= size;
+    p->st.live_blocks -= block;
+    *ret_size = size;
+    *ret_block = block;
+    /* waiting from before the sync of CUHEAP_REUSE=sync, so that no thread serves its bytes
+     * meanwhile (its ticket's fence can only pass after the free began) */
+    s->ticket = UINT64_MAX;
+    s->waiting = p->cfg->reuse != CUHEAP_REUSE_IMMEDIATE;
+    struct plan_region *rg = pl->cur;
+    uint64_t ticket = free_ticket_locked(p);
+    if (pl->cur == rg && !s->asked) /* not retired meanwhile (retire_locked took the slots) */
+        s->ticket = ticket;
+    return 0;
+}
+
+int plan_block_range_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                            uint64_t *ret_base, uint64_t *ret_size, uint64_t *ret_buffer_id)
+{
+    struct cuheap_plan *pl = p->plan;
+    if (pl->arena == a) {
+        uint64_t off = ptr - a->buddy.base;
+        for (uint32_t x = pl->nr_by_offset; x-- > 0;) {
+            struct plan_slot *s = &pl->slots[pl->by_offset[x]];
+            if (s->offset > off)
+                continue;
+            if (s->offset + pl->max_size <= off)
+                break; /* none further down reaches ptr */
+            if (s->asked && off < s->offset + s->asked) {
+                *ret_base = a->buddy.base + s->offset;
+                *ret_size = s->asked;
+                *ret_buffer_id = s->buffer_id;
+                return 0;
+            }
+        }
+        return -EINVAL;
+    }
+    for (uint32_t i = 0; i < pl->nr_pinned; i++) {
+        struct plan_pinned *b = &pl->pinned[i];
+        if (&b->region->arena == a && ptr >= b->ptr && ptr < b->ptr + b->size) {
+            *ret_base = b->ptr;
+            *ret_size = b->size;
+            *ret_buffer_id = b->buffer_id;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+/* The pieces under a shared block, exported as the mapper with p->lock dropped, so that they
+ * stay. */
+int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t block,
+                      uint64_t buffer_id, struct cuheap_share *pieces, unsigned max)
+{
+    struct cuheap_plan *pl = p->plan;
+    wait_mapper_locked(p);
+    struct plan_region *rg = plan_region_of(a);
+    uint64_t size = 0;
+    if (pl->arena == a) {
+        struct plan_slot *s = slot_at_locked(pl, block);
+        if (s && s->buffer_id == buffer_id)
+            size = s->asked;
+    } else {
+        struct plan_pinned *b = pinned_at(pl, a, block);
+        if (b && b->buffer_id == buffer_id)
+            size = b->size;
+    }
+    if (!size)
+        return -EINVAL;
+    uint32_t first, last;
+    pieces_of(rg, block - a->buddy.base, size, &first, &last);
+    if (last - first + 1 > max)
+        return -ENOSPC;
+    unsigned n = 0;
+    for (uint32_t i = first; i <= last; i++, n++) {
+        uint64_t va = a->buddy.base + (uint64_t)i * rg->piece_bytes;
+        pieces[n] = (struct cuheap_share){.chunk = &rg->handle[i],
+                                          .offset = (int64_t)(va - block),
+                                          .bytes = piece_len(rg, i),
+                                          .fd = -1};
+    }
+    uint64_t resets = p->nr_resets;
+    p->mapping = true;
+    pool_unlock(p);
+    int r = (int)n;
+    for (unsigned i = 0; i < n && r >= 0; i++)
+        if (dev_phys_export(p, rg->handle[first + i], &pieces[i].fd))
+            r = -EIO;
+    pool_lock(p);
+    p->mapping = false;
+    pthread_cond_broadcast(&p->mapped);
+    if (r < 0 || p->nr_resets != resets) {
+        for (unsigned i = 0; i < n; i++)
+            if (pieces[i].fd >= 0)
+                close(pieces[i].fd);
+        if (r > 0)
+            r = -EINVAL; /* the context went: the handles with it */
+    }
+    return r;
+}
+
+/* The current region's and every retired one's pieces, made accessible to the peers. */
+int plan_grant_access_locked(struct cuheap_pool *p)
+{
+    struct cuheap_plan *pl = p->plan;
+    wait_mapper_locked(p);
+    int r = 0;
+    p->mapping = true;
+    for (unsigned x = 0; x < pl->nr_regions && !r; x++) {
+        struct plan_region *rg = &pl->regions[x];
+        for (uint32_t i = 0; i < rg->nr_pieces && !r; i++) {
+            if (!rg->handle[i] || rg->live[i] == PIECE_GOING)
+                continue;
+            uint64_t va = rg->arena.buddy.base + (uint64_t)i * rg->piece_bytes;
+            uint64_t len = piece_len(rg, i);
+            pool_unlock(p);
+            r = dev_phys_access(p, va, len) ? -EIO : 0;
+            pool_lock(p);
+        }
+    }
+    p->mapping = false;
+    pthread_cond_broadcast(&p->mapped);
+    return r;
+}
+
+/* The plan's memory back to the driver but for the pieces under live blocks: its region
+ * retires (a new plan follows once the step is seen again). Returns the bytes given back. */
+uint64_t plan_trim_locked(struct cuheap_pool *p)
+{
+    struct cuheap_plan *pl = p->plan;
+    uint64_t before = p->st.reserved, newest = 0;
+    if (pl->cur)
+        retire_locked(p, pl);
+    /* the fences after the last frees over free pieces, waited for as the pool's epochs are
+     * (a trim gives back all it can, and holds no fence after) */
+    for (unsigned x = 0; x < pl->nr_regions; x++) {
+        struct plan_region *rg = &pl->regions[x];
+        for (uint32_t i = 0; i < rg->nr_pieces; i++)
+            if (rg->handle[i] && !rg->live[i] && rg->ticket[i] > newest &&
+                !tl_passed(&p->tl, rg->ticket[i]))
+                newest = rg->ticket[i];
+    }
+    if (newest && !p->nr_capturing)
+        wait_ticket_locked(p, newest);
+    reap_locked(p, pl);
+    return before > p->st.reserved ? before - p->st.reserved : 0;
+}
+
+void plan_retire_locked(struct cuheap_pool *p)
+{
+    struct cuheap_plan *pl = p->plan;
+    if (pl->state == PLAN_ON || pl->state == PLAN_MAP)
+        retire_locked(p, pl);
+}
+
+/* The context went (context: its memory with it, counted out here) or the process forked:
+ * every region forgotten, the sizes watched again. */
+uint64_t plan_forget_locked(struct cuheap_pool *p, bool context)
+{
+    struct cuheap_plan *pl = p->plan;
+    uint64_t bytes = 0;
+    for (unsigned x = 0; x < pl->nr_regions; x++) {
+        struct plan_region *rg = &pl->regions[x];
+        if (!rg->nr_held)
+            continue;
+        uint64_t held = 0;
+        for (uint32_t i = 0; i < rg->nr_pieces; i++)
+            if (rg->handle[i])
+                held += piece_len(rg, i);
+        map_update(&rg->arena, false);
+        __atomic_store_n(&rg->arena.buddy.size, 0, __ATOMIC_RELEASE);
+        memset(rg->handle, 0, sizeof(rg->handle));
+        rg->nr_held = 0;
+        rg->retired = true;
+        bytes += held;
+        if (context) {
+            atomic_fetch_sub(p->device_reserved, held);
+            p->st.reserved -= held;
+            pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, rg->arena.buddy.base, held, p->st.reserved,
+                            0);
+        }
+    }
+    pl->cur = NULL;
+    pl->arena = NULL;
+    pl->nr_pinned = 0;
+    pl->reap_due = false;
+    for (uint32_t k = 0; k < PLAN_MAX_SLOTS; k++)
+        pl->slots[k].asked = 0, pl->slots[k].waiting = false;
+    pl->nr_live = 0;
+    pl->nr_by_offset = 0;
+    watch_again(pl);
+    return bytes;
+}
+
+int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *ret_live,
+                      uint64_t *ret_live_blocks, char *why, size_t why_size)
+{
+    struct cuheap_plan *pl = p->plan;
+    uint64_t nr_live = 0;
+    *ret_reserved = *ret_live = *ret_live_blocks = 0;
+    for (unsigned x = 0; x < pl->nr_regions; x++) {
+        struct plan_region *rg = &pl->regions[x];
+        uint32_t held = 0;
+        for (uint32_t i = 0; i < rg->nr_pieces; i++) {
+            if (!rg->handle[i])
+                continue;
+            held++;
+            *ret_reserved += piece_len(rg, i);
+            /* a retired piece is given back once no pinned block is over it */
+            uint32_t pins = 0;
+            for (uint32_t b = 0; b < pl->nr_pinned; b++) {
+                struct plan_pinned *pb = &pl->pinned[b];
+                uint32_t first, last;
+                pieces_of(rg, pb->ptr - rg->arena.buddy.base, pb->size, &first, &last);
+                pins += pb->region == rg && i >= first && i <= last;
+            }
+            if (rg->retired && rg->live[i] != pins) {
+                snprintf(why, why_size, "plan region %u piece %u: %u pinned blocks, counted %u", x,
+                         i, pins, rg->live[i]);
+                return -EFAULT;
+            }
+        }
+        if (held != rg->nr_held || (rg->retired ? rg == pl->cur : rg != pl->cur && held)) {
+            snprintf(why, why_size, "plan region %u: %u pieces held, counted %u%s", x, held,
+                     rg->nr_held, rg->retired ? " (retired)" : "");
+            return -EFAULT;
+        }
+    }
+    for (uint32_t b = 0; b < pl->nr_pinned; b++) {
+        *ret_live += pl->pinned[b].size;
+        *ret_live_blocks += (pl->pinned[b].size + 511) & ~511ull;
+    }
+    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
+        uint32_t k = pl->by_offset[x];
+        struct plan_slot *s = &pl->slots[k];
+        if (!s->asked)
+            continue;
+        if (!pl->arena) {
+            snprintf(why, why_size, "plan slot %u live with no region", k);
+            return -EFAULT;
+        }
+        nr_live++;
+        *ret_live += s->asked;
+        *ret_live_blocks += (s->asked + 511) & ~511ull;
+        for (uint32_t y = 0; y < s->conf_nr; y++) {
+            struct plan_slot *t = &pl->slots[pl->conf[s->conf_first + y]];
+            /* a fence passed is only noted when asked: a waiting slot whose ticket has passed
+             * is free */
+            if (t->asked || (t->waiting && !tl_passed(&p->tl, t->ticket))) {
+                snprintf(why, why_size, "plan slot %u live over slot %u's bytes (%s)", k,
+                         pl->conf[s->conf_first + y], t->asked ? "live" : "behind a fence");
+                return -EFAULT;
+            }
+        }
+    }
+    if (nr_live != pl->nr_live) {
+        snprintf(why, why_size, "plan: %lu slots live, counted %lu", (unsigned long)nr_live,
+                 (unsigned long)pl->nr_live);
+        return -EFAULT;
+    }
+    return 0;
+}
