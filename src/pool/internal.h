@@ -669,7 +669,6 @@ int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t bl
                       uint64_t buffer_id, struct cuheap_share *pieces, unsigned max);
 int plan_grant_access_locked(struct cuheap_pool *p);
 uint64_t plan_trim_locked(struct cuheap_pool *p);
-void plan_retire_locked(struct cuheap_pool *p);
 uint64_t plan_forget_locked(struct cuheap_pool *p, bool context);
 int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *ret_live,
                       uint64_t *ret_live_blocks, char *why, size_t why_size);
@@ -722,6 +721,7 @@ void unuse_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64
 int hold_mapped_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size);
 void set_extent_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size);
 uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c);
+void account_release_locked(struct cuheap_pool *p, bool ok, uint64_t handle, uint64_t bytes);
 uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep);
 void wait_mapper_locked(struct cuheap_pool *p);
 int share_locked(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,

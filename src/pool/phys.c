@@ -219,7 +219,7 @@ static uint64_t unlink_idle_locked(struct cuheap_pool *p, struct cuheap_chunk *c
 
 /* Memory that went back to the driver (ok) or that it would not take back: that stays
  * counted, and a later trim tries again (p->stuck). */
-static void account_release_locked(struct cuheap_pool *p, bool ok, uint64_t handle, uint64_t bytes)
+void account_release_locked(struct cuheap_pool *p, bool ok, uint64_t handle, uint64_t bytes)
 {
     if (ok) {
         p->st.reserved -= bytes;

@@ -266,6 +266,13 @@ static uint64_t piece_len(const struct plan_region *rg, uint32_t i)
 }
 
 /* The pieces [*first, *last] under bytes [offset, offset + size) of the region. */
+/* Whether a free over retired piece i still waits for its fence (its ticket is kept one up:
+ * 0 = no free over it, ticket 0 being a real one). */
+static bool piece_waits(struct cuheap_pool *p, const struct plan_region *rg, uint32_t i)
+{
+    return rg->ticket[i] && !tl_passed(&p->tl, rg->ticket[i] - 1);
+}
+
 static void pieces_of(const struct plan_region *rg, uint64_t offset, uint64_t size, uint32_t *first,
                       uint32_t *last)
 {
@@ -299,12 +306,14 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 {
     if (p->mapping)
         return -EBUSY;
-    release_idle_locked(p, 0);
-    if (p->mapping)
-        return -EBUSY;
+    uint64_t resets = p->nr_resets;
+    release_idle_locked(p, 0); /* may drop p->lock */
+    if (p->mapping || p->nr_resets != resets || pl->state != PLAN_MAP)
+        return -EBUSY; /* another mapper, or the plan was forgotten meanwhile */
     struct plan_region *rg = &pl->regions[pl->nr_regions];
     uint64_t bytes = pl->region_bytes, g = granule_bytes(p), va = 0, ns = 0;
-    uint64_t piece = (bytes + PLAN_MAX_PIECES - 1) / PLAN_MAX_PIECES, resets = p->nr_resets;
+    uint64_t piece = (bytes + PLAN_MAX_PIECES - 1) / PLAN_MAX_PIECES;
+    bool ok[PLAN_MAX_PIECES];
     piece = (piece + g - 1) / g * g;
     if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
         return -EDQUOT;
@@ -333,7 +342,6 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     if (r) {
         for (uint32_t i = 0; i < made; i++)
             rg->live[i] = PIECE_GOING;
-        bool ok[PLAN_MAX_PIECES];
         give_back_going(p, rg, &ns, ok);
         if (reserved)
             dev_va_free(p, va, bytes);
@@ -362,16 +370,29 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
             for (uint32_t i = 0; i < rg->nr_pieces; i++)
                 rg->live[i] = PIECE_GOING;
             p->mapping = true;
+            p->inflight_bytes += bytes;
             pool_unlock(p);
-            bool ok[PLAN_MAX_PIECES];
             give_back_going(p, rg, &ns, ok);
             dev_va_free(p, va, bytes);
             pool_lock(p);
             p->mapping = false;
             pthread_cond_broadcast(&p->mapped);
+            if (p->nr_resets != resets) {
+                memset(rg->handle, 0, sizeof(rg->handle));
+                return -ENODEV;
+            }
+            p->inflight_bytes -= bytes;
         }
     }
     if (r) {
+        /* what the driver would not take back stays counted (p->stuck) */
+        for (uint32_t i = 0; i < rg->nr_pieces; i++) {
+            if (rg->live[i] != PIECE_GOING || ok[i])
+                continue;
+            account_release_locked(p, false, rg->handle[i], piece_len(rg, i));
+            bytes -= piece_len(rg, i);
+        }
+        memset(rg->handle, 0, sizeof(rg->handle));
         p->st.reserved -= bytes;
         atomic_fetch_sub(p->device_reserved, bytes);
         return r;
@@ -403,17 +424,17 @@ static void reap_region_locked(struct cuheap_pool *p, struct cuheap_plan *pl,
     }
     /* one question of the timeline for the newest fence still in the way */
     uint64_t newest = 0;
+    bool found = false;
     for (uint32_t i = 0; i < rg->nr_pieces; i++)
-        if (rg->handle[i] && !rg->live[i] && rg->ticket[i] > newest &&
-            !tl_passed(&p->tl, rg->ticket[i]))
-            newest = rg->ticket[i];
-    bool passed = !newest || ticket_passed_locked(p, newest);
+        if (rg->handle[i] && !rg->live[i] && piece_waits(p, rg, i) && rg->ticket[i] - 1 >= newest)
+            newest = rg->ticket[i] - 1, found = true;
+    bool passed = !found || ticket_passed_locked(p, newest);
     uint32_t n = 0;
     uint64_t bytes = 0, ns = 0, resets = p->nr_resets;
     for (uint32_t i = 0; i < rg->nr_pieces; i++) {
         if (!rg->handle[i] || rg->live[i])
             continue;
-        if (!passed && rg->ticket[i] && !tl_passed(&p->tl, rg->ticket[i])) {
+        if (!passed && piece_waits(p, rg, i)) {
             pl->reap_due = true; /* asked again at the next large allocation */
             continue;
         }
@@ -446,13 +467,9 @@ static void reap_region_locked(struct cuheap_pool *p, struct cuheap_plan *pl,
     for (uint32_t i = 0; i < rg->nr_pieces; i++) {
         if (rg->live[i] != PIECE_GOING)
             continue;
-        uint64_t len = piece_len(rg, i);
-        p->st.reserved -= len;
-        atomic_fetch_sub(p->device_reserved, len);
-        if (ok[i])
-            p->st.nr_releases++;
-        else
-            p->st.lost += len; /* the driver kept it: counted for good, as a stuck chunk */
+        /* what the driver kept stays counted, and a trim offers it again (p->stuck) */
+        account_release_locked(p, ok[i], rg->handle[i], piece_len(rg, i));
+        p->st.nr_releases += ok[i];
         rg->handle[i] = 0;
         rg->live[i] = 0;
         rg->nr_held--;
@@ -477,7 +494,8 @@ static void reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 
 /* The plan stops serving: its live blocks stay where they are as pinned blocks of a retired
  * region, whose other pieces go back as their fences pass; the sizes are watched again for a
- * new plan. Returns false, and keeps serving, when the pinned blocks would not fit their table. */
+ * new plan. Returns false, and keeps serving, when the pinned blocks would not fit their table
+ * or a free is in its device sync (asked again at the next step). */
 static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 {
     struct plan_region *rg = pl->cur;
@@ -487,6 +505,11 @@ static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     }
     if (pl->nr_pinned + pl->nr_live > PLAN_MAX_PINNED)
         return false;
+    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
+        struct plan_slot *s = &pl->slots[pl->by_offset[x]];
+        if (s->waiting && s->ticket == UINT64_MAX)
+            return false; /* a free's device sync under way: its ticket is not known yet */
+    }
     for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
         struct plan_slot *s = &pl->slots[pl->by_offset[x]];
         uint32_t first, last;
@@ -501,8 +524,8 @@ static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
                 rg->live[i]++;
         } else if (s->waiting && !tl_passed(&p->tl, s->ticket)) {
             for (uint32_t i = first; i <= last; i++)
-                if (s->ticket > rg->ticket[i])
-                    rg->ticket[i] = s->ticket;
+                if (s->ticket + 1 > rg->ticket[i])
+                    rg->ticket[i] = s->ticket + 1;
         }
         s->asked = 0;
         s->waiting = false;
@@ -594,7 +617,7 @@ static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     uint64_t misses = pl->step_misses;
     pl->step_misses = 0;
     if (misses > pl->period / 4) {
-        if (++pl->bad_steps == PLAN_BAD_STEPS) {
+        if (++pl->bad_steps >= PLAN_BAD_STEPS) { /* a retire refused is tried again */
             if (retire_locked(p, pl))
                 return;
         }
@@ -776,7 +799,8 @@ static struct plan_pinned *pinned_at(struct cuheap_plan *pl, struct cuheap_arena
 
 /* What a free of a planned block waits for before its bytes serve again, as the rest of the
  * pool's frees do (CUHEAP_REUSE): a fence after now, a device sync (made here, p->lock
- * dropped, as the driver's own free would), or nothing. Returns the ticket, 0 for none. */
+ * dropped, as the driver's own free would), or nothing. Returns the ticket (none under
+ * CUHEAP_REUSE=immediate: the value is then not to be waited on). */
 static uint64_t free_ticket_locked(struct cuheap_pool *p)
 {
     if (p->cfg->reuse == CUHEAP_REUSE_IMMEDIATE)
@@ -790,9 +814,15 @@ static uint64_t free_ticket_locked(struct cuheap_pool *p)
     return ticket;
 }
 
-static int pinned_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, struct plan_pinned *b,
-                              uint64_t *ret_size, uint64_t *ret_block)
+/* The block stays pinned while the ticket is taken (CUHEAP_REUSE=sync drops p->lock for the
+ * device's sync): its pieces may not go back before the sync is over. */
+static int pinned_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, struct cuheap_arena *a,
+                              uint64_t ptr, uint64_t *ret_size, uint64_t *ret_block)
 {
+    uint64_t ticket = free_ticket_locked(p);
+    struct plan_pinned *b = pinned_at(pl, a, ptr);
+    if (!b)
+        return -EINVAL; /* freed by another thread meanwhile, or the context went */
     struct plan_region *rg = b->region;
     uint64_t size = b->size, block = (size + 511) & ~511ull, off = b->ptr - rg->arena.buddy.base;
     *b = pl->pinned[--pl->nr_pinned];
@@ -802,12 +832,11 @@ static int pinned_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, str
     *ret_block = block;
     uint32_t first, last;
     pieces_of(rg, off, size, &first, &last);
-    for (uint32_t i = first; i <= last; i++)
+    for (uint32_t i = first; i <= last; i++) {
         rg->live[i]--;
-    uint64_t ticket = free_ticket_locked(p); /* may drop p->lock: the pieces counted first */
-    for (uint32_t i = first; i <= last; i++)
-        if (ticket > rg->ticket[i])
-            rg->ticket[i] = ticket;
+        if (p->cfg->reuse != CUHEAP_REUSE_IMMEDIATE && ticket + 1 > rg->ticket[i])
+            rg->ticket[i] = ticket + 1;
+    }
     reap_locked(p, pl);
     return 0;
 }
@@ -818,8 +847,8 @@ int plan_free_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr
     struct cuheap_plan *pl = p->plan;
     struct plan_slot *s = pl->arena == a ? slot_at_locked(pl, ptr) : NULL;
     if (!s) {
-        struct plan_pinned *b = pinned_at(pl, a, ptr);
-        return b ? pinned_free_locked(p, pl, b, ret_size, ret_block) : -EINVAL;
+        return pinned_at(pl, a, ptr) ? pinned_free_locked(p, pl, a, ptr, ret_size, ret_block)
+                                     : -EINVAL;
     }
     uint64_t size = s->asked, block = (size + 511) & ~511ull;
     s->asked = 0;
@@ -954,6 +983,7 @@ uint64_t plan_trim_locked(struct cuheap_pool *p)
 {
     struct cuheap_plan *pl = p->plan;
     uint64_t before = p->st.reserved, newest = 0;
+    bool found = false;
     if (pl->cur)
         retire_locked(p, pl);
     /* the fences after the last frees over free pieces, waited for as the pool's epochs are
@@ -961,21 +991,14 @@ uint64_t plan_trim_locked(struct cuheap_pool *p)
     for (unsigned x = 0; x < pl->nr_regions; x++) {
         struct plan_region *rg = &pl->regions[x];
         for (uint32_t i = 0; i < rg->nr_pieces; i++)
-            if (rg->handle[i] && !rg->live[i] && rg->ticket[i] > newest &&
-                !tl_passed(&p->tl, rg->ticket[i]))
-                newest = rg->ticket[i];
+            if (rg->handle[i] && !rg->live[i] && piece_waits(p, rg, i) &&
+                rg->ticket[i] - 1 >= newest)
+                newest = rg->ticket[i] - 1, found = true;
     }
-    if (newest && !p->nr_capturing)
+    if (found && !p->nr_capturing)
         wait_ticket_locked(p, newest);
     reap_locked(p, pl);
     return before > p->st.reserved ? before - p->st.reserved : 0;
-}
-
-void plan_retire_locked(struct cuheap_pool *p)
-{
-    struct cuheap_plan *pl = p->plan;
-    if (pl->state == PLAN_ON || pl->state == PLAN_MAP)
-        retire_locked(p, pl);
 }
 
 /* The context went (context: its memory with it, counted out here) or the process forked:
@@ -988,9 +1011,9 @@ uint64_t plan_forget_locked(struct cuheap_pool *p, bool context)
         struct plan_region *rg = &pl->regions[x];
         if (!rg->nr_held)
             continue;
-        uint64_t held = 0;
+        uint64_t held = 0; /* but for the pieces going back, counted in p->inflight_bytes */
         for (uint32_t i = 0; i < rg->nr_pieces; i++)
-            if (rg->handle[i])
+            if (rg->handle[i] && rg->live[i] != PIECE_GOING)
                 held += piece_len(rg, i);
         map_update(&rg->arena, false);
         __atomic_store_n(&rg->arena.buddy.size, 0, __ATOMIC_RELEASE);
@@ -1031,6 +1054,8 @@ int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *r
                 continue;
             held++;
             *ret_reserved += piece_len(rg, i);
+            if (rg->live[i] == PIECE_GOING)
+                continue; /* the mapper is giving it back */
             /* a retired piece is given back once no pinned block is over it */
             uint32_t pins = 0;
             for (uint32_t b = 0; b < pl->nr_pinned; b++) {

@@ -56,6 +56,7 @@ struct host_device {
     /* the next that many address reservations, creates and maps fail (INT_MAX: every one),
      * with fail_result (0: -5, the backend's other failure) */
     int fail_reserve, fail_create, fail_map, fail_result;
+    int fail_release;  /* the next that many releases are refused, the memory kept */
     _Atomic bool idle; /* nothing runs: a fence passes as soon as it is recorded */
     pthread_cond_t gate;
     uint64_t sizes[4096]; /* by (addr - base) / 2 MiB: for frees */
@@ -168,6 +169,10 @@ static int hd_phys_release(void *ctx, uint64_t h)
     pthread_mutex_lock(&d->lock);
     hd_unlocked(d, "cuMemRelease");
     assert_true(d->handle_size[h]);
+    if (hd_fails(d, &d->fail_release)) {
+        pthread_mutex_unlock(&d->lock);
+        return hd_fail_result(d);
+    }
     d->used -= d->handle_size[h];
     d->handle_size[h] = 0;
     d->nr_releases++;
@@ -2393,6 +2398,31 @@ static void test_plan_retires_when_the_step_changes(void **state)
     teardown(f);
 }
 
+/* A retired region's pieces the driver will not take back stay counted as the pool's, and a
+ * trim offers them again. */
+static void test_plan_refused_release_stays_counted(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
+    for (int step = 0; step < steps; step++)
+        plan_step(f, 0, NULL);
+    assert_true(planned_so_far(f) > 0);
+    f->dev.fail_release = INT_MAX;
+    for (int step = 0; step < 8; step++)
+        plan_step(f, 64 * 1024, NULL); /* the plan retires; its pieces are refused */
+    check_invariants(f);
+    uint64_t used = f->dev.used;
+    f->dev.fail_release = 0;
+    cuheap_pool_trim(&f->pool, false);
+    check_invariants(f);
+    assert_true(f->dev.used < used);                 /* offered again, and taken */
+    assert_true(f->pool.st.reserved <= f->dev.used); /* nothing counted that the device lost */
+    teardown(f);
+}
+
 static struct fixture *setup_thread_cached(int backing)
 {
     fixture_thread_cache = 16 * MIB;
@@ -3312,6 +3342,7 @@ int main(void)
         cmocka_unit_test(test_vmm_trim_and_reserve),
         cmocka_unit_test(test_plan_warm_step_maps_nothing),
         cmocka_unit_test(test_plan_retires_when_the_step_changes),
+        cmocka_unit_test(test_plan_refused_release_stays_counted),
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
         cmocka_unit_test(test_vmm_late_fences_do_not_raise_the_budget),
