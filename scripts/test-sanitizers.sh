@@ -11,8 +11,9 @@
 # with those files in place (leak detection off, or a suppression broad enough to hide
 # everything, would let it through), and under TSan the race that CUHEAP_REUSE=immediate
 # allows on purpose (suite provokes-race) must be reported.
-# The vmm configurations (suite vmm) run under ASan+UBSan only: their 4 GiB arenas make the
-# debug invariant walks too slow under TSan.
+# The vmm configurations and the pool's step-plan cases (suite vmm) run under ASan+UBSan only:
+# their 4 GiB arenas make the debug invariant walks too slow under TSan, and the step-plan
+# cases are single-threaded.
 # Ends with "sanitizers: ok" or "sanitizers: FAILED (...)", and a matching exit status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
