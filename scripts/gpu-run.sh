@@ -594,6 +594,7 @@ run_hot() {
 # One build, several settings (GPT_SETTINGS: "label=VAR=value,VAR=value ..."; default: the
 # vmm cushion from 2 MiB to 256 MiB, and the legacy backing), SETTINGS_ROUNDS interleaved
 # rounds of SETTINGS_STEPS steps, after the gpu suite once under the default settings.
+# SETTINGS_LIBS adds other builds in compare-gpt.sh's form ("label=path,VAR=value ...").
 run_settings() {
     LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/gpu-settings-%p.jsonl" timeout 120 "$B/test-gpu" \
         >"$OUT/gpu-suite.log" 2>&1
@@ -603,6 +604,7 @@ run_settings() {
         c64=CUHEAP_VMM_CUSHION=64M c256=CUHEAP_VMM_CUSHION=256M legacy=CUHEAP_BACKING=legacy}; do
         libs="$libs ${s%%=*}=$PRE,${s#*=}"
     done
+    libs="$libs ${SETTINGS_LIBS:-}"
     ROUNDS=${SETTINGS_ROUNDS:-3} STEPS=${SETTINGS_STEPS:-100} MODES=norecord \
         bash bench/compare-gpt.sh "$OUT" "$libs"
     grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"

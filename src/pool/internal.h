@@ -248,12 +248,18 @@ struct cuheap_pool {
 #define PLAN_MAX_PINNED 1024u      /* blocks of retired regions still live, at most */
 #define PIECE_GOING     UINT32_MAX /* a piece being given back */
 #define PLAN_MIN_ORDER  18u        /* blocks above 128 KiB, which thread caches never serve */
-#define PLAN_LAG        2u /* allocations a free's fence is given before its bytes serve again */
-#define PLAN_ALIGN      (64u << 10) /* planned blocks of 64 KiB or more start on 64 KiB */
-#define PLAN_SYNC       8u  /* sizes in a row that find the step's phase again after a change */
-#define PLAN_SYNC_MAX   64u /* sizes looked back at to tell phases apart */
-#define PLAN_BAD_STEPS  3u  /* steps in a row of many misses that retire a plan */
-#define PLAN_SETTLE     4u  /* steps served after which the rest of the pool is left to itself */
+/* Allocations a free's fence is given before the plan packs its bytes again. None: on a GPU
+ * the fence has passed by the next allocation nine times in ten, and the plan waits for the
+ * others (slot_free_locked), where every allocation given would cost the region the bytes freed
+ * just before it (bench/RESULTS.md). A study build may set it (-Dc_args=-DPLAN_LAG=2u). */
+#ifndef PLAN_LAG
+#define PLAN_LAG 0u
+#endif
+#define PLAN_ALIGN     (64u << 10) /* planned blocks of 64 KiB or more start on 64 KiB */
+#define PLAN_SYNC      8u  /* sizes in a row that find the step's phase again after a change */
+#define PLAN_SYNC_MAX  64u /* sizes looked back at to tell phases apart */
+#define PLAN_BAD_STEPS 3u  /* steps in a row of many misses that retire a plan */
+#define PLAN_SETTLE    4u  /* steps served after which the rest of the pool is left to itself */
 
 enum plan_state {
     PLAN_OFF,     /* given up: too many plans tried */
