@@ -33,6 +33,18 @@ static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq
     return true;
 }
 
+/* Everything the pool holds for nobody back to the driver: the open batch of frees closed
+ * (returned at once while every stream is idle), the batches whose fences passed reclaimed, the
+ * quick lists merged, then the idle chunks. What the driver must see before a region of its
+ * own, or before the pool stops mapping. May drop p->lock. Returns the bytes released. */
+uint64_t release_unused_locked(struct cuheap_pool *p)
+{
+    close_epoch_locked(p);
+    reclaim_locked(p);
+    flush_quick_locked(p);
+    return release_idle_locked(p, 0);
+}
+
 /* The driver failed a VMM call twice over, and not for want of memory (create_chunk_locked,
  * map_chunk_locked, grow_va_locked; a full device is no refusal: it goes through the pool's
  * reclaim, then to the driver). The backing does not work on this device, as on some
@@ -52,10 +64,7 @@ void vmm_refused_locked(struct cuheap_pool *p)
     p->vmm_refused = CUHEAP_VMM_TO_DRIVER;
     tc_drain_all_locked(p, false);
     flush_stream_caches_locked(p); /* a stream's kept block holds its granules for good else */
-    close_epoch_locked(p);
-    reclaim_locked(p);
-    flush_quick_locked(p);
-    release_idle_locked(p, 0);
+    release_unused_locked(p);
     if (p->st.reserved || p->nr_empty != p->nr_arenas) /* blocks in use or pending, or memory */
         return;
     /* no cache holds a block (each would be one in use); held still while the backing changes */

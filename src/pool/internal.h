@@ -771,6 +771,7 @@ void close_if_due_locked(struct cuheap_pool *p);
 
 /* acquire.c */
 void vmm_refused_locked(struct cuheap_pool *p);
+uint64_t release_unused_locked(struct cuheap_pool *p);
 int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
                         struct acquire *acq);
 int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes);

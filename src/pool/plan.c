@@ -307,15 +307,10 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     if (p->mapping)
         return -EBUSY;
     uint64_t resets = p->nr_resets;
-    /* what the rest of the pool holds for nobody goes back before the region comes: the
-     * step's blocks freed behind fences (most of them passed by now), those kept whole for
-     * reuse, and the idle chunks under them; else the region is mapped beside a step's worth
-     * of the pool's memory */
-    if (open_epoch(p)->nr_blocks)
-        close_epoch_locked(p); /* may drop p->lock, as the calls below */
-    reclaim_locked(p);
-    flush_quick_locked(p);
-    release_idle_locked(p, 0);
+    /* what the rest of the pool holds for nobody goes back before the region comes (the
+     * step's blocks freed behind fences, most of them passed by now, and those kept whole for
+     * reuse): else the region is mapped beside a step's worth of the pool's memory */
+    release_unused_locked(p); /* may drop p->lock */
     if (p->mapping || p->nr_resets != resets || pl->state != PLAN_MAP)
         return -EBUSY; /* another mapper, or the plan was forgotten meanwhile */
     struct plan_region *rg = &pl->regions[pl->nr_regions];
