@@ -730,6 +730,12 @@ static void summary(void)
                               "in mapping calls",
                               d->ordinal, ps.nr_creates, ps.nr_moves, ps.nr_releases, ps.nr_waits,
                               (double)ps.fence_ns / 1e6, (double)ps.map_ns / 1e6);
+        if (ps.nr_plans)
+            cuheap_log_always("GPU %d: step plan: %u tried, %" PRIu64 " allocations served from "
+                              "a plan, %" PRIu64 " it had a place for and missed, %" PRIu64
+                              " waits for its fences (CUHEAP_STEP_PLAN)",
+                              d->ordinal, ps.nr_plans, ps.nr_planned, ps.nr_plan_missed,
+                              ps.nr_plan_waits);
     }
     cuheap_log_always(
         "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64

@@ -735,6 +735,7 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     int why = s->planned && !pl->lost ? slot_free_locked(p, pl, k, &ticket) : SLOT_LIVE;
     if (why == SLOT_FENCE && !p->nr_capturing) {
         struct cuheap_arena *region = pl->arena;
+        p->st.nr_plan_waits++;
         wait_ticket_locked(p, ticket);
         if (pl->state != PLAN_ON || pl->arena != region)
             return 1; /* retired or gone meanwhile */
@@ -742,6 +743,7 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     }
     if (why != SLOT_FREE) {
         pl->step_misses += s->planned;
+        p->st.nr_plan_missed += s->planned;
         pl->nr_missed++;
         return 1;
     }

@@ -668,6 +668,7 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     ret->vmm_refused = p->vmm_refused;
     ret->to_driver = __atomic_load_n(&p->to_driver, __ATOMIC_ACQUIRE);
     ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
+    ret->nr_plans = p->plan ? p->plan->nr_regions : 0;
     pool_unlock(p);
 }
 

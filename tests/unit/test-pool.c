@@ -2351,8 +2351,15 @@ static void test_plan_warm_step_maps_nothing(void **state)
                   40 * PLAN_STEP, (unsigned long)(f->pool.st.reserved / MIB),
                   (unsigned long)(peak / MIB));
     plan_check_mid = false;
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    print_message("# plan: %u tried, %lu served, %lu missed, %lu waits\n", st.nr_plans,
+                  (unsigned long)st.nr_planned, (unsigned long)st.nr_plan_missed,
+                  (unsigned long)st.nr_plan_waits);
     assert_int_equal(mapping_calls(f) - warm, 0);
     assert_true(planned_so_far(f) - planned >= 40 * PLAN_STEP * 9 / 10);
+    assert_int_equal(st.nr_plans, 1);       /* the summary's line: one plan, kept */
+    assert_int_equal(st.nr_plan_missed, 0); /* a step that repeats finds every place free */
     assert_true(f->pool.st.reserved <= peak + peak / 10);
     /* a planned block freed twice is refused, as any other */
     uint64_t p = alloc(f, 1 * MIB, 0x9), size, block, seq;
@@ -2394,6 +2401,10 @@ static void test_plan_retires_when_the_step_changes(void **state)
     for (int step = 0; step < steps; step++)
         plan_step(f, 64 * 1024, NULL);
     assert_true(planned_so_far(f) > planned); /* the new shape planned */
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_true(st.nr_plans >= 2);      /* the summary says a plan was tried again */
+    assert_true(st.nr_plan_missed > 0); /* and that the first one missed */
     check_invariants(f);
     teardown(f);
 }
