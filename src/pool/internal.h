@@ -249,9 +249,10 @@ struct cuheap_pool {
 #define PIECE_GOING     UINT32_MAX /* a piece being given back */
 #define PLAN_MIN_ORDER  18u        /* blocks above 128 KiB, which thread caches never serve */
 /* Allocations a free's fence is given before the plan packs its bytes again. None: on a GPU
- * the fence has passed by the next allocation nine times in ten, and the plan waits for the
- * others (slot_free_locked), where every allocation given would cost the region the bytes freed
- * just before it (bench/RESULTS.md). A study build may set it (-Dc_args=-DPLAN_LAG=2u). */
+ * that runs right behind its host most fences have passed by the next allocation, and the plan
+ * waits for the others (slot_free_locked), while each allocation of lag keeps the bytes freed
+ * just before it out of reach and grows the region (bench/RESULTS.md). A study build may set
+ * it (-Dc_args=-DPLAN_LAG=2u). */
 #ifndef PLAN_LAG
 #define PLAN_LAG 0u
 #endif
