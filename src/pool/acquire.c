@@ -241,7 +241,11 @@ again:
         }
         uint32_t start, end;
         chunk_bounds(p, a, ptr, g, last, acq->only_needed, &start, &end);
+        p->granting = a;
+        p->granting_ptr = ptr;
+        p->granting_size = size;
         int r = map_run_locked(p, a, start, end - start + 1, acq);
+        p->granting = NULL;
         if (r) {
             for (uint32_t h = first; h <= last; h++)
                 if (a->granules[h].chunk) /* below g all, beyond it those held above */

@@ -62,6 +62,19 @@ static int check_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, 
         }
         u += 1u << (order - a->buddy.min_order);
     }
+    if (p->granting == a) {
+        /* the mapper's block: its mapped granules past its extent are held before the extent
+         * grows (use_granules_locked) */
+        uint32_t first, last, held_first, held_last;
+        uint64_t old = a->extent[unit_of(a, p->granting_ptr)];
+        granule_span(p, a, p->granting_ptr, p->granting_size, &first, &last);
+        if (old) {
+            granule_span(p, a, p->granting_ptr, old, &held_first, &held_last);
+            first = held_last + 1;
+        }
+        for (uint32_t g = first; g <= last; g++)
+            users[g] += a->granules[g].chunk != NULL;
+    }
     int r = 0;
     for (uint32_t g = 0; g < a->nr_granules && !r; g++) {
         const struct cuheap_granule *gr = &a->granules[g];

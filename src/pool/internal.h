@@ -215,10 +215,14 @@ struct cuheap_pool {
     bool to_driver;          /* every request goes to the driver (vmm_refused_locked) */
     /* one thread at a time makes mapping calls (vmm: phys.c, the mapper) or takes an arena
      * (legacy: arena.c), with p->lock dropped */
-    bool mapping;                  /* a thread is the mapper */
-    pthread_cond_t mapped;         /* broadcast when it is done */
-    uint64_t inflight_bytes;       /* counted in st.reserved, in no chunk: being created or taken
-                                      apart by the mapper */
+    bool mapping;            /* a thread is the mapper */
+    pthread_cond_t mapped;   /* broadcast when it is done */
+    uint64_t inflight_bytes; /* counted in st.reserved, in no chunk: being created or taken
+                                apart by the mapper */
+    /* the block the mapper is mapping granules for (use_granules_locked), p->lock dropped: the
+     * mapped granules of its range past its extent are held by it already (pool_check) */
+    struct cuheap_arena *granting;
+    uint64_t granting_ptr, granting_size;
     uint64_t nr_resets;            /* contexts abandoned: a mapper that finds it changed publishes
                                       nothing */
     _Atomic bool fences_refused;   /* a fence query was refused outside any capture (fence_passed):
@@ -293,9 +297,9 @@ struct plan_track {
 struct plan_region {
     struct cuheap_arena arena; /* first: a planned arena is its region (plan_region_of) */
     uint64_t bytes, piece_bytes;
-    uint32_t nr_pieces, nr_held; /* pieces, and those not yet given back */
+    uint32_t nr_pieces, nr_held; /* pieces, and those mapped now */
     bool retired;
-    uint64_t handle[PLAN_MAX_PIECES]; /* 0 = given back */
+    uint64_t handle[PLAN_MAX_PIECES]; /* 0 = not mapped yet, or given back */
     uint32_t live[PLAN_MAX_PIECES];   /* retired: pinned blocks over the piece, or PIECE_GOING */
     uint64_t ticket[PLAN_MAX_PIECES]; /* retired: the newest free's ticket over it, 0 = none */
 };
@@ -318,6 +322,7 @@ struct cuheap_plan {
     uint64_t clock;      /* large allocations the pool's lock saw */
     uint64_t watch_from;
     uint64_t period, start;  /* the step: clock start + k is its allocation k, every period */
+    uint64_t known_period;   /* the period of the last plan made, 0 = none yet */
     uint64_t quiet;          /* the step's allocation where the fewest planned bytes live */
     uint64_t *sizes;         /* [PLAN_WINDOW], by clock */
     struct plan_slot *slots; /* [period] */
@@ -333,6 +338,7 @@ struct cuheap_plan {
     uint64_t region_bytes, max_size;
     uint64_t nr_live, step_misses, steps_on, nr_missed;
     unsigned bad_steps; /* steps in a row of many misses */
+    unsigned filling;   /* allocations mapping their pieces (p->lock dropped): no retire */
     bool lost; /* the sizes left the measured step's order: its phase is being looked for */
 };
 

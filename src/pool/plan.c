@@ -128,11 +128,38 @@ static int64_t track_take(struct cuheap_plan *pl, uint64_t ptr)
     return slot;
 }
 
+static void measure_from_now(struct cuheap_plan *pl, uint64_t period)
+{
+    pl->period = period;
+    pl->start = pl->clock;
+    pl->state = PLAN_MEASURE;
+    memset(pl->track, 0, PLAN_NR_TRACK * sizeof(*pl->track));
+    pl->nr_tracked = 0;
+}
+
+/* Whether the last period sizes repeat the period before them. */
+static bool repeats(const struct cuheap_plan *pl, uint64_t period)
+{
+    for (uint64_t i = pl->clock - period; i < pl->clock; i++)
+        if (pl->sizes[i % PLAN_WINDOW] != pl->sizes[(i - period) % PLAN_WINDOW])
+            return false;
+    return true;
+}
+
 /* Every PLAN_WINDOW / 4 large allocations once a window is full: do the last PLAN_WINDOW sizes
- * repeat? A period found starts the measure of the next step. */
+ * repeat? A period found starts the measure of the next step. After a plan retired, the period
+ * it was made for is asked about first, every quarter of it once two periods are seen: a job
+ * back in its step after a phase of another shape (an evaluation, a checkpoint) is measured
+ * again within a few steps rather than a window's worth (a shorter window alone would take a
+ * layer repeating inside the step for one: the full window's test asks for a run past it). */
 static void watch_locked(struct cuheap_plan *pl)
 {
-    uint64_t seen = pl->clock - pl->watch_from;
+    uint64_t seen = pl->clock - pl->watch_from, known = pl->known_period;
+    if (known && seen >= 2 * known && seen % (known / 4 ? known / 4 : 1) == 0 &&
+        repeats(pl, known)) {
+        measure_from_now(pl, known);
+        return;
+    }
     if (seen < PLAN_WINDOW || seen % (PLAN_WINDOW / 4))
         return;
     uint64_t *keys = pl->work; /* the window in order, then the search's own memory */
@@ -141,11 +168,7 @@ static void watch_locked(struct cuheap_plan *pl)
     size_t period = cuheap_step_period_in(keys, PLAN_WINDOW, keys + PLAN_WINDOW);
     if (!period || period > PLAN_MAX_SLOTS)
         return;
-    pl->period = period;
-    pl->start = pl->clock;
-    pl->state = PLAN_MEASURE;
-    memset(pl->track, 0, PLAN_NR_TRACK * sizeof(*pl->track));
-    pl->nr_tracked = 0;
+    measure_from_now(pl, period);
 }
 
 /* The step clock of a block's end, with the fence's lag: on the H200 a free's fence passed
@@ -246,6 +269,7 @@ static void measured_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     if (plan_make_locked(p, pl) &&
         (!p->limit || atomic_load(p->device_reserved) + pl->region_bytes <= p->limit)) {
         pl->state = PLAN_MAP;
+        pl->known_period = pl->period;
         return;
     }
     pl->nr_regions++; /* a plan that cannot be made counts as one tried */
@@ -297,26 +321,25 @@ static uint32_t give_back_going(struct cuheap_pool *p, struct plan_region *rg, u
     return n;
 }
 
-/* Reserve the region and map it piece by piece as the mapper, p->lock dropped; publish it as
- * an arena of its own (in the address map, so that frees and range queries find it; in no
- * list of the pool's). The rest of the pool's idle chunks go back first: the plan takes over
- * the memory the step's blocks used. Returns 0, -EBUSY when another thread is the mapper
- * (asked again at the next allocation), or another negative errno (the plan is given up). */
+/* Reserve the region's addresses as the mapper, p->lock dropped, and publish it as an arena
+ * of its own (in the address map, so that frees and range queries find it; in no list of the
+ * pool's). Its pieces are mapped as the plan first serves into them (fill_locked): mapped
+ * whole at once, the region came beside the rest of the pool's memory for the blocks of the
+ * step before, still live then, and set the run's peak (bench/RESULTS.md, issue 31). What the
+ * rest of the pool holds for nobody goes back first. Returns 0, -EBUSY when another thread
+ * is the mapper (asked again at the next allocation), or another negative errno (the plan is
+ * given up). */
 static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 {
     if (p->mapping)
         return -EBUSY;
     uint64_t resets = p->nr_resets;
-    /* what the rest of the pool holds for nobody goes back before the region comes (the
-     * step's blocks freed behind fences, most of them passed by now, and those kept whole for
-     * reuse): else the region is mapped beside a step's worth of the pool's memory */
     release_unused_locked(p); /* may drop p->lock */
     if (p->mapping || p->nr_resets != resets || pl->state != PLAN_MAP)
         return -EBUSY; /* another mapper, or the plan was forgotten meanwhile */
     struct plan_region *rg = &pl->regions[pl->nr_regions];
-    uint64_t bytes = pl->region_bytes, g = granule_bytes(p), va = 0, ns = 0;
+    uint64_t bytes = pl->region_bytes, g = granule_bytes(p), va = 0;
     uint64_t piece = (bytes + PLAN_MAX_PIECES - 1) / PLAN_MAX_PIECES;
-    bool ok[PLAN_MAX_PIECES];
     piece = (piece + g - 1) / g * g;
     if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
         return -EDQUOT;
@@ -325,90 +348,143 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     rg->piece_bytes = piece;
     rg->nr_pieces = (uint32_t)((bytes + piece - 1) / piece);
     p->mapping = true;
-    p->st.reserved += bytes;
-    atomic_fetch_add(p->device_reserved, bytes);
-    p->inflight_bytes += bytes;
     pool_unlock(p);
     int r = dev_va_reserve(p, bytes, &va);
-    bool reserved = r == 0;
-    uint32_t made = 0;
-    for (; !r && made < rg->nr_pieces; made++) {
-        uint64_t h = 0, len = piece_len(rg, made);
-        r = dev_phys_create(p, len, &h, &ns);
-        if (!r && (r = dev_phys_map(p, va + (uint64_t)made * piece, len, h, &ns)) != 0)
-            dev_phys_release(p, h, &ns);
-        if (r)
-            break;
-        rg->handle[made] = h;
-    }
-    rg->arena.buddy.base = va;
-    if (r) {
-        for (uint32_t i = 0; i < made; i++)
-            rg->live[i] = PIECE_GOING;
-        give_back_going(p, rg, &ns, ok);
-        if (reserved)
-            dev_va_free(p, va, bytes);
-    }
-    pool_lock(p);
-    p->st.map_ns += ns;
-    p->mapping = false;
-    pthread_cond_broadcast(&p->mapped);
-    if (p->nr_resets != resets) {
-        memset(rg->handle, 0, sizeof(rg->handle));
-        return -ENODEV; /* the context went meanwhile, and the region with it */
-    }
-    p->inflight_bytes -= bytes;
-    struct cuheap_arena *a = r ? NULL : &rg->arena;
-    if (a) {
-        memset(rg->live, 0, sizeof(rg->live));
+    struct cuheap_arena *a = &rg->arena;
+    if (!r) {
         a->pool = p;
         a->planned = true;
+        a->buddy.base = va;
         a->buddy.min_order = p->min_order;
         a->buddy.nr_units = 0; /* no thread cache's free takes a block of it (tc_free) */
         __atomic_store_n(&a->buddy.size, bytes, __ATOMIC_RELEASE);
         if (map_update(a, true)) {
             __atomic_store_n(&a->buddy.size, 0, __ATOMIC_RELEASE);
-            a = NULL;
-            r = -ENOMEM;
-            for (uint32_t i = 0; i < rg->nr_pieces; i++)
-                rg->live[i] = PIECE_GOING;
-            p->mapping = true;
-            p->inflight_bytes += bytes;
-            pool_unlock(p);
-            give_back_going(p, rg, &ns, ok);
             dev_va_free(p, va, bytes);
-            pool_lock(p);
-            p->mapping = false;
-            pthread_cond_broadcast(&p->mapped);
-            if (p->nr_resets != resets) {
-                memset(rg->handle, 0, sizeof(rg->handle));
-                return -ENODEV;
-            }
-            p->inflight_bytes -= bytes;
+            r = -ENOMEM;
         }
     }
-    if (r) {
-        /* what the driver would not take back stays counted (p->stuck) */
-        for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-            if (rg->live[i] != PIECE_GOING || ok[i])
-                continue;
-            account_release_locked(p, false, rg->handle[i], piece_len(rg, i));
-            bytes -= piece_len(rg, i);
-        }
-        memset(rg->handle, 0, sizeof(rg->handle));
-        p->st.reserved -= bytes;
-        atomic_fetch_sub(p->device_reserved, bytes);
+    pool_lock(p);
+    p->mapping = false;
+    pthread_cond_broadcast(&p->mapped);
+    if (p->nr_resets != resets)
+        return -ENODEV; /* the context went meanwhile, and the addresses with it */
+    if (r)
         return r;
-    }
-    rg->nr_held = rg->nr_pieces;
     pl->nr_regions++;
     pl->cur = rg;
     pl->arena = a;
-    p->st.nr_creates += rg->nr_pieces;
-    pool_note_event(p, CUHEAP_EV_ARENA_GROW, va, bytes, p->st.reserved, 0);
     /* what the rest of the pool's blocks need from now on: not the step's peak any more */
     p->peak_busy = busy_bytes_locked(p);
     return 0;
+}
+
+/* While the plan settles, the rest of the pool gives back what it held for the step's blocks
+ * it served before the plan: its blocks waiting for a fence come back (no allocation of its
+ * own may come to reclaim them) and its idle chunks go to the driver; its budget is then what
+ * its own blocks use. May drop p->lock. */
+static void rest_settles_locked(struct cuheap_pool *p)
+{
+    if (open_epoch(p)->nr_blocks)
+        close_epoch_locked(p);
+    reclaim_locked(p);
+    if (p->idle_bytes)
+        release_idle_locked(p, 0);
+    p->peak_busy = busy_bytes_locked(p);
+}
+
+enum { FILL_BATCH = 64 }; /* pieces mapped per drop of p->lock */
+
+/* Map the pieces under the current region's bytes [offset, offset + size) that are not mapped
+ * yet, as the mapper with p->lock dropped, FILL_BATCH at a time; the rest of the pool gives
+ * back first while the plan settles, so that the region grows as the memory it replaces goes.
+ * The caller holds the slot (live): no other allocation maps its pieces, and no retire takes
+ * the region meanwhile (pl->filling). Returns 0, -ENODEV when the context went meanwhile (the
+ * plan was forgotten with the slot), or another negative errno (the slot is missed; the pieces
+ * mapped so far stay the region's). */
+static int fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t offset,
+                       uint64_t size)
+{
+    struct plan_region *rg = pl->cur;
+    uint64_t resets = p->nr_resets;
+    uint32_t first, last;
+    bool settled = false;
+    if (p->vmm_refused)
+        return -EIO; /* no more mapping calls (vmm_refused_locked) */
+    pieces_of(rg, offset, size, &first, &last);
+    for (;;) {
+        if (p->mapping) {
+            wait_mapper_locked(p); /* the other mapper may be mapping pieces of these bytes */
+            if (p->nr_resets != resets)
+                return -ENODEV;
+            continue;
+        }
+        uint32_t todo[FILL_BATCH], n = 0;
+        uint64_t bytes = 0;
+        for (uint32_t i = first; i <= last && n < FILL_BATCH; i++)
+            if (!rg->handle[i]) {
+                todo[n++] = i;
+                bytes += piece_len(rg, i);
+            }
+        if (!n)
+            return 0;
+        if (!settled) {
+            settled = true;
+            rest_settles_locked(p); /* may drop p->lock */
+            if (p->nr_resets != resets)
+                return -ENODEV;
+            continue; /* pieces may have been mapped meanwhile */
+        }
+        if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
+            return -EDQUOT;
+        uint64_t h[FILL_BATCH], ns = 0, base = rg->arena.buddy.base;
+        uint32_t made = 0;
+        int r = 0;
+        p->mapping = true;
+        p->st.reserved += bytes;
+        atomic_fetch_add(p->device_reserved, bytes);
+        p->inflight_bytes += bytes;
+        pool_unlock(p);
+        for (; made < n; made++) {
+            uint64_t va = base + (uint64_t)todo[made] * rg->piece_bytes,
+                     len = piece_len(rg, todo[made]);
+            h[made] = 0;
+            r = dev_phys_create(p, len, &h[made], &ns);
+            if (!r && (r = dev_phys_map(p, va, len, h[made], &ns)) != 0)
+                dev_phys_release(p, h[made], &ns);
+            if (r)
+                break;
+        }
+        pool_lock(p);
+        p->st.map_ns += ns;
+        p->mapping = false;
+        pthread_cond_broadcast(&p->mapped);
+        if (p->nr_resets != resets)
+            return -ENODEV; /* the pieces went with the context */
+        p->inflight_bytes -= bytes;
+        for (uint32_t x = made; x < n; x++) { /* counted before the calls, not made */
+            p->st.reserved -= piece_len(rg, todo[x]);
+            atomic_fetch_sub(p->device_reserved, piece_len(rg, todo[x]));
+        }
+        uint64_t reserved = p->st.reserved;
+        for (uint32_t x = 0; x < made; x++)
+            reserved -= piece_len(rg, todo[x]);
+        /* one event for each run of pieces next to each other */
+        for (uint32_t x = 0, y; x < made; x = y + 1) {
+            uint64_t run = piece_len(rg, todo[x]);
+            for (y = x; y + 1 < made && todo[y + 1] == todo[y] + 1; y++)
+                run += piece_len(rg, todo[y + 1]);
+            for (uint32_t z = x; z <= y; z++)
+                rg->handle[todo[z]] = h[z];
+            rg->nr_held += y - x + 1;
+            p->st.nr_creates += y - x + 1;
+            reserved += run;
+            pool_note_event(p, CUHEAP_EV_ARENA_GROW, base + (uint64_t)todo[x] * rg->piece_bytes,
+                            run, reserved, 0);
+        }
+        if (r)
+            return r == CUHEAP_BE_OOM ? -ENOMEM : -EIO;
+    }
 }
 
 /* Give back the pieces of retired regions that no pinned block holds and whose last free's
@@ -445,8 +521,8 @@ static void reap_region_locked(struct cuheap_pool *p, struct cuheap_plan *pl,
         bytes += piece_len(rg, i);
         n++;
     }
-    if (!n)
-        return;
+    if (!n && (rg->nr_held || !rg->arena.buddy.size))
+        return; /* pieces still held, or the addresses gone already */
     bool all = n == rg->nr_held;
     uint64_t va = rg->arena.buddy.base;
     if (all) { /* no block of it is live: nothing looks it up any more */
@@ -477,7 +553,8 @@ static void reap_region_locked(struct cuheap_pool *p, struct cuheap_plan *pl,
         rg->live[i] = 0;
         rg->nr_held--;
     }
-    pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, va, bytes, p->st.reserved, 0);
+    if (bytes)
+        pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, va, bytes, p->st.reserved, 0);
 }
 
 static void reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
@@ -485,7 +562,7 @@ static void reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     pl->reap_due = false;
     for (unsigned r = 0; r < pl->nr_regions; r++) {
         struct plan_region *rg = &pl->regions[r];
-        if (!rg->retired || !rg->nr_held)
+        if (!rg->retired || (!rg->nr_held && !rg->arena.buddy.size))
             continue;
         if (p->mapping) {
             pl->reap_due = true;
@@ -506,8 +583,8 @@ static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
         watch_again(pl);
         return true;
     }
-    if (pl->nr_pinned + pl->nr_live > PLAN_MAX_PINNED)
-        return false;
+    if (pl->nr_pinned + pl->nr_live > PLAN_MAX_PINNED || pl->filling)
+        return false; /* or a block's pieces are being mapped: asked again */
     for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
         struct plan_slot *s = &pl->slots[pl->by_offset[x]];
         if (s->waiting && s->ticket == UINT64_MAX)
@@ -612,9 +689,8 @@ static void wait_ticket_locked(struct cuheap_pool *p, uint64_t ticket)
 }
 
 /* At the start of every step the plan serves: a step of many misses retires it (the job
- * changed shape). In the first steps, the rest of the pool gives back what the plan took
- * over: its blocks waiting for a fence come back (no allocation of its own may come to reclaim
- * them) and its idle chunks go to the driver; its budget is then what its own blocks use. */
+ * changed shape). In the first steps, the rest of the pool gives back what the plan took over
+ * (rest_settles_locked). */
 static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 {
     uint64_t misses = pl->step_misses;
@@ -629,14 +705,8 @@ static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     }
     if (misses)
         pl->steps_on = 0; /* the rest of the pool served them: it settles again */
-    if (pl->steps_on++ >= PLAN_SETTLE)
-        return;
-    if (open_epoch(p)->nr_blocks)
-        close_epoch_locked(p); /* may drop p->lock */
-    reclaim_locked(p);
-    if (p->idle_bytes)
-        release_idle_locked(p, 0);
-    p->peak_busy = busy_bytes_locked(p);
+    if (pl->steps_on++ < PLAN_SETTLE)
+        rest_settles_locked(p); /* may drop p->lock */
 }
 
 /* The step's phase again after its sizes left the measured order (an allocation more or
@@ -753,6 +823,23 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     pl->nr_live++;
     p->st.live += size;
     p->st.live_blocks += block;
+    if (pl->cur->nr_held < pl->cur->nr_pieces) {
+        pl->filling++;
+        int r = fill_locked(p, pl, s->offset, size); /* may drop p->lock */
+        pl->filling--;
+        if (r) {
+            if (r != -ENODEV) { /* else the plan was forgotten, the slot with it */
+                s->asked = 0;
+                pl->nr_live--;
+                p->st.live -= size;
+                p->st.live_blocks -= block;
+                p->st.nr_plan_missed++;
+                pl->step_misses++;
+                pl->nr_missed++;
+            }
+            return 1;
+        }
+    }
     p->st.nr_hits++;
     p->st.nr_planned++;
     *ret_ptr = pl->arena->buddy.base + s->offset;
@@ -1058,9 +1145,9 @@ int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *r
             if (!rg->handle[i])
                 continue;
             held++;
-            *ret_reserved += piece_len(rg, i);
             if (rg->live[i] == PIECE_GOING)
-                continue; /* the mapper is giving it back */
+                continue; /* the mapper is giving it back: in p->inflight_bytes */
+            *ret_reserved += piece_len(rg, i);
             /* a retired piece is given back once no pinned block is over it */
             uint32_t pins = 0;
             for (uint32_t b = 0; b < pl->nr_pinned; b++) {
@@ -1097,6 +1184,13 @@ int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *r
         nr_live++;
         *ret_live += s->asked;
         *ret_live_blocks += (s->asked + 511) & ~511ull;
+        uint32_t first, last;
+        pieces_of(pl->cur, s->offset, s->asked, &first, &last);
+        for (uint32_t i = first; i <= last && !pl->filling; i++)
+            if (!pl->cur->handle[i]) {
+                snprintf(why, why_size, "plan slot %u live over piece %u, not mapped", k, i);
+                return -EFAULT;
+            }
         for (uint32_t y = 0; y < s->conf_nr; y++) {
             struct plan_slot *t = &pl->slots[pl->conf[s->conf_first + y]];
             /* a fence passed is only noted when asked: a waiting slot whose ticket has passed

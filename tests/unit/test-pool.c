@@ -2434,6 +2434,158 @@ static void test_plan_refused_release_stays_counted(void **state)
     teardown(f);
 }
 
+/* A step whose second half lives into the next: at every moment half the live blocks came
+ * from the step before. Returns the most the pool held at any allocation. */
+static uint64_t plan_carry_step(struct fixture *f, uint64_t carry[PLAN_STEP / 2])
+{
+    uint64_t act[PLAN_STEP], most = 0;
+    for (int k = 0; k < PLAN_STEP; k++) {
+        act[k] = alloc(f, (uint64_t)(k % 5 + 2) * MIB + (uint64_t)k * 128 * 1024, 0x9);
+        if (k < PLAN_STEP / 2 && carry[k])
+            release(f, carry[k], 0x9);
+        if (k >= PLAN_STEP / 2)
+            release(f, act[k - PLAN_STEP / 2], 0x9);
+        if (f->pool.st.reserved > most)
+            most = f->pool.st.reserved;
+    }
+    for (int k = PLAN_STEP / 2; k < PLAN_STEP; k++)
+        carry[k - PLAN_STEP / 2] = act[k];
+    complete_fences(&f->dev);
+    return most;
+}
+
+/* The plan's region is mapped as its blocks come, while the rest of the pool gives back what
+ * it held for the blocks of the steps before: taking over holds no more than the steady state
+ * does, though blocks of the step before are live at every moment. */
+static void test_plan_takes_over_without_a_second_step(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    uint64_t carry[PLAN_STEP / 2] = {0}, before = 0, takeover = 0, steady = 0;
+    int steps = 0;
+    while (!planned_so_far(f) && steps++ < 4 * (int)PLAN_WINDOW / PLAN_STEP) {
+        uint64_t most = plan_carry_step(f, carry);
+        before = most > before ? most : before;
+    }
+    assert_true(planned_so_far(f) > 0);
+    for (int step = 0; step < 2 * (int)PLAN_SETTLE; step++) {
+        uint64_t most = plan_carry_step(f, carry);
+        takeover = most > takeover ? most : takeover;
+        check_invariants(f);
+    }
+    int calls = mapping_calls(f);
+    for (int step = 0; step < 40; step++) {
+        uint64_t most = plan_carry_step(f, carry);
+        steady = most > steady ? most : steady;
+    }
+    print_message("# plan taking over: held %lu MiB before, %lu MiB at most taking over, %lu MiB "
+                  "steady\n",
+                  (unsigned long)(before / MIB), (unsigned long)(takeover / MIB),
+                  (unsigned long)(steady / MIB));
+    assert_int_equal(mapping_calls(f) - calls, 0); /* served, not a step of misses */
+    assert_true(takeover <= steady + steady / 8);  /* mapped whole at once: 1.6x */
+    for (int k = 0; k < PLAN_STEP / 2; k++)
+        release(f, carry[k], 0x9);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* Another thread allocating small blocks and checking the pool while the plan maps its pieces
+ * (p->lock dropped): it never sees a planned block over a piece not yet mapped, nor the
+ * accounting half done. */
+struct plan_neighbour {
+    struct fixture *f;
+    _Atomic bool stop;
+    char why[256];
+};
+
+static void *plan_neighbour_thread(void *arg)
+{
+    struct plan_neighbour *nb = arg;
+    uint64_t ptr, block, seq, size, bsize;
+    for (unsigned i = 0; !atomic_load(&nb->stop) && !nb->why[0]; i++) {
+        if (cuheap_pool_alloc(&nb->f->pool, 64 * 1024, 0, &ptr, &block, &seq) == 0)
+            cuheap_pool_free(&nb->f->pool, ptr, 0, &size, &bsize, &seq);
+        if (i % 8 == 0) /* a check walks 4 GiB arenas: the lock is the allocating thread's too */
+            cuheap_pool_check(&nb->f->pool, nb->why, sizeof(nb->why));
+        usleep(50);
+    }
+    return NULL;
+}
+
+static void test_plan_fills_beside_other_threads(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    uint64_t carry[PLAN_STEP / 2] = {0};
+    int steps = 0;
+    while (!planned_so_far(f) && steps++ < 4 * (int)PLAN_WINDOW / PLAN_STEP)
+        plan_carry_step(f, carry);
+    assert_true(planned_so_far(f) > 0);
+    /* a plan made anew, its pieces mapped while the neighbour runs */
+    for (int step = 0; step < (int)PLAN_BAD_STEPS + 1; step++)
+        plan_step(f, 64 * 1024, NULL);
+    struct plan_neighbour nb = {.f = f};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, plan_neighbour_thread, &nb), 0);
+    uint64_t planned = planned_so_far(f);
+    for (int step = 0; step < 24 && !nb.why[0]; step++)
+        plan_carry_step(f, carry);
+    atomic_store(&nb.stop, true);
+    pthread_join(t, NULL);
+    if (nb.why[0])
+        fail_msg("pool invariant beside the plan: %s", nb.why);
+    assert_true(planned_so_far(f) > planned);
+    for (int k = 0; k < PLAN_STEP / 2; k++)
+        release(f, carry[k], 0x9);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* A job back in its step after a few steps of another shape (an evaluation) is planned again
+ * within a few steps: the period of the plan that retired is asked about first. */
+static void test_plan_comes_back_after_an_interlude(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
+    for (int step = 0; step < steps; step++)
+        plan_step(f, 0, NULL);
+    for (int step = 0; step < (int)PLAN_BAD_STEPS + 2; step++)
+        plan_step(f, 64 * 1024, NULL); /* the interlude: every size another; the plan retires */
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.nr_plans, 1);
+    uint64_t planned = planned_so_far(f);
+    int back = 0;
+    while (planned_so_far(f) == planned && back < 16) {
+        plan_step(f, 0, NULL);
+        back++;
+    }
+    print_message("# plan: served again %d steps after the interlude\n", back);
+    assert_true(back <= 8); /* two steps seen, two measured, the quiet moment: not a window */
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.nr_plans, 2);
+    int calls = mapping_calls(f);
+    for (int step = 0; step < 8; step++)
+        plan_step(f, 0, NULL);
+    check_invariants(f);
+    for (int step = 0; step < 20; step++)
+        plan_step(f, 0, NULL);
+    assert_true(mapping_calls(f) - calls <= 2 * PLAN_STEP); /* the old region's last pieces */
+    calls = mapping_calls(f);
+    for (int step = 0; step < 20; step++)
+        plan_step(f, 0, NULL);
+    assert_int_equal(mapping_calls(f) - calls, 0);
+    teardown(f);
+}
+
 static struct fixture *setup_thread_cached(int backing)
 {
     fixture_thread_cache = 16 * MIB;
@@ -3354,6 +3506,9 @@ int main(void)
         cmocka_unit_test(test_plan_warm_step_maps_nothing),
         cmocka_unit_test(test_plan_retires_when_the_step_changes),
         cmocka_unit_test(test_plan_refused_release_stays_counted),
+        cmocka_unit_test(test_plan_takes_over_without_a_second_step),
+        cmocka_unit_test(test_plan_comes_back_after_an_interlude),
+        cmocka_unit_test(test_plan_fills_beside_other_threads),
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
         cmocka_unit_test(test_vmm_late_fences_do_not_raise_the_budget),
