@@ -3,9 +3,10 @@
  * The step plan (CUHEAP_STEP_PLAN): a job whose large allocations repeat step after step gets
  * them from one region, planned for one step and mapped once, so that a warm step makes no
  * mapping call. The planner is pure (src/stepplan.c); this part watches the sizes of large
- * allocations for a period, measures one step's lives, maps the region at the step's quietest
- * moment and serves allocation k of every later step at its place, while the size is the one
- * measured and no block that shares its bytes is live or waiting for a fence. Whatever the
+ * allocations for a period, measures one step's lives, reserves the region at the step's
+ * quietest moment and serves allocation k of every later step at its place, while the size is
+ * the one measured and no block that shares its bytes is live or waiting for a fence; the
+ * region's pieces are mapped as the plan first serves into them. Whatever the
  * plan cannot serve goes to the rest of the pool as before. Sizes that leave the measured
  * order are followed until the step's phase is found again; a plan that keeps missing is
  * retired: its blocks still live stay as pinned blocks, and its region, mapped in pieces,
@@ -15,7 +16,8 @@
  * lock, so the sequence the pool sees of them is not the program's.
  *
  * Lock rule: entered and left with p->lock held; dropped only as the mapper around the
- * region's driver calls (plan_map_locked, reap_region_locked, the export and access calls),
+ * region's driver calls (plan_map_locked, fill_locked, reap_region_locked, the export and
+ * access calls), in the rest of the pool's own giving back (rest_settles_locked),
  * around a free's device sync under CUHEAP_REUSE=sync, and around the wait for a fence that
  * a slot's bytes need (wait_ticket_locked), as the rest of the pool waits. A fence is recorded or
  * asked about under the lock, as the epochs' are, never waited for under the lock.
