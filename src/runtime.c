@@ -733,9 +733,10 @@ static void summary(void)
         if (ps.nr_plans)
             cuheap_log_always("GPU %d: step plan: %u tried, %" PRIu64 " allocations served from "
                               "a plan, %" PRIu64 " it had a place for and missed, %" PRIu64
-                              " waits for its fences (CUHEAP_STEP_PLAN)",
+                              " waits for its fences, %" PRIu64 " times planned again around "
+                              "blocks kept past their step (CUHEAP_STEP_PLAN)",
                               d->ordinal, ps.nr_plans, ps.nr_planned, ps.nr_plan_missed,
-                              ps.nr_plan_waits);
+                              ps.nr_plan_waits, ps.nr_plan_replans);
     }
     cuheap_log_always(
         "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64

@@ -184,8 +184,10 @@ uint64_t cuheap_step_plan_in(struct cuheap_step_block *blocks, size_t n, uint64_
                              uint64_t granule, void *work)
 {
     for (size_t i = 0; i < n; i++)
-        if (blocks[i].start >= period || blocks[i].end <= blocks[i].start ||
-            blocks[i].end - blocks[i].start >= period || blocks[i].size >= 1ull << 46)
+        if (blocks[i].size >= 1ull << 46 ||
+            (blocks[i].fixed ? blocks[i].offset >= 1ull << 46
+                             : blocks[i].start >= period || blocks[i].end <= blocks[i].start ||
+                                   blocks[i].end - blocks[i].start >= period))
             return UINT64_MAX;
     size_t m = n ? n : 1;
     struct ranked *order = work;
@@ -193,13 +195,21 @@ uint64_t cuheap_step_plan_in(struct cuheap_step_block *blocks, size_t n, uint64_
     struct placed *busy = (struct placed *)(spans + m);
     bool *done = (bool *)(busy + m);
     memset(done, 0, m * sizeof(*done));
+    size_t nr_free = 0;
+    uint64_t region = 0;
     for (size_t i = 0; i < n; i++) {
-        order[i] = (struct ranked){blocks[i].size, i};
+        if (blocks[i].fixed) { /* lives the whole step, where it is */
+            spans[i] = (struct span){{0, 0}, {period, 0}, 1};
+            done[i] = true;
+            uint64_t end = blocks[i].offset + taken(&blocks[i], granule, NULL);
+            region = end > region ? end : region;
+            continue;
+        }
+        order[nr_free++] = (struct ranked){blocks[i].size, i};
         spans[i] = span_of(&blocks[i], period);
     }
-    sort_ranked(order, n);
-    uint64_t region = 0;
-    for (size_t k = 0; k < n; k++) {
+    sort_ranked(order, nr_free);
+    for (size_t k = 0; k < nr_free; k++) {
         size_t i = order[k].i;
         uint64_t al, len = taken(&blocks[i], granule, &al);
         size_t nr = 0; /* the bytes of placed blocks that live while this one does */

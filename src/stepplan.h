@@ -9,6 +9,7 @@
 #ifndef CUHEAP_STEPPLAN_H
 #define CUHEAP_STEPPLAN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,15 +30,17 @@ size_t cuheap_step_period_in(const uint64_t *keys, size_t n, void *work);
 struct cuheap_step_block {
     uint64_t size;
     uint64_t start, end;
-    uint64_t offset; /* out: where it goes in the region */
+    uint64_t offset; /* out: where it goes in the region; in, for a fixed block */
+    bool fixed;      /* in: already at offset, for the whole step (start and end unused): a
+                        block of an earlier placement still held, which the others go around */
 };
 
 /* Place blocks so that no two that live at once on the circle overlap: greedy, largest first,
- * each at the lowest offset free over its whole life. Blocks of a granule or more start on a
- * granule (the unit memory is mapped in), smaller ones on 512 bytes; every block takes its
- * size rounded up so. Returns the region's bytes, or UINT64_MAX when a block's life is empty
- * or not shorter than the period, a block is 64 TiB or more, or memory ran out (offsets then
- * unset). */
+ * each at the lowest offset free over its whole life, around the fixed ones (placed first). Blocks
+ * of a granule or more start on a granule (the unit memory is mapped in), smaller ones on 512
+ * bytes; every block takes its size rounded up so. Returns the region's bytes, or UINT64_MAX when a
+ * block's life is empty or not shorter than the period, a block is 64 TiB or more, or memory ran
+ * out (offsets then unset). */
 uint64_t cuheap_step_plan(struct cuheap_step_block *blocks, size_t n, uint64_t period,
                           uint64_t granule);
 

@@ -512,7 +512,7 @@ bool estimate_step(const struct cuheap_trace *t, int device, struct step_estimat
         bool shorter = f != UINT64_MAX && f - a < period;
         bool planned = shorter && k >= k0 && k < k0 + p;
         if (planned)
-            b[nb++] = (struct cuheap_step_block){v[k].size, a - t0, f - t0, 0};
+            b[nb++] = (struct cuheap_step_block){.size = v[k].size, .start = a - t0, .end = f - t0};
         ch[nc++] = (struct step_change){a < t0 ? t0 : a, v[k].size, true, shorter};
         if (f < t1)
             ch[nc++] = (struct step_change){f, v[k].size, false, shorter};

@@ -246,10 +246,13 @@ struct cuheap_pool {
 #define PLAN_NR_TRACK      (2 * PLAN_MAX_SLOTS) /* measured blocks live at once, twice over */
 #define PLAN_MAX_CONFLICTS (1u << 20)           /* pairs of planned slots sharing bytes, at most */
 #define PLAN_MAX_REGIONS                                                                           \
-    8u                             /* plans made per pool at most: a job that keeps changing its   \
-                                      step gets no more (their arenas are never freed) */
-#define PLAN_MAX_PIECES 4096u      /* a region's pieces: granules, larger past 8 GiB at 2 MiB */
-#define PLAN_MAX_PINNED 1024u      /* blocks of retired regions still live, at most */
+    8u                        /* plans made per pool at most: a job that keeps changing its        \
+                                 step gets no more (their arenas are never freed) */
+#define PLAN_MAX_PIECES 4096u /* a region's pieces: granules, larger past 8 GiB at 2 MiB */
+#define PLAN_HEADROOM                                                                              \
+    2u                        /* a region's addresses: planned bytes + 1/HEADROOM of them, for     \
+                                 plans made again around blocks kept past their step */
+#define PLAN_MAX_PINNED 1024u /* blocks of retired regions still live, at most */
 #define PIECE_GOING     UINT32_MAX /* a piece being given back */
 #define PLAN_MIN_ORDER  18u        /* blocks above 128 KiB, which thread caches never serve */
 /* Allocations a free's fence is given before the plan packs its bytes again. None: on a GPU
@@ -300,14 +303,19 @@ struct plan_region {
     uint32_t nr_pieces, nr_held; /* pieces, and those mapped now */
     bool retired;
     uint64_t handle[PLAN_MAX_PIECES]; /* 0 = not mapped yet, or given back */
-    uint32_t live[PLAN_MAX_PIECES];   /* retired: pinned blocks over the piece, or PIECE_GOING */
-    uint64_t ticket[PLAN_MAX_PIECES]; /* retired: the newest free's ticket over it, 0 = none */
+    uint32_t live[PLAN_MAX_PIECES];   /* pinned blocks over the piece, or PIECE_GOING */
+    uint64_t ticket[PLAN_MAX_PIECES]; /* the newest free's ticket over it of a block no slot
+                                         follows (pinned, or of a slot before a re-plan), kept one
+                                         up: 0 = none */
 };
 
-/* A block of a retired region the program has not freed yet. */
+/* A block the program has not freed yet that no slot follows: of a retired region, or of the
+ * current one, kept past its step (a stray) or live when the plan was made again. */
 struct plan_pinned {
     uint64_t ptr, size, buffer_id;
     struct plan_region *region;
+    uint64_t since; /* the plan's clock when pinned */
+    bool stray;     /* outlived its slot's step: the plan goes around it */
 };
 
 struct cuheap_step_block;
@@ -337,8 +345,11 @@ struct cuheap_plan {
     struct cuheap_arena *arena; /* its arena */
     uint64_t region_bytes, max_size;
     uint64_t nr_live, step_misses, steps_on, nr_missed;
-    unsigned bad_steps; /* steps in a row of many misses */
-    unsigned filling;   /* allocations mapping their pieces (p->lock dropped): no retire */
+    unsigned bad_steps;     /* steps in a row of many misses */
+    unsigned filling;       /* allocations mapping their pieces (p->lock dropped): no retire */
+    uint32_t nr_cur_pinned; /* pinned blocks in the current region */
+    bool cur_tickets;       /* a ticket on a piece of the current region may not have passed */
+    bool replan_due;        /* a stray was pinned: plan again around it at the quiet moment */
     bool lost; /* the sizes left the measured step's order: its phase is being looked for */
 };
 

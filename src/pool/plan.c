@@ -182,21 +182,29 @@ static uint64_t lagged_end(uint64_t start, uint64_t end, uint64_t period)
     return e - start < period ? e : start + period - 1 > end ? start + period - 1 : end;
 }
 
-/* Offsets for the measured step (its blocks living less than a step; the others stay the
- * rest of the pool's), the slots that share bytes, and the step's quietest moment, when the
- * region is mapped. Returns false when no plan can be made. */
+static bool index_locked(struct cuheap_plan *pl);
+
+/* The measured step's blocks living less than a step (the others stay the rest of the pool's)
+ * as the planner's, from pl->blocks[0]. Returns how many. */
+static size_t plan_blocks(struct cuheap_plan *pl)
+{
+    size_t n = 0;
+    for (uint32_t k = 0; k < pl->period; k++) {
+        struct plan_slot *s = &pl->slots[k];
+        s->planned = s->end && s->end - k < pl->period;
+        if (s->planned)
+            pl->blocks[n++] = (struct cuheap_step_block){
+                .size = s->size, .start = k, .end = lagged_end(k, s->end, pl->period)};
+    }
+    return n;
+}
+
+/* Offsets for the measured step, and its index (index_locked). Returns false when no plan can
+ * be made. */
 static bool plan_make_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 {
     uint64_t period = pl->period;
-    size_t n = 0;
-    for (uint32_t k = 0; k < period; k++) {
-        struct plan_slot *s = &pl->slots[k];
-        s->planned = s->end && s->end - k < period;
-        if (!s->planned)
-            continue;
-        pl->blocks[n++] = (struct cuheap_step_block){
-            .size = s->size, .start = k, .end = lagged_end(k, s->end, period)};
-    }
+    size_t n = plan_blocks(pl);
     if (!n)
         return false;
     uint64_t region = cuheap_step_plan_in(pl->blocks, n, period, PLAN_ALIGN, pl->work);
@@ -204,8 +212,16 @@ static bool plan_make_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
         return false;
     uint64_t g = granule_bytes(p);
     pl->region_bytes = (region + g - 1) / g * g;
-    /* the planned slots by offset */
-    n = 0;
+    return index_locked(pl);
+}
+
+/* The planned slots by offset (their offsets from pl->blocks, in the slots' order), the slots
+ * that share bytes, and the step's quietest moment, when the region is mapped. */
+static bool index_locked(struct cuheap_plan *pl)
+{
+    uint64_t period = pl->period;
+    size_t n = 0;
+    pl->nr_by_offset = 0;
     for (uint32_t k = 0; k < period; k++) {
         struct plan_slot *s = &pl->slots[k];
         if (!s->planned)
@@ -340,11 +356,15 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     if (p->mapping || p->nr_resets != resets || pl->state != PLAN_MAP)
         return -EBUSY; /* another mapper, or the plan was forgotten meanwhile */
     struct plan_region *rg = &pl->regions[pl->nr_regions];
-    uint64_t bytes = pl->region_bytes, g = granule_bytes(p), va = 0;
+    uint64_t g = granule_bytes(p), va = 0;
+    if (p->limit && atomic_load(p->device_reserved) + pl->region_bytes > p->limit)
+        return -EDQUOT;
+    /* addresses past the plan's bytes, mapped only if a plan made again around a block kept
+     * past its step needs them (replan_locked) */
+    uint64_t bytes = pl->region_bytes + pl->region_bytes / PLAN_HEADROOM;
     uint64_t piece = (bytes + PLAN_MAX_PIECES - 1) / PLAN_MAX_PIECES;
     piece = (piece + g - 1) / g * g;
-    if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
-        return -EDQUOT;
+    bytes = (bytes + piece - 1) / piece * piece;
     memset(rg, 0, sizeof(*rg));
     rg->bytes = bytes;
     rg->piece_bytes = piece;
@@ -376,6 +396,9 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     pl->nr_regions++;
     pl->cur = rg;
     pl->arena = a;
+    pl->nr_cur_pinned = 0;
+    pl->cur_tickets = false;
+    pl->replan_due = false;
     /* what the rest of the pool's blocks need from now on: not the step's peak any more */
     p->peak_busy = busy_bytes_locked(p);
     return 0;
@@ -574,6 +597,91 @@ static void reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     }
 }
 
+/* The live block of slot s, pinned where it is in the current region: no slot follows it any
+ * more (a stray, or a block live when the plan is made again or retires). The caller has
+ * checked that the table has room. */
+static void pin_locked(struct cuheap_plan *pl, struct plan_slot *s, bool stray)
+{
+    struct plan_region *rg = pl->cur;
+    uint32_t first, last;
+    pl->pinned[pl->nr_pinned++] = (struct plan_pinned){.ptr = rg->arena.buddy.base + s->offset,
+                                                       .size = s->asked,
+                                                       .buffer_id = s->buffer_id,
+                                                       .region = rg,
+                                                       .since = pl->clock,
+                                                       .stray = stray};
+    pieces_of(rg, s->offset, s->asked, &first, &last);
+    for (uint32_t i = first; i <= last; i++)
+        rg->live[i]++;
+    s->asked = 0;
+    pl->nr_live--;
+    pl->nr_cur_pinned++;
+}
+
+/* Slot s freed and its fence not passed: the fence goes onto the pieces under it, which keep
+ * it once no slot follows these bytes (a plan made again, or retired). */
+static void carry_ticket_locked(struct cuheap_pool *p, struct plan_region *rg, struct plan_slot *s)
+{
+    if (s->waiting && !tl_passed(&p->tl, s->ticket)) {
+        uint32_t first, last;
+        pieces_of(rg, s->offset, s->size, &first, &last);
+        for (uint32_t i = first; i <= last; i++)
+            if (s->ticket + 1 > rg->ticket[i])
+                rg->ticket[i] = s->ticket + 1;
+    }
+    s->waiting = false;
+}
+
+/* Plan the step again in the region it has, around the blocks kept past their step (strays,
+ * pinned where they are, which the new placement takes as fixed): a job that keeps a block of
+ * a step of another shape (an evaluation, the replay's first step again) for long would else
+ * make every slot sharing its bytes miss, and the plan retire and map a new region. The slots'
+ * blocks live now are pinned as well (each goes when freed; a slot over its bytes misses till
+ * then) and the fences of those freed go onto the pieces. Returns false when the new placement
+ * does not fit the region's addresses or the tables: the plan then retires. */
+static bool replan_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
+{
+    struct plan_region *rg = pl->cur;
+    uint64_t base = rg->arena.buddy.base;
+    pl->replan_due = false;
+    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
+        struct plan_slot *s = &pl->slots[pl->by_offset[x]];
+        if (s->waiting && s->ticket == UINT64_MAX) {
+            pl->replan_due = true; /* a free's device sync under way: at the next quiet moment */
+            return true;
+        }
+    }
+    if (pl->nr_pinned + pl->nr_live > PLAN_MAX_PINNED)
+        return false;
+    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
+        struct plan_slot *s = &pl->slots[pl->by_offset[x]];
+        if (s->asked)
+            pin_locked(pl, s, false);
+        carry_ticket_locked(p, rg, s);
+    }
+    pl->cur_tickets = true;
+    size_t n = plan_blocks(pl);
+    for (uint32_t i = 0; i < pl->nr_pinned; i++) {
+        struct plan_pinned *b = &pl->pinned[i];
+        if (b->region != rg || (!b->stray && pl->clock - b->since < pl->period))
+            continue; /* a block of the step, going soon: slots over it miss till then */
+        if (n == PLAN_MAX_SLOTS)
+            return false;
+        b->stray = true;
+        pl->blocks[n++] =
+            (struct cuheap_step_block){.size = b->size, .offset = b->ptr - base, .fixed = true};
+    }
+    uint64_t region = cuheap_step_plan_in(pl->blocks, n, pl->period, PLAN_ALIGN, pl->work);
+    if (region == UINT64_MAX || region > rg->bytes)
+        return false;
+    uint64_t g = granule_bytes(p);
+    pl->region_bytes = (region + g - 1) / g * g;
+    if (!index_locked(pl))
+        return false;
+    p->st.nr_plan_replans++;
+    return true;
+}
+
 /* The plan stops serving: its live blocks stay where they are as pinned blocks of a retired
  * region, whose other pieces go back as their fences pass; the sizes are watched again for a
  * new plan. Returns false, and keeps serving, when the pinned blocks would not fit their table
@@ -594,24 +702,14 @@ static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     }
     for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
         struct plan_slot *s = &pl->slots[pl->by_offset[x]];
-        uint32_t first, last;
-        pieces_of(rg, s->offset, s->asked ? s->asked : s->size, &first, &last);
-        if (s->asked) {
-            pl->pinned[pl->nr_pinned++] =
-                (struct plan_pinned){.ptr = rg->arena.buddy.base + s->offset,
-                                     .size = s->asked,
-                                     .buffer_id = s->buffer_id,
-                                     .region = rg};
-            for (uint32_t i = first; i <= last; i++)
-                rg->live[i]++;
-        } else if (s->waiting && !tl_passed(&p->tl, s->ticket)) {
-            for (uint32_t i = first; i <= last; i++)
-                if (s->ticket + 1 > rg->ticket[i])
-                    rg->ticket[i] = s->ticket + 1;
-        }
+        if (s->asked)
+            pin_locked(pl, s, false);
+        carry_ticket_locked(p, rg, s);
         s->asked = 0;
-        s->waiting = false;
     }
+    pl->nr_cur_pinned = 0; /* the region's pinned blocks are a retired region's now */
+    pl->cur_tickets = false;
+    pl->replan_due = false;
     rg->retired = true;
     pl->cur = NULL;
     pl->arena = NULL;
@@ -644,6 +742,39 @@ static bool ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket)
  * SLOT_FENCE: only fences stand in the way, the latest of them *ret_ticket. */
 enum { SLOT_FREE, SLOT_LIVE, SLOT_FENCE };
 
+/* What no slot follows on the current region's bytes [off, off + size): a pinned block there
+ * (SLOT_LIVE), or a fence on a piece under them not passed yet (SLOT_FENCE, the latest in
+ * *ret_ticket if later). */
+static int obstacles_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t off,
+                            uint64_t size, uint64_t *ret_ticket)
+{
+    struct plan_region *rg = pl->cur;
+    uint64_t lo = rg->arena.buddy.base + off, hi = lo + size;
+    for (uint32_t i = 0; i < pl->nr_pinned && pl->nr_cur_pinned; i++) {
+        const struct plan_pinned *b = &pl->pinned[i];
+        if (b->region == rg && b->ptr < hi && lo < b->ptr + b->size)
+            return SLOT_LIVE;
+    }
+    if (!pl->cur_tickets)
+        return SLOT_FREE;
+    int r = SLOT_FREE;
+    uint32_t first, last;
+    pieces_of(rg, off, size, &first, &last);
+    for (uint32_t i = first; i <= last; i++) {
+        if (!rg->ticket[i])
+            continue;
+        uint64_t t = rg->ticket[i] - 1;
+        if (ticket_passed_locked(p, t)) {
+            rg->ticket[i] = 0;
+            continue;
+        }
+        r = SLOT_FENCE;
+        if (t > *ret_ticket)
+            *ret_ticket = t;
+    }
+    return r;
+}
+
 static int slot_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint32_t k,
                             uint64_t *ret_ticket)
 {
@@ -666,7 +797,8 @@ static int slot_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint3
                 *ret_ticket = t->ticket;
         }
     }
-    return r;
+    int o = obstacles_locked(p, pl, s->offset, s->size, ret_ticket);
+    return o == SLOT_FREE ? r : o == SLOT_LIVE ? SLOT_LIVE : SLOT_FENCE;
 }
 
 /* Wait, p->lock dropped, for a fence after ticket: polled for up to CUHEAP_FENCE_POLL_NS,
@@ -803,6 +935,16 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     if (pl->state != PLAN_ON)
         return 1;
     struct plan_slot *s = &pl->slots[k];
+    /* its block of a step ago still live: kept past its step, it stays where it is, and the
+     * step is planned again around it at the next quiet moment */
+    if (s->asked && s->planned && !pl->lost && pl->nr_pinned < PLAN_MAX_PINNED) {
+        pin_locked(pl, s, true);
+        pl->replan_due = true;
+    }
+    if (pl->replan_due && k == pl->quiet && !pl->lost && !replan_locked(p, pl)) {
+        retire_locked(p, pl);
+        return 1;
+    }
     uint64_t ticket = 0;
     int why = s->planned && !pl->lost ? slot_free_locked(p, pl, k, &ticket) : SLOT_LIVE;
     if (why == SLOT_FENCE && !p->nr_capturing) {
@@ -920,6 +1062,10 @@ static int pinned_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, str
     struct plan_region *rg = b->region;
     uint64_t size = b->size, block = (size + 511) & ~511ull, off = b->ptr - rg->arena.buddy.base;
     *b = pl->pinned[--pl->nr_pinned];
+    if (rg == pl->cur) { /* a slot may serve its bytes once the fence has passed */
+        pl->nr_cur_pinned--;
+        pl->cur_tickets = true;
+    }
     p->st.live -= size;
     p->st.live_blocks -= block;
     *ret_size = size;
@@ -981,9 +1127,8 @@ int plan_block_range_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint6
                 return 0;
             }
         }
-        return -EINVAL;
     }
-    for (uint32_t i = 0; i < pl->nr_pinned; i++) {
+    for (uint32_t i = 0; i < pl->nr_pinned; i++) { /* of a retired region, or the current one */
         struct plan_pinned *b = &pl->pinned[i];
         if (&b->region->arena == a && ptr >= b->ptr && ptr < b->ptr + b->size) {
             *ret_base = b->ptr;
@@ -1004,15 +1149,12 @@ int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t bl
     wait_mapper_locked(p);
     struct plan_region *rg = plan_region_of(a);
     uint64_t size = 0;
-    if (pl->arena == a) {
-        struct plan_slot *s = slot_at_locked(pl, block);
-        if (s && s->buffer_id == buffer_id)
-            size = s->asked;
-    } else {
-        struct plan_pinned *b = pinned_at(pl, a, block);
-        if (b && b->buffer_id == buffer_id)
-            size = b->size;
-    }
+    struct plan_slot *s = pl->arena == a ? slot_at_locked(pl, block) : NULL;
+    struct plan_pinned *b = s ? NULL : pinned_at(pl, a, block);
+    if (s && s->buffer_id == buffer_id)
+        size = s->asked;
+    else if (b && b->buffer_id == buffer_id)
+        size = b->size;
     if (!size)
         return -EINVAL;
     uint32_t first, last;
@@ -1125,6 +1267,9 @@ uint64_t plan_forget_locked(struct cuheap_pool *p, bool context)
     pl->cur = NULL;
     pl->arena = NULL;
     pl->nr_pinned = 0;
+    pl->nr_cur_pinned = 0;
+    pl->cur_tickets = false;
+    pl->replan_due = false;
     pl->reap_due = false;
     for (uint32_t k = 0; k < PLAN_MAX_SLOTS; k++)
         pl->slots[k].asked = 0, pl->slots[k].waiting = false;
@@ -1158,7 +1303,7 @@ int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *r
                 pieces_of(rg, pb->ptr - rg->arena.buddy.base, pb->size, &first, &last);
                 pins += pb->region == rg && i >= first && i <= last;
             }
-            if (rg->retired && rg->live[i] != pins) {
+            if (rg->live[i] != pins) {
                 snprintf(why, why_size, "plan region %u piece %u: %u pinned blocks, counted %u", x,
                          i, pins, rg->live[i]);
                 return -EFAULT;
@@ -1193,6 +1338,15 @@ int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *r
                 snprintf(why, why_size, "plan slot %u live over piece %u, not mapped", k, i);
                 return -EFAULT;
             }
+        for (uint32_t b = 0; b < pl->nr_pinned; b++) {
+            const struct plan_pinned *pb = &pl->pinned[b];
+            uint64_t at = pl->arena->buddy.base + s->offset;
+            if (pb->region == pl->cur && pb->ptr < at + s->asked && at < pb->ptr + pb->size) {
+                snprintf(why, why_size, "plan slot %u live over a pinned block at %#lx", k,
+                         (unsigned long)pb->ptr);
+                return -EFAULT;
+            }
+        }
         for (uint32_t y = 0; y < s->conf_nr; y++) {
             struct plan_slot *t = &pl->slots[pl->conf[s->conf_first + y]];
             /* a fence passed is only noted when asked: a waiting slot whose ticket has passed

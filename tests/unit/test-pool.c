@@ -2447,6 +2447,8 @@ static uint64_t plan_carry_step(struct fixture *f, uint64_t carry[PLAN_STEP / 2]
             release(f, act[k - PLAN_STEP / 2], 0x9);
         if (f->pool.st.reserved > most)
             most = f->pool.st.reserved;
+        if (plan_check_mid && k % 3 == 2)
+            check_invariants(f); /* no slot live over a block kept where it was */
     }
     for (int k = PLAN_STEP / 2; k < PLAN_STEP; k++)
         carry[k - PLAN_STEP / 2] = act[k];
@@ -2486,6 +2488,90 @@ static void test_plan_takes_over_without_a_second_step(void **state)
                   (unsigned long)(steady / MIB));
     assert_int_equal(mapping_calls(f) - calls, 0); /* served, not a step of misses */
     assert_true(takeover <= steady + steady / 8);  /* mapped whole at once: 1.6x */
+    for (int k = 0; k < PLAN_STEP / 2; k++)
+        release(f, carry[k], 0x9);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* A block of the step kept on for long (the optimizer's state made in a step of another shape,
+ * an evaluation's cache): the plan pins it where it is and plans the step again around it in
+ * its region, rather than missing every slot over its bytes, retiring, and mapping anew. */
+static void test_plan_goes_around_a_block_kept(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
+    for (int step = 0; step < steps; step++)
+        plan_step(f, 0, NULL);
+    uint64_t kept;
+    plan_step(f, 0, &kept); /* its last block, planned to go at the step's end, kept */
+    assert_true(map_lookup(kept)->planned);
+    for (int step = 0; step < 3; step++) {
+        plan_step(f, 0, NULL);
+        check_invariants(f);
+    }
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.nr_plans, 1); /* not retired */
+    assert_int_equal(st.nr_plan_replans, 1);
+    uint64_t missed = st.nr_plan_missed, planned = planned_so_far(f);
+    int calls = mapping_calls(f);
+    for (int step = 0; step < 20; step++)
+        plan_step(f, 0, NULL);
+    cuheap_pool_get_stats(&f->pool, &st);
+    print_message("# plan around a kept block: %lu served, %lu missed in 20 steps, %d mapping "
+                  "calls\n",
+                  (unsigned long)(planned_so_far(f) - planned),
+                  (unsigned long)(st.nr_plan_missed - missed), mapping_calls(f) - calls);
+    assert_int_equal(st.nr_plan_missed, missed); /* every place free again */
+    assert_true(mapping_calls(f) - calls <= 2);  /* the new places mapped once, if at all */
+    check_invariants(f);
+    /* the kept block is still the program's, and goes back to the plan's bytes when freed */
+    uint64_t base, size, id, arena;
+    assert_int_equal(cuheap_pool_block_range(&f->pool, kept + 4096, &base, &size, &id, &arena), 0);
+    assert_int_equal(base, kept);
+    release(f, kept, 0x9);
+    complete_fences(&f->dev);
+    for (int step = 0; step < 4; step++)
+        plan_step(f, 0, NULL);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* The same with the kept block's bytes shared by slots served before the plan is made again:
+ * none of them is served over it meanwhile, and the plan made again serves them elsewhere. */
+static void test_plan_never_serves_over_a_kept_block(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    uint64_t carry[PLAN_STEP / 2] = {0};
+    int steps = 0;
+    while (!planned_so_far(f) && steps++ < 4 * (int)PLAN_WINDOW / PLAN_STEP)
+        plan_carry_step(f, carry);
+    for (int step = 0; step < 4; step++)
+        plan_carry_step(f, carry);
+    uint64_t kept = carry[3]; /* planned to go at allocation 3 of the next step */
+    assert_true(map_lookup(kept)->planned);
+    carry[3] = 0;
+    plan_check_mid = true;
+    for (int step = 0; step < 6; step++)
+        plan_carry_step(f, carry);
+    plan_check_mid = false;
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.nr_plans, 1);
+    assert_true(st.nr_plan_replans >= 1);
+    uint64_t missed = st.nr_plan_missed;
+    for (int step = 0; step < 10; step++)
+        plan_carry_step(f, carry);
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.nr_plan_missed, missed);
+    release(f, kept, 0x9);
     for (int k = 0; k < PLAN_STEP / 2; k++)
         release(f, carry[k], 0x9);
     check_invariants(f);
@@ -3508,6 +3594,8 @@ int main(void)
         cmocka_unit_test(test_plan_refused_release_stays_counted),
         cmocka_unit_test(test_plan_takes_over_without_a_second_step),
         cmocka_unit_test(test_plan_comes_back_after_an_interlude),
+        cmocka_unit_test(test_plan_goes_around_a_block_kept),
+        cmocka_unit_test(test_plan_never_serves_over_a_kept_block),
         cmocka_unit_test(test_plan_fills_beside_other_threads),
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),

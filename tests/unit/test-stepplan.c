@@ -86,7 +86,7 @@ static void test_plan_never_overlaps(void **state)
             uint64_t life = 1 + (uint64_t)(rand() % (PERIOD - 1));
             uint64_t size = 1ull << (rand() % 26); /* 1 B to 32 MiB */
             b[i] = (struct cuheap_step_block){size + (uint64_t)(rand() % 1000), start, start + life,
-                                              0};
+                                              0, false};
         }
         uint64_t region = cuheap_step_plan(b, N, PERIOD, granule);
         assert_true(region != UINT64_MAX);
@@ -111,13 +111,59 @@ static void test_plan_never_overlaps(void **state)
     }
 }
 
+/* Blocks still held from an earlier placement stay where they are, and no block is placed
+ * over their bytes at any time of the step. */
+static void test_plan_goes_around_fixed_blocks(void **state)
+{
+    (void)state;
+    enum { N = 200, FIXED = 6, PERIOD = 500 };
+    const uint64_t granule = 2 * MIB;
+    struct cuheap_step_block b[N];
+    srand(5);
+    for (int round = 0; round < 5; round++) {
+        for (int i = 0; i < N; i++) {
+            uint64_t start = (uint64_t)(rand() % PERIOD);
+            uint64_t life = 1 + (uint64_t)(rand() % (PERIOD - 1));
+            b[i] = (struct cuheap_step_block){(1ull << (rand() % 25)) + (uint64_t)(rand() % 999),
+                                              start, start + life, 0, false};
+        }
+        uint64_t at[FIXED];
+        for (int i = 0; i < FIXED; i++) { /* somewhere in the first 64 MiB, apart */
+            at[i] = (uint64_t)(i * 10 + rand() % 4) * MIB;
+            b[i * 7] =
+                (struct cuheap_step_block){MIB + (uint64_t)(rand() % 999), 0, 0, at[i], true};
+        }
+        uint64_t region = cuheap_step_plan(b, N, PERIOD, granule);
+        assert_true(region != UINT64_MAX);
+        for (int i = 0; i < N; i++) {
+            if (b[i].fixed)
+                continue;
+            assert_true(b[i].offset + b[i].size <= region);
+            for (int f = 0; f < FIXED; f++) {
+                const struct cuheap_step_block *x = &b[f * 7];
+                assert_int_equal(x->offset, at[f]);
+                assert_true(b[i].offset + b[i].size <= x->offset ||
+                            x->offset + x->size <= b[i].offset);
+            }
+            for (int j = 0; j < i; j++)
+                if (!b[j].fixed && meet(&b[i], &b[j], PERIOD))
+                    assert_true(b[i].offset + b[i].size <= b[j].offset ||
+                                b[j].offset + b[j].size <= b[i].offset);
+        }
+    }
+    /* a fixed block past every other sets the region's end */
+    struct cuheap_step_block two[] = {{MIB, 0, 10, 0, false}, {MIB, 0, 0, 8 * MIB, true}};
+    assert_int_equal(cuheap_step_plan(two, 2, 100, granule), 9 * MIB);
+    assert_int_equal(two[0].offset, 0);
+}
+
 static void test_plan_shares_across_the_wrap(void **state)
 {
     (void)state;
     /* A lives [10, 60); B from 60 past the step's end to 10 of the next: they share. C lives
      * from 90 to 20 of the next, when A is live: it goes beside them, on a granule. */
     struct cuheap_step_block b[] = {
-        {3 * MIB, 10, 60, 0}, {3 * MIB, 60, 110, 0}, {3 * MIB, 90, 120, 0}};
+        {3 * MIB, 10, 60, 0, false}, {3 * MIB, 60, 110, 0, false}, {3 * MIB, 90, 120, 0, false}};
     assert_int_equal(cuheap_step_plan(b, 2, 100, 2 * MIB), 4 * MIB);
     assert_int_equal(b[0].offset, 0);
     assert_int_equal(b[1].offset, 0);
@@ -130,9 +176,9 @@ static void test_plan_shares_across_the_wrap(void **state)
 static void test_plan_refuses_a_life_of_a_step(void **state)
 {
     (void)state;
-    struct cuheap_step_block b[] = {{MIB, 10, 110, 0}};
+    struct cuheap_step_block b[] = {{MIB, 10, 110, 0, false}};
     assert_int_equal(cuheap_step_plan(b, 1, 100, 2 * MIB), UINT64_MAX);
-    b[0] = (struct cuheap_step_block){MIB, 100, 120, 0}; /* starts past the step */
+    b[0] = (struct cuheap_step_block){MIB, 100, 120, 0, false}; /* starts past the step */
     assert_int_equal(cuheap_step_plan(b, 1, 100, 2 * MIB), UINT64_MAX);
     assert_int_equal(cuheap_step_plan(b, 0, 100, 2 * MIB), 0);
 }
@@ -143,6 +189,7 @@ int main(void)
         cmocka_unit_test(test_period_after_warmup),
         cmocka_unit_test(test_no_period),
         cmocka_unit_test(test_plan_never_overlaps),
+        cmocka_unit_test(test_plan_goes_around_fixed_blocks),
         cmocka_unit_test(test_plan_shares_across_the_wrap),
         cmocka_unit_test(test_plan_refuses_a_life_of_a_step),
     };
