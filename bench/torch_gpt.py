@@ -11,6 +11,10 @@ The allocator is chosen by the environment (PYTORCH_NO_CUDA_MEMORY_CACHING,
 PYTORCH_CUDA_ALLOC_CONF, LD_PRELOAD=libcuheap.so); CUHEAP_PLUGGABLE=/path/libcuheap.so installs
 cuheap through CUDAPluggableAllocator.
 
+GPT_EVAL=K evaluates every K steps, after the step: a forward pass of the same shape without
+gradients, whose logits are kept until the next evaluation (a phase of another shape, and a
+block made in it that lives for many steps); the evaluation losses are printed as well.
+
 GPT_TOGGLE=K (under LD_PRELOAD=libcuheap.so with recording on) pauses and resumes recording
 every K steps through cuheap_set_recording, and prints the median step with recording off and
 on and their ratio: recording's cost measured within one process, where the shared host's
@@ -103,6 +107,8 @@ if TOGGLE:
         sys.exit("torch_gpt: GPT_TOGGLE needs cuheap preloaded (cuheap_set_recording)")
     set_recording.argtypes = [ctypes.c_int]
 recorded = []  # per step: whether recording was on
+EVAL = int(os.environ.get("GPT_EVAL", "0"))
+eval_losses, kept_logits = [], None
 for step in range(STEPS):
     if set_recording:
         on = (step // TOGGLE) % 2 == 1
@@ -126,6 +132,13 @@ for step in range(STEPS):
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
     used_peak = max(used_peak, device_used())
+    if EVAL and step % EVAL == EVAL - 1:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x)
+            eval_losses.append(
+                torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)).item())
+        kept_logits = logits  # the last one freed only now
+        used_peak = max(used_peak, device_used())
 
 try:
     peak_live = torch.cuda.max_memory_allocated()
@@ -149,6 +162,8 @@ print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f dev
           peak_reserved / peak_live if peak_live else 0, used_peak - used_at_start,
           1000 * statistics.median(launch[skip:]), 1000 * statistics.median(launch_cpu[skip:])))
 print("losses", " ".join(float(v).hex() for v in losses))
+if EVAL:
+    print("eval_losses", " ".join(float(v).hex() for v in eval_losses))
 if set_recording:
     off = [t for t, on in zip(times[5:], recorded[5:]) if not on]
     on = [t for t, on in zip(times[5:], recorded[5:]) if on]
