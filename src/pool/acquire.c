@@ -241,11 +241,15 @@ again:
         }
         uint32_t start, end;
         chunk_bounds(p, a, ptr, g, last, acq->only_needed, &start, &end);
-        p->granting = a;
-        p->granting_ptr = ptr;
-        p->granting_size = size;
+        bool mapper = !p->mapping; /* else map_run_locked answers MAP_BUSY at once */
+        if (mapper) {
+            p->granting = a;
+            p->granting_ptr = ptr;
+            p->granting_size = size;
+        }
         int r = map_run_locked(p, a, start, end - start + 1, acq);
-        p->granting = NULL;
+        if (mapper)
+            p->granting = NULL;
         if (r) {
             for (uint32_t h = first; h <= last; h++)
                 if (a->granules[h].chunk) /* below g all, beyond it those held above */

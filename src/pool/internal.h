@@ -288,6 +288,7 @@ struct plan_slot {
     uint32_t conf_first, conf_nr; /* the planned slots whose bytes meet this one's */
     bool planned;                 /* lives less than a step: has a place */
     bool waiting;                 /* freed, its fence not yet seen to pass */
+    bool filling;                 /* its pieces being mapped, p->lock dropped (fill_locked) */
 };
 
 struct plan_track {
@@ -746,6 +747,9 @@ int hold_mapped_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t p
 void set_extent_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size);
 uint64_t release_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c);
 void account_release_locked(struct cuheap_pool *p, bool ok, uint64_t handle, uint64_t bytes);
+/* Map physical memory at va (with access), once more when the driver failed: p->lock not held.
+ * Returns 0, CUHEAP_BE_OOM or -EIO. */
+int map_twice(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle, uint64_t *ns);
 uint64_t release_idle_locked(struct cuheap_pool *p, uint64_t keep);
 void wait_mapper_locked(struct cuheap_pool *p);
 int share_locked(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,

@@ -235,8 +235,7 @@ void account_release_locked(struct cuheap_pool *p, bool ok, uint64_t handle, uin
 /* Map physical memory at va (with access), once more when the driver failed it (the backend
  * left nothing mapped): one failed call must not cost the program its allocation. p->lock not
  * held. Returns 0, CUHEAP_BE_OOM when the driver said out of memory, or -EIO. */
-static int map_twice(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle,
-                     uint64_t *ns)
+int map_twice(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle, uint64_t *ns)
 {
     int r = dev_phys_map(p, va, bytes, handle, ns);
     if (r)

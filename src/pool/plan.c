@@ -372,20 +372,6 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     p->mapping = true;
     pool_unlock(p);
     int r = dev_va_reserve(p, bytes, &va);
-    struct cuheap_arena *a = &rg->arena;
-    if (!r) {
-        a->pool = p;
-        a->planned = true;
-        a->buddy.base = va;
-        a->buddy.min_order = p->min_order;
-        a->buddy.nr_units = 0; /* no thread cache's free takes a block of it (tc_free) */
-        __atomic_store_n(&a->buddy.size, bytes, __ATOMIC_RELEASE);
-        if (map_update(a, true)) {
-            __atomic_store_n(&a->buddy.size, 0, __ATOMIC_RELEASE);
-            dev_va_free(p, va, bytes);
-            r = -ENOMEM;
-        }
-    }
     pool_lock(p);
     p->mapping = false;
     pthread_cond_broadcast(&p->mapped);
@@ -393,6 +379,23 @@ static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
         return -ENODEV; /* the context went meanwhile, and the addresses with it */
     if (r)
         return r;
+    struct cuheap_arena *a = &rg->arena;
+    a->pool = p;
+    a->planned = true;
+    a->buddy.base = va;
+    a->buddy.min_order = p->min_order;
+    a->buddy.nr_units = 0; /* no thread cache's free takes a block of it (tc_free) */
+    __atomic_store_n(&a->buddy.size, bytes, __ATOMIC_RELEASE);
+    if (map_update(a, true)) { /* the address map full: the addresses go back */
+        __atomic_store_n(&a->buddy.size, 0, __ATOMIC_RELEASE);
+        p->mapping = true;
+        pool_unlock(p);
+        dev_va_free(p, va, bytes);
+        pool_lock(p);
+        p->mapping = false;
+        pthread_cond_broadcast(&p->mapped);
+        return p->nr_resets != resets ? -ENODEV : -ENOMEM;
+    }
     pl->nr_regions++;
     pl->cur = rg;
     pl->arena = a;
@@ -420,39 +423,44 @@ static void rest_settles_locked(struct cuheap_pool *p)
 
 enum { FILL_BATCH = 64 }; /* pieces mapped per drop of p->lock */
 
+/* The pieces under the current region's bytes [offset, offset + size) not mapped yet, up to
+ * FILL_BATCH of them in todo. Returns how many. */
+static uint32_t unmapped_pieces(const struct plan_region *rg, uint64_t offset, uint64_t size,
+                                uint32_t todo[FILL_BATCH])
+{
+    uint32_t first, last, n = 0;
+    pieces_of(rg, offset, size, &first, &last);
+    for (uint32_t i = first; i <= last && n < FILL_BATCH; i++)
+        if (!rg->handle[i])
+            todo[n++] = i;
+    return n;
+}
+
 /* Map the pieces under the current region's bytes [offset, offset + size) that are not mapped
- * yet, as the mapper with p->lock dropped, FILL_BATCH at a time; the rest of the pool gives
- * back first while the plan settles, so that the region grows as the memory it replaces goes.
- * The caller holds the slot (live): no other allocation maps its pieces, and no retire takes
- * the region meanwhile (pl->filling). Returns 0, -ENODEV when the context went meanwhile (the
- * plan was forgotten with the slot), or another negative errno (the slot is missed; the pieces
- * mapped so far stay the region's). */
+ * yet, as the mapper with p->lock dropped, FILL_BATCH at a time; while the plan settles, the
+ * rest of the pool gives back first, so that the region grows as the memory it replaces goes.
+ * The caller holds the slot (live, and marked filling): no other allocation maps its pieces,
+ * and no retire or new placement takes the region meanwhile (pl->filling). Returns 0, -ENODEV
+ * when the context went meanwhile (the plan was forgotten with the slot), or another negative
+ * errno (the slot is missed; the pieces mapped so far stay the region's). */
 static int fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t offset,
                        uint64_t size)
 {
     struct plan_region *rg = pl->cur;
     uint64_t resets = p->nr_resets;
-    uint32_t first, last;
-    bool settled = false;
-    if (p->vmm_refused)
-        return -EIO; /* no more mapping calls (vmm_refused_locked) */
-    pieces_of(rg, offset, size, &first, &last);
+    bool settled = pl->steps_on > PLAN_SETTLE;
     for (;;) {
+        uint32_t todo[FILL_BATCH], n = unmapped_pieces(rg, offset, size, todo);
+        if (!n)
+            return 0;
+        if (p->vmm_refused)
+            return -EIO; /* no more mapping calls (vmm_refused_locked) */
         if (p->mapping) {
             wait_mapper_locked(p); /* the other mapper may be mapping pieces of these bytes */
             if (p->nr_resets != resets)
                 return -ENODEV;
             continue;
         }
-        uint32_t todo[FILL_BATCH], n = 0;
-        uint64_t bytes = 0;
-        for (uint32_t i = first; i <= last && n < FILL_BATCH; i++)
-            if (!rg->handle[i]) {
-                todo[n++] = i;
-                bytes += piece_len(rg, i);
-            }
-        if (!n)
-            return 0;
         if (!settled) {
             settled = true;
             rest_settles_locked(p); /* may drop p->lock */
@@ -460,11 +468,15 @@ static int fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t o
                 return -ENODEV;
             continue; /* pieces may have been mapped meanwhile */
         }
+        uint64_t bytes = 0;
+        for (uint32_t x = 0; x < n; x++)
+            bytes += piece_len(rg, todo[x]);
         if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
             return -EDQUOT;
         uint64_t h[FILL_BATCH], ns = 0, base = rg->arena.buddy.base;
         uint32_t made = 0;
         int r = 0;
+        bool released = true; /* the handle of a failed map went back */
         p->mapping = true;
         p->st.reserved += bytes;
         atomic_fetch_add(p->device_reserved, bytes);
@@ -475,8 +487,10 @@ static int fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t o
                      len = piece_len(rg, todo[made]);
             h[made] = 0;
             r = dev_phys_create(p, len, &h[made], &ns);
-            if (!r && (r = dev_phys_map(p, va, len, h[made], &ns)) != 0)
-                dev_phys_release(p, h[made], &ns);
+            if (r && r != CUHEAP_BE_OOM)
+                r = dev_phys_create(p, len, &h[made], &ns);
+            if (!r && (r = map_twice(p, va, len, h[made], &ns)) != 0)
+                released = dev_phys_release(p, h[made], &ns) == 0;
             if (r)
                 break;
         }
@@ -487,9 +501,13 @@ static int fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t o
         if (p->nr_resets != resets)
             return -ENODEV; /* the pieces went with the context */
         p->inflight_bytes -= bytes;
-        for (uint32_t x = made; x < n; x++) { /* counted before the calls, not made */
-            p->st.reserved -= piece_len(rg, todo[x]);
-            atomic_fetch_sub(p->device_reserved, piece_len(rg, todo[x]));
+        for (uint32_t x = made; x < n; x++) {
+            /* counted before the calls, not made; a handle the driver would not take back
+             * stays counted (p->stuck) */
+            if (x == made && h[x] && !released)
+                account_release_locked(p, false, h[x], piece_len(rg, todo[x]));
+            else
+                account_release_locked(p, true, 0, piece_len(rg, todo[x]));
         }
         uint64_t reserved = p->st.reserved;
         for (uint32_t x = 0; x < made; x++)
@@ -651,8 +669,34 @@ static bool replan_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
             return true;
         }
     }
+    /* nothing of the plan changes before the new placement is known to fit */
     if (pl->nr_pinned + pl->nr_live > PLAN_MAX_PINNED)
         return false;
+    size_t n = plan_blocks(pl), planned = n;
+    for (uint32_t i = 0; i < pl->nr_pinned; i++) {
+        const struct plan_pinned *b = &pl->pinned[i];
+        if (b->region != rg || (!b->stray && pl->clock - b->since < pl->period))
+            continue; /* a block of the step, going soon: slots over it miss till then */
+        if (n == PLAN_MAX_SLOTS)
+            return false;
+        pl->blocks[n++] =
+            (struct cuheap_step_block){.size = b->size, .offset = b->ptr - base, .fixed = true};
+    }
+    uint64_t region = cuheap_step_plan_in(pl->blocks, n, pl->period, PLAN_ALIGN, pl->work);
+    if (region == UINT64_MAX || region > rg->bytes)
+        return false;
+    uint64_t pairs = 0; /* the conflict lists index_locked will make */
+    for (size_t x = 0; x < planned; x++)
+        for (size_t y = 0; y < planned; y++)
+            pairs += x != y && pl->blocks[y].offset < pl->blocks[x].offset + pl->blocks[x].size &&
+                     pl->blocks[x].offset < pl->blocks[y].offset + pl->blocks[y].size;
+    if (pairs > PLAN_MAX_CONFLICTS)
+        return false;
+    for (uint32_t i = 0; i < pl->nr_pinned; i++) {
+        struct plan_pinned *b = &pl->pinned[i];
+        if (b->region == rg && pl->clock - b->since >= pl->period)
+            b->stray = true; /* fixed in the placement from now on */
+    }
     for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
         struct plan_slot *s = &pl->slots[pl->by_offset[x]];
         if (s->asked)
@@ -660,24 +704,9 @@ static bool replan_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
         carry_ticket_locked(p, rg, s);
     }
     pl->cur_tickets = true;
-    size_t n = plan_blocks(pl);
-    for (uint32_t i = 0; i < pl->nr_pinned; i++) {
-        struct plan_pinned *b = &pl->pinned[i];
-        if (b->region != rg || (!b->stray && pl->clock - b->since < pl->period))
-            continue; /* a block of the step, going soon: slots over it miss till then */
-        if (n == PLAN_MAX_SLOTS)
-            return false;
-        b->stray = true;
-        pl->blocks[n++] =
-            (struct cuheap_step_block){.size = b->size, .offset = b->ptr - base, .fixed = true};
-    }
-    uint64_t region = cuheap_step_plan_in(pl->blocks, n, pl->period, PLAN_ALIGN, pl->work);
-    if (region == UINT64_MAX || region > rg->bytes)
-        return false;
     uint64_t g = granule_bytes(p);
     pl->region_bytes = (region + g - 1) / g * g;
-    if (!index_locked(pl))
-        return false;
+    index_locked(pl); /* cannot fail: the pairs fit */
     p->st.nr_plan_replans++;
     return true;
 }
@@ -839,6 +868,11 @@ static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     }
     if (misses)
         pl->steps_on = 0; /* the rest of the pool served them: it settles again */
+    /* a block pinned when the plan was made again, kept a step since: plan around it too */
+    for (uint32_t i = 0; i < pl->nr_pinned && pl->nr_cur_pinned && !pl->replan_due; i++) {
+        const struct plan_pinned *b = &pl->pinned[i];
+        pl->replan_due = b->region == pl->cur && !b->stray && pl->clock - b->since >= pl->period;
+    }
     if (pl->steps_on++ < PLAN_SETTLE)
         rest_settles_locked(p); /* may drop p->lock */
 }
@@ -937,14 +971,14 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     struct plan_slot *s = &pl->slots[k];
     /* its block of a step ago still live: kept past its step, it stays where it is, and the
      * step is planned again around it at the next quiet moment */
-    if (s->asked && s->planned && !pl->lost && pl->nr_pinned < PLAN_MAX_PINNED) {
+    if (s->asked && s->planned && !s->filling && !pl->lost && pl->nr_pinned < PLAN_MAX_PINNED) {
         pin_locked(pl, s, true);
         pl->replan_due = true;
     }
-    if (pl->replan_due && k == pl->quiet && !pl->lost && !replan_locked(p, pl)) {
-        retire_locked(p, pl);
-        return 1;
-    }
+    /* not while a block's pieces are being mapped: its slot's place must stay */
+    if (pl->replan_due && k == pl->quiet && !pl->lost && !pl->filling && !replan_locked(p, pl) &&
+        retire_locked(p, pl))
+        return 1; /* else the plan as it was goes on: nothing of it changed */
     uint64_t ticket = 0;
     int why = s->planned && !pl->lost ? slot_free_locked(p, pl, k, &ticket) : SLOT_LIVE;
     if (why == SLOT_FENCE && !p->nr_capturing) {
@@ -967,10 +1001,13 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     pl->nr_live++;
     p->st.live += size;
     p->st.live_blocks += block;
-    if (pl->cur->nr_held < pl->cur->nr_pieces) {
+    uint32_t todo[FILL_BATCH];
+    if (unmapped_pieces(pl->cur, s->offset, size, todo)) {
         pl->filling++;
+        s->filling = true;                           /* not pinned as a stray meanwhile */
         int r = fill_locked(p, pl, s->offset, size); /* may drop p->lock */
         pl->filling--;
+        s->filling = false;
         if (r) {
             if (r != -ENODEV) { /* else the plan was forgotten, the slot with it */
                 s->asked = 0;
@@ -1245,8 +1282,8 @@ uint64_t plan_forget_locked(struct cuheap_pool *p, bool context)
     uint64_t bytes = 0;
     for (unsigned x = 0; x < pl->nr_regions; x++) {
         struct plan_region *rg = &pl->regions[x];
-        if (!rg->nr_held)
-            continue;
+        if (!rg->nr_held && !rg->arena.buddy.size)
+            continue;      /* gone already (a region with no piece mapped is still in the map) */
         uint64_t held = 0; /* but for the pieces going back, counted in p->inflight_bytes */
         for (uint32_t i = 0; i < rg->nr_pieces; i++)
             if (rg->handle[i] && rg->live[i] != PIECE_GOING)
@@ -1257,7 +1294,7 @@ uint64_t plan_forget_locked(struct cuheap_pool *p, bool context)
         rg->nr_held = 0;
         rg->retired = true;
         bytes += held;
-        if (context) {
+        if (context && held) {
             atomic_fetch_sub(p->device_reserved, held);
             p->st.reserved -= held;
             pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, rg->arena.buddy.base, held, p->st.reserved,
@@ -1270,9 +1307,10 @@ uint64_t plan_forget_locked(struct cuheap_pool *p, bool context)
     pl->nr_cur_pinned = 0;
     pl->cur_tickets = false;
     pl->replan_due = false;
+    pl->filling = 0; /* a fork's child: the thread that was mapping is not in it */
     pl->reap_due = false;
     for (uint32_t k = 0; k < PLAN_MAX_SLOTS; k++)
-        pl->slots[k].asked = 0, pl->slots[k].waiting = false;
+        pl->slots[k].asked = 0, pl->slots[k].waiting = false, pl->slots[k].filling = false;
     pl->nr_live = 0;
     pl->nr_by_offset = 0;
     watch_again(pl);
