@@ -351,6 +351,7 @@ struct cuheap_plan {
     uint32_t nr_cur_pinned; /* pinned blocks in the current region */
     bool cur_tickets;       /* a ticket on a piece of the current region may not have passed */
     bool replan_due;        /* a stray was pinned: plan again around it at the quiet moment */
+    bool trim_due;          /* pieces of the current region may cover nothing the plan serves */
     bool lost; /* the sizes left the measured step's order: its phase is being looked for */
 };
 

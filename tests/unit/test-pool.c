@@ -2296,22 +2296,25 @@ static bool plan_check_mid; /* check the pool within steps too (a check walks it
 /* One training-shaped step: PLAN_STEP large blocks of many sizes (shift changes them all),
  * the first half freed in reverse at the step's end, the rest as soon as the next is made;
  * the host syncs at the end. */
+static int plan_keep_at = PLAN_STEP - 1; /* the block plan_step keeps when asked to */
+
 static void plan_step(struct fixture *f, uint64_t shift, uint64_t *keep)
 {
     uint64_t act[PLAN_STEP];
     for (int k = 0; k < PLAN_STEP; k++) {
         act[k] = alloc(f, (uint64_t)(k % 7 + 1) * MIB + (uint64_t)k * 256 * 1024 + shift, 0x9);
-        if (k > PLAN_STEP / 2 && !(keep && k == PLAN_STEP - 1))
+        if (k > PLAN_STEP / 2 && !(keep && k - 1 == plan_keep_at))
             release(f, act[k - 1], 0x9);
         if (plan_check_mid && k % 5 == 4)
             check_invariants(f); /* mid-step: no block over another's bytes, live or fenced */
     }
     if (keep)
-        *keep = act[PLAN_STEP - 1];
-    else
+        *keep = act[plan_keep_at];
+    if (!(keep && plan_keep_at == PLAN_STEP - 1))
         release(f, act[PLAN_STEP - 1], 0x9);
     for (int k = PLAN_STEP / 2; k-- > 0;)
-        release(f, act[k], 0x9);
+        if (!(keep && k == plan_keep_at))
+            release(f, act[k], 0x9);
     complete_fences(&f->dev);
 }
 
@@ -2506,7 +2509,7 @@ static void test_plan_goes_around_a_block_kept(void **state)
     int steps = 2 * PLAN_WINDOW / PLAN_STEP;
     for (int step = 0; step < steps; step++)
         plan_step(f, 0, NULL);
-    uint64_t kept;
+    uint64_t kept, steady = f->pool.st.reserved;
     plan_step(f, 0, &kept); /* its last block, planned to go at the step's end, kept */
     assert_true(map_lookup(kept)->planned);
     for (int step = 0; step < 3; step++) {
@@ -2529,6 +2532,12 @@ static void test_plan_goes_around_a_block_kept(void **state)
     assert_int_equal(st.nr_plan_missed, missed); /* every place free again */
     assert_true(mapping_calls(f) - calls <= 2);  /* the new places mapped once, if at all */
     check_invariants(f);
+    /* the pieces of the places the slots left go back: the kept block's bytes more, no more */
+    uint64_t block_bytes = (PLAN_STEP - 1) % 7 * MIB + MIB + (PLAN_STEP - 1) * 256 * 1024;
+    print_message("# plan around a kept block: held %lu MiB before, %lu MiB with it (%lu MiB)\n",
+                  (unsigned long)(steady / MIB), (unsigned long)(f->pool.st.reserved / MIB),
+                  (unsigned long)(block_bytes / MIB));
+    assert_true(f->pool.st.reserved <= steady + block_bytes + 4 * MIB);
     /* the kept block is still the program's, and goes back to the plan's bytes when freed */
     uint64_t base, size, id, arena;
     assert_int_equal(cuheap_pool_block_range(&f->pool, kept + 4096, &base, &size, &id, &arena), 0);
@@ -2538,6 +2547,44 @@ static void test_plan_goes_around_a_block_kept(void **state)
     for (int step = 0; step < 4; step++)
         plan_step(f, 0, NULL);
     check_invariants(f);
+    teardown(f);
+}
+
+/* Blocks kept a few steps each, one after another at other places (an evaluation's every few
+ * steps): each time the plan is made again, and the pieces its slots left go back, so that the
+ * region holds one layout's worth, not all of them together. */
+static void test_plan_gives_back_the_places_it_left(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
+    for (int step = 0; step < steps; step++)
+        plan_step(f, 0, NULL);
+    uint64_t steady = f->pool.st.reserved, most = 0;
+    for (int round = 0; round < 6; round++) {
+        uint64_t kept;
+        plan_keep_at = 13 + 2 * round; /* a block of the step's second half, another each time */
+        plan_step(f, 0, &kept);
+        for (int step = 0; step < 4; step++)
+            plan_step(f, 0, NULL);
+        release(f, kept, 0x9);
+        for (int step = 0; step < 3; step++)
+            plan_step(f, 0, NULL);
+        check_invariants(f);
+        most = f->pool.st.reserved > most ? f->pool.st.reserved : most;
+    }
+    plan_keep_at = PLAN_STEP - 1;
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    print_message(
+        "# plan: %lu MiB steady, %lu MiB at most over 6 kept blocks, %lu new placements\n",
+        (unsigned long)(steady / MIB), (unsigned long)(most / MIB),
+        (unsigned long)st.nr_plan_replans);
+    assert_int_equal(st.nr_plans, 1);
+    assert_true(st.nr_plan_replans >= 6);
+    assert_true(most <= steady + steady / 8); /* one layout and a kept block, not six */
     teardown(f);
 }
 
@@ -3596,6 +3643,7 @@ int main(void)
         cmocka_unit_test(test_plan_comes_back_after_an_interlude),
         cmocka_unit_test(test_plan_goes_around_a_block_kept),
         cmocka_unit_test(test_plan_never_serves_over_a_kept_block),
+        cmocka_unit_test(test_plan_gives_back_the_places_it_left),
         cmocka_unit_test(test_plan_fills_beside_other_threads),
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
