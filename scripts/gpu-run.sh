@@ -30,6 +30,8 @@
 #                                16 threads of 512 B and 64 KiB pairs, then the GPT loop:
 #                                caching allocator, caching off under both builds and
 #                                backings, caching on + cuheap, cuheap as pluggable
+#   scripts/gpu-run.sh eval      the GPT loop with an evaluation every GPT_EVAL steps: caching
+#                                allocator, cuheap with and without the step plan, pluggable
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -610,8 +612,34 @@ run_settings() {
     grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
 }
 
+# the GPT loop with an evaluation every GPT_EVAL steps (default 10; its logits kept until the
+# next), EVAL_ROUNDS rounds of: the caching allocator, caching off + cuheap with and without
+# the step plan, cuheap as the pluggable allocator with the plan; losses and evaluation losses
+# must be the same everywhere
+run_eval() {
+    local r name out
+    for ((r = 0; r < ${EVAL_ROUNDS:-2}; r++)); do
+        for name in caching default plan plug-plan; do
+            case $name in
+            caching) set -- ;;
+            default) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=0 ;;
+            plan) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=1 ;;
+            plug-plan) set -- CUHEAP_PLUGGABLE=$PRE CUHEAP_STEP_PLAN=1 ;;
+            esac
+            out=$(env "$@" GPT_EVAL=${GPT_EVAL:-10} CUHEAP_RECORD=0 timeout 300 \
+                python3 bench/torch_gpt.py "${EVAL_STEPS:-80}" 2>&1)
+            say "round=$r config=$name $(grep step_ms <<<"$out")"
+            grep -E "cuheap: GPU 0: (vmm|step plan)" <<<"$out" | sed "s/^/round=$r config=$name /" |
+                tee -a "$OUT/summary.txt"
+            say "round=$r config=$name losses_md5=$(grep '^losses' <<<"$out" | md5sum | cut -c1-12)" \
+                "eval_md5=$(grep '^eval_losses' <<<"$out" | md5sum | cut -c1-12)"
+        done
+    done
+}
+
 case $what in
 settings) run_settings ;;
+eval) run_eval ;;
 tests) run_tests ;;
 hot) run_hot ;;
 toggle) run_toggle ;;
@@ -632,7 +660,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|all" >&2
     exit 2
     ;;
 esac
