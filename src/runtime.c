@@ -734,9 +734,10 @@ static void summary(void)
             cuheap_log_always("GPU %d: step plan: %u tried, %" PRIu64 " allocations served from "
                               "a plan, %" PRIu64 " it had a place for and missed, %" PRIu64
                               " waits for its fences, %" PRIu64 " times planned again around "
-                              "blocks kept past their step (CUHEAP_STEP_PLAN)",
+                              "blocks kept past their step, %" PRIu64 " served at free places "
+                              "out of the step's order (CUHEAP_STEP_PLAN)",
                               d->ordinal, ps.nr_plans, ps.nr_planned, ps.nr_plan_missed,
-                              ps.nr_plan_waits, ps.nr_plan_replans);
+                              ps.nr_plan_waits, ps.nr_plan_replans, ps.nr_plan_borrowed);
     }
     cuheap_log_always(
         "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64

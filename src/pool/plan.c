@@ -972,6 +972,102 @@ static bool resync_locked(struct cuheap_plan *pl, uint64_t t)
     return true;
 }
 
+struct busy_bytes {
+    uint64_t lo, hi;
+};
+
+static struct plan_pinned *pinned_at(struct cuheap_plan *pl, struct cuheap_arena *a, uint64_t ptr);
+
+/* A phase of another shape (the step's order lost: an evaluation, a first step again): its
+ * allocations go at the lowest place of the current region free now (no slot live or waiting
+ * there, no pinned block, no fence pending on its pieces), as pinned blocks, rather than to
+ * the rest of the pool, which would map memory for them beside the region's idle places (on
+ * the H200's loop with an evaluation every 10 steps, the run's peak). A slot over one misses
+ * till it is freed; one kept a step is planned around (step_begins_locked). Returns 0 with the
+ * block, or 1 (no place, or its pieces could not be mapped: the rest of the pool serves it). */
+static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t size,
+                         uint64_t *ret_ptr, uint64_t *ret_block)
+{
+    struct plan_region *rg = pl->cur;
+    uint64_t base = rg->arena.buddy.base, len = (size + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    if (pl->nr_pinned >= PLAN_MAX_PINNED || pl->filling || len > pl->region_bytes)
+        return 1;
+    /* what is in the way, by offset: the slots in their order, the pinned blocks put in */
+    struct busy_bytes *busy = pl->work;
+    size_t n = 0;
+    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
+        struct plan_slot *s = &pl->slots[pl->by_offset[x]];
+        if (s->waiting && ticket_passed_locked(p, s->ticket))
+            s->waiting = false;
+        if (s->asked || s->waiting)
+            busy[n++] = (struct busy_bytes){s->offset, s->offset + s->size};
+    }
+    for (uint32_t i = 0; i < pl->nr_pinned; i++) {
+        const struct plan_pinned *b = &pl->pinned[i];
+        if (b->region != rg)
+            continue;
+        struct busy_bytes v = {b->ptr - base, b->ptr - base + b->size};
+        size_t j = n++;
+        for (; j && busy[j - 1].lo > v.lo; j--)
+            busy[j] = busy[j - 1];
+        busy[j] = v;
+    }
+    uint64_t off = 0;
+    for (size_t j = 0;;) {
+        for (; j < n && busy[j].lo < off + len; j++)
+            if (busy[j].hi > off)
+                off = (busy[j].hi + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+        if (off + len > pl->region_bytes)
+            return 1;
+        /* a fence pending on a piece under the place: past that piece */
+        uint32_t first, last, stop = UINT32_MAX;
+        pieces_of(rg, off, size, &first, &last);
+        for (uint32_t i = first; i <= last && stop == UINT32_MAX; i++)
+            if (rg->ticket[i] && !ticket_passed_locked(p, rg->ticket[i] - 1))
+                stop = i;
+            else
+                rg->ticket[i] = 0;
+        if (stop == UINT32_MAX)
+            break;
+        off = (uint64_t)(stop + 1) * rg->piece_bytes;
+        j = 0;
+    }
+    uint64_t id = buffer_id_prefix(p) | next_buffer_ids(p, 1), block = (size + 511) & ~511ull;
+    uint32_t first, last;
+    pl->pinned[pl->nr_pinned++] = (struct plan_pinned){
+        .ptr = base + off, .size = size, .buffer_id = id, .region = rg, .since = pl->clock};
+    pieces_of(rg, off, size, &first, &last);
+    for (uint32_t i = first; i <= last; i++)
+        rg->live[i]++;
+    pl->nr_cur_pinned++;
+    p->st.live += size;
+    p->st.live_blocks += block;
+    uint32_t todo[FILL_BATCH];
+    if (unmapped_pieces(rg, off, size, todo)) {
+        pl->filling++;
+        int r = fill_locked(p, pl, off, size); /* may drop p->lock */
+        pl->filling--;
+        if (r) {
+            if (r == -ENODEV)
+                return 1; /* the plan was forgotten, the block with it */
+            struct plan_pinned *b = pinned_at(pl, &rg->arena, base + off);
+            *b = pl->pinned[--pl->nr_pinned];
+            for (uint32_t i = first; i <= last; i++)
+                rg->live[i]--;
+            pl->nr_cur_pinned--;
+            p->st.live -= size;
+            p->st.live_blocks -= block;
+            return 1;
+        }
+    }
+    p->st.nr_hits++;
+    p->st.nr_planned++;
+    p->st.nr_plan_borrowed++;
+    *ret_ptr = base + off;
+    *ret_block = block;
+    return 0;
+}
+
 int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
                       int64_t *ret_track)
 {
@@ -1054,6 +1150,10 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         why = slot_free_locked(p, pl, k, &ticket);
     }
     if (why != SLOT_FREE) {
+        if (pl->lost && borrow_locked(p, pl, size, ret_ptr, ret_block) == 0)
+            return 0; /* may have dropped p->lock */
+        if (pl->state != PLAN_ON)
+            return 1;
         pl->step_misses += s->planned;
         p->st.nr_plan_missed += s->planned;
         pl->nr_missed++;

@@ -2588,6 +2588,54 @@ static void test_plan_gives_back_the_places_it_left(void **state)
     teardown(f);
 }
 
+/* A phase of another shape between steps (an evaluation): its blocks go at the places of the
+ * region free at the time, not to memory mapped beside it, and the step is served as before
+ * once they are freed. */
+static void test_plan_serves_a_phase_at_free_places(void **state)
+{
+    (void)state;
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
+    for (int step = 0; step < steps; step++)
+        plan_step(f, 0, NULL);
+    uint64_t steady = f->pool.st.reserved;
+    struct cuheap_pool_stats st;
+    for (int round = 0; round < 3; round++) {
+        uint64_t phase[10];
+        atomic_store(&f->dev.idle, true); /* the host waited for the step (loss.item()) */
+        for (int i = 0; i < 10; i++)      /* sizes the step never asks for, in no order of it */
+            phase[i] = alloc(f, (uint64_t)(i % 3 + 1) * 3 * MIB + 4096 * (uint64_t)(i + 1), 0x9);
+        for (int i = 0; i < 10; i++)
+            assert_true(map_lookup(phase[i])->planned);
+        check_invariants(f);
+        for (int i = 0; i < 10; i++)
+            release(f, phase[i], 0x9);
+        atomic_store(&f->dev.idle, false);
+        complete_fences(&f->dev);
+        for (int step = 0; step < 3; step++)
+            plan_step(f, 0, NULL);
+    }
+    cuheap_pool_get_stats(&f->pool, &st);
+    uint64_t missed = st.nr_plan_missed;
+    int calls = mapping_calls(f);
+    for (int step = 0; step < 5; step++)
+        plan_step(f, 0, NULL);
+    cuheap_pool_get_stats(&f->pool, &st);
+    print_message(
+        "# plan: a phase of another shape: %lu at free places, %lu MiB held (steady %lu)\n",
+        (unsigned long)st.nr_plan_borrowed, (unsigned long)(f->pool.st.reserved / MIB),
+        (unsigned long)(steady / MIB));
+    assert_true(st.nr_plan_borrowed >= 30);
+    assert_int_equal(st.nr_plans, 1);
+    assert_int_equal(st.nr_plan_missed, missed); /* the step served as before */
+    assert_int_equal(mapping_calls(f) - calls, 0);
+    assert_true(f->pool.st.reserved <= steady + steady / 16);
+    check_invariants(f);
+    teardown(f);
+}
+
 /* The same with the kept block's bytes shared by slots served before the plan is made again:
  * none of them is served over it meanwhile, and the plan made again serves them elsewhere. */
 static void test_plan_never_serves_over_a_kept_block(void **state)
@@ -2701,7 +2749,9 @@ static void test_plan_comes_back_after_an_interlude(void **state)
         plan_step(f, 0, NULL);
         back++;
     }
-    print_message("# plan: served again %d steps after the interlude\n", back);
+    print_message("# plan: served again %d steps after the interlude (%lu of its allocations "
+                  "at free places)\n",
+                  back, (unsigned long)st.nr_plan_borrowed);
     assert_true(back <= 8); /* two steps seen, two measured, the quiet moment: not a window */
     cuheap_pool_get_stats(&f->pool, &st);
     assert_int_equal(st.nr_plans, 2);
@@ -3644,6 +3694,7 @@ int main(void)
         cmocka_unit_test(test_plan_goes_around_a_block_kept),
         cmocka_unit_test(test_plan_never_serves_over_a_kept_block),
         cmocka_unit_test(test_plan_gives_back_the_places_it_left),
+        cmocka_unit_test(test_plan_serves_a_phase_at_free_places),
         cmocka_unit_test(test_plan_fills_beside_other_threads),
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
