@@ -1012,26 +1012,38 @@ static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t
             busy[j] = busy[j - 1];
         busy[j] = v;
     }
-    uint64_t off = 0;
-    for (size_t j = 0;;) {
-        for (; j < n && busy[j].lo < off + len; j++)
-            if (busy[j].hi > off)
-                off = (busy[j].hi + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
-        if (off + len > pl->region_bytes)
-            return 1;
-        /* a fence pending on a piece under the place: past that piece */
-        uint32_t first, last, stop = UINT32_MAX;
-        pieces_of(rg, off, size, &first, &last);
-        for (uint32_t i = first; i <= last && stop == UINT32_MAX; i++)
-            if (rg->ticket[i] && !ticket_passed_locked(p, rg->ticket[i] - 1))
-                stop = i;
-            else
-                rg->ticket[i] = 0;
-        if (stop == UINT32_MAX)
-            break;
-        off = (uint64_t)(stop + 1) * rg->piece_bytes;
-        j = 0;
+    size_t m = 0; /* merged, still by offset */
+    for (size_t j = 0; j < n; j++) {
+        if (m && busy[j].lo <= busy[m - 1].hi)
+            busy[m - 1].hi = busy[j].hi > busy[m - 1].hi ? busy[j].hi : busy[m - 1].hi;
+        else
+            busy[m++] = busy[j];
     }
+    /* the highest place that fits: the greedy placement fills the region from its start, so
+     * its top is where the fewest slots live and the step needs it only at its peak */
+    uint64_t off = UINT64_MAX;
+    for (size_t g = m + 1; g-- > 0 && off == UINT64_MAX;) {
+        uint64_t lo = g ? (busy[g - 1].hi + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN : 0;
+        uint64_t hi = g < m ? busy[g].lo : pl->region_bytes;
+        while (hi >= lo + len && off == UINT64_MAX) {
+            uint64_t at = (hi - len) / PLAN_ALIGN * PLAN_ALIGN, pending = UINT64_MAX;
+            if (at < lo)
+                break;
+            uint32_t first, last;
+            pieces_of(rg, at, size, &first, &last);
+            for (uint32_t i = first; i <= last; i++) /* a fence pending on a piece under it */
+                if (rg->ticket[i] && !ticket_passed_locked(p, rg->ticket[i] - 1))
+                    pending = i;
+                else
+                    rg->ticket[i] = 0;
+            if (pending == UINT64_MAX)
+                off = at;
+            else
+                hi = pending * rg->piece_bytes; /* below that piece */
+        }
+    }
+    if (off == UINT64_MAX)
+        return 1;
     uint64_t id = buffer_id_prefix(p) | next_buffer_ids(p, 1), block = (size + 511) & ~511ull;
     uint32_t first, last;
     pl->pinned[pl->nr_pinned++] = (struct plan_pinned){
