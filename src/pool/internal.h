@@ -288,7 +288,7 @@ struct plan_slot {
     uint32_t conf_first, conf_nr; /* the planned slots whose bytes meet this one's */
     bool planned;                 /* lives less than a step: has a place */
     bool waiting;                 /* freed, its fence not yet seen to pass */
-    bool filling;                 /* its pieces being mapped, p->lock dropped (fill_locked) */
+    bool filling; /* its pieces being mapped, p->lock dropped (region_fill_locked) */
 };
 
 struct plan_track {
@@ -699,6 +699,38 @@ uint64_t plan_forget_locked(struct cuheap_pool *p, bool context);
 int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *ret_live,
                       uint64_t *ret_live_blocks, char *why, size_t why_size);
 
+/* region.c: the step plan's region, its addresses and pieces */
+#define PLAN_FILL_BATCH 64u /* pieces mapped per drop of p->lock */
+int region_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl);
+void rest_settles_locked(struct cuheap_pool *p);
+uint32_t region_unmapped(const struct plan_region *rg, uint64_t offset, uint64_t size,
+                         uint32_t todo[PLAN_FILL_BATCH]);
+int region_fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t offset,
+                       uint64_t size);
+void region_reap_one_locked(struct cuheap_pool *p, struct cuheap_plan *pl, struct plan_region *rg);
+void region_reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl);
+void region_trim_locked(struct cuheap_pool *p, struct cuheap_plan *pl);
+
+static inline struct plan_region *plan_region_of(struct cuheap_arena *a)
+{
+    return (struct plan_region *)a;
+}
+
+/* The bytes of piece i (the last one may be short). */
+static inline uint64_t region_piece_len(const struct plan_region *rg, uint32_t i)
+{
+    uint64_t at = (uint64_t)i * rg->piece_bytes;
+    return rg->bytes - at < rg->piece_bytes ? rg->bytes - at : rg->piece_bytes;
+}
+
+/* The pieces [*first, *last] under bytes [offset, offset + size) of the region. */
+static inline void region_pieces_of(const struct plan_region *rg, uint64_t offset, uint64_t size,
+                                    uint32_t *first, uint32_t *last)
+{
+    *first = (uint32_t)(offset / rg->piece_bytes);
+    *last = (uint32_t)((offset + (size ? size : 1) - 1) / rg->piece_bytes);
+}
+
 /* map.c */
 void map_atfork_child(void);
 int map_update(struct cuheap_arena *a, bool add);
@@ -824,6 +856,7 @@ void tl_leave(struct cuheap_timeline *tl);
 void tl_settle(struct cuheap_pool *p);
 uint64_t tl_ticket_now(struct cuheap_timeline *tl);
 bool tl_try_pass(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded);
+bool tl_ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket);
 bool tl_wait_for(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded);
 void tl_forget(struct cuheap_timeline *tl, bool fork_child);
 __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct cuheap_tcache *tc,
@@ -885,6 +918,14 @@ static inline unsigned tc_order(const struct tc_block *b)
 static inline bool tl_passed(struct cuheap_timeline *tl, uint64_t ticket)
 {
     return atomic_load_explicit(&tl->passed, memory_order_acquire) > ticket;
+}
+
+/* Whether a free over piece i of a region still waits for its fence (its ticket is kept one
+ * up: 0 = no free over it, ticket 0 being a real one). */
+static inline bool region_piece_waits(struct cuheap_pool *p, const struct plan_region *rg,
+                                      uint32_t i)
+{
+    return rg->ticket[i] && !tl_passed(&p->tl, rg->ticket[i] - 1);
 }
 
 /* Ready blocks of one order a cache keeps at most: TC_PER_ORDER of the smallest, whose batches

@@ -1,26 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The step plan (CUHEAP_STEP_PLAN): a job whose large allocations repeat step after step gets
- * them from one region, planned for one step and mapped once, so that a warm step makes no
- * mapping call. The planner is pure (src/stepplan.c); this part watches the sizes of large
- * allocations for a period, measures one step's lives, reserves the region at the step's
- * quietest moment and serves allocation k of every later step at its place, while the size is
- * the one measured and no block that shares its bytes is live or waiting for a fence; the
- * region's pieces are mapped as the plan first serves into them. Whatever the
- * plan cannot serve goes to the rest of the pool as before. Sizes that leave the measured
- * order are followed until the step's phase is found again; a plan that keeps missing is
- * retired: its blocks still live stay as pinned blocks, and its region, mapped in pieces,
- * goes back but for the pieces under them, which follow as they are freed.
+ * them from one region, planned for one step, so that a warm step makes no mapping call. The
+ * planner is pure (src/stepplan.c), the region's memory is region.c's; this part watches the
+ * sizes of large allocations for a period, measures one step's lives, reserves the region at
+ * the step's quietest moment and serves allocation k of every later step at its place, while
+ * the size is the one measured and no block that shares its bytes is live, pinned or waiting
+ * for a fence. Whatever the plan cannot serve goes to the rest of the pool as before. Sizes
+ * that leave the measured order are followed until the step's phase is found again, the
+ * allocations meanwhile served at the region's highest free places; a block kept past its step
+ * is pinned where it is and the step placed again around it; a plan that keeps missing is
+ * retired: its blocks still live stay as pinned blocks, and its region goes back but for the
+ * pieces under them, which follow as they are freed.
  *
  * Only blocks above PLAN_MIN_ORDER: smaller ones are served by thread caches without the
  * lock, so the sequence the pool sees of them is not the program's.
  *
- * Lock rule: entered and left with p->lock held; dropped only as the mapper around the
- * region's driver calls (plan_map_locked, fill_locked, reap_region_locked, the export and
- * access calls), in the rest of the pool's own giving back (rest_settles_locked),
- * around a free's device sync under CUHEAP_REUSE=sync, and around the wait for a fence that
- * a slot's bytes need (wait_ticket_locked), as the rest of the pool waits. A fence is recorded or
- * asked about under the lock, as the epochs' are, never waited for under the lock.
+ * Lock rule: entered and left with p->lock held; dropped in region.c's calls (as the mapper, or
+ * in the rest of the pool's giving back), as the mapper around the export calls, around a
+ * free's device sync under CUHEAP_REUSE=sync, and around the wait for a fence that a slot's bytes
+ * need (wait_ticket_locked), as the rest of the pool waits. A fence is recorded or asked about
+ * under the lock, as the epochs' are, never waited for under the lock.
  */
 #include "internal.h"
 
@@ -294,327 +294,7 @@ static void measured_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     watch_again(pl);
 }
 
-/* ---- the region ---- */
-
-static struct plan_region *plan_region_of(struct cuheap_arena *a)
-{
-    return (struct plan_region *)a;
-}
-
-static uint64_t piece_len(const struct plan_region *rg, uint32_t i)
-{
-    uint64_t at = (uint64_t)i * rg->piece_bytes;
-    return rg->bytes - at < rg->piece_bytes ? rg->bytes - at : rg->piece_bytes;
-}
-
-/* The pieces [*first, *last] under bytes [offset, offset + size) of the region. */
-/* Whether a free over retired piece i still waits for its fence (its ticket is kept one up:
- * 0 = no free over it, ticket 0 being a real one). */
-static bool piece_waits(struct cuheap_pool *p, const struct plan_region *rg, uint32_t i)
-{
-    return rg->ticket[i] && !tl_passed(&p->tl, rg->ticket[i] - 1);
-}
-
-static void pieces_of(const struct plan_region *rg, uint64_t offset, uint64_t size, uint32_t *first,
-                      uint32_t *last)
-{
-    *first = (uint32_t)(offset / rg->piece_bytes);
-    *last = (uint32_t)((offset + (size ? size : 1) - 1) / rg->piece_bytes);
-}
-
-/* Unmap and give back pieces of the region whose live count is PIECE_GOING, p->lock not held
- * (the caller is the mapper). Returns how many the driver took back. */
-static uint32_t give_back_going(struct cuheap_pool *p, struct plan_region *rg, uint64_t *ns,
-                                bool *ok)
-{
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-        if (rg->live[i] != PIECE_GOING)
-            continue;
-        uint64_t va = rg->arena.buddy.base + (uint64_t)i * rg->piece_bytes;
-        ok[i] = dev_phys_unmap(p, va, piece_len(rg, i), ns) == 0 &&
-                dev_phys_release(p, rg->handle[i], ns) == 0;
-        n += ok[i];
-    }
-    return n;
-}
-
-/* Reserve the region's addresses as the mapper, p->lock dropped, and publish it as an arena
- * of its own (in the address map, so that frees and range queries find it; in no list of the
- * pool's). Its pieces are mapped as the plan first serves into them (fill_locked): mapped
- * whole at once, the region came beside the rest of the pool's memory for the blocks of the
- * step before, still live then, and set the run's peak (bench/RESULTS.md, issue 31). What the
- * rest of the pool holds for nobody goes back first. Returns 0, -EBUSY when another thread
- * is the mapper (asked again at the next allocation), or another negative errno (the plan is
- * given up). */
-static int plan_map_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
-{
-    if (p->mapping)
-        return -EBUSY;
-    uint64_t resets = p->nr_resets;
-    release_unused_locked(p); /* may drop p->lock */
-    if (p->mapping || p->nr_resets != resets || pl->state != PLAN_MAP)
-        return -EBUSY; /* another mapper, or the plan was forgotten meanwhile */
-    struct plan_region *rg = &pl->regions[pl->nr_regions];
-    uint64_t g = granule_bytes(p), va = 0;
-    if (p->limit && atomic_load(p->device_reserved) + pl->region_bytes > p->limit)
-        return -EDQUOT;
-    /* addresses past the plan's bytes, mapped only if a plan made again around a block kept
-     * past its step needs them (replan_locked) */
-    uint64_t bytes = pl->region_bytes + pl->region_bytes / PLAN_HEADROOM;
-    uint64_t piece = (bytes + PLAN_MAX_PIECES - 1) / PLAN_MAX_PIECES;
-    piece = (piece + g - 1) / g * g;
-    bytes = (bytes + piece - 1) / piece * piece;
-    memset(rg, 0, sizeof(*rg));
-    rg->bytes = bytes;
-    rg->piece_bytes = piece;
-    rg->nr_pieces = (uint32_t)((bytes + piece - 1) / piece);
-    p->mapping = true;
-    pool_unlock(p);
-    int r = dev_va_reserve(p, bytes, &va);
-    pool_lock(p);
-    p->mapping = false;
-    pthread_cond_broadcast(&p->mapped);
-    if (p->nr_resets != resets)
-        return -ENODEV; /* the context went meanwhile, and the addresses with it */
-    if (r)
-        return r;
-    struct cuheap_arena *a = &rg->arena;
-    a->pool = p;
-    a->planned = true;
-    a->buddy.base = va;
-    a->buddy.min_order = p->min_order;
-    a->buddy.nr_units = 0; /* no thread cache's free takes a block of it (tc_free) */
-    __atomic_store_n(&a->buddy.size, bytes, __ATOMIC_RELEASE);
-    if (map_update(a, true)) { /* the address map full: the addresses go back */
-        __atomic_store_n(&a->buddy.size, 0, __ATOMIC_RELEASE);
-        p->mapping = true;
-        pool_unlock(p);
-        dev_va_free(p, va, bytes);
-        pool_lock(p);
-        p->mapping = false;
-        pthread_cond_broadcast(&p->mapped);
-        return p->nr_resets != resets ? -ENODEV : -ENOMEM;
-    }
-    pl->nr_regions++;
-    pl->cur = rg;
-    pl->arena = a;
-    pl->nr_cur_pinned = 0;
-    pl->cur_tickets = false;
-    pl->replan_due = false;
-    pl->trim_due = false;
-    /* what the rest of the pool's blocks need from now on: not the step's peak any more */
-    p->peak_busy = busy_bytes_locked(p);
-    return 0;
-}
-
-/* While the plan settles, the rest of the pool gives back what it held for the step's blocks
- * it served before the plan: its blocks waiting for a fence come back (no allocation of its
- * own may come to reclaim them) and its idle chunks go to the driver; its budget is then what
- * its own blocks use. May drop p->lock. */
-static void rest_settles_locked(struct cuheap_pool *p)
-{
-    if (open_epoch(p)->nr_blocks)
-        close_epoch_locked(p);
-    reclaim_locked(p);
-    if (p->idle_bytes)
-        release_idle_locked(p, 0);
-    p->peak_busy = busy_bytes_locked(p);
-}
-
-enum { FILL_BATCH = 64 }; /* pieces mapped per drop of p->lock */
-
-/* The pieces under the current region's bytes [offset, offset + size) not mapped yet, up to
- * FILL_BATCH of them in todo. Returns how many. */
-static uint32_t unmapped_pieces(const struct plan_region *rg, uint64_t offset, uint64_t size,
-                                uint32_t todo[FILL_BATCH])
-{
-    uint32_t first, last, n = 0;
-    pieces_of(rg, offset, size, &first, &last);
-    for (uint32_t i = first; i <= last && n < FILL_BATCH; i++)
-        if (!rg->handle[i])
-            todo[n++] = i;
-    return n;
-}
-
-/* Map the pieces under the current region's bytes [offset, offset + size) that are not mapped
- * yet, as the mapper with p->lock dropped, FILL_BATCH at a time; while the plan settles, the
- * rest of the pool gives back first, so that the region grows as the memory it replaces goes.
- * The caller holds the slot (live, and marked filling): no other allocation maps its pieces,
- * and no retire or new placement takes the region meanwhile (pl->filling). Returns 0, -ENODEV
- * when the context went meanwhile (the plan was forgotten with the slot), or another negative
- * errno (the slot is missed; the pieces mapped so far stay the region's). */
-static int fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t offset,
-                       uint64_t size)
-{
-    struct plan_region *rg = pl->cur;
-    uint64_t resets = p->nr_resets;
-    bool settled = pl->steps_on > PLAN_SETTLE;
-    for (;;) {
-        uint32_t todo[FILL_BATCH], n = unmapped_pieces(rg, offset, size, todo);
-        if (!n)
-            return 0;
-        if (p->vmm_refused)
-            return -EIO; /* no more mapping calls (vmm_refused_locked) */
-        if (p->mapping) {
-            wait_mapper_locked(p); /* the other mapper may be mapping pieces of these bytes */
-            if (p->nr_resets != resets)
-                return -ENODEV;
-            continue;
-        }
-        if (!settled) {
-            settled = true;
-            rest_settles_locked(p); /* may drop p->lock */
-            if (p->nr_resets != resets)
-                return -ENODEV;
-            continue; /* pieces may have been mapped meanwhile */
-        }
-        uint64_t bytes = 0;
-        for (uint32_t x = 0; x < n; x++)
-            bytes += piece_len(rg, todo[x]);
-        if (p->limit && atomic_load(p->device_reserved) + bytes > p->limit)
-            return -EDQUOT;
-        uint64_t h[FILL_BATCH], ns = 0, base = rg->arena.buddy.base;
-        uint32_t made = 0;
-        int r = 0;
-        bool released = true; /* the handle of a failed map went back */
-        p->mapping = true;
-        p->st.reserved += bytes;
-        atomic_fetch_add(p->device_reserved, bytes);
-        p->inflight_bytes += bytes;
-        pool_unlock(p);
-        for (; made < n; made++) {
-            uint64_t va = base + (uint64_t)todo[made] * rg->piece_bytes,
-                     len = piece_len(rg, todo[made]);
-            h[made] = 0;
-            r = dev_phys_create(p, len, &h[made], &ns);
-            if (r && r != CUHEAP_BE_OOM)
-                r = dev_phys_create(p, len, &h[made], &ns);
-            if (!r && (r = map_twice(p, va, len, h[made], &ns)) != 0)
-                released = dev_phys_release(p, h[made], &ns) == 0;
-            if (r)
-                break;
-        }
-        pool_lock(p);
-        p->st.map_ns += ns;
-        p->mapping = false;
-        pthread_cond_broadcast(&p->mapped);
-        if (p->nr_resets != resets)
-            return -ENODEV; /* the pieces went with the context */
-        p->inflight_bytes -= bytes;
-        for (uint32_t x = made; x < n; x++) {
-            /* counted before the calls, not made; a handle the driver would not take back
-             * stays counted (p->stuck) */
-            if (x == made && h[x] && !released)
-                account_release_locked(p, false, h[x], piece_len(rg, todo[x]));
-            else
-                account_release_locked(p, true, 0, piece_len(rg, todo[x]));
-        }
-        uint64_t reserved = p->st.reserved;
-        for (uint32_t x = 0; x < made; x++)
-            reserved -= piece_len(rg, todo[x]);
-        /* one event for each run of pieces next to each other */
-        for (uint32_t x = 0, y; x < made; x = y + 1) {
-            uint64_t run = piece_len(rg, todo[x]);
-            for (y = x; y + 1 < made && todo[y + 1] == todo[y] + 1; y++)
-                run += piece_len(rg, todo[y + 1]);
-            for (uint32_t z = x; z <= y; z++)
-                rg->handle[todo[z]] = h[z];
-            rg->nr_held += y - x + 1;
-            p->st.nr_creates += y - x + 1;
-            reserved += run;
-            pool_note_event(p, CUHEAP_EV_ARENA_GROW, base + (uint64_t)todo[x] * rg->piece_bytes,
-                            run, reserved, 0);
-        }
-        if (r)
-            return r == CUHEAP_BE_OOM ? -ENOMEM : -EIO;
-    }
-}
-
-/* Give back the pieces of retired regions that no pinned block holds and whose last free's
- * fence has passed, as the mapper with p->lock dropped; a region none of whose pieces is left
- * leaves the address map and gives its addresses back. */
-static void reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl);
-
-static bool ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket);
-
-static void reap_region_locked(struct cuheap_pool *p, struct cuheap_plan *pl,
-                               struct plan_region *rg)
-{
-    if (p->mapping) {
-        pl->reap_due = true;
-        return;
-    }
-    /* one question of the timeline for the newest fence still in the way */
-    uint64_t newest = 0;
-    bool found = false;
-    for (uint32_t i = 0; i < rg->nr_pieces; i++)
-        if (rg->handle[i] && !rg->live[i] && piece_waits(p, rg, i) && rg->ticket[i] - 1 >= newest)
-            newest = rg->ticket[i] - 1, found = true;
-    bool passed = !found || ticket_passed_locked(p, newest);
-    uint32_t n = 0;
-    uint64_t bytes = 0, ns = 0, resets = p->nr_resets;
-    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-        if (!rg->handle[i] || rg->live[i])
-            continue;
-        if (!passed && piece_waits(p, rg, i)) {
-            pl->reap_due = true; /* asked again at the next large allocation */
-            continue;
-        }
-        rg->live[i] = PIECE_GOING;
-        bytes += piece_len(rg, i);
-        n++;
-    }
-    if (!n && (rg->nr_held || !rg->arena.buddy.size))
-        return; /* pieces still held, or the addresses gone already */
-    bool all = n == rg->nr_held;
-    uint64_t va = rg->arena.buddy.base;
-    if (all) { /* no block of it is live: nothing looks it up any more */
-        map_update(&rg->arena, false);
-        __atomic_store_n(&rg->arena.buddy.size, 0, __ATOMIC_RELEASE);
-    }
-    p->mapping = true;
-    p->inflight_bytes += bytes;
-    pool_unlock(p);
-    bool ok[PLAN_MAX_PIECES];
-    uint32_t gone = give_back_going(p, rg, &ns, ok);
-    if (all && gone == n)
-        dev_va_free(p, va, rg->bytes);
-    pool_lock(p);
-    p->st.map_ns += ns;
-    p->mapping = false;
-    pthread_cond_broadcast(&p->mapped);
-    if (p->nr_resets != resets)
-        return; /* the context went meanwhile: plan_forget_locked counted the region */
-    p->inflight_bytes -= bytes;
-    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-        if (rg->live[i] != PIECE_GOING)
-            continue;
-        /* what the driver kept stays counted, and a trim offers it again (p->stuck) */
-        account_release_locked(p, ok[i], rg->handle[i], piece_len(rg, i));
-        p->st.nr_releases += ok[i];
-        rg->handle[i] = 0;
-        rg->live[i] = 0;
-        rg->nr_held--;
-    }
-    if (bytes)
-        pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, va, bytes, p->st.reserved, 0);
-}
-
-static void reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
-{
-    pl->reap_due = false;
-    for (unsigned r = 0; r < pl->nr_regions; r++) {
-        struct plan_region *rg = &pl->regions[r];
-        if (!rg->retired || (!rg->nr_held && !rg->arena.buddy.size))
-            continue;
-        if (p->mapping) {
-            pl->reap_due = true;
-            return;
-        }
-        reap_region_locked(p, pl, rg);
-    }
-}
+/* ---- the region: region.c ---- */
 
 /* The live block of slot s, pinned where it is in the current region: no slot follows it any
  * more (a stray, or a block live when the plan is made again or retires). The caller has
@@ -629,7 +309,7 @@ static void pin_locked(struct cuheap_plan *pl, struct plan_slot *s, bool stray)
                                                        .region = rg,
                                                        .since = pl->clock,
                                                        .stray = stray};
-    pieces_of(rg, s->offset, s->asked, &first, &last);
+    region_pieces_of(rg, s->offset, s->asked, &first, &last);
     for (uint32_t i = first; i <= last; i++)
         rg->live[i]++;
     s->asked = 0;
@@ -643,7 +323,7 @@ static void carry_ticket_locked(struct cuheap_pool *p, struct plan_region *rg, s
 {
     if (s->waiting && !tl_passed(&p->tl, s->ticket)) {
         uint32_t first, last;
-        pieces_of(rg, s->offset, s->size, &first, &last);
+        region_pieces_of(rg, s->offset, s->size, &first, &last);
         for (uint32_t i = first; i <= last; i++)
             if (s->ticket + 1 > rg->ticket[i])
                 rg->ticket[i] = s->ticket + 1;
@@ -713,65 +393,6 @@ static bool replan_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     return true;
 }
 
-/* The current region's pieces that no slot covers and no pinned block holds, given back as
- * the mapper once no fence on them is pending: a plan made again moves slots, and the pieces
- * their old places covered would stay mapped for nobody (on the H200's loop with an evaluation
- * every 10 steps, 1.09 held/live against 1.03). A later placement that covers them maps them
- * again (fill_locked). */
-static void trim_cur_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
-{
-    struct plan_region *rg = pl->cur;
-    if (p->mapping)
-        return; /* trim_due stays: at the next step */
-    pl->trim_due = false;
-    bool covered[PLAN_MAX_PIECES], ok[PLAN_MAX_PIECES];
-    memset(covered, 0, rg->nr_pieces * sizeof(*covered));
-    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
-        const struct plan_slot *s = &pl->slots[pl->by_offset[x]];
-        uint32_t first, last;
-        pieces_of(rg, s->offset, s->size, &first, &last);
-        for (uint32_t i = first; i <= last; i++)
-            covered[i] = true;
-    }
-    uint32_t n = 0;
-    uint64_t bytes = 0, ns = 0, resets = p->nr_resets;
-    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-        if (!rg->handle[i] || covered[i] || rg->live[i])
-            continue;
-        if (rg->ticket[i] && !ticket_passed_locked(p, rg->ticket[i] - 1)) {
-            pl->trim_due = true; /* a free's fence on it: at the next step */
-            continue;
-        }
-        rg->ticket[i] = 0;
-        rg->live[i] = PIECE_GOING;
-        bytes += piece_len(rg, i);
-        n++;
-    }
-    if (!n)
-        return;
-    p->mapping = true;
-    p->inflight_bytes += bytes;
-    pool_unlock(p);
-    give_back_going(p, rg, &ns, ok);
-    pool_lock(p);
-    p->st.map_ns += ns;
-    p->mapping = false;
-    pthread_cond_broadcast(&p->mapped);
-    if (p->nr_resets != resets)
-        return; /* the context went meanwhile: plan_forget_locked counted the region */
-    p->inflight_bytes -= bytes;
-    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-        if (rg->live[i] != PIECE_GOING)
-            continue;
-        account_release_locked(p, ok[i], rg->handle[i], piece_len(rg, i));
-        p->st.nr_releases += ok[i];
-        rg->handle[i] = 0;
-        rg->live[i] = 0;
-        rg->nr_held--;
-    }
-    pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, rg->arena.buddy.base, bytes, p->st.reserved, 0);
-}
-
 /* The plan stops serving: its live blocks stay where they are as pinned blocks of a retired
  * region, whose other pieces go back as their fences pass; the sizes are watched again for a
  * new plan. Returns false, and keeps serving, when the pinned blocks would not fit their table
@@ -807,27 +428,11 @@ static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     pl->nr_live = 0;
     pl->nr_by_offset = 0;
     watch_again(pl);
-    reap_region_locked(p, pl, rg);
+    region_reap_one_locked(p, pl, rg);
     return true;
 }
 
 /* ---- serving ---- */
-
-/* Whether a fence after ticket has passed; records one, or asks the driver, when no other
- * thread is doing so (no wait). */
-static bool ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket)
-{
-    if (ticket == UINT64_MAX)
-        return false; /* a device sync under way (CUHEAP_REUSE=sync) */
-    if (tl_passed(&p->tl, ticket))
-        return true;
-    if (p->nr_capturing)
-        return false;
-    unsigned fences = 0;
-    bool passed = tl_try_pass(p, ticket, &fences);
-    p->st.nr_fences += fences;
-    return passed;
-}
 
 /* Whether slot k's bytes are free: no slot sharing them live, none waiting for a fence.
  * SLOT_FENCE: only fences stand in the way, the latest of them *ret_ticket. */
@@ -850,12 +455,12 @@ static int obstacles_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint6
         return SLOT_FREE;
     int r = SLOT_FREE;
     uint32_t first, last;
-    pieces_of(rg, off, size, &first, &last);
+    region_pieces_of(rg, off, size, &first, &last);
     for (uint32_t i = first; i <= last; i++) {
         if (!rg->ticket[i])
             continue;
         uint64_t t = rg->ticket[i] - 1;
-        if (ticket_passed_locked(p, t)) {
+        if (tl_ticket_passed_locked(p, t)) {
             rg->ticket[i] = 0;
             continue;
         }
@@ -877,7 +482,7 @@ static int slot_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint3
         if (t->asked)
             return SLOT_LIVE;
         if (t->waiting) {
-            if (ticket_passed_locked(p, t->ticket)) {
+            if (tl_ticket_passed_locked(p, t->ticket)) {
                 t->waiting = false;
                 continue;
             }
@@ -931,7 +536,7 @@ static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     if (misses)
         pl->steps_on = 0; /* the rest of the pool served them: it settles again */
     if (pl->trim_due)
-        trim_cur_locked(p, pl); /* may drop p->lock */
+        region_trim_locked(p, pl); /* may drop p->lock */
     /* a block pinned when the plan was made again, kept a step since: plan around it too */
     for (uint32_t i = 0; i < pl->nr_pinned && pl->nr_cur_pinned && !pl->replan_due; i++) {
         const struct plan_pinned *b = &pl->pinned[i];
@@ -997,7 +602,7 @@ static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t
     size_t n = 0;
     for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
         struct plan_slot *s = &pl->slots[pl->by_offset[x]];
-        if (s->waiting && ticket_passed_locked(p, s->ticket))
+        if (s->waiting && tl_ticket_passed_locked(p, s->ticket))
             s->waiting = false;
         if (s->asked || s->waiting)
             busy[n++] = (struct busy_bytes){s->offset, s->offset + s->size};
@@ -1030,9 +635,9 @@ static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t
             if (at < lo)
                 break;
             uint32_t first, last;
-            pieces_of(rg, at, size, &first, &last);
+            region_pieces_of(rg, at, size, &first, &last);
             for (uint32_t i = first; i <= last; i++) /* a fence pending on a piece under it */
-                if (rg->ticket[i] && !ticket_passed_locked(p, rg->ticket[i] - 1))
+                if (rg->ticket[i] && !tl_ticket_passed_locked(p, rg->ticket[i] - 1))
                     pending = i;
                 else
                     rg->ticket[i] = 0;
@@ -1048,16 +653,16 @@ static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t
     uint32_t first, last;
     pl->pinned[pl->nr_pinned++] = (struct plan_pinned){
         .ptr = base + off, .size = size, .buffer_id = id, .region = rg, .since = pl->clock};
-    pieces_of(rg, off, size, &first, &last);
+    region_pieces_of(rg, off, size, &first, &last);
     for (uint32_t i = first; i <= last; i++)
         rg->live[i]++;
     pl->nr_cur_pinned++;
     p->st.live += size;
     p->st.live_blocks += block;
-    uint32_t todo[FILL_BATCH];
-    if (unmapped_pieces(rg, off, size, todo)) {
+    uint32_t todo[PLAN_FILL_BATCH];
+    if (region_unmapped(rg, off, size, todo)) {
         pl->filling++;
-        int r = fill_locked(p, pl, off, size); /* may drop p->lock */
+        int r = region_fill_locked(p, pl, off, size); /* may drop p->lock */
         pl->filling--;
         if (r) {
             if (r == -ENODEV)
@@ -1085,7 +690,7 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
 {
     struct cuheap_plan *pl = p->plan;
     if (pl->reap_due)
-        reap_locked(p, pl); /* may drop p->lock */
+        region_reap_locked(p, pl); /* may drop p->lock */
     uint64_t t = pl->clock++;
     pl->sizes[t % PLAN_WINDOW] = size;
     *ret_track = -1;
@@ -1111,7 +716,7 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         if ((t - pl->start) % pl->period != pl->quiet)
             return 1;
         {
-            int r = plan_map_locked(p, pl);
+            int r = region_map_locked(p, pl);
             if (r == -EBUSY)
                 return 1;
             if (r) {
@@ -1177,11 +782,11 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     pl->nr_live++;
     p->st.live += size;
     p->st.live_blocks += block;
-    uint32_t todo[FILL_BATCH];
-    if (unmapped_pieces(pl->cur, s->offset, size, todo)) {
+    uint32_t todo[PLAN_FILL_BATCH];
+    if (region_unmapped(pl->cur, s->offset, size, todo)) {
         pl->filling++;
-        s->filling = true;                           /* not pinned as a stray meanwhile */
-        int r = fill_locked(p, pl, s->offset, size); /* may drop p->lock */
+        s->filling = true;                                  /* not pinned as a stray meanwhile */
+        int r = region_fill_locked(p, pl, s->offset, size); /* may drop p->lock */
         pl->filling--;
         s->filling = false;
         if (r) {
@@ -1285,13 +890,13 @@ static int pinned_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, str
     *ret_size = size;
     *ret_block = block;
     uint32_t first, last;
-    pieces_of(rg, off, size, &first, &last);
+    region_pieces_of(rg, off, size, &first, &last);
     for (uint32_t i = first; i <= last; i++) {
         rg->live[i]--;
         if (p->cfg->reuse != CUHEAP_REUSE_IMMEDIATE && ticket + 1 > rg->ticket[i])
             rg->ticket[i] = ticket + 1;
     }
-    reap_locked(p, pl);
+    region_reap_locked(p, pl);
     return 0;
 }
 
@@ -1372,7 +977,7 @@ int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t bl
     if (!size)
         return -EINVAL;
     uint32_t first, last;
-    pieces_of(rg, block - a->buddy.base, size, &first, &last);
+    region_pieces_of(rg, block - a->buddy.base, size, &first, &last);
     if (last - first + 1 > max)
         return -ENOSPC;
     unsigned n = 0;
@@ -1380,7 +985,7 @@ int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t bl
         uint64_t va = a->buddy.base + (uint64_t)i * rg->piece_bytes;
         pieces[n] = (struct cuheap_share){.chunk = &rg->handle[i],
                                           .offset = (int64_t)(va - block),
-                                          .bytes = piece_len(rg, i),
+                                          .bytes = region_piece_len(rg, i),
                                           .fd = -1};
     }
     uint64_t resets = p->nr_resets;
@@ -1403,30 +1008,6 @@ int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t bl
     return r;
 }
 
-/* The current region's and every retired one's pieces, made accessible to the peers. */
-int plan_grant_access_locked(struct cuheap_pool *p)
-{
-    struct cuheap_plan *pl = p->plan;
-    wait_mapper_locked(p);
-    int r = 0;
-    p->mapping = true;
-    for (unsigned x = 0; x < pl->nr_regions && !r; x++) {
-        struct plan_region *rg = &pl->regions[x];
-        for (uint32_t i = 0; i < rg->nr_pieces && !r; i++) {
-            if (!rg->handle[i] || rg->live[i] == PIECE_GOING)
-                continue;
-            uint64_t va = rg->arena.buddy.base + (uint64_t)i * rg->piece_bytes;
-            uint64_t len = piece_len(rg, i);
-            pool_unlock(p);
-            r = dev_phys_access(p, va, len) ? -EIO : 0;
-            pool_lock(p);
-        }
-    }
-    p->mapping = false;
-    pthread_cond_broadcast(&p->mapped);
-    return r;
-}
-
 /* The plan's memory back to the driver but for the pieces under live blocks: its region
  * retires (a new plan follows once the step is seen again). Returns the bytes given back. */
 uint64_t plan_trim_locked(struct cuheap_pool *p)
@@ -1441,13 +1022,13 @@ uint64_t plan_trim_locked(struct cuheap_pool *p)
     for (unsigned x = 0; x < pl->nr_regions; x++) {
         struct plan_region *rg = &pl->regions[x];
         for (uint32_t i = 0; i < rg->nr_pieces; i++)
-            if (rg->handle[i] && !rg->live[i] && piece_waits(p, rg, i) &&
+            if (rg->handle[i] && !rg->live[i] && region_piece_waits(p, rg, i) &&
                 rg->ticket[i] - 1 >= newest)
                 newest = rg->ticket[i] - 1, found = true;
     }
     if (found && !p->nr_capturing)
         wait_ticket_locked(p, newest);
-    reap_locked(p, pl);
+    region_reap_locked(p, pl);
     return before > p->st.reserved ? before - p->st.reserved : 0;
 }
 
@@ -1464,7 +1045,7 @@ uint64_t plan_forget_locked(struct cuheap_pool *p, bool context)
         uint64_t held = 0; /* but for the pieces going back, counted in p->inflight_bytes */
         for (uint32_t i = 0; i < rg->nr_pieces; i++)
             if (rg->handle[i] && rg->live[i] != PIECE_GOING)
-                held += piece_len(rg, i);
+                held += region_piece_len(rg, i);
         map_update(&rg->arena, false);
         __atomic_store_n(&rg->arena.buddy.size, 0, __ATOMIC_RELEASE);
         memset(rg->handle, 0, sizeof(rg->handle));
@@ -1510,13 +1091,13 @@ int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *r
             held++;
             if (rg->live[i] == PIECE_GOING)
                 continue; /* the mapper is giving it back: in p->inflight_bytes */
-            *ret_reserved += piece_len(rg, i);
+            *ret_reserved += region_piece_len(rg, i);
             /* a retired piece is given back once no pinned block is over it */
             uint32_t pins = 0;
             for (uint32_t b = 0; b < pl->nr_pinned; b++) {
                 struct plan_pinned *pb = &pl->pinned[b];
                 uint32_t first, last;
-                pieces_of(rg, pb->ptr - rg->arena.buddy.base, pb->size, &first, &last);
+                region_pieces_of(rg, pb->ptr - rg->arena.buddy.base, pb->size, &first, &last);
                 pins += pb->region == rg && i >= first && i <= last;
             }
             if (rg->live[i] != pins) {
@@ -1548,7 +1129,7 @@ int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *r
         *ret_live += s->asked;
         *ret_live_blocks += (s->asked + 511) & ~511ull;
         uint32_t first, last;
-        pieces_of(pl->cur, s->offset, s->asked, &first, &last);
+        region_pieces_of(pl->cur, s->offset, s->asked, &first, &last);
         for (uint32_t i = first; i <= last && !pl->filling; i++)
             if (!pl->cur->handle[i]) {
                 snprintf(why, why_size, "plan slot %u live over piece %u, not mapped", k, i);

@@ -277,3 +277,19 @@ __attribute__((noinline)) int tc_large_alloc(struct cuheap_pool *p, struct cuhea
     tc->large = (struct tc_block){0, NULL};
     return tc_hand_out(p, tc, b.arena, ptr, size, order, ret_ptr, ret_block, ret_seq);
 }
+
+/* For the step plan, p->lock held: whether a fence after ticket has passed; records one, or
+ * asks the driver, when no other thread is doing so (no wait). */
+bool tl_ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket)
+{
+    if (ticket == UINT64_MAX)
+        return false; /* a device sync under way (CUHEAP_REUSE=sync) */
+    if (tl_passed(&p->tl, ticket))
+        return true;
+    if (p->nr_capturing)
+        return false;
+    unsigned fences = 0;
+    bool passed = tl_try_pass(p, ticket, &fences);
+    p->st.nr_fences += fences;
+    return passed;
+}
