@@ -13,21 +13,46 @@
 
 #include <string.h>
 
-/* Unmap and give back pieces of the region whose live count is PIECE_GOING, p->lock not held
- * (the caller is the mapper). Returns how many the driver took back. */
-static uint32_t give_back_going(struct cuheap_pool *p, struct plan_region *rg, uint64_t *ns,
-                                bool *ok)
+/* Unmap and give back the n pieces of rg marked PIECE_GOING (bytes in all), as the mapper with
+ * p->lock dropped, and its addresses too when free_va and the driver took every piece. What
+ * the driver kept stays counted, and a trim offers it again (p->stuck). */
+static void give_back_going_locked(struct cuheap_pool *p, struct plan_region *rg, uint32_t n,
+                                   uint64_t bytes, bool free_va)
 {
-    uint32_t n = 0;
+    uint64_t ns = 0, resets = p->nr_resets, base = rg->arena.buddy.base;
+    uint32_t gone = 0;
+    bool ok[PLAN_MAX_PIECES];
+    p->mapping = true;
+    p->inflight_bytes += bytes;
+    pool_unlock(p);
     for (uint32_t i = 0; i < rg->nr_pieces; i++) {
         if (rg->live[i] != PIECE_GOING)
             continue;
-        uint64_t va = rg->arena.buddy.base + (uint64_t)i * rg->piece_bytes;
-        ok[i] = dev_phys_unmap(p, va, region_piece_len(rg, i), ns) == 0 &&
-                dev_phys_release(p, rg->handle[i], ns) == 0;
-        n += ok[i];
+        ok[i] = dev_phys_unmap(p, base + (uint64_t)i * rg->piece_bytes, region_piece_len(rg, i),
+                               &ns) == 0 &&
+                dev_phys_release(p, rg->handle[i], &ns) == 0;
+        gone += ok[i];
     }
-    return n;
+    if (free_va && gone == n)
+        dev_va_free(p, base, rg->bytes);
+    pool_lock(p);
+    p->st.map_ns += ns;
+    p->mapping = false;
+    pthread_cond_broadcast(&p->mapped);
+    if (p->nr_resets != resets)
+        return; /* the context went meanwhile: plan_forget_locked counted the region */
+    p->inflight_bytes -= bytes;
+    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
+        if (rg->live[i] != PIECE_GOING)
+            continue;
+        account_release_locked(p, ok[i], rg->handle[i], region_piece_len(rg, i));
+        p->st.nr_releases += ok[i];
+        rg->handle[i] = 0;
+        rg->live[i] = 0;
+        rg->nr_held--;
+    }
+    if (bytes)
+        pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, base, bytes, p->st.reserved, 0);
 }
 
 /* Reserve the region's addresses as the mapper, p->lock dropped, and publish it as an arena
@@ -235,7 +260,7 @@ void region_reap_one_locked(struct cuheap_pool *p, struct cuheap_plan *pl, struc
             newest = rg->ticket[i] - 1, found = true;
     bool passed = !found || tl_ticket_passed_locked(p, newest);
     uint32_t n = 0;
-    uint64_t bytes = 0, ns = 0, resets = p->nr_resets;
+    uint64_t bytes = 0;
     for (uint32_t i = 0; i < rg->nr_pieces; i++) {
         if (!rg->handle[i] || rg->live[i])
             continue;
@@ -250,37 +275,11 @@ void region_reap_one_locked(struct cuheap_pool *p, struct cuheap_plan *pl, struc
     if (!n && (rg->nr_held || !rg->arena.buddy.size))
         return; /* pieces still held, or the addresses gone already */
     bool all = n == rg->nr_held;
-    uint64_t va = rg->arena.buddy.base;
     if (all) { /* no block of it is live: nothing looks it up any more */
         map_update(&rg->arena, false);
         __atomic_store_n(&rg->arena.buddy.size, 0, __ATOMIC_RELEASE);
     }
-    p->mapping = true;
-    p->inflight_bytes += bytes;
-    pool_unlock(p);
-    bool ok[PLAN_MAX_PIECES];
-    uint32_t gone = give_back_going(p, rg, &ns, ok);
-    if (all && gone == n)
-        dev_va_free(p, va, rg->bytes);
-    pool_lock(p);
-    p->st.map_ns += ns;
-    p->mapping = false;
-    pthread_cond_broadcast(&p->mapped);
-    if (p->nr_resets != resets)
-        return; /* the context went meanwhile: plan_forget_locked counted the region */
-    p->inflight_bytes -= bytes;
-    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-        if (rg->live[i] != PIECE_GOING)
-            continue;
-        /* what the driver kept stays counted, and a trim offers it again (p->stuck) */
-        account_release_locked(p, ok[i], rg->handle[i], region_piece_len(rg, i));
-        p->st.nr_releases += ok[i];
-        rg->handle[i] = 0;
-        rg->live[i] = 0;
-        rg->nr_held--;
-    }
-    if (bytes)
-        pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, va, bytes, p->st.reserved, 0);
+    give_back_going_locked(p, rg, n, bytes, all);
 }
 
 void region_reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
@@ -309,7 +308,7 @@ void region_trim_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     if (p->mapping)
         return; /* trim_due stays: at the next step */
     pl->trim_due = false;
-    bool covered[PLAN_MAX_PIECES], ok[PLAN_MAX_PIECES];
+    bool covered[PLAN_MAX_PIECES];
     memset(covered, 0, rg->nr_pieces * sizeof(*covered));
     for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
         const struct plan_slot *s = &pl->slots[pl->by_offset[x]];
@@ -319,7 +318,7 @@ void region_trim_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
             covered[i] = true;
     }
     uint32_t n = 0;
-    uint64_t bytes = 0, ns = 0, resets = p->nr_resets;
+    uint64_t bytes = 0;
     for (uint32_t i = 0; i < rg->nr_pieces; i++) {
         if (!rg->handle[i] || covered[i] || rg->live[i])
             continue;
@@ -332,29 +331,8 @@ void region_trim_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
         bytes += region_piece_len(rg, i);
         n++;
     }
-    if (!n)
-        return;
-    p->mapping = true;
-    p->inflight_bytes += bytes;
-    pool_unlock(p);
-    give_back_going(p, rg, &ns, ok);
-    pool_lock(p);
-    p->st.map_ns += ns;
-    p->mapping = false;
-    pthread_cond_broadcast(&p->mapped);
-    if (p->nr_resets != resets)
-        return; /* the context went meanwhile: plan_forget_locked counted the region */
-    p->inflight_bytes -= bytes;
-    for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-        if (rg->live[i] != PIECE_GOING)
-            continue;
-        account_release_locked(p, ok[i], rg->handle[i], region_piece_len(rg, i));
-        p->st.nr_releases += ok[i];
-        rg->handle[i] = 0;
-        rg->live[i] = 0;
-        rg->nr_held--;
-    }
-    pool_note_event(p, CUHEAP_EV_ARENA_RELEASE, rg->arena.buddy.base, bytes, p->st.reserved, 0);
+    if (n)
+        give_back_going_locked(p, rg, n, bytes, false);
 }
 
 /* The current region's and every retired one's pieces, made accessible to the peers. */

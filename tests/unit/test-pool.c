@@ -2318,6 +2318,22 @@ static void plan_step(struct fixture *f, uint64_t shift, uint64_t *keep)
     complete_fences(&f->dev);
 }
 
+/* A vmm pool with the step plan on and a 4 GiB device, as the plan's cases use. */
+static struct fixture *setup_planned(void)
+{
+    fixture_step_plan = true;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
+    fixture_step_plan = false;
+    return f;
+}
+
+/* Steps enough for a plan to be made and serve (a window's worth, twice). */
+static void plan_warm(struct fixture *f)
+{
+    for (int step = 0; step < 2 * (int)PLAN_WINDOW / PLAN_STEP; step++)
+        plan_step(f, 0, NULL);
+}
+
 static uint64_t planned_so_far(struct fixture *f)
 {
     struct cuheap_pool_stats st;
@@ -2330,9 +2346,7 @@ static uint64_t planned_so_far(struct fixture *f)
 static void test_plan_warm_step_maps_nothing(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
+    struct fixture *f = setup_planned();
     uint64_t peak = 0;
     for (int k = 0; k < PLAN_STEP; k++)
         peak += (uint64_t)(k % 7 + 1) * MIB + (uint64_t)k * 256 * 1024;
@@ -2379,12 +2393,8 @@ static void test_plan_warm_step_maps_nothing(void **state)
 static void test_plan_retires_when_the_step_changes(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
-    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
-    for (int step = 0; step < steps; step++)
-        plan_step(f, 0, NULL);
+    struct fixture *f = setup_planned();
+    plan_warm(f);
     uint64_t kept;
     plan_step(f, 0, &kept); /* served from the plan, and held on to */
     assert_true(map_lookup(kept)->planned);
@@ -2401,7 +2411,7 @@ static void test_plan_retires_when_the_step_changes(void **state)
     check_invariants(f);
     assert_true(f->pool.st.reserved < reserved);
     uint64_t planned = planned_so_far(f);
-    for (int step = 0; step < steps; step++)
+    for (int step = 0; step < 2 * (int)PLAN_WINDOW / PLAN_STEP; step++)
         plan_step(f, 64 * 1024, NULL);
     assert_true(planned_so_far(f) > planned); /* the new shape planned */
     struct cuheap_pool_stats st;
@@ -2417,12 +2427,8 @@ static void test_plan_retires_when_the_step_changes(void **state)
 static void test_plan_refused_release_stays_counted(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
-    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
-    for (int step = 0; step < steps; step++)
-        plan_step(f, 0, NULL);
+    struct fixture *f = setup_planned();
+    plan_warm(f);
     assert_true(planned_so_far(f) > 0);
     f->dev.fail_release = INT_MAX;
     for (int step = 0; step < 8; step++)
@@ -2459,15 +2465,20 @@ static uint64_t plan_carry_step(struct fixture *f, uint64_t carry[PLAN_STEP / 2]
     return most;
 }
 
+/* Carried steps until the plan serves (a window's worth at most, four times). */
+static void plan_carry_warm(struct fixture *f, uint64_t carry[PLAN_STEP / 2])
+{
+    for (int steps = 0; !planned_so_far(f) && steps < 4 * (int)PLAN_WINDOW / PLAN_STEP; steps++)
+        plan_carry_step(f, carry);
+}
+
 /* The plan's region is mapped as its blocks come, while the rest of the pool gives back what
  * it held for the blocks of the steps before: taking over holds no more than the steady state
  * does, though blocks of the step before are live at every moment. */
 static void test_plan_takes_over_without_a_second_step(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
+    struct fixture *f = setup_planned();
     uint64_t carry[PLAN_STEP / 2] = {0}, before = 0, takeover = 0, steady = 0;
     int steps = 0;
     while (!planned_so_far(f) && steps++ < 4 * (int)PLAN_WINDOW / PLAN_STEP) {
@@ -2503,12 +2514,8 @@ static void test_plan_takes_over_without_a_second_step(void **state)
 static void test_plan_goes_around_a_block_kept(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
-    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
-    for (int step = 0; step < steps; step++)
-        plan_step(f, 0, NULL);
+    struct fixture *f = setup_planned();
+    plan_warm(f);
     uint64_t kept, steady = f->pool.st.reserved;
     plan_step(f, 0, &kept); /* its last block, planned to go at the step's end, kept */
     assert_true(map_lookup(kept)->planned);
@@ -2556,12 +2563,8 @@ static void test_plan_goes_around_a_block_kept(void **state)
 static void test_plan_gives_back_the_places_it_left(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
-    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
-    for (int step = 0; step < steps; step++)
-        plan_step(f, 0, NULL);
+    struct fixture *f = setup_planned();
+    plan_warm(f);
     uint64_t steady = f->pool.st.reserved, most = 0;
     for (int round = 0; round < 6; round++) {
         uint64_t kept;
@@ -2594,12 +2597,8 @@ static void test_plan_gives_back_the_places_it_left(void **state)
 static void test_plan_serves_a_phase_at_free_places(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
-    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
-    for (int step = 0; step < steps; step++)
-        plan_step(f, 0, NULL);
+    struct fixture *f = setup_planned();
+    plan_warm(f);
     uint64_t steady = f->pool.st.reserved;
     struct cuheap_pool_stats st;
     for (int round = 0; round < 3; round++) {
@@ -2641,13 +2640,9 @@ static void test_plan_serves_a_phase_at_free_places(void **state)
 static void test_plan_never_serves_over_a_kept_block(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
+    struct fixture *f = setup_planned();
     uint64_t carry[PLAN_STEP / 2] = {0};
-    int steps = 0;
-    while (!planned_so_far(f) && steps++ < 4 * (int)PLAN_WINDOW / PLAN_STEP)
-        plan_carry_step(f, carry);
+    plan_carry_warm(f, carry);
     for (int step = 0; step < 4; step++)
         plan_carry_step(f, carry);
     uint64_t kept = carry[3]; /* planned to go at allocation 3 of the next step */
@@ -2699,13 +2694,9 @@ static void *plan_neighbour_thread(void *arg)
 static void test_plan_fills_beside_other_threads(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
+    struct fixture *f = setup_planned();
     uint64_t carry[PLAN_STEP / 2] = {0};
-    int steps = 0;
-    while (!planned_so_far(f) && steps++ < 4 * (int)PLAN_WINDOW / PLAN_STEP)
-        plan_carry_step(f, carry);
+    plan_carry_warm(f, carry);
     assert_true(planned_so_far(f) > 0);
     /* a plan made anew, its pieces mapped while the neighbour runs */
     for (int step = 0; step < (int)PLAN_BAD_STEPS + 1; step++)
@@ -2732,12 +2723,8 @@ static void test_plan_fills_beside_other_threads(void **state)
 static void test_plan_comes_back_after_an_interlude(void **state)
 {
     (void)state;
-    fixture_step_plan = true;
-    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 4ull << 30, 0);
-    fixture_step_plan = false;
-    int steps = 2 * PLAN_WINDOW / PLAN_STEP;
-    for (int step = 0; step < steps; step++)
-        plan_step(f, 0, NULL);
+    struct fixture *f = setup_planned();
+    plan_warm(f);
     for (int step = 0; step < (int)PLAN_BAD_STEPS + 2; step++)
         plan_step(f, 64 * 1024, NULL); /* the interlude: every size another; the plan retires */
     struct cuheap_pool_stats st;
