@@ -318,7 +318,7 @@ MUTATIONS = [
      "    if (region_unmapped(pl->cur, s->offset, size, todo) && 0) {\n        pl->filling++;"),
     ("plan-forgets-its-period",
      "after a plan retires, its step is watched for a whole window again",
-     "a job back in its step is planned again within a few steps", "src/pool/plan.c",
+     "a job back in its step is planned again within a few steps", "src/pool/watch.c",
      "    if (known && seen >= 2 * known",
      "    if (known && 0 && seen >= 2 * known"),
     ("plan-never-replans",

@@ -14,7 +14,9 @@
  *   acquire.c   where a vmm block gets its memory: mapped, moved, new, or waited for
  *   tcache.c    per-thread caches of small blocks
  *   timeline.c  the shared fences of threads that keep a large block of their own
+ *   watch.c     the step plan's watching: a period found, one step measured, placed, indexed
  *   plan.c      the step plan: a repeating step's large blocks from one region mapped once
+ *   region.c    the step plan's region: addresses reserved once, pieces mapped as first served
  *   check.c     the invariant checker (tests, debug builds)
  *   pool.c      the public entry points (pool.h)
  *
@@ -698,6 +700,15 @@ uint64_t plan_trim_locked(struct cuheap_pool *p);
 uint64_t plan_forget_locked(struct cuheap_pool *p, bool context);
 int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *ret_live,
                       uint64_t *ret_live_blocks, char *why, size_t why_size);
+
+/* watch.c: a period found in the large allocations' sizes, one step measured and placed */
+void watch_again(struct cuheap_plan *pl);
+void watch_locked(struct cuheap_plan *pl);
+bool watch_track(struct cuheap_plan *pl, uint64_t ptr, uint32_t slot);
+int64_t watch_untrack(struct cuheap_plan *pl, uint64_t ptr);
+size_t measured_blocks(struct cuheap_plan *pl);
+bool plan_index_locked(struct cuheap_plan *pl);
+void measured_locked(struct cuheap_pool *p, struct cuheap_plan *pl);
 
 /* region.c: the step plan's region, its addresses and pieces */
 #define PLAN_FILL_BATCH 64u /* pieces mapped per drop of p->lock */

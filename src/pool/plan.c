@@ -2,9 +2,9 @@
 /*
  * The step plan (CUHEAP_STEP_PLAN): a job whose large allocations repeat step after step gets
  * them from one region, planned for one step, so that a warm step makes no mapping call. The
- * planner is pure (src/stepplan.c), the region's memory is region.c's; this part watches the
- * sizes of large allocations for a period, measures one step's lives, reserves the region at
- * the step's quietest moment and serves allocation k of every later step at its place, while
+ * planner is pure (src/stepplan.c), the region's memory is region.c's, and watch.c finds the
+ * period and measures one step's lives; this part reserves the region at the step's quietest
+ * moment and serves allocation k of every later step at its place, while
  * the size is the one measured and no block that shares its bytes is live, pinned or waiting
  * for a fence. Whatever the plan cannot serve goes to the rest of the pool as before. Sizes
  * that leave the measured order are followed until the step's phase is found again, the
@@ -78,222 +78,6 @@ int plan_create(struct cuheap_pool *p)
     return 0;
 }
 
-/* ---- watching for a period, measuring a step ---- */
-
-static void watch_again(struct cuheap_plan *pl)
-{
-    pl->state = pl->nr_regions >= PLAN_MAX_REGIONS ? PLAN_OFF : PLAN_WATCH;
-    pl->watch_from = pl->clock;
-    memset(pl->track, 0, PLAN_NR_TRACK * sizeof(*pl->track));
-    pl->nr_tracked = 0;
-}
-
-static uint32_t track_hash(uint64_t ptr)
-{
-    return (uint32_t)((ptr >> 9) * 0x9e3779b97f4a7c15ull >> 40) & (PLAN_NR_TRACK - 1);
-}
-
-/* The block at ptr is allocation slot of the step being measured. false: the table is full. */
-static bool track_add(struct cuheap_plan *pl, uint64_t ptr, uint32_t slot)
-{
-    if (pl->nr_tracked >= PLAN_NR_TRACK / 2)
-        return false;
-    for (uint32_t i = track_hash(ptr);; i = (i + 1) & (PLAN_NR_TRACK - 1))
-        if (!pl->track[i].ptr) {
-            pl->track[i] = (struct plan_track){ptr, slot};
-            pl->nr_tracked++;
-            return true;
-        }
-}
-
-/* The slot of the measured block at ptr, taken off the table; -1 when it is not one. Deletes
- * by moving later entries of the run back (no tombstones: the table is emptied per step). */
-static int64_t track_take(struct cuheap_plan *pl, uint64_t ptr)
-{
-    uint32_t mask = PLAN_NR_TRACK - 1, i = track_hash(ptr);
-    for (; pl->track[i].ptr && pl->track[i].ptr != ptr; i = (i + 1) & mask)
-        ;
-    if (!pl->track[i].ptr)
-        return -1;
-    int64_t slot = pl->track[i].slot;
-    pl->track[i].ptr = 0;
-    pl->nr_tracked--;
-    for (uint32_t j = (i + 1) & mask; pl->track[j].ptr; j = (j + 1) & mask) {
-        uint32_t h = track_hash(pl->track[j].ptr);
-        /* move j back to the hole at i when its home is not in (i, j] */
-        if ((j > i && (h <= i || h > j)) || (j < i && h <= i && h > j)) {
-            pl->track[i] = pl->track[j];
-            pl->track[j].ptr = 0;
-            i = j;
-        }
-    }
-    return slot;
-}
-
-static void measure_from_now(struct cuheap_plan *pl, uint64_t period)
-{
-    pl->period = period;
-    pl->start = pl->clock;
-    pl->state = PLAN_MEASURE;
-    memset(pl->track, 0, PLAN_NR_TRACK * sizeof(*pl->track));
-    pl->nr_tracked = 0;
-}
-
-/* Whether the last period sizes repeat the period before them. */
-static bool repeats(const struct cuheap_plan *pl, uint64_t period)
-{
-    for (uint64_t i = pl->clock - period; i < pl->clock; i++)
-        if (pl->sizes[i % PLAN_WINDOW] != pl->sizes[(i - period) % PLAN_WINDOW])
-            return false;
-    return true;
-}
-
-/* Every PLAN_WINDOW / 4 large allocations once a window is full: do the last PLAN_WINDOW sizes
- * repeat? A period found starts the measure of the next step. After a plan retired, the period
- * it was made for is asked about first, every quarter of it once two periods are seen: a job
- * back in its step after a phase of another shape (an evaluation, a checkpoint) is measured
- * again within a few steps rather than a window's worth (a shorter window alone would take a
- * layer repeating inside the step for one: the full window's test asks for a run past it). */
-static void watch_locked(struct cuheap_plan *pl)
-{
-    uint64_t seen = pl->clock - pl->watch_from, known = pl->known_period;
-    if (known && seen >= 2 * known && seen % (known / 4 ? known / 4 : 1) == 0 &&
-        repeats(pl, known)) {
-        measure_from_now(pl, known);
-        return;
-    }
-    if (seen < PLAN_WINDOW || seen % (PLAN_WINDOW / 4))
-        return;
-    uint64_t *keys = pl->work; /* the window in order, then the search's own memory */
-    for (uint64_t i = 0; i < PLAN_WINDOW; i++)
-        keys[i] = pl->sizes[(pl->clock - PLAN_WINDOW + i) % PLAN_WINDOW];
-    size_t period = cuheap_step_period_in(keys, PLAN_WINDOW, keys + PLAN_WINDOW);
-    if (!period || period > PLAN_MAX_SLOTS)
-        return;
-    measure_from_now(pl, period);
-}
-
-/* The step clock of a block's end, with the fence's lag: on the H200 a free's fence passed
- * within a few allocations (bench/RESULTS.md, issue 31), and a plan that reused a place at once
- * would find it still waiting. Never a step or more. */
-static uint64_t lagged_end(uint64_t start, uint64_t end, uint64_t period)
-{
-    uint64_t e = end + PLAN_LAG;
-    return e - start < period ? e : start + period - 1 > end ? start + period - 1 : end;
-}
-
-static bool index_locked(struct cuheap_plan *pl);
-
-/* The measured step's blocks living less than a step (the others stay the rest of the pool's)
- * as the planner's, from pl->blocks[0]. Returns how many. */
-static size_t plan_blocks(struct cuheap_plan *pl)
-{
-    size_t n = 0;
-    for (uint32_t k = 0; k < pl->period; k++) {
-        struct plan_slot *s = &pl->slots[k];
-        s->planned = s->end && s->end - k < pl->period;
-        if (s->planned)
-            pl->blocks[n++] = (struct cuheap_step_block){
-                .size = s->size, .start = k, .end = lagged_end(k, s->end, pl->period)};
-    }
-    return n;
-}
-
-/* Offsets for the measured step, and its index (index_locked). Returns false when no plan can
- * be made. */
-static bool plan_make_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
-{
-    uint64_t period = pl->period;
-    size_t n = plan_blocks(pl);
-    if (!n)
-        return false;
-    uint64_t region = cuheap_step_plan_in(pl->blocks, n, period, PLAN_ALIGN, pl->work);
-    if (region == UINT64_MAX || !region)
-        return false;
-    uint64_t g = granule_bytes(p);
-    pl->region_bytes = (region + g - 1) / g * g;
-    return index_locked(pl);
-}
-
-/* The planned slots by offset (their offsets from pl->blocks, in the slots' order), the slots
- * that share bytes, and the step's quietest moment, when the region is mapped. */
-static bool index_locked(struct cuheap_plan *pl)
-{
-    uint64_t period = pl->period;
-    size_t n = 0;
-    pl->nr_by_offset = 0;
-    for (uint32_t k = 0; k < period; k++) {
-        struct plan_slot *s = &pl->slots[k];
-        if (!s->planned)
-            continue;
-        s->offset = pl->blocks[n++].offset;
-        uint32_t j = pl->nr_by_offset++, *o = pl->by_offset;
-        for (; j && pl->slots[o[j - 1]].offset > s->offset; j--)
-            o[j] = o[j - 1];
-        o[j] = k;
-    }
-    /* the slots whose bytes meet each one's, as one list per slot */
-    uint32_t nr_conf = 0, *o = pl->by_offset;
-    pl->max_size = 0;
-    for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
-        struct plan_slot *s = &pl->slots[o[x]];
-        s->conf_first = nr_conf;
-        for (uint32_t y = 0; y < pl->nr_by_offset; y++) {
-            struct plan_slot *t = &pl->slots[o[y]];
-            if (y == x || t->offset >= s->offset + s->size || s->offset >= t->offset + t->size)
-                continue;
-            if (t->offset >= s->offset + s->size)
-                break;
-            if (nr_conf == PLAN_MAX_CONFLICTS)
-                return false;
-            pl->conf[nr_conf++] = o[y];
-        }
-        s->conf_nr = nr_conf - s->conf_first;
-        if (s->size > pl->max_size)
-            pl->max_size = s->size;
-    }
-    /* the moment of the step with the fewest planned bytes live: the rest of the pool holds
-     * the least then, beside the region, while the plan takes over */
-    int64_t *delta = pl->work;
-    memset(delta, 0, period * sizeof(*delta));
-    for (uint32_t k = 0; k < period; k++) {
-        struct plan_slot *s = &pl->slots[k];
-        if (!s->planned)
-            continue;
-        uint64_t e = lagged_end(k, s->end, period);
-        delta[k] += (int64_t)s->size;
-        if (e < period) {
-            delta[e] -= (int64_t)s->size;
-        } else {
-            delta[0] += (int64_t)s->size;
-            delta[e - period] -= (int64_t)s->size;
-        }
-    }
-    int64_t live = 0, least = INT64_MAX;
-    for (uint32_t k = 0; k < period; k++) {
-        live += delta[k];
-        if (live < least) {
-            least = live;
-            pl->quiet = k;
-        }
-    }
-    return true;
-}
-
-/* The measure's end (the step measured and one more for its frees): a plan, or watch again. */
-static void measured_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
-{
-    pl->nr_by_offset = 0;
-    if (plan_make_locked(p, pl) &&
-        (!p->limit || atomic_load(p->device_reserved) + pl->region_bytes <= p->limit)) {
-        pl->state = PLAN_MAP;
-        pl->known_period = pl->period;
-        return;
-    }
-    pl->nr_regions++; /* a plan that cannot be made counts as one tried */
-    watch_again(pl);
-}
-
 /* ---- the region: region.c ---- */
 
 /* The live block of slot s, pinned where it is in the current region: no slot follows it any
@@ -353,7 +137,7 @@ static bool replan_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     /* nothing of the plan changes before the new placement is known to fit */
     if (pl->nr_pinned + pl->nr_live > PLAN_MAX_PINNED)
         return false;
-    size_t n = plan_blocks(pl), planned = n;
+    size_t n = measured_blocks(pl), planned = n;
     for (uint32_t i = 0; i < pl->nr_pinned; i++) {
         const struct plan_pinned *b = &pl->pinned[i];
         if (b->region != rg || (!b->stray && pl->clock - b->since < pl->period))
@@ -366,7 +150,7 @@ static bool replan_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     uint64_t region = cuheap_step_plan_in(pl->blocks, n, pl->period, PLAN_ALIGN, pl->work);
     if (region == UINT64_MAX || region > rg->bytes)
         return false;
-    uint64_t pairs = 0; /* the conflict lists index_locked will make */
+    uint64_t pairs = 0; /* the conflict lists plan_index_locked will make */
     for (size_t x = 0; x < planned; x++)
         for (size_t y = 0; y < planned; y++)
             pairs += x != y && pl->blocks[y].offset < pl->blocks[x].offset + pl->blocks[x].size &&
@@ -387,7 +171,7 @@ static bool replan_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     pl->cur_tickets = true;
     uint64_t g = granule_bytes(p);
     pl->region_bytes = (region + g - 1) / g * g;
-    index_locked(pl); /* cannot fail: the pairs fit */
+    plan_index_locked(pl); /* cannot fail: the pairs fit */
     pl->trim_due = true;
     p->st.nr_plan_replans++;
     return true;
@@ -812,14 +596,14 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
 void plan_track_locked(struct cuheap_pool *p, uint64_t ptr, int64_t slot)
 {
     struct cuheap_plan *pl = p->plan;
-    if (pl->state == PLAN_MEASURE && !track_add(pl, ptr, (uint32_t)slot))
+    if (pl->state == PLAN_MEASURE && !watch_track(pl, ptr, (uint32_t)slot))
         watch_again(pl); /* more live blocks than the table holds: no plan for this job */
 }
 
 void plan_untrack_locked(struct cuheap_pool *p, uint64_t ptr)
 {
     struct cuheap_plan *pl = p->plan;
-    int64_t k = track_take(pl, ptr);
+    int64_t k = watch_untrack(pl, ptr);
     if (k >= 0)
         pl->slots[k].end = pl->clock - pl->start;
 }
