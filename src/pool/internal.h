@@ -265,11 +265,12 @@ struct cuheap_pool {
 #ifndef PLAN_LAG
 #define PLAN_LAG 0u
 #endif
-#define PLAN_ALIGN     (64u << 10) /* planned blocks of 64 KiB or more start on 64 KiB */
-#define PLAN_SYNC      8u  /* sizes in a row that find the step's phase again after a change */
-#define PLAN_SYNC_MAX  64u /* sizes looked back at to tell phases apart */
-#define PLAN_BAD_STEPS 3u  /* steps in a row of many misses that retire a plan */
-#define PLAN_SETTLE    4u  /* steps served after which the rest of the pool is left to itself */
+#define PLAN_ALIGN       (64u << 10) /* planned blocks of 64 KiB or more start on 64 KiB */
+#define PLAN_SYNC        8u  /* sizes in a row that find the step's phase again after a change */
+#define PLAN_SYNC_MAX    64u /* sizes looked back at to tell phases apart */
+#define PLAN_BAD_STEPS   3u  /* steps in a row of many misses that retire a plan */
+#define PLAN_SETTLE      4u  /* steps served after which the rest of the pool is left to itself */
+#define PLAN_SPARE_STEPS 4u  /* steps a mapped piece covers nothing before it goes back */
 
 enum plan_state {
     PLAN_OFF,     /* given up: too many plans tried */
@@ -305,11 +306,13 @@ struct plan_region {
     uint64_t bytes, piece_bytes;
     uint32_t nr_pieces, nr_held; /* pieces, and those mapped now */
     bool retired;
-    uint64_t handle[PLAN_MAX_PIECES]; /* 0 = not mapped yet, or given back */
-    uint32_t live[PLAN_MAX_PIECES];   /* pinned blocks over the piece, or PIECE_GOING */
-    uint64_t ticket[PLAN_MAX_PIECES]; /* the newest free's ticket over it of a block no slot
-                                         follows (pinned, or of a slot before a re-plan), kept one
-                                         up: 0 = none */
+    uint64_t handle[PLAN_MAX_PIECES];      /* 0 = not mapped yet, or given back */
+    uint32_t live[PLAN_MAX_PIECES];        /* pinned blocks over the piece, or PIECE_GOING */
+    uint64_t spare_since[PLAN_MAX_PIECES]; /* the plan's clock + 1 since which the piece has
+                                              covered no slot and held no block: 0 = it does */
+    uint64_t ticket[PLAN_MAX_PIECES];      /* the newest free's ticket over it of a block no slot
+                                              follows (pinned, or of a slot before a re-plan), kept one
+                                              up: 0 = none */
 };
 
 /* A block the program has not freed yet that no slot follows: of a retired region, or of the
@@ -700,6 +703,15 @@ uint64_t plan_trim_locked(struct cuheap_pool *p);
 uint64_t plan_forget_locked(struct cuheap_pool *p, bool context);
 int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *ret_live,
                       uint64_t *ret_live_blocks, char *why, size_t why_size);
+
+/* The step clock of a block's end, with the fence's lag: on the H200 a free's fence passed
+ * within a few allocations (bench/RESULTS.md, issue 31), and a plan that reused a place at once
+ * would find it still waiting. Never a step or more. */
+static inline uint64_t plan_lagged_end(uint64_t start, uint64_t end, uint64_t period)
+{
+    uint64_t e = end + PLAN_LAG;
+    return e - start < period ? e : start + period - 1 > end ? start + period - 1 : end;
+}
 
 /* watch.c: a period found in the large allocations' sizes, one step measured and placed */
 void watch_again(struct cuheap_plan *pl);

@@ -8,8 +8,9 @@
  * the size is the one measured and no block that shares its bytes is live, pinned or waiting
  * for a fence. Whatever the plan cannot serve goes to the rest of the pool as before. Sizes
  * that leave the measured order are followed until the step's phase is found again, the
- * allocations meanwhile served at the region's highest free places; a block kept past its step
- * is pinned where it is and the step placed again around it; a plan that keeps missing is
+ * allocations meanwhile served at the region's highest free places, as are those whose place
+ * another block holds; a block kept past its step is pinned where it is and the step placed
+ * again around it; a plan that keeps missing is
  * retired: its blocks still live stay as pinned blocks, and its region goes back but for the
  * pieces under them, which follow as they are freed.
  *
@@ -171,7 +172,8 @@ static bool replan_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     pl->cur_tickets = true;
     uint64_t g = granule_bytes(p);
     pl->region_bytes = (region + g - 1) / g * g;
-    plan_index_locked(pl); /* cannot fail: the pairs fit */
+    plan_index_locked(pl);                               /* cannot fail: the pairs fit */
+    memset(rg->spare_since, 0, sizeof(rg->spare_since)); /* what the new placement leaves */
     pl->trim_due = true;
     p->st.nr_plan_replans++;
     return true;
@@ -368,14 +370,18 @@ struct busy_bytes {
 static struct plan_pinned *pinned_at(struct cuheap_plan *pl, struct cuheap_arena *a, uint64_t ptr);
 
 /* A phase of another shape (the step's order lost: an evaluation, a first step again): its
- * allocations go at the lowest place of the current region free now (no slot live or waiting
+ * allocations go at the highest place of the current region free now (no slot live or waiting
  * there, no pinned block, no fence pending on its pieces), as pinned blocks, rather than to
  * the rest of the pool, which would map memory for them beside the region's idle places (on
  * the H200's loop with an evaluation every 10 steps, the run's peak). A slot over one misses
- * till it is freed; one kept a step is planned around (step_begins_locked). Returns 0 with the
- * block, or 1 (no place, or its pieces could not be mapped: the rest of the pool serves it). */
+ * till it is freed; one kept a step is planned around (step_begins_locked). So does slot k
+ * (taken: not NULL) whose own place another block holds, at a place that also none of the
+ * slots comes to that the step allocates while the slot's block lives as measured: put where
+ * they come, it made them miss in turn. Returns 0 with the block, or 1 (no place, or its
+ * pieces could not be mapped: the rest of the pool serves it). */
 static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t size,
-                         uint64_t *ret_ptr, uint64_t *ret_block)
+                         const struct plan_slot *taken, uint32_t k, uint64_t *ret_ptr,
+                         uint64_t *ret_block)
 {
     struct plan_region *rg = pl->cur;
     uint64_t base = rg->arena.buddy.base, len = (size + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
@@ -384,11 +390,14 @@ static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t
     /* what is in the way, by offset: the slots in their order, the pinned blocks put in */
     struct busy_bytes *busy = pl->work;
     size_t n = 0;
+    uint64_t lives = taken ? plan_lagged_end(k, taken->end, pl->period) - k : 0;
     for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
         struct plan_slot *s = &pl->slots[pl->by_offset[x]];
         if (s->waiting && tl_ticket_passed_locked(p, s->ticket))
             s->waiting = false;
-        if (s->asked || s->waiting)
+        uint32_t j = pl->by_offset[x], ahead = (uint32_t)((j + pl->period - k) % pl->period);
+        bool coming = taken && ahead && ahead < lives;
+        if (s->asked || s->waiting || coming)
             busy[n++] = (struct busy_bytes){s->offset, s->offset + s->size};
     }
     for (uint32_t i = 0; i < pl->nr_pinned; i++) {
@@ -551,7 +560,12 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         why = slot_free_locked(p, pl, k, &ticket);
     }
     if (why != SLOT_FREE) {
-        if (pl->lost && borrow_locked(p, pl, size, ret_ptr, ret_block) == 0)
+        /* out of the step's order, or the slot's place held by a block kept or pinned there:
+         * a free place of the region, whose memory is mapped, rather than the rest of the
+         * pool's, which maps memory beside the region's idle pieces (bench/RESULTS.md) */
+        bool taken = why == SLOT_LIVE && s->planned;
+        if ((pl->lost || taken) &&
+            borrow_locked(p, pl, size, pl->lost ? NULL : s, k, ret_ptr, ret_block) == 0)
             return 0; /* may have dropped p->lock */
         if (pl->state != PLAN_ON)
             return 1;

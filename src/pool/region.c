@@ -301,7 +301,10 @@ void region_reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
  * the mapper once no fence on them is pending: a plan made again moves slots, and the pieces
  * their old places covered would stay mapped for nobody (on the H200's loop with an evaluation
  * every 10 steps, 1.09 held/live against 1.03). A later placement that covers them maps them
- * again (region_fill_locked). */
+ * again (region_fill_locked). Only once a piece has covered nothing for PLAN_SPARE_STEPS
+ * steps: a phase of another shape pins blocks and moves slots for a few steps, then the step
+ * comes back to its old places, and pieces given back at once were mapped again each time
+ * (the replay's passes, bench/RESULTS.md). */
 void region_trim_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 {
     struct plan_region *rg = pl->cur;
@@ -320,8 +323,16 @@ void region_trim_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     uint32_t n = 0;
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < rg->nr_pieces; i++) {
-        if (!rg->handle[i] || covered[i] || rg->live[i])
+        if (!rg->handle[i] || covered[i] || rg->live[i]) {
+            rg->spare_since[i] = 0;
             continue;
+        }
+        if (!rg->spare_since[i])
+            rg->spare_since[i] = pl->clock + 1;
+        if (pl->clock + 1 - rg->spare_since[i] < PLAN_SPARE_STEPS * pl->period) {
+            pl->trim_due = true; /* at a later step, if it still covers nothing */
+            continue;
+        }
         if (rg->ticket[i] && !tl_ticket_passed_locked(p, rg->ticket[i] - 1)) {
             pl->trim_due = true; /* a free's fence on it: at the next step */
             continue;

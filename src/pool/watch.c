@@ -106,15 +106,6 @@ void watch_locked(struct cuheap_plan *pl)
     measure_from_now(pl, period);
 }
 
-/* The step clock of a block's end, with the fence's lag: on the H200 a free's fence passed
- * within a few allocations (bench/RESULTS.md, issue 31), and a plan that reused a place at once
- * would find it still waiting. Never a step or more. */
-static uint64_t lagged_end(uint64_t start, uint64_t end, uint64_t period)
-{
-    uint64_t e = end + PLAN_LAG;
-    return e - start < period ? e : start + period - 1 > end ? start + period - 1 : end;
-}
-
 /* The measured step's blocks living less than a step (the others stay the rest of the pool's)
  * as the planner's, from pl->blocks[0]. Returns how many. */
 size_t measured_blocks(struct cuheap_plan *pl)
@@ -125,7 +116,7 @@ size_t measured_blocks(struct cuheap_plan *pl)
         s->planned = s->end && s->end - k < pl->period;
         if (s->planned)
             pl->blocks[n++] = (struct cuheap_step_block){
-                .size = s->size, .start = k, .end = lagged_end(k, s->end, pl->period)};
+                .size = s->size, .start = k, .end = plan_lagged_end(k, s->end, pl->period)};
     }
     return n;
 }
@@ -191,7 +182,7 @@ bool plan_index_locked(struct cuheap_plan *pl)
         struct plan_slot *s = &pl->slots[k];
         if (!s->planned)
             continue;
-        uint64_t e = lagged_end(k, s->end, period);
+        uint64_t e = plan_lagged_end(k, s->end, period);
         delta[k] += (int64_t)s->size;
         if (e < period) {
             delta[e] -= (int64_t)s->size;
