@@ -429,8 +429,11 @@ static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t
                 break;
             uint32_t first, last;
             region_pieces_of(rg, at, size, &first, &last);
-            for (uint32_t i = first; i <= last; i++) /* a fence pending on a piece under it */
-                if (rg->ticket[i] && !tl_ticket_passed_locked(p, rg->ticket[i] - 1))
+            /* a fence pending on a piece under it, or the piece being given back (a trim's
+             * unmap, p->lock dropped: region_trim_locked) */
+            for (uint32_t i = first; i <= last; i++)
+                if (rg->live[i] == PIECE_GOING ||
+                    (rg->ticket[i] && !tl_ticket_passed_locked(p, rg->ticket[i] - 1)))
                     pending = i;
                 else
                     rg->ticket[i] = 0;
@@ -546,8 +549,8 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         pl->replan_due = true;
     }
     /* not while a block's pieces are being mapped: its slot's place must stay */
-    if (pl->replan_due && k == pl->quiet && !pl->lost && !pl->filling && !replan_locked(p, pl) &&
-        retire_locked(p, pl))
+    if (pl->replan_due && k == pl->quiet && !pl->lost && !pl->filling && !p->mapping &&
+        !replan_locked(p, pl) && retire_locked(p, pl))
         return 1; /* else the plan as it was goes on: nothing of it changed */
     uint64_t ticket = 0;
     int why = s->planned && !pl->lost ? slot_free_locked(p, pl, k, &ticket) : SLOT_LIVE;
