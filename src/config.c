@@ -93,7 +93,7 @@ static const char *whole_number(const char *s, uint64_t *ret, char *why)
 static int size_of(const char *s, bool allow_percent, uint64_t *ret_bytes, unsigned *ret_permille,
                    char *why)
 {
-    uint64_t n;
+    uint64_t n = 0;
     const char *p = whole_number(s, &n, why);
     if (!p)
         return -EINVAL;
@@ -154,8 +154,8 @@ int cuheap_parse_size(const char *s, bool allow_percent, uint64_t *ret_bytes,
                       unsigned *ret_permille)
 {
     char why[WHY_MAX];
-    uint64_t n;
-    unsigned pm;
+    uint64_t n = 0;
+    unsigned pm = 0;
     if (!s || size_of(s, allow_percent, &n, &pm, why))
         return -EINVAL;
     *ret_bytes = n;
@@ -179,7 +179,7 @@ static int parse_bool(const struct option *opt, const char *v, struct cuheap_con
 
 static int parse_uint(const struct option *opt, const char *v, struct cuheap_config *cfg, char *why)
 {
-    uint64_t n;
+    uint64_t n = 0;
     const char *end = whole_number(v, &n, why);
     if (!end)
         return -EINVAL;
@@ -203,8 +203,8 @@ static int bytes_in_range(const struct option *opt, uint64_t n, char *why)
 static int parse_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg,
                        char *why)
 {
-    uint64_t n;
-    unsigned pm;
+    uint64_t n = 0;
+    unsigned pm = 0;
     if (size_of(v, false, &n, &pm, why) || bytes_in_range(opt, n, why))
         return -EINVAL;
     *(uint64_t *)((char *)cfg + opt->offset) = n;
@@ -214,8 +214,8 @@ static int parse_bytes(const struct option *opt, const char *v, struct cuheap_co
 static int parse_pow2_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg,
                             char *why)
 {
-    uint64_t n;
-    unsigned pm;
+    uint64_t n = 0;
+    unsigned pm = 0;
     if (size_of(v, false, &n, &pm, why))
         return -EINVAL;
     if (!is_pow2(n))
@@ -242,8 +242,8 @@ static int parse_limit(const struct option *opt, const char *v, struct cuheap_co
                        char *why)
 {
     (void)opt;
-    uint64_t n;
-    unsigned pm;
+    uint64_t n = 0;
+    unsigned pm = 0;
     if (!strcasecmp(v, "none") || !strcmp(v, "0")) {
         cfg->limit_bytes = 0;
         cfg->limit_permille = 0;
