@@ -351,6 +351,7 @@ struct cuheap_plan {
     struct cuheap_arena *arena; /* its arena */
     uint64_t region_bytes, max_size;
     uint64_t nr_live, step_misses, steps_on, nr_missed;
+    uint64_t step_taken;    /* this step's slots served at another place, their own being held */
     unsigned bad_steps;     /* steps in a row of many misses */
     unsigned filling;       /* allocations mapping their pieces (p->lock dropped): no retire */
     uint32_t nr_cur_pinned; /* pinned blocks in the current region */

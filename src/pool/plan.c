@@ -96,7 +96,7 @@ static void pin_locked(struct cuheap_plan *pl, struct plan_slot *s, bool stray)
                                                        .stray = stray};
     region_pieces_of(rg, s->offset, s->asked, &first, &last);
     for (uint32_t i = first; i <= last; i++)
-        rg->live[i]++;
+        rg->live[i]++, rg->spare_since[i] = 0; /* in use: spare again only from its free on */
     s->asked = 0;
     pl->nr_live--;
     pl->nr_cur_pinned++;
@@ -309,9 +309,9 @@ static void wait_ticket_locked(struct cuheap_pool *p, uint64_t ticket)
  * (rest_settles_locked). */
 static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 {
-    uint64_t misses = pl->step_misses;
-    pl->step_misses = 0;
-    if (misses > pl->period / 4) {
+    uint64_t misses = pl->step_misses, taken = pl->step_taken;
+    pl->step_misses = pl->step_taken = 0;
+    if (misses + taken > pl->period / 4) {
         if (++pl->bad_steps >= PLAN_BAD_STEPS) { /* a retire refused is tried again */
             if (retire_locked(p, pl))
                 return;
@@ -451,7 +451,7 @@ static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t
         .ptr = base + off, .size = size, .buffer_id = id, .region = rg, .since = pl->clock};
     region_pieces_of(rg, off, size, &first, &last);
     for (uint32_t i = first; i <= last; i++)
-        rg->live[i]++;
+        rg->live[i]++, rg->spare_since[i] = 0; /* in use: spare again only from its free on */
     pl->nr_cur_pinned++;
     p->st.live += size;
     p->st.live_blocks += block;
@@ -525,7 +525,7 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         pl->lost = false;
         pl->bad_steps = 0;
         pl->steps_on = 0;
-        pl->step_misses = 0;
+        pl->step_misses = pl->step_taken = 0;
         break;
     case PLAN_ON:
         break;
@@ -568,8 +568,13 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
          * pool's, which maps memory beside the region's idle pieces (bench/RESULTS.md) */
         bool taken = why == SLOT_LIVE && s->planned;
         if ((pl->lost || taken) &&
-            borrow_locked(p, pl, size, pl->lost ? NULL : s, k, ret_ptr, ret_block) == 0)
+            borrow_locked(p, pl, size, pl->lost ? NULL : s, k, ret_ptr, ret_block) == 0) {
+            /* served, but not where the plan put it: for the retire, a miss all the same (a
+             * job whose lives changed and not its sizes would else keep a plan that fits it
+             * no more) */
+            pl->step_taken += taken && !pl->lost && pl->state == PLAN_ON;
             return 0; /* may have dropped p->lock */
+        }
         if (pl->state != PLAN_ON)
             return 1;
         pl->step_misses += s->planned;

@@ -49,6 +49,7 @@ static void give_back_going_locked(struct cuheap_pool *p, struct plan_region *rg
         p->st.nr_releases += ok[i];
         rg->handle[i] = 0;
         rg->live[i] = 0;
+        rg->spare_since[i] = 0; /* mapped again, it starts as a piece in use */
         rg->nr_held--;
     }
     if (bytes)

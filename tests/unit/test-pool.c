@@ -2853,6 +2853,60 @@ static void test_plan_comes_back_after_an_interlude(void **state)
     teardown(f);
 }
 
+/* A step of a large block, then a chain of smaller ones, each freed once `lag` more have been
+ * made: the lives change with lag, the sizes do not. */
+static void plan_chain_step(struct fixture *f, int lag)
+{
+    uint64_t act[PLAN_STEP];
+    for (int k = 0; k < PLAN_STEP; k++) {
+        act[k] =
+            alloc(f, k ? (uint64_t)(k % 7 + 1) * MIB + (uint64_t)k * 64 * 1024 : 64 * MIB, 0x9);
+        if (k >= lag)
+            release(f, act[k - lag], 0x9);
+    }
+    for (int k = PLAN_STEP - lag; k < PLAN_STEP; k++)
+        release(f, act[k], 0x9);
+    complete_fences(&f->dev);
+}
+
+/* A job whose step keeps its sizes but not its lives: the places planned for the old lives are
+ * taken by the step's own blocks. Served at free places of the region (the large block's, free
+ * most of the step) they would keep the old plan going for good; but a plan that must serve its
+ * step around itself fits it no more: it retires, the new lives are planned, and every block is
+ * served at its own place again. */
+static void test_plan_retires_when_lives_change(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_planned();
+    for (int step = 0; step < 2 * (int)PLAN_WINDOW / PLAN_STEP; step++)
+        plan_chain_step(f, 1);
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.nr_plans, 1);
+    int steps = 0;
+    for (; st.nr_plans < 2 && steps < 4 * (int)PLAN_WINDOW / PLAN_STEP; steps++) {
+        plan_chain_step(f, 2);
+        cuheap_pool_get_stats(&f->pool, &st);
+    }
+    print_message("# plan: lives changed, planned again after %d steps (%lu served elsewhere)\n",
+                  steps, (unsigned long)st.nr_plan_borrowed);
+    assert_int_equal(st.nr_plans, 2);
+    for (int step = 0; step < 2 * (int)PLAN_WINDOW / PLAN_STEP; step++)
+        plan_chain_step(f, 2);
+    cuheap_pool_get_stats(&f->pool, &st);
+    uint64_t planned = st.nr_planned, borrowed = st.nr_plan_borrowed, missed = st.nr_plan_missed;
+    int calls = mapping_calls(f);
+    for (int step = 0; step < 20; step++)
+        plan_chain_step(f, 2);
+    check_invariants(f);
+    cuheap_pool_get_stats(&f->pool, &st);
+    assert_int_equal(st.nr_planned - planned, 20 * PLAN_STEP);
+    assert_int_equal(st.nr_plan_borrowed, borrowed); /* each at its own place */
+    assert_int_equal(st.nr_plan_missed, missed);
+    assert_int_equal(mapping_calls(f) - calls, 0);
+    teardown(f);
+}
+
 static struct fixture *setup_thread_cached(int backing)
 {
     fixture_thread_cache = 16 * MIB;
@@ -3775,6 +3829,7 @@ int main(void)
         cmocka_unit_test(test_plan_refused_release_stays_counted),
         cmocka_unit_test(test_plan_takes_over_without_a_second_step),
         cmocka_unit_test(test_plan_comes_back_after_an_interlude),
+        cmocka_unit_test(test_plan_retires_when_lives_change),
         cmocka_unit_test(test_plan_goes_around_a_block_kept),
         cmocka_unit_test(test_plan_never_serves_over_a_kept_block),
         cmocka_unit_test(test_plan_gives_back_the_places_it_left),
