@@ -23,7 +23,7 @@
  * need (wait_ticket_locked), as the rest of the pool waits. A fence is recorded or asked about
  * under the lock, as the epochs' are, never waited for under the lock.
  */
-#include "internal.h"
+#include "plan.h"
 
 #include "stepplan.h"
 
@@ -625,9 +625,16 @@ void plan_track_locked(struct cuheap_pool *p, uint64_t ptr, int64_t slot)
 void plan_untrack_locked(struct cuheap_pool *p, uint64_t ptr)
 {
     struct cuheap_plan *pl = p->plan;
+    if (pl->state != PLAN_MEASURE)
+        return;
     int64_t k = watch_untrack(pl, ptr);
     if (k >= 0)
         pl->slots[k].end = pl->clock - pl->start;
+}
+
+unsigned plan_nr_tried(struct cuheap_pool *p)
+{
+    return p->plan->nr_regions;
 }
 
 /* The live slot starting at ptr, or NULL. */

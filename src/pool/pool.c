@@ -470,8 +470,8 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
     }
     unsigned order = (unsigned)found;
     uint64_t block = 1ull << order;
-    if (p->plan && p->plan->state == PLAN_MEASURE && order >= PLAN_MIN_ORDER)
-        plan_untrack_locked(p, ptr);
+    if (p->plan && order >= PLAN_MIN_ORDER)
+        plan_untrack_locked(p, ptr); /* a block of the step being measured: its life ends */
     p->st.live -= size;
     p->st.live_blocks -= block;
     if (ret_seq)
@@ -668,7 +668,7 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     ret->vmm_refused = p->vmm_refused;
     ret->to_driver = __atomic_load_n(&p->to_driver, __ATOMIC_ACQUIRE);
     ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
-    ret->nr_plans = p->plan ? p->plan->nr_regions : 0;
+    ret->nr_plans = p->plan ? plan_nr_tried(p) : 0;
     pool_unlock(p);
 }
 

@@ -9,7 +9,7 @@
  * Lock rule: entered and left with p->lock held; dropped only as the mapper around the driver
  * calls, and in the rest of the pool's own giving back (rest_settles_locked).
  */
-#include "internal.h"
+#include "plan.h"
 
 #include <string.h>
 

@@ -7,7 +7,7 @@
  *
  * Lock rule: p->lock held in every function here, never dropped. No driver call, no wait.
  */
-#include "internal.h"
+#include "plan.h"
 
 #include "stepplan.h"
 
