@@ -221,11 +221,14 @@ static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 /* ---- serving ---- */
 
 /* Whether slot k's bytes are free: no slot sharing them live, none waiting for a fence.
- * SLOT_FENCE: only fences stand in the way, the latest of them *ret_ticket. */
-enum { SLOT_FREE, SLOT_LIVE, SLOT_FENCE };
+ * SLOT_FENCE: only fences stand in the way, the latest of them *ret_ticket. SLOT_PINNED: a
+ * block no slot follows is on them (kept past its step, or a phase's: the plan is placed again
+ * around it at the quiet moment); SLOT_LIVE: a slot's own block is (the step's lives are not the
+ * measured ones). */
+enum { SLOT_FREE, SLOT_LIVE, SLOT_FENCE, SLOT_PINNED };
 
 /* What no slot follows on the current region's bytes [off, off + size): a pinned block there
- * (SLOT_LIVE), or a fence on a piece under them not passed yet (SLOT_FENCE, the latest in
+ * (SLOT_PINNED), or a fence on a piece under them not passed yet (SLOT_FENCE, the latest in
  * *ret_ticket if later). */
 static int obstacles_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t off,
                             uint64_t size, uint64_t *ret_ticket)
@@ -235,7 +238,7 @@ static int obstacles_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint6
     for (uint32_t i = 0; i < pl->nr_pinned && pl->nr_cur_pinned; i++) {
         const struct plan_pinned *b = &pl->pinned[i];
         if (b->region == rg && b->ptr < hi && lo < b->ptr + b->size)
-            return SLOT_LIVE;
+            return SLOT_PINNED;
     }
     if (!pl->cur_tickets)
         return SLOT_FREE;
@@ -280,7 +283,7 @@ static int slot_free_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint3
         }
     }
     int o = obstacles_locked(p, pl, s->offset, s->size, ret_ticket);
-    return o == SLOT_FREE ? r : o == SLOT_LIVE ? SLOT_LIVE : SLOT_FENCE;
+    return o == SLOT_FREE ? r : o;
 }
 
 /* Wait, p->lock dropped, for a fence after ticket: polled for up to CUHEAP_FENCE_POLL_NS,
@@ -566,13 +569,14 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         /* out of the step's order, or the slot's place held by a block kept or pinned there:
          * a free place of the region, whose memory is mapped, rather than the rest of the
          * pool's, which maps memory beside the region's idle pieces (bench/RESULTS.md) */
-        bool taken = why == SLOT_LIVE && s->planned;
+        bool taken = (why == SLOT_LIVE || why == SLOT_PINNED) && s->planned;
         if ((pl->lost || taken) &&
             borrow_locked(p, pl, size, pl->lost ? NULL : s, k, ret_ptr, ret_block) == 0) {
-            /* served, but not where the plan put it: for the retire, a miss all the same (a
-             * job whose lives changed and not its sizes would else keep a plan that fits it
-             * no more) */
-            pl->step_taken += taken && !pl->lost && pl->state == PLAN_ON;
+            /* served, but not where the plan put it because a slot's own block is still on
+             * its place: for the retire, a miss all the same (a job whose lives changed and
+             * not its sizes would else keep a plan that fits it no more); a pinned block is
+             * planned around instead */
+            pl->step_taken += why == SLOT_LIVE && taken && !pl->lost && pl->state == PLAN_ON;
             return 0; /* may have dropped p->lock */
         }
         if (pl->state != PLAN_ON)
