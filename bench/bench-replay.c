@@ -4,7 +4,7 @@
  * trace, e.g. bench/sequences/gpt-seq-nocache.jsonl.gz decompressed) through cuMemAlloc/cuMemFree
  * and prints peak live bytes, peak bytes held from the device, and their ratio.
  *
- *   bench-replay [--work-us N] [--steps N] [--passes N] [--pluggable 1] TRACE
+ *   bench-replay [--work-us N] [--steps N] [--passes N] [--eval K] [--pluggable 1] TRACE
  *
  * Run it on the simulated driver alone (what the driver itself holds: the device's used bytes),
  * or with libcuheap.so preloaded (what cuheap holds: its peak reserved bytes). Like a training
@@ -20,6 +20,11 @@
  * with "map_ops=N ops_per_step=X": the chunks the vmm pool took from the driver, moved and
  * gave back during that pass (cuheap_get_stats), and that over --steps. A warm job should make
  * none: passes after the first are the warm ones.
+ *
+ * --eval K adds an evaluation after every K-th step, as a training loop that evaluates every K
+ * steps does: the sizes of the first half of the trace's second step allocated in order without
+ * their saved tensors (each freed as the next is made), the largest kept until the next
+ * evaluation (its output), then a sync. A phase of another shape, and a block kept for K steps.
  *
  * --pluggable 1 (under cuheap) allocates and frees through cuheap_torch_alloc/cuheap_torch_free
  * on the replay's stream, as PyTorch's CUDAPluggableAllocator does, instead of cuMemAlloc and
@@ -87,10 +92,75 @@ static uint64_t held_now(uint64_t used_at_start)
     return (uint64_t)(t - f) - used_at_start;
 }
 
+static bool pluggable; /* --pluggable: cuheap_torch_alloc/_free on the replay's stream */
+
+static CUdeviceptr replay_alloc(CUstream s, uint64_t size)
+{
+    CUdeviceptr x = 0;
+    if (pluggable) {
+        x = (CUdeviceptr)(uintptr_t)torch_alloc((ssize_t)size, 0, (void *)s);
+        check(x ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY, "cuheap_torch_alloc");
+    } else {
+        check(cu.cuMemAlloc_v2(&x, size), "cuMemAlloc");
+    }
+    return x;
+}
+
+static void replay_free(CUstream s, CUdeviceptr x, uint64_t size)
+{
+    if (pluggable)
+        torch_free((void *)(uintptr_t)x, (ssize_t)size, 0, (void *)s);
+    else
+        check(cu.cuMemFree_v2(x), "cuMemFree");
+}
+
+static void add_live(uint64_t *live, uint64_t *pass_live, uint64_t *peak_live, uint64_t size)
+{
+    *live += size;
+    if (*live > *pass_live)
+        *pass_live = *live;
+    if (*live > *peak_live)
+        *peak_live = *live;
+}
+
+/* An evaluation (--eval): the sizes in order, each freed once the next is made (no tensors
+ * saved for a backward pass), the largest kept until the next evaluation replaces it. */
+static void evaluate(CUstream s, unsigned work_us, const uint64_t *sizes, size_t n, size_t largest,
+                     CUdeviceptr *kept, uint64_t *kept_size, uint64_t *live, uint64_t *pass_live,
+                     uint64_t *peak_live)
+{
+    CUdeviceptr prev = 0, out = 0;
+    uint64_t prev_size = 0;
+    for (size_t i = 0; i < n; i++) {
+        CUdeviceptr x = replay_alloc(s, sizes[i]);
+        add_live(live, pass_live, peak_live, sizes[i]);
+        if (work_us)
+            check(cu.cuLaunchHostFunc(s, kernel, (void *)(uintptr_t)work_us), "launch");
+        if (prev) {
+            replay_free(s, prev, prev_size);
+            *live -= prev_size;
+        }
+        prev = i == largest ? 0 : x;
+        prev_size = sizes[i];
+        if (i == largest)
+            out = x;
+    }
+    if (prev) {
+        replay_free(s, prev, prev_size);
+        *live -= prev_size;
+    }
+    if (*kept) { /* the last evaluation's output, replaced */
+        replay_free(s, *kept, *kept_size);
+        *live -= *kept_size;
+    }
+    *kept = out;
+    *kept_size = sizes[largest];
+    check(cu.cuStreamSynchronize(s), "eval end");
+}
+
 int main(int argc, char **argv)
 {
-    unsigned work_us = 20, steps = 30, passes = 1;
-    bool pluggable = false;
+    unsigned work_us = 20, steps = 30, passes = 1, eval_every = 0;
     int a = 1;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--work-us"))
@@ -99,13 +169,15 @@ int main(int argc, char **argv)
             steps = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--passes"))
             passes = (unsigned)atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--eval"))
+            eval_every = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--pluggable"))
             pluggable = atoi(argv[a + 1]) != 0;
         else
             break;
     }
     if (a != argc - 1 || !steps || !passes) {
-        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] "
+        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] [--eval K] "
                         "[--pluggable 1] TRACE\n");
         return 2;
     }
@@ -161,6 +233,21 @@ int main(int argc, char **argv)
         }
     }
     uint64_t live = 0, peak_live = 0, peak_held = 0, nr = 0, per_step = n / steps + 1;
+    /* --eval: the sizes of the first half of the second step's allocations */
+    size_t nr_evals = 0, largest = 0;
+    uint64_t *eval_sizes = calloc(per_step / 2 + 1, sizeof(*eval_sizes));
+    for (size_t i = 0, k = 0; i < nr_ev && eval_every && nr_evals < per_step / 2; i++) {
+        const struct cuheap_trace_event *e = &tr.events[i];
+        bool device = e->api == CUHEAP_API_MEM_ALLOC || e->api == CUHEAP_API_PITCH ||
+                      e->api == CUHEAP_API_TORCH;
+        if (e->type != CUHEAP_EV_ALLOC || !device || !e->ptr || !freed[i] || k++ < per_step)
+            continue;
+        if (e->size > eval_sizes[largest])
+            largest = nr_evals;
+        eval_sizes[nr_evals++] = e->size ? e->size : 1;
+    }
+    CUdeviceptr kept = 0;
+    uint64_t kept_size = 0, steps_done = 0;
     uint64_t warm_ops = 0;
     for (unsigned pass = 0; pass < passes; pass++) {
         uint64_t pass_held = 0, pass_live = 0, ops0 = map_ops();
@@ -171,29 +258,19 @@ int main(int argc, char **argv)
                               e->api == CUHEAP_API_TORCH;
                 if (!device || !e->ptr || (pass && !freed[i]))
                     continue;
-                if (pluggable) {
-                    vals[i] = (CUdeviceptr)(uintptr_t)torch_alloc((ssize_t)(e->size ? e->size : 1),
-                                                                  0, (void *)s);
-                    check(vals[i] ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY, "cuheap_torch_alloc");
-                } else {
-                    check(cu.cuMemAlloc_v2(&vals[i], e->size ? e->size : 1), "cuMemAlloc");
-                }
-                live += e->size;
-                if (live > peak_live)
-                    peak_live = live;
-                if (live > pass_live)
-                    pass_live = live;
+                vals[i] = replay_alloc(s, e->size ? e->size : 1);
+                add_live(&live, &pass_live, &peak_live, e->size);
                 if (work_us)
                     check(cu.cuLaunchHostFunc(s, kernel, (void *)(uintptr_t)work_us), "launch");
-                if (++nr % per_step == 0)
+                if (++nr % per_step == 0) {
                     check(cu.cuStreamSynchronize(s), "step end");
+                    if (eval_every && ++steps_done % eval_every == 0)
+                        evaluate(s, work_us, eval_sizes, nr_evals, largest, &kept, &kept_size,
+                                 &live, &pass_live, &peak_live);
+                }
             } else if (e->type == CUHEAP_EV_FREE && match[i] && vals[match[i] - 1]) {
                 const struct cuheap_trace_event *x = &tr.events[match[i] - 1];
-                if (pluggable)
-                    torch_free((void *)(uintptr_t)vals[match[i] - 1], (ssize_t)x->size, 0,
-                               (void *)s);
-                else
-                    check(cu.cuMemFree_v2(vals[match[i] - 1]), "cuMemFree");
+                replay_free(s, vals[match[i] - 1], x->size ? x->size : 1);
                 vals[match[i] - 1] = 0;
                 live -= x->size;
             } else {
@@ -235,6 +312,9 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < nr_ev; k++)
         if (vals[k])
             cu.cuMemFree_v2(vals[k]);
+    if (kept)
+        replay_free(s, kept, kept_size);
+    free(eval_sizes);
     free(keys);
     free(last_alloc);
     free(match);
