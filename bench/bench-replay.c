@@ -4,7 +4,8 @@
  * trace, e.g. bench/sequences/gpt-seq-nocache.jsonl.gz decompressed) through cuMemAlloc/cuMemFree
  * and prints peak live bytes, peak bytes held from the device, and their ratio.
  *
- *   bench-replay [--work-us N] [--steps N] [--passes N] [--eval K] [--pluggable 1] TRACE
+ *   bench-replay [--work-us N] [--steps N] [--passes N] [--from-step S] [--eval K]
+ *                [--pluggable 1] TRACE
  *
  * Run it on the simulated driver alone (what the driver itself holds: the device's used bytes),
  * or with libcuheap.so preloaded (what cuheap holds: its peak reserved bytes). Like a training
@@ -20,6 +21,11 @@
  * with "map_ops=N ops_per_step=X": the chunks the vmm pool took from the driver, moved and
  * gave back during that pass (cuheap_get_stats), and that over --steps. A warm job should make
  * none: passes after the first are the warm ones.
+ *
+ * --from-step S (default 0) replays, in passes after the first, only the allocations of the
+ * trace's steps from S on: a long run's steady steps again and again, without the first steps'
+ * blocks (an optimizer's state, made in the first step and freed at the trace's end) made anew
+ * at each pass's start, which a job does once.
  *
  * --eval K adds an evaluation after every K-th step, as a training loop that evaluates every K
  * steps does: the sizes of the first half of the trace's second step allocated in order without
@@ -160,7 +166,7 @@ static void evaluate(CUstream s, unsigned work_us, const uint64_t *sizes, size_t
 
 int main(int argc, char **argv)
 {
-    unsigned work_us = 20, steps = 30, passes = 1, eval_every = 0;
+    unsigned work_us = 20, steps = 30, passes = 1, eval_every = 0, from_step = 0;
     int a = 1;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--work-us"))
@@ -169,6 +175,8 @@ int main(int argc, char **argv)
             steps = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--passes"))
             passes = (unsigned)atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--from-step"))
+            from_step = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--eval"))
             eval_every = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--pluggable"))
@@ -176,9 +184,9 @@ int main(int argc, char **argv)
         else
             break;
     }
-    if (a != argc - 1 || !steps || !passes) {
-        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] [--eval K] "
-                        "[--pluggable 1] TRACE\n");
+    if (a != argc - 1 || !steps || !passes || from_step >= steps) {
+        fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] "
+                        "[--from-step S] [--eval K] [--pluggable 1] TRACE\n");
         return 2;
     }
     struct cuheap_trace tr;
@@ -212,6 +220,7 @@ int main(int argc, char **argv)
     size_t *match = calloc(nr_ev, sizeof(*match)); /* free -> alloc index + 1 */
     bool *freed = calloc(nr_ev, sizeof(*freed));
     CUdeviceptr *vals = calloc(nr_ev, sizeof(*vals));
+    size_t *alloc_no = calloc(nr_ev, sizeof(*alloc_no)); /* an allocation's number in the trace */
     size_t n = 0;
     for (size_t i = 0; i < nr_ev; i++) {
         const struct cuheap_trace_event *e = &tr.events[i];
@@ -225,7 +234,7 @@ int main(int argc, char **argv)
         if (e->type == CUHEAP_EV_ALLOC) {
             keys[h] = e->ptr;
             last_alloc[h] = i + 1;
-            n++;
+            alloc_no[i] = n++;
         } else if (keys[h] == e->ptr && last_alloc[h]) {
             match[i] = last_alloc[h];
             freed[last_alloc[h] - 1] = true;
@@ -256,7 +265,8 @@ int main(int argc, char **argv)
             if (e->type == CUHEAP_EV_ALLOC) {
                 bool device = e->api == CUHEAP_API_MEM_ALLOC || e->api == CUHEAP_API_PITCH ||
                               e->api == CUHEAP_API_TORCH;
-                if (!device || !e->ptr || (pass && !freed[i]))
+                if (!device || !e->ptr ||
+                    (pass && (!freed[i] || alloc_no[i] < (uint64_t)from_step * per_step)))
                     continue;
                 vals[i] = replay_alloc(s, e->size ? e->size : 1);
                 add_live(&live, &pass_live, &peak_live, e->size);
@@ -320,6 +330,7 @@ int main(int argc, char **argv)
     free(match);
     free(freed);
     free(vals);
+    free(alloc_no);
     cuheap_trace_free(&tr);
     return 0;
 }
