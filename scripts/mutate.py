@@ -248,6 +248,12 @@ MUTATIONS = [
      "memory held stays close to what is live", "src/pool/place.c",
      "if (r == 0 && p->nr_whole && !block_mapped_locked(p, a, addr, size) &&",
      "if (r == 0 && p->nr_whole && !block_mapped_locked(p, a, addr, size) && false &&"),
+    ("vmm-block-wastes-granules",
+     "vmm, tight: placement ignores the granules of a chunk that reach past a block's last one "
+     "inside its own buddy block, so a block keeps granules busy that no block can use",
+     "memory held stays close to what is used (pool v2)", "src/pool/internal.h",
+     "    if (!c || c->first + c->nr - 1 <= last || p->cfg->vmm_layout != CUHEAP_VMM_TIGHT)",
+     "    if (true || !c || c->first + c->nr - 1 <= last)"),
     ("budget-wait-drains-every-cache",
      "vmm: an allocation past the budget that waits for a fence drains every thread's cache "
      "(a barrier on every thread, and their next allocations take the pool's lock)",

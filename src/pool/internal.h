@@ -374,6 +374,38 @@ static inline unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
     return 64u - (unsigned)__builtin_clzll(size - 1);
 }
 
+/* ---- placement (vmm) ---- */
+
+/* vmm: the granules a block would keep busy and never use, its last granule and its buddy
+ * block's given: those of the chunk under the last one that lie past it inside the buddy
+ * block, where no other block can go while it lives (a 5 MiB block on a chunk mapped for an
+ * 8 MiB one holds 8 MiB). A chunk is mapped and released whole, so only placement can avoid
+ * them: blocks of random sizes on streams of their own held more there than in any other part
+ * of the pool (bench/RESULTS.md, issue 31). Tight layout only, where chunks fit the blocks they
+ * were made for: under aligned a block under a piece maps the whole piece wherever it goes. */
+static inline uint32_t wasted_granules(const struct cuheap_pool *p, const struct cuheap_arena *a,
+                                       uint32_t last, uint32_t block_last)
+{
+    const struct cuheap_chunk *c = last < block_last ? a->granules[last].chunk : NULL;
+    if (!c || c->first + c->nr - 1 <= last || p->cfg->vmm_layout != CUHEAP_VMM_TIGHT)
+        return 0;
+    return (c->first + c->nr - 1 < block_last ? c->first + c->nr - 1 : block_last) - last;
+}
+
+/* Whether the block at ptr (block bytes) can hold size bytes with no mapping call and no
+ * granule kept busy for nothing: every granule under them mapped, none wasted
+ * (wasted_granules). */
+static inline bool block_fits_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
+                                     uint64_t size, uint64_t block)
+{
+    uint64_t off = ptr - a->buddy.base;
+    uint32_t last = (uint32_t)((off + size - 1) >> p->granule_shift);
+    for (uint32_t g = (uint32_t)(off >> p->granule_shift); g <= last; g++)
+        if (!a->granules[g].chunk)
+            return false;
+    return !wasted_granules(p, a, last, (uint32_t)((off + block - 1) >> p->granule_shift));
+}
+
 /* ---- fences ---- */
 
 static inline struct cuheap_epoch *open_epoch(struct cuheap_pool *p)

@@ -46,6 +46,13 @@ static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t siz
     const struct cuheap_arena *a = arg;
     unsigned shift = a->pool->granule_shift;
     uint64_t off = addr - a->buddy.base, first = off >> shift, last = (off + len - 1) >> shift;
+    /* the place itself (len == size only there): granules it would keep busy for nothing count
+     * twice against it, so that it is never full, and worse than unmapped memory once they are
+     * half as many as the mapped ones it uses (scored always worse, a training-shaped loop with
+     * late fences held more: test_vmm_late_fences_do_not_raise_the_budget) */
+    uint64_t waste = len == size ? wasted_granules(a->pool, a, (uint32_t)last,
+                                                   (uint32_t)((off + pow2_ceil(size) - 1) >> shift))
+                                 : 0;
     uint64_t fits = ((size + (1ull << shift) - 1) >> shift) * idle_fit_now(a->pool) / 100;
     uint64_t good = 0, bad = 0, idle = 0;
     /* CUHEAP_VMM_LAYOUT=aligned: chunks are one size, so an idle one serves any block; but the
@@ -70,6 +77,8 @@ static int64_t place_score(void *arg, uintptr_t addr, uint64_t len, uint64_t siz
         if (g > last)
             break;
     }
+    if (waste)
+        return (int64_t)(good << shift) - (int64_t)((2 * waste) << shift) - 1;
     if (good == last - first + 1)
         return (int64_t)len;
     return (int64_t)(good << shift) + (int64_t)(idle << (shift - 1)) - (int64_t)(bad << shift);
@@ -139,10 +148,10 @@ int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
 {
     unsigned order = order_of_size(p, size);
     struct cuheap_quick *q = order < CUHEAP_NR_ORDERS ? &p->quick[order] : NULL;
-    /* a block kept whole is taken only where its memory is still mapped: else placement
-     * decides, which may find mapped memory elsewhere */
+    /* a block kept whole is taken only where its memory is still mapped and fits it: else
+     * placement decides, which may find mapped memory elsewhere */
     if (q && q->head && order > CUHEAP_QUICK_MAX_ORDER &&
-        !block_mapped_locked(p, map_lookup(q->head), q->head, size)) {
+        !block_fits_locked(p, map_lookup(q->head), q->head, size, 1ull << order)) {
         struct cuheap_arena *a;
         uint64_t ptr = quick_pop_locked(p, order, &a);
         merge_block_locked(p, a, ptr);

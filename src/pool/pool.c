@@ -132,17 +132,18 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     return 0;
 }
 
-/* vmm: the block the buddy gave needs granules mapped, but blocks freed before wait for a
- * fence. Once it passes they are free with their granules mapped, and the last one freed is
- * the first the buddy gives again: very likely one of this size, at an address that needs no
- * driver call. So wait for the oldest fence and ask again, rather than move memory (an unmap
- * and a map, far dearer than a fence) or take more. Bounded by the number of epochs. */
+/* vmm: the block the buddy gave needs granules mapped (or would keep some busy for nothing,
+ * block_fits_locked), but blocks freed before wait for a fence. Once it passes they are free
+ * with their granules mapped, and the last one freed is the first the buddy gives again: very
+ * likely one of this size, at an address that needs no driver call. So wait for the oldest
+ * fence and ask again, rather than move memory (an unmap and a map, far dearer than a fence)
+ * or take more. Bounded by the number of epochs. */
 static void prefer_mapped_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ptr,
                                  uint64_t *block, struct cuheap_arena **arena)
 {
     unsigned backs = 0;
     for (unsigned tries = 0; tries <= CUHEAP_NR_EPOCHS; tries++) {
-        if (block_mapped_locked(p, *arena, *ptr, size))
+        if (block_fits_locked(p, *arena, *ptr, size, *block))
             return;
         if (p->ep_head == p->ep_tail && !open_epoch(p)->nr_blocks)
             return; /* nothing waits: moving or taking granules is all there is */

@@ -623,6 +623,35 @@ static void test_vmm_small_block_leaves_large_chunk_whole(void **state)
     teardown(f);
 }
 
+/* A block does not go where the chunk under its last granule reaches on into its own buddy
+ * block: those granules would stay mapped and busy, and no other block could use them while it
+ * lives. A 5 MiB block after a 7 MiB one (both in 8 MiB of address space) holds 6 MiB, not the
+ * 7 MiB block's 8 MiB chunk; its kept-whole place is given up, and that chunk goes back to
+ * make room. */
+static void test_vmm_block_wastes_no_granule(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    uint64_t x = alloc(f, 7 * MIB, 0);
+    assert_int_equal(f->dev.used, 8 * MIB);
+    release(f, x, 0);
+    complete_fences(&f->dev);
+    uint64_t y = alloc(f, 5 * MIB, 0);
+    assert_true(y != x);
+    assert_int_equal(f->dev.used, 6 * MIB);
+    assert_int_equal(atomic_load(&f->reserved), 6 * MIB);
+    check_invariants(f);
+    release(f, y, 0);
+    complete_fences(&f->dev);
+    int calls = mapping_calls(f);
+    uint64_t z = alloc(f, 6 * MIB, 0); /* a block it fits takes it again, no driver call */
+    assert_int_equal(z, y);
+    assert_int_equal(mapping_calls(f), calls);
+    check_invariants(f);
+    release(f, z, 0);
+    teardown(f);
+}
+
 /* An idle chunk of the size a block needs moves whole (one unmap, one map) instead of going
  * back to the driver and a new one being made. A freed 1 MiB block waits on its quick list
  * at its address, having let go of its granule; a 2 MiB block, which cannot go there, takes
@@ -2680,6 +2709,7 @@ int main(void)
         cmocka_unit_test(test_vmm_block_is_few_chunks),
         cmocka_unit_test(test_vmm_idle_makes_room),
         cmocka_unit_test(test_vmm_small_block_leaves_large_chunk_whole),
+        cmocka_unit_test(test_vmm_block_wastes_no_granule),
         cmocka_unit_test(test_vmm_idle_chunk_moves),
         cmocka_unit_test(test_vmm_pending_granules_stay),
         cmocka_unit_test(test_vmm_out_of_memory_and_limit),
