@@ -254,6 +254,12 @@ MUTATIONS = [
      "memory held stays close to what is used (pool v2)", "src/pool/internal.h",
      "    if (!c || c->first + c->nr - 1 <= last || p->cfg->vmm_layout != CUHEAP_VMM_TIGHT)",
      "    if (true || !c || c->first + c->nr - 1 <= last)"),
+    ("vmm-small-quick-hoards",
+     "vmm: quick lists below a granule keep up to 64 blocks an order, out of their buddies, so "
+     "a granule whose small blocks were all freed never comes back whole",
+     "memory held stays close to what is used (pool v2)", "src/pool/place.c",
+     "                 (p->vmm ? q->nr == 0",
+     "                 (p->vmm ? q->nr < CUHEAP_QUICK_MAX"),
     ("budget-wait-drains-every-cache",
      "vmm: an allocation past the budget that waits for a fence drains every thread's cache "
      "(a barrier on every thread, and their next allocations take the pool's lock)",

@@ -270,10 +270,16 @@ void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t
      * splitting it down again, scored at every level (which cost that loop most of its pair);
      * and when the scored placement settles on a place that needs memory mapped, those kept
      * whole are merged and it looks again (take_block_locked), so the mapping calls stay as
-     * they were. */
+     * they were. Below a granule too, one an order: a block kept there stays out of its
+     * buddy, so its granule never comes back whole, and the list hands it out again wherever
+     * it lies, whatever is mapped or used around it; 64 an order spread blocks of random sizes
+     * over granules they kept busy (bench/RESULTS.md, issue 31), where merged, placement packs
+     * them into the granules in use. A loop of one size still gets its block back. */
     bool whole = p->vmm && order > CUHEAP_QUICK_MAX_ORDER && q->nr == 0;
-    bool small = q->nr < CUHEAP_QUICK_MAX && order <= CUHEAP_QUICK_MAX_ORDER &&
-                 (p->vmm || p->quick_bytes + (1ull << order) <= p->cfg->arena_size / 8);
+    bool small = order <= CUHEAP_QUICK_MAX_ORDER &&
+                 (p->vmm ? q->nr == 0
+                         : q->nr < CUHEAP_QUICK_MAX &&
+                               p->quick_bytes + (1ull << order) <= p->cfg->arena_size / 8);
     if (p->cfg->release != CUHEAP_RELEASE_EMPTY && (whole || small)) {
         a->link[unit_of(a, ptr)] = q->head;
         q->head = ptr;
