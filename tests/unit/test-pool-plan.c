@@ -629,7 +629,8 @@ static void test_plan_retires_when_lives_change(void **state)
     print_message("# plan: lives changed, planned again after %d steps (%lu served elsewhere)\n",
                   steps, (unsigned long)st.nr_plan_borrowed);
     assert_int_equal(st.nr_plans, 2);
-    for (int step = 0; step < 2 * (int)PLAN_WINDOW / PLAN_STEP; step++)
+    /* the new region's pieces mapped as first served, the rest of the pool settled */
+    for (int step = 0; step < 2 * (int)PLAN_SETTLE + 2; step++)
         plan_chain_step(f, 2);
     cuheap_pool_get_stats(&f->pool, &st);
     uint64_t planned = st.nr_planned, borrowed = st.nr_plan_borrowed, missed = st.nr_plan_missed;
