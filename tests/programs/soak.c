@@ -11,7 +11,7 @@
  *
  * N operations (each a free and an allocation in one of the live sets). It samples the
  * process's anonymous resident memory and the bytes malloc has handed out (mallinfo2: exact,
- * no noise) at each twentieth, and prints their growth from the samples after 30% of the run
+ * no noise) NR_SAMPLES times, and prints their growth from the samples after 30% of the run
  * (warm: the event ring all touched, the live sets full) to those at the end. Exits 1 when resident
  * memory grew by more than RSS_KIB (default 2048) or malloc's bytes by more than MALLOC_KIB
  * (default 256: a string lost per mark is about 1 MiB over a million operations).
@@ -29,7 +29,10 @@
 
 #define NR_POOLED  256 /* live device allocations, 512 B to 8 MiB */
 #define NR_MANAGED 32  /* live pass-through allocations, 4 KiB to 1 MiB */
-#define NR_SAMPLES 20
+#define NR_SAMPLES                                                                                 \
+    60                /* the pool gives pages back every so many merges: more samples, less of     \
+                          their phase in a mean */
+#define NR_THREADS 40 /* short-lived threads over the run */
 
 static CUcontext ctx;
 static CUstream stream;
@@ -116,7 +119,7 @@ int main(int argc, char **argv)
     *(void **)&mark = dlsym(RTLD_DEFAULT, "cuheap_mark");
     static CUdeviceptr pooled[NR_POOLED], managed[NR_MANAGED];
     long rss[NR_SAMPLES], heap[NR_SAMPLES];
-    long step = n / NR_SAMPLES;
+    long step = n / NR_SAMPLES, thread_step = n / NR_THREADS;
     for (long i = 0; i < n; i++) {
         bool pass_through = next_random() % 8 == 0;
         CUdeviceptr *slot = pass_through ? &managed[next_random() % NR_MANAGED]
@@ -139,7 +142,7 @@ int main(int argc, char **argv)
             return 1;
         if (mark && i % 64 == 0)
             mark(i % 128 ? "soak step" : "soak step \xff"); /* one label needs cleaning */
-        if (i % (step / 2 + 1) == step / 4) {
+        if (i % (thread_step + 1) == thread_step / 2) {
             pthread_t t;
             void *ret = NULL;
             if (pthread_create(&t, NULL, short_thread, NULL) || pthread_join(t, &ret) || ret)
