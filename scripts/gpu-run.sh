@@ -32,6 +32,11 @@
 #                                backings, caching on + cuheap, cuheap as pluggable
 #   scripts/gpu-run.sh eval      the GPT loop with an evaluation every GPT_EVAL steps: caching
 #                                allocator, cuheap with and without the step plan, pluggable
+#   scripts/gpu-run.sh churn     issue 31 in one short call: the churn workloads under the driver,
+#                                gpu-bundle/old/ and this build; the GPT loop's settings (old
+#                                default, this build's default, plan, pluggable plan); the loop
+#                                with an evaluation every 10 steps; a GPT trace with evaluations
+#                                recorded (gpt-seq-eval.jsonl.gz) for bench-replay
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -637,7 +642,31 @@ run_eval() {
     done
 }
 
+run_churn() {
+    local w b lib
+    for w in ${CHURN_WORKLOADS:-streams streams alternate grow-shrink}; do
+        say "churn $w driver $("$B/bench-churn" "$w" | sed 's/threads=[0-9]* allocs=[0-9]* //')"
+        for b in old new; do
+            lib=$PRE
+            [ $b = old ] && lib=$B/old/libcuheap.so
+            say "churn $w $b $(LD_PRELOAD=$lib CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 "$B/bench-churn" "$w" |
+                sed 's/threads=[0-9]* allocs=[0-9]* //')"
+        done
+    done
+    GPT_SETTINGS="new=CUHEAP_STEP_PLAN=0 plan=CUHEAP_STEP_PLAN=1 plug-plan=CUHEAP_STEP_PLAN=1,CUHEAP_PLUGGABLE=$PRE" \
+        SETTINGS_LIBS="old=$B/old/libcuheap.so,CUHEAP_STEP_PLAN=0" SETTINGS_ROUNDS=${SETTINGS_ROUNDS:-2} \
+        SETTINGS_STEPS=${SETTINGS_STEPS:-40} run_settings
+    EVAL_ROUNDS=${EVAL_ROUNDS:-1} EVAL_STEPS=${EVAL_STEPS:-60} run_eval
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPT_EVAL=10 LD_PRELOAD=$PRE CUHEAP_POOL=0 CUHEAP_STACK_DEPTH=0 \
+        CUHEAP_PYTHON=0 CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/gpt-seq-eval.jsonl" \
+        timeout 120 python3 bench/torch_gpt.py 60 >"$T/gpt-seq-eval.log" 2>&1
+    gzip -9 -c "$T/gpt-seq-eval.jsonl" >"$OUT/gpt-seq-eval.jsonl.gz"
+    rm -f "$T/gpt-seq-eval.jsonl"
+    say "recorded gpt-seq-eval: $(zcat "$OUT/gpt-seq-eval.jsonl.gz" | grep -c '"event":"alloc"') allocations"
+}
+
 case $what in
+churn) run_churn ;;
 settings) run_settings ;;
 eval) run_eval ;;
 tests) run_tests ;;
@@ -660,7 +689,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|all" >&2
+    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
     exit 2
     ;;
 esac
