@@ -8,6 +8,9 @@
 #ifndef CUHEAP_TEST_POOL_FIXTURE_H
 #define CUHEAP_TEST_POOL_FIXTURE_H
 
+#include <stdio.h>
+#include <stdlib.h>
+
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 
@@ -532,6 +535,32 @@ static void check_invariants(struct fixture *f)
     char why[256];
     if (cuheap_pool_check(&f->pool, why, sizeof(why)))
         fail_msg("pool invariant: %s", why);
+}
+
+/* The cases of tests[0..n) this process runs: all, or with POOL_TEST_SHARD=i/n every n-th from
+ * the i-th, so that n processes share them (tests/meson.build runs the pool's and the step
+ * plan's cases as two processes each: minutes under the sanitizers, the runs' longest), and
+ * POOL_TEST_FILTER picks one case by name (a pattern) when chasing one. */
+static int run_pool_tests(const struct CMUnitTest *tests, size_t n)
+{
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    if (getenv("POOL_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("POOL_TEST_FILTER"));
+    struct CMUnitTest *shard = calloc(n, sizeof(*shard));
+    unsigned i = 0, of = 1;
+    const char *sh = getenv("POOL_TEST_SHARD");
+    if (!shard || (sh && (sscanf(sh, "%u/%u", &i, &of) != 2 || !of || i >= of))) {
+        fprintf(stderr, "POOL_TEST_SHARD=%s is not i/n with i < n\n", sh ? sh : "");
+        free(shard);
+        return 2;
+    }
+    size_t nr = 0;
+    for (size_t k = 0; k < n; k++)
+        if (k % of == i)
+            shard[nr++] = tests[k];
+    int r = _cmocka_run_group_tests("tests", shard, nr, NULL, NULL);
+    free(shard);
+    return r;
 }
 
 #pragma GCC diagnostic pop

@@ -664,21 +664,5 @@ int main(void)
         cmocka_unit_test(test_plan_serves_a_phase_at_free_places),
         cmocka_unit_test(test_plan_fills_beside_other_threads),
     };
-    cmocka_set_message_output(CM_OUTPUT_TAP);
-    if (getenv("POOL_TEST_FILTER")) /* one case by name (a pattern), when chasing one */
-        cmocka_set_test_filter(getenv("POOL_TEST_FILTER"));
-    /* POOL_TEST_SHARD=i/n: every n-th case from the i-th, so that n processes share the cases
-     * (each takes a minute under ASan: tests/meson.build runs them as two tests) */
-    struct CMUnitTest shard[sizeof(tests) / sizeof(tests[0])];
-    size_t nr = 0;
-    unsigned i = 0, n = 1;
-    const char *sh = getenv("POOL_TEST_SHARD");
-    if (sh && (sscanf(sh, "%u/%u", &i, &n) != 2 || !n || i >= n)) {
-        fprintf(stderr, "test-pool-plan: POOL_TEST_SHARD=%s is not i/n with i < n\n", sh);
-        return 2;
-    }
-    for (size_t k = 0; k < sizeof(tests) / sizeof(tests[0]); k++)
-        if (k % n == i)
-            shard[nr++] = tests[k];
-    return _cmocka_run_group_tests("tests", shard, nr, NULL, NULL);
+    return run_pool_tests(tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -2786,8 +2786,5 @@ int main(void)
         cmocka_unit_test(test_thread_cache_double_free_across_threads),
         cmocka_unit_test(test_thread_large_block_off_pool_lock),
     };
-    cmocka_set_message_output(CM_OUTPUT_TAP);
-    if (getenv("POOL_TEST_FILTER")) /* one case by name (a pattern), when chasing one */
-        cmocka_set_test_filter(getenv("POOL_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return run_pool_tests(tests, sizeof(tests) / sizeof(tests[0]));
 }
