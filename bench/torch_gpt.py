@@ -3,7 +3,8 @@
 self-attention blocks, bf16 autocast, AdamW. Prints the median step time, peak live and peak
 reserved bytes, the most device memory the process held (the driver's count, sampled after
 each backward pass and step, less what it held before the model), and the losses as exact hex
-floats (they must match across allocators).
+floats (they must match across allocators). Under cuheap it adds, for the second half of the
+steps, cuheap's mapping operations and its milliseconds in mapping calls per step.
 
   python torch_gpt.py [STEPS]
 
@@ -109,7 +110,33 @@ if TOGGLE:
 recorded = []  # per step: whether recording was on
 EVAL = int(os.environ.get("GPT_EVAL", "0"))
 eval_losses, kept_logits = [], None
+
+
+def cuheap_lib():
+    """cuheap's library when it serves this process (preloaded or pluggable), else None."""
+    try:
+        lib = ctypes.CDLL(os.environ["CUHEAP_PLUGGABLE"]) if os.environ.get("CUHEAP_PLUGGABLE") \
+            else ctypes.CDLL(None)
+        lib.cuheap_get_stats
+        return lib
+    except (AttributeError, OSError):
+        return None
+
+
+def cuheap_stats(lib):
+    """struct cuheap_stats as a list: 13 fields, then chunks created, moved, released, map_ns."""
+    stats = (ctypes.c_uint64 * 17)()
+    return list(stats) if lib and lib.cuheap_get_stats(stats, ctypes.sizeof(stats)) == 0 else None
+
+
+# The second half of the run is the warm part: cuheap's mapping operations (chunks taken, moved
+# and given back) and its time in mapping calls over those steps, which the step's wall time,
+# on a noisy host, hides.
+lib = cuheap_lib()
+warm_from, warm_stats = STEPS // 2, None
 for step in range(STEPS):
+    if step == warm_from:
+        warm_stats = cuheap_stats(lib)
     if set_recording:
         on = (step // TOGGLE) % 2 == 1
         if set_recording(int(on)) < 0:
@@ -146,21 +173,22 @@ try:
 except RuntimeError:  # a pluggable allocator keeps no PyTorch statistics
     peak_live = peak_reserved = 0
 source = "torch"
-try:
-    lib = ctypes.CDLL(os.environ["CUHEAP_PLUGGABLE"]) if os.environ.get("CUHEAP_PLUGGABLE") else ctypes.CDLL(None)
-    stats = (ctypes.c_uint64 * 13)()
-    if lib.cuheap_get_stats(stats, ctypes.sizeof(stats)) == 0 and stats[3]:
-        peak_reserved, source = stats[3], "cuheap"
-        if not peak_live:
-            peak_live = stats[1]
-except (AttributeError, OSError):
-    pass
+stats = cuheap_stats(lib)
+if stats and stats[3]:
+    peak_reserved, source = stats[3], "cuheap"
+    if not peak_live:
+        peak_live = stats[1]
+warm = ""
+if stats and warm_stats and STEPS > warm_from:
+    n = STEPS - warm_from
+    warm = " warm_map_ops_per_step=%.1f warm_map_ms_per_step=%.3f" % (
+        sum(stats[i] - warm_stats[i] for i in (13, 14, 15)) / n, (stats[16] - warm_stats[16]) / 1e6 / n)
 skip = 5 if len(times) > 10 else 0
 print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f device_used=%d "
-      "launch_ms=%.3f launch_cpu_ms=%.3f" % (
+      "launch_ms=%.3f launch_cpu_ms=%.3f%s" % (
           1000 * statistics.median(times[skip:]), peak_live, peak_reserved, source,
           peak_reserved / peak_live if peak_live else 0, used_peak - used_at_start,
-          1000 * statistics.median(launch[skip:]), 1000 * statistics.median(launch_cpu[skip:])))
+          1000 * statistics.median(launch[skip:]), 1000 * statistics.median(launch_cpu[skip:]), warm))
 print("losses", " ".join(float(v).hex() for v in losses))
 if EVAL:
     print("eval_losses", " ".join(float(v).hex() for v in eval_losses))

@@ -37,6 +37,13 @@
 #                                default, this build's default, plan, pluggable plan); the loop
 #                                with an evaluation every 10 steps; a GPT trace with evaluations
 #                                recorded (gpt-seq-eval.jsonl.gz) for bench-replay
+#   scripts/gpu-run.sh warm      issue 31's per-step figures: the gpu suite with and without the
+#                                step plan; the GPT loop (WARM_STEPS, 60) with each step's
+#                                mapping operations and milliseconds in mapping calls over the
+#                                run's second half: caching allocator, expandable segments,
+#                                caching off + cuheap with and without the plan, caching on +
+#                                cuheap, pluggable with and without the plan; the loop with an
+#                                evaluation every 10 steps; the churn workloads under the plan
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -665,7 +672,37 @@ run_churn() {
     say "recorded gpt-seq-eval: $(zcat "$OUT/gpt-seq-eval.jsonl.gz" | grep -c '"event":"alloc"') allocations"
 }
 
+run_warm() {
+    local plan r w out
+    for plan in 0 1; do
+        CUHEAP_STEP_PLAN=$plan LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/gpu-warm-%p.jsonl" timeout 120 \
+            "$B/test-gpu" >"$OUT/gpu-suite-plan$plan.log" 2>&1
+        say "gpu suite CUHEAP_STEP_PLAN=$plan: exit $?, $(grep -c '^ok' "$OUT/gpu-suite-plan$plan.log") ok," \
+            "$(grep -c '^not ok' "$OUT/gpu-suite-plan$plan.log") not ok"
+    done
+    local libs="new=$PRE,CUHEAP_STEP_PLAN=0 plan=$PRE,CUHEAP_STEP_PLAN=1"
+    libs="$libs cachingon=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    libs="$libs plug=,CUHEAP_PLUGGABLE=$PRE,CUHEAP_STEP_PLAN=0,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    libs="$libs plug-plan=,CUHEAP_PLUGGABLE=$PRE,CUHEAP_STEP_PLAN=1,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    ROUNDS=${WARM_ROUNDS:-2} STEPS=${WARM_STEPS:-60} FULL=0 bash bench/compare-gpt.sh "$OUT" "$libs"
+    grep -E 'step_ms|vmm:|step plan:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
+    for ((r = 0; r < ${WARM_ROUNDS:-2}; r++)); do
+        out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 300 \
+            python3 bench/torch_gpt.py "${WARM_STEPS:-60}" 2>&1)
+        say "round=$r config=expandable $(grep step_ms <<<"$out")" \
+            "losses_md5=$(grep -m1 '^losses' <<<"$out" | md5sum | cut -c1-12)"
+    done
+    EVAL_ROUNDS=1 EVAL_STEPS=${WARM_STEPS:-60} run_eval
+    for w in streams alternate grow-shrink; do
+        say "churn $w plan $(LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=1 CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
+            "$B/bench-churn" "$w" | sed 's/threads=[0-9]* allocs=[0-9]* //')"
+        say "churn $w new $(LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 "$B/bench-churn" "$w" |
+            sed 's/threads=[0-9]* allocs=[0-9]* //')"
+    done
+}
+
 case $what in
+warm) run_warm ;;
 churn) run_churn ;;
 settings) run_settings ;;
 eval) run_eval ;;
@@ -689,7 +726,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
+    echo "usage: gpu-run.sh warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
     exit 2
     ;;
 esac
