@@ -6,7 +6,8 @@
 # (--passes 3) and prints the mapping operations per warm step (chunks taken + moved + given
 # back in passes 2-3, over their steps: issue 31's goal is at most 1) and held/live over those
 # passes, worst and best of RUNS. pluggable-fence replays through the pluggable allocator's entry
-# points (bench-replay --pluggable 1: frees on the replay's stream). Run from the repository
+# points (bench-replay --pluggable 1: frees on the replay's stream); noplan-fence is vmm-fence
+# without the step plan (CUHEAP_STEP_PLAN=0). Run from the repository
 # root after a build:
 #   bash bench/run-replay.sh [BUILD_DIR]
 set -euo pipefail
@@ -23,13 +24,15 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     gunzip -c "$seq" >"$T/$name.jsonl"
     r=$("$B/bench/bench-replay" "$T/$name.jsonl" | sed -n 's/.*held_over_live=//p')
     printf '%-10s %-28s %8s %8s %8s\n' "${name#gpt-seq-}" "driver alone" "$r" "$r" 1
-    for cfg in ${CONFIGS:-fence sync immediate vmm-fence vmm-sync aligned-fence fit200-fence pluggable-fence}; do
+    for cfg in ${CONFIGS:-fence sync immediate vmm-fence noplan-fence vmm-sync aligned-fence fit200-fence pluggable-fence}; do
         backing=legacy
         reuse=$cfg
         layout=tight
         fit=125
+        plan=1 # CUHEAP_STEP_PLAN
         args=()
         case $cfg in
+        noplan-*) backing=vmm reuse=${cfg#noplan-} plan=0 ;;
         pluggable-*) backing=vmm reuse=${cfg#pluggable-} args=(--pluggable 1) ;;
         vmm-*) backing=vmm reuse=${cfg#vmm-} ;;
         aligned-*) backing=vmm reuse=${cfg#aligned-} layout=aligned ;; # CUHEAP_VMM_LAYOUT
@@ -39,7 +42,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
         for ((i = 0; i < RUNS; i++)); do
             out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=1 CUHEAP_RECORD=0 \
                 CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing CUHEAP_VMM_LAYOUT=$layout \
-                CUHEAP_VMM_IDLE_FIT=$fit \
+                CUHEAP_VMM_IDLE_FIT=$fit CUHEAP_STEP_PLAN=$plan \
                 "$B/bench/bench-replay" "${args[@]}" "$T/$name.jsonl" 2>&1)
             ratios+=("$(sed -n 's/.*held_over_live=//p' <<<"$out")")
             # the summary's vmm line: each chunk made, moved or given back is two driver calls
@@ -50,6 +53,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
         label="cuheap $backing $reuse"
         [ "$layout" = tight ] || label="$label $layout"
         [ "$fit" = 125 ] || label="$label fit $fit"
+        [ "$plan" = 1 ] || label="$label plan off"
         [ ${#args[@]} = 0 ] || label="$label pluggable"
         called=$(printf '%s\n' "${calls[@]}" | sort -n | sed -n '1p;$p' | paste -sd-)
         warm=""
@@ -58,7 +62,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
             for ((i = 0; i < RUNS; i++)); do
                 out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=0 CUHEAP_RECORD=0 \
                     CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing CUHEAP_VMM_LAYOUT=$layout \
-                    CUHEAP_VMM_IDLE_FIT=$fit \
+                    CUHEAP_VMM_IDLE_FIT=$fit CUHEAP_STEP_PLAN=$plan \
                     "$B/bench/bench-replay" "${args[@]}" --passes 3 "$T/$name.jsonl")
                 ops+=("$(sed -n 's/^replay=.*warm_ops_per_step=//p' <<<"$out")")
                 # the higher of passes 2 and 3
