@@ -631,10 +631,10 @@ run_settings() {
 run_eval() {
     local r name out
     for ((r = 0; r < ${EVAL_ROUNDS:-2}; r++)); do
-        for name in caching default plan plug-plan; do
+        for name in caching noplan plan plug-plan; do
             case $name in
             caching) set -- ;;
-            default) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=0 ;;
+            noplan) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=0 ;;
             plan) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=1 ;;
             plug-plan) set -- CUHEAP_PLUGGABLE=$PRE CUHEAP_STEP_PLAN=1 ;;
             esac
@@ -680,9 +680,9 @@ run_warm() {
         say "gpu suite CUHEAP_STEP_PLAN=$plan: exit $?, $(grep -c '^ok' "$OUT/gpu-suite-plan$plan.log") ok," \
             "$(grep -c '^not ok' "$OUT/gpu-suite-plan$plan.log") not ok"
     done
-    local libs="new=$PRE,CUHEAP_STEP_PLAN=0 plan=$PRE,CUHEAP_STEP_PLAN=1"
+    local libs="noplan=$PRE,CUHEAP_STEP_PLAN=0 plan=$PRE,CUHEAP_STEP_PLAN=1"
     libs="$libs cachingon=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
-    libs="$libs plug=,CUHEAP_PLUGGABLE=$PRE,CUHEAP_STEP_PLAN=0,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    libs="$libs plug-noplan=,CUHEAP_PLUGGABLE=$PRE,CUHEAP_STEP_PLAN=0,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
     libs="$libs plug-plan=,CUHEAP_PLUGGABLE=$PRE,CUHEAP_STEP_PLAN=1,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
     ROUNDS=${WARM_ROUNDS:-2} STEPS=${WARM_STEPS:-60} FULL=0 bash bench/compare-gpt.sh "$OUT" "$libs"
     grep -E 'step_ms|vmm:|step plan:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
@@ -696,7 +696,7 @@ run_warm() {
     for w in streams alternate grow-shrink; do
         say "churn $w plan $(LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=1 CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
             "$B/bench-churn" "$w" | sed 's/threads=[0-9]* allocs=[0-9]* //')"
-        say "churn $w new $(LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 "$B/bench-churn" "$w" |
+        say "churn $w noplan $(LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=0 CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 "$B/bench-churn" "$w" |
             sed 's/threads=[0-9]* allocs=[0-9]* //')"
     done
 }
