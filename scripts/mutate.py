@@ -260,6 +260,12 @@ MUTATIONS = [
      "memory held stays close to what is used (pool v2)", "src/pool/place.c",
      "                 (p->vmm ? q->nr == 0",
      "                 (p->vmm ? q->nr < CUHEAP_QUICK_MAX"),
+    ("plan-off-by-default",
+     "the step plan is off unless asked for, so a repeating job's warm steps still map and move "
+     "memory",
+     "a warm step makes no mapping call", "src/config.c",
+     '    {"CUHEAP_STEP_PLAN", "1",',
+     '    {"CUHEAP_STEP_PLAN", "0",'),
     ("budget-wait-drains-every-cache",
      "vmm: an allocation past the budget that waits for a fence drains every thread's cache "
      "(a barrier on every thread, and their next allocations take the pool's lock)",
