@@ -695,8 +695,9 @@ run_warm() {
     EVAL_ROUNDS=1 EVAL_STEPS=${WARM_STEPS:-60} run_eval
     for w in streams alternate grow-shrink; do
         say "churn $w plan $(LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=1 CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
-            "$B/bench-churn" "$w" | sed 's/threads=[0-9]* allocs=[0-9]* //')"
-        say "churn $w noplan $(LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=0 CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 "$B/bench-churn" "$w" |
+            timeout 120 "$B/bench-churn" "$w" | sed 's/threads=[0-9]* allocs=[0-9]* //')"
+        say "churn $w noplan $(LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=0 CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
+            timeout 120 "$B/bench-churn" "$w" |
             sed 's/threads=[0-9]* allocs=[0-9]* //')"
     done
 }

@@ -33,7 +33,7 @@
     X(cuMemHostAlloc, (void **, size_t, unsigned), "cuMemHostAlloc")                               \
     X(cuMemFreeHost, (void *), "cuMemFreeHost")                                                    \
     X(cuMemGetInfo_v2, (size_t *, size_t *), "cuMemGetInfo")                                       \
-    X(cuDeviceTotalMem_v2, (size_t *, CUdevice), "cuDeviceTotalMem")                              \
+    X(cuDeviceTotalMem_v2, (size_t *, CUdevice), "cuDeviceTotalMem")                               \
     X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr), "cuMemGetAddressRange")     \
     X(cuPointerGetAttribute, (void *, CUpointer_attribute, CUdeviceptr), "cuPointerGetAttribute")  \
     X(cuMemcpyHtoD_v2, (CUdeviceptr, const void *, size_t), "cuMemcpyHtoD")                        \
