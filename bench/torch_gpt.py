@@ -179,7 +179,7 @@ if stats and stats[3]:
     if not peak_live:
         peak_live = stats[1]
 warm = ""
-if stats and warm_stats and STEPS > warm_from:
+if stats and warm_stats:
     n = STEPS - warm_from
     warm = " warm_map_ops_per_step=%.1f warm_map_ms_per_step=%.3f" % (
         sum(stats[i] - warm_stats[i] for i in (13, 14, 15)) / n, (stats[16] - warm_stats[16]) / 1e6 / n)
