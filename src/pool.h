@@ -190,6 +190,11 @@ uint64_t cuheap_pool_largest_free(struct cuheap_pool *p);
  * description in why. Expensive: tests and CUHEAP_DEBUG builds. */
 int cuheap_pool_check(struct cuheap_pool *p, char *why, size_t why_size);
 
+/* For tests: CUHEAP_DEBUG builds check every invariant every 64th pool operation; a test whose
+ * warm-up runs thousands over 4 GiB arenas under a sanitizer sets another count (0 = none)
+ * and checks itself. No effect in other builds. */
+void cuheap_pool_debug_check_every(unsigned every);
+
 /* For tests of the thread caches' hand-over: the calling thread enters its own cache of p as
  * its allocations do, and stays inside until cuheap_pool_debug_leave() (false: no cache);
  * cuheap_pool_debug_hold() holds every cache as a drain does (p->lock taken) until

@@ -11,6 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Operations between two debug checks; 0 = none (cuheap_pool_debug_check_every). */
+static _Atomic unsigned debug_every = 64;
+
+void cuheap_pool_debug_check_every(unsigned every)
+{
+    atomic_store(&debug_every, every);
+}
+
 /* Debug builds (-Ddebug_checks=true) check every invariant every 64th operation (a check
  * walks every unit of every arena). */
 void debug_check(struct cuheap_pool *p)
@@ -18,7 +26,9 @@ void debug_check(struct cuheap_pool *p)
 #ifdef CUHEAP_DEBUG
     static _Atomic unsigned nr_ops;
     char why[256];
-    if (atomic_fetch_add(&nr_ops, 1) % 64 == 0 && cuheap_pool_check(p, why, sizeof(why)))
+    unsigned every = atomic_load(&debug_every);
+    if (every && atomic_fetch_add(&nr_ops, 1) % every == 0 &&
+        cuheap_pool_check(p, why, sizeof(why)))
         cuheap_assert_fail(why, __FILE__, __LINE__);
 #else
     (void)p;

@@ -539,13 +539,16 @@ static void check_invariants(struct fixture *f)
 
 /* The cases of tests[0..n) this process runs: all, or with POOL_TEST_SHARD=i/n every n-th from
  * the i-th, so that n processes share them (tests/meson.build runs the pool's and the step
- * plan's cases as two processes each: minutes under the sanitizers, the runs' longest), and
- * POOL_TEST_FILTER picks one case by name (a pattern) when chasing one. */
+ * plan's cases as two processes each: minutes under the sanitizers, the runs' longest),
+ * POOL_TEST_FILTER picks cases by name (a pattern), when chasing one or for a test of its own,
+ * and POOL_TEST_SKIP leaves cases out by name. */
 static int run_pool_tests(const struct CMUnitTest *tests, size_t n)
 {
     cmocka_set_message_output(CM_OUTPUT_TAP);
     if (getenv("POOL_TEST_FILTER"))
         cmocka_set_test_filter(getenv("POOL_TEST_FILTER"));
+    if (getenv("POOL_TEST_SKIP"))
+        cmocka_set_skip_filter(getenv("POOL_TEST_SKIP"));
     struct CMUnitTest *shard = calloc(n, sizeof(*shard));
     unsigned i = 0, of = 1;
     const char *sh = getenv("POOL_TEST_SHARD");

@@ -647,6 +647,215 @@ static void test_plan_retires_when_lives_change(void **state)
     teardown(f);
 }
 
+/* ---- random trouble around a served step ---- */
+
+struct plan_live {
+    uint64_t ptr, size;
+    int until; /* the step after which a kept block is freed, -1 = the step's own */
+};
+
+/* Whether [ptr, ptr + size) meets a block the program holds: two live blocks sharing bytes
+ * would corrupt its results, whoever placed them. */
+static bool plan_overlaps_live(const struct plan_live *live, int n, uint64_t ptr, uint64_t size)
+{
+    for (int i = 0; i < n; i++)
+        if (live[i].ptr < ptr + size && ptr < live[i].ptr + live[i].size)
+            return true;
+    return false;
+}
+
+/* The plan serving a step with random trouble around it: blocks of sizes the step never asks
+ * for at random moments, blocks kept for a few steps, frees on a stream, fences that pass late
+ * or only when the pool waits, phases of another shape, a step cut short. No live block ever
+ * shares bytes with another, the pool's invariants hold (no block over bytes a freed block
+ * still waits on), and everything goes back at the end. The plan must have served through
+ * the trouble, or the case tested nothing. */
+static void plan_random(unsigned seed, bool threaded_cache)
+{
+    fixture_thread_cache = threaded_cache ? 16 * MIB : 0;
+    struct fixture *f = setup_planned();
+    fixture_thread_cache = 0;
+    plan_warm(f);
+    uint64_t planned = planned_so_far(f);
+    assert_true(planned > 0);
+    srand(seed);
+    enum { MAX_LIVE = 96 };
+    struct plan_live live[MAX_LIVE];
+    int n = 0;
+    for (int step = 0; step < 240; step++) {
+        uint64_t shift = rand() % 80 == 0 ? 64 * 1024 * (uint64_t)(1 + rand() % 3) : 0;
+        int cut = rand() % 60 == 0 ? rand() % PLAN_STEP : PLAN_STEP;
+        int first = n;
+        for (int k = 0; k < cut && n < MAX_LIVE - 2; k++) {
+            uint64_t size = (uint64_t)(k % 7 + 1) * MIB + (uint64_t)k * 256 * 1024 + shift;
+            if (rand() % 150 == 0) { /* a block of another size, kept a few steps or not */
+                uint64_t odd = 1 + (uint64_t)rand() % (48 * MIB);
+                uint64_t ptr = alloc(f, odd, rand() % 3 ? 0x9 : 0x77);
+                assert_false(plan_overlaps_live(live, n, ptr, odd));
+                live[n++] = (struct plan_live){ptr, odd, step + rand() % 4};
+            }
+            uint64_t ptr = alloc(f, size, 0x9);
+            assert_false(plan_overlaps_live(live, n, ptr, size));
+            /* now and then one outlives its step by a few */
+            live[n++] = (struct plan_live){ptr, size, rand() % 150 ? -1 : step + 1 + rand() % 5};
+            if (rand() % 50 == 0)
+                check_invariants(f);
+            /* the step's second half goes as the next comes: free the one before */
+            if (k > PLAN_STEP / 2 && live[n - 2].until < 0) {
+                release(f, live[n - 2].ptr, rand() % 8 ? 0x9 : 0x77);
+                live[n - 2] = live[n - 1];
+                n--;
+            }
+        }
+        /* the step's own blocks go at its end, newest first; kept ones when their time comes */
+        for (int i = n; i-- > first;)
+            if (live[i].until < 0) {
+                release(f, live[i].ptr, rand() % 8 ? 0x9 : 0x77);
+                live[i] = live[--n];
+            }
+        for (int i = n; i-- > 0;)
+            if (live[i].until >= 0 && live[i].until <= step) {
+                release(f, live[i].ptr, 0x9);
+                live[i] = live[--n];
+            }
+        if (rand() % 4) /* else the fences pass later, or when the pool waits for one */
+            complete_fences(&f->dev);
+        if (step % 16 == 0)
+            check_invariants(f);
+    }
+    struct cuheap_pool_stats st;
+    cuheap_pool_get_stats(&f->pool, &st);
+    print_message("# plan, random trouble (seed %u%s): %lu served, %lu missed, %u plans, %lu new "
+                  "placements, %lu MiB held\n",
+                  seed, threaded_cache ? ", thread cache" : "",
+                  (unsigned long)(st.nr_planned - planned), (unsigned long)st.nr_plan_missed,
+                  st.nr_plans, (unsigned long)st.nr_plan_replans,
+                  (unsigned long)(f->pool.st.reserved / MIB));
+    assert_true(st.nr_planned - planned >= 240 * PLAN_STEP / 4);
+    while (n)
+        release(f, live[--n].ptr, 0x9);
+    check_invariants(f);
+    complete_fences(&f->dev);
+    cuheap_pool_trim(&f->pool, false);
+    check_invariants(f);
+    assert_int_equal(f->pool.st.live, 0);
+    assert_int_equal(atomic_load(&f->reserved), 0); /* the region too: nothing is live in it */
+    assert_int_equal(f->dev.used, 0);
+    teardown(f);
+}
+
+static void test_plan_random_with_invariants(void **state)
+{
+    (void)state;
+    plan_random(5, false);
+    plan_random(6, false);
+}
+
+static void test_plan_random_with_invariants_thread_cache(void **state)
+{
+    (void)state;
+    plan_random(7, true);
+}
+
+/* Threads with blocks of their own beside a served step, as a data loader's or a second
+ * stream's: small blocks through their caches, and
+ * once the plan serves, a large block every few steps that the plan's clock sees between the
+ * step's. No two live blocks share bytes, the invariants hold while the plan maps, serves,
+ * loses and finds its step beside them (the sanitizers' runs see every lock rule here: suite
+ * unit), and the plan serves throughout. (While it watches, such blocks keep the plan from
+ * being made: its period must repeat exactly for a quarter of the window, bench/RESULTS.md.) */
+struct plan_stormer {
+    struct fixture *f;
+    unsigned seed;
+    _Atomic bool *stop;
+    _Atomic int *large; /* large blocks the step's thread allows: one every few steps */
+    char why[256];
+};
+
+static void *plan_storm_thread(void *arg)
+{
+    struct plan_stormer *st = arg;
+    struct cuheap_pool *p = &st->f->pool;
+    uint64_t ptr[32] = {0}, size[32] = {0}, block, seq, got, bsize;
+    unsigned r = st->seed;
+    for (unsigned i = 0; !atomic_load(st->stop) && !st->why[0]; i++) {
+        r = r * 1103515245u + 12345u;
+        unsigned k = (r >> 8) % 32;
+        if (ptr[k]) {
+            if (cuheap_pool_free(p, ptr[k], (r >> 4) % 4 ? 0 : 0x55, &got, &bsize, &seq))
+                snprintf(st->why, sizeof(st->why), "free of a live block refused");
+            ptr[k] = 0;
+            continue;
+        }
+        uint64_t want = 1 + (r >> 13) % (128 * 1024);
+        if ((r >> 16) % 64 == 0 && atomic_load(st->large) > 0 && atomic_fetch_sub(st->large, 1) > 0)
+            want = 1 + (r >> 10) % (6 * MIB);
+        if (cuheap_pool_alloc(p, want, 0, &ptr[k], &block, &seq)) {
+            ptr[k] = 0;
+            continue; /* the device may be full for a moment: the driver's answer */
+        }
+        size[k] = want;
+        for (unsigned j = 0; j < 32; j++)
+            if (j != k && ptr[j] && ptr[j] < ptr[k] + want && ptr[k] < ptr[j] + size[j])
+                snprintf(st->why, sizeof(st->why), "two live blocks share bytes");
+    }
+    for (unsigned k = 0; k < 32; k++)
+        if (ptr[k])
+            cuheap_pool_free(p, ptr[k], 0, &got, &bsize, &seq);
+    return NULL;
+}
+
+static void test_plan_serves_beside_threads(void **state)
+{
+    (void)state;
+    fixture_thread_cache = 16 * MIB;
+    struct fixture *f = setup_planned();
+    fixture_thread_cache = 0;
+    _Atomic bool stop = false;
+    _Atomic int large = 0;
+    struct plan_stormer st[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+        st[i] = (struct plan_stormer){
+            .f = f, .seed = 17u + (unsigned)i, .stop = &stop, .large = &large};
+        assert_int_equal(pthread_create(&t[i], NULL, plan_storm_thread, &st[i]), 0);
+    }
+    int step = 0;
+    /* a check walks 4 GiB arenas under the pool's lock: this thread's every few steps, not
+     * debug builds' every 64th operation, or sanitized runs take minutes */
+    cuheap_pool_debug_check_every(0);
+    for (; step < 4 * (int)PLAN_WINDOW / PLAN_STEP && !planned_so_far(f); step++)
+        plan_step(f, 0, NULL);
+    check_invariants(f);
+    uint64_t planned = planned_so_far(f);
+    for (int i = 0; i < 60; i++) {
+        plan_step(f, i % 20 == 19 ? 64 * 1024 : 0, NULL); /* now and then a step of another shape */
+        atomic_store(&large, i % 4 == 3);
+        if (i % 10 == 9)
+            check_invariants(f); /* beside the threads' blocks, cached or not */
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    cuheap_pool_debug_check_every(64);
+    for (int i = 0; i < 3; i++)
+        if (st[i].why[0])
+            fail_msg("beside the plan: %s", st[i].why);
+    struct cuheap_pool_stats ps;
+    cuheap_pool_get_stats(&f->pool, &ps);
+    print_message(
+        "# plan beside 3 threads: made after %d steps, %lu served in 60 after, %u plans\n", step,
+        (unsigned long)(ps.nr_planned - planned), ps.nr_plans);
+    assert_true(planned > 0);
+    assert_true(ps.nr_planned - planned >= 60 * PLAN_STEP / 2);
+    check_invariants(f);
+    complete_fences(&f->dev);
+    cuheap_pool_trim(&f->pool, false);
+    assert_int_equal(f->pool.st.live, 0);
+    assert_int_equal(atomic_load(&f->reserved), 0);
+    teardown(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -663,6 +872,9 @@ int main(void)
         cmocka_unit_test(test_plan_keeps_its_places_through_a_phase),
         cmocka_unit_test(test_plan_serves_a_phase_at_free_places),
         cmocka_unit_test(test_plan_fills_beside_other_threads),
+        cmocka_unit_test(test_plan_random_with_invariants),
+        cmocka_unit_test(test_plan_random_with_invariants_thread_cache),
+        cmocka_unit_test(test_plan_serves_beside_threads),
     };
     return run_pool_tests(tests, sizeof(tests) / sizeof(tests[0]));
 }
