@@ -22,6 +22,14 @@
  * gave back during that pass (cuheap_get_stats), and that over --steps. A warm job should make
  * none: passes after the first are the warm ones.
  *
+ * --settle N (default 8): in passes after the first, the figures of the pass past its first N
+ * steps go on each pass line as " settled_held_over_live=R settled_ops_per_step=X", and over
+ * passes 2 to N on the last line. A pass's first steps re-make the first step's state (an
+ * optimizer's, freed at the trace's end), which a job does once, and the step plan, which
+ * sees its step change there, is made again (up to PLAN_BAD_STEPS steps to retire, two to find
+ * the period, one to measure, one to map): the settled figures are the long run's steady
+ * state, the pass's own include that boundary.
+ *
  * --from-step S (default 0) replays, in passes after the first, only the allocations of the
  * trace's steps from S on: a long run's steady steps again and again, without the first steps'
  * blocks (an optimizer's state, made in the first step and freed at the trace's end) made anew
@@ -37,7 +45,8 @@
  * cuMemFree: blocks freed on a known stream, which may be reused on it at once.
  *
  * Output: one line, "replay=NAME allocs=N peak_live=B peak_held=B held_over_live=R", with
- * " warm_ops_per_step=X" (passes 2 to N together) under cuheap when N > 1.
+ * " warm_ops_per_step=X" (passes 2 to N together) under cuheap when N > 1, and the settled
+ * figures (--settle) of passes 2 to N.
  */
 #include <cuheap/cuheap.h>
 #include <stdint.h>
@@ -166,7 +175,7 @@ static void evaluate(CUstream s, unsigned work_us, const uint64_t *sizes, size_t
 
 int main(int argc, char **argv)
 {
-    unsigned work_us = 20, steps = 30, passes = 1, eval_every = 0, from_step = 0;
+    unsigned work_us = 20, steps = 30, passes = 1, eval_every = 0, from_step = 0, settle = 8;
     int a = 1;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--work-us"))
@@ -177,6 +186,8 @@ int main(int argc, char **argv)
             passes = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--from-step"))
             from_step = (unsigned)atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--settle"))
+            settle = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--eval"))
             eval_every = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--pluggable"))
@@ -184,9 +195,9 @@ int main(int argc, char **argv)
         else
             break;
     }
-    if (a != argc - 1 || !steps || !passes || from_step >= steps) {
+    if (a != argc - 1 || !steps || !passes || from_step >= steps || settle >= steps) {
         fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] "
-                        "[--from-step S] [--eval K] [--pluggable 1] TRACE\n");
+                        "[--settle N] [--from-step S] [--eval K] [--pluggable 1] TRACE\n");
         return 2;
     }
     struct cuheap_trace tr;
@@ -257,9 +268,12 @@ int main(int argc, char **argv)
     }
     CUdeviceptr kept = 0;
     uint64_t kept_size = 0, steps_done = 0;
-    uint64_t warm_ops = 0;
+    uint64_t warm_ops = 0, settled_ops = 0, settled_steps = 0;
+    double settled_worst = 0;
     for (unsigned pass = 0; pass < passes; pass++) {
         uint64_t pass_held = 0, pass_live = 0, ops0 = map_ops();
+        /* past the pass's first `settle` steps: held and live at most, and the operations */
+        uint64_t pass_steps = 0, set_held = 0, set_live = 0, set_ops0 = 0;
         for (size_t i = 0; i < nr_ev; i++) {
             const struct cuheap_trace_event *e = &tr.events[i];
             if (e->type == CUHEAP_EV_ALLOC) {
@@ -274,6 +288,8 @@ int main(int argc, char **argv)
                     check(cu.cuLaunchHostFunc(s, kernel, (void *)(uintptr_t)work_us), "launch");
                 if (++nr % per_step == 0) {
                     check(cu.cuStreamSynchronize(s), "step end");
+                    if (++pass_steps == settle)
+                        set_ops0 = map_ops();
                     if (eval_every && ++steps_done % eval_every == 0)
                         evaluate(s, work_us, eval_sizes, nr_evals, largest, &kept, &kept_size,
                                  &live, &pass_live, &peak_live);
@@ -289,6 +305,10 @@ int main(int argc, char **argv)
             uint64_t held = held_now(used0);
             if (held > pass_held)
                 pass_held = held;
+            if (pass_steps >= settle) {
+                set_held = held > set_held ? held : set_held;
+                set_live = live > set_live ? live : set_live;
+            }
         }
         if (pass_held > peak_held)
             peak_held = pass_held;
@@ -302,6 +322,16 @@ int main(int argc, char **argv)
             if (get_stats)
                 printf(" map_ops=%llu ops_per_step=%.1f", (unsigned long long)ops,
                        (double)ops / steps);
+            if (pass && pass_steps > settle && set_live) {
+                double r = (double)set_held / (double)set_live;
+                uint64_t o = map_ops() - set_ops0;
+                printf(" settled_held_over_live=%.3f", r);
+                if (get_stats)
+                    printf(" settled_ops_per_step=%.1f", (double)o / (pass_steps - settle));
+                settled_worst = r > settled_worst ? r : settled_worst;
+                settled_ops += o;
+                settled_steps += pass_steps - settle;
+            }
             printf("\n");
         }
     }
@@ -318,6 +348,11 @@ int main(int argc, char **argv)
            peak_live ? (double)peak_held / (double)peak_live : 0.0);
     if (get_stats && passes > 1)
         printf(" warm_ops_per_step=%.1f", (double)warm_ops / ((double)steps * (passes - 1)));
+    if (settled_steps) {
+        printf(" settled_held_over_live=%.3f", settled_worst);
+        if (get_stats)
+            printf(" settled_ops_per_step=%.1f", (double)settled_ops / (double)settled_steps);
+    }
     printf("\n");
     for (size_t k = 0; k < nr_ev; k++)
         if (vals[k])
