@@ -4,7 +4,8 @@ self-attention blocks, bf16 autocast, AdamW. Prints the median step time, peak l
 reserved bytes, the most device memory the process held (the driver's count, sampled after
 each backward pass and step, less what it held before the model), and the losses as exact hex
 floats (they must match across allocators). Under cuheap it adds, for the second half of the
-steps, cuheap's mapping operations and its milliseconds in mapping calls per step.
+steps, cuheap's mapping operations and its milliseconds in mapping calls per step, and with
+PyTorch's caching allocator on, PyTorch's own peak reserved (torch_reserved) beside cuheap's.
 
   python torch_gpt.py [STEPS]
 
@@ -173,6 +174,7 @@ try:
 except RuntimeError:  # a pluggable allocator keeps no PyTorch statistics
     peak_live = peak_reserved = 0
 source = "torch"
+torch_reserved = peak_reserved  # PyTorch's own peak reserved, under cuheap too (0: pluggable)
 stats = cuheap_stats(lib)
 if stats and stats[3]:
     peak_reserved, source = stats[3], "cuheap"
@@ -183,6 +185,8 @@ if stats and warm_stats:
     n = STEPS - warm_from
     warm = " warm_map_ops_per_step=%.1f warm_map_ms_per_step=%.3f" % (
         sum(stats[i] - warm_stats[i] for i in (13, 14, 15)) / n, (stats[16] - warm_stats[16]) / 1e6 / n)
+if source == "cuheap" and torch_reserved:
+    warm += " torch_reserved=%d" % torch_reserved
 skip = 5 if len(times) > 10 else 0
 print("step_ms=%.3f peak_live=%d peak_reserved=%d reserved_from=%s frag=%.3f device_used=%d "
       "launch_ms=%.3f launch_cpu_ms=%.3f%s" % (

@@ -44,6 +44,10 @@
 #                                caching off + cuheap with and without the plan, caching on +
 #                                cuheap, pluggable with and without the plan; the loop with an
 #                                evaluation every 10 steps; the churn workloads under the plan
+#   scripts/gpu-run.sh sites     caching on: the GPT loop recorded, and the sites holding the
+#                                most at its peak (what cuheap counts beyond PyTorch's reserved);
+#                                pairs of 512 B, 2 and 20 MiB with and without the step plan
+#                                beside the driver alone, three rounds
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -702,7 +706,27 @@ run_warm() {
     done
 }
 
+run_sites() {
+    local out r plan
+    out=$(PYTORCH_NO_CUDA_MEMORY_CACHING=0 LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/cachingon.jsonl" \
+        timeout 200 python3 bench/torch_gpt.py "${SITES_STEPS:-20}" 2>&1)
+    say "cachingon recorded $(grep step_ms <<<"$out")"
+    grep -E '^cuheap: GPU 0: peak' <<<"$out" | tee -a "$OUT/summary.txt"
+    "$B/cuheap" top -n 15 --by peak "$T/cachingon.jsonl" >"$OUT/cachingon-top.txt" 2>&1
+    "$B/cuheap" report "$T/cachingon.jsonl" >"$OUT/cachingon-report.txt" 2>&1
+    for ((r = 0; r < ${PAIR_ROUNDS:-3}; r++)); do
+        say "pairs round=$r driver $(timeout 60 "$B/bench-alloc" sync 512 2097152 20971520 2>&1 |
+            grep '^config' | tr '\n' ' ')"
+        for plan in 0 1; do
+            say "pairs round=$r plan=$plan $(CUHEAP_STEP_PLAN=$plan LD_PRELOAD=$PRE CUHEAP_RECORD=0 \
+                CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" sync 512 2097152 20971520 2>&1 |
+                grep '^config' | tr '\n' ' ')"
+        done
+    done
+}
+
 case $what in
+sites) run_sites ;;
 warm) run_warm ;;
 churn) run_churn ;;
 settings) run_settings ;;
@@ -727,7 +751,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
+    echo "usage: gpu-run.sh sites|warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
     exit 2
     ;;
 esac
