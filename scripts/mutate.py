@@ -266,6 +266,12 @@ MUTATIONS = [
      "a warm step makes no mapping call", "src/config.c",
      '    {"CUHEAP_STEP_PLAN", "1",',
      '    {"CUHEAP_STEP_PLAN", "0",'),
+    ("plan-counts-unseen-sizes",
+     "while it watches, the step plan counts every size, so another thread's large block now and "
+     "then breaks every period and no plan is made",
+     "a warm step makes no mapping call", "src/pool/plan.c",
+     "    if (pl->state != PLAN_ON && pl->state != PLAN_OFF && !watch_seen(pl, size))",
+     "    if (pl->state != PLAN_ON && pl->state != PLAN_OFF && !watch_seen(pl, size) && 0)"),
     ("budget-wait-drains-every-cache",
      "vmm: an allocation past the budget that waits for a fence drains every thread's cache "
      "(a barrier on every thread, and their next allocations take the pool's lock)",

@@ -46,6 +46,7 @@ static size_t plan_work_bytes(void)
 static size_t plan_bytes(void)
 {
     return sizeof(struct cuheap_plan) + PLAN_WINDOW * sizeof(uint64_t) +
+           PLAN_SEEN * sizeof(uint64_t) +
            PLAN_MAX_SLOTS *
                (sizeof(struct plan_slot) + sizeof(struct cuheap_step_block) + sizeof(uint32_t)) +
            PLAN_NR_TRACK * sizeof(struct plan_track) + PLAN_MAX_CONFLICTS * sizeof(uint32_t) +
@@ -63,6 +64,8 @@ int plan_create(struct cuheap_pool *p)
     char *at = (char *)(pl + 1);
     pl->sizes = (uint64_t *)at;
     at += PLAN_WINDOW * sizeof(uint64_t);
+    pl->seen = (uint64_t *)at;
+    at += PLAN_SEEN * sizeof(uint64_t);
     pl->slots = (struct plan_slot *)at;
     at += PLAN_MAX_SLOTS * sizeof(struct plan_slot);
     pl->blocks = (struct cuheap_step_block *)at;
@@ -490,6 +493,12 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     struct cuheap_plan *pl = p->plan;
     if (pl->reap_due)
         region_reap_locked(p, pl); /* may drop p->lock */
+    /* Until it serves, the plan counts only sizes it has seen before: another thread's block
+     * of a size of its own, now and then, would else break every period (it must repeat
+     * exactly for a quarter of the window) and no plan be made. Serving, such a block makes
+     * it lose its phase and find it again (resync_locked), as a phase of another shape does. */
+    if (pl->state != PLAN_ON && pl->state != PLAN_OFF && !watch_seen(pl, size))
+        return 1;
     uint64_t t = pl->clock++;
     pl->sizes[t % PLAN_WINDOW] = size;
     *ret_track = -1;

@@ -18,6 +18,7 @@
 #define PLAN_MAX_SLOTS     (PLAN_WINDOW / 4)    /* the longest period found in the window */
 #define PLAN_NR_TRACK      (2 * PLAN_MAX_SLOTS) /* measured blocks live at once, twice over */
 #define PLAN_MAX_CONFLICTS (1u << 20)           /* pairs of planned slots sharing bytes, at most */
+#define PLAN_SEEN          (4 * PLAN_WINDOW)    /* sizes remembered as seen (a hash set) */
 #define PLAN_MAX_REGIONS                                                                           \
     8u                        /* plans made per pool at most: a job that keeps changing its        \
                                  step gets no more (their arenas are never freed) */
@@ -105,10 +106,12 @@ struct cuheap_plan {
     unsigned nr_regions; /* plans tried */
     uint64_t clock;      /* large allocations the pool's lock saw */
     uint64_t watch_from;
-    uint64_t period, start;  /* the step: clock start + k is its allocation k, every period */
-    uint64_t known_period;   /* the period of the last plan made, 0 = none yet */
-    uint64_t quiet;          /* the step's allocation where the fewest planned bytes live */
-    uint64_t *sizes;         /* [PLAN_WINDOW], by clock */
+    uint64_t period, start; /* the step: clock start + k is its allocation k, every period */
+    uint64_t known_period;  /* the period of the last plan made, 0 = none yet */
+    uint64_t quiet;         /* the step's allocation where the fewest planned bytes live */
+    uint64_t *sizes;        /* [PLAN_WINDOW], by clock */
+    uint64_t *seen;         /* [PLAN_SEEN]: sizes seen before, 0 = empty (watch_seen) */
+    uint32_t nr_seen;
     struct plan_slot *slots; /* [period] */
     struct cuheap_step_block *blocks;
     uint32_t *by_offset; /* planned slots in the order of their offsets */
@@ -142,6 +145,7 @@ static inline uint64_t plan_lagged_end(uint64_t start, uint64_t end, uint64_t pe
 
 /* watch.c: a period found in the large allocations' sizes, one step measured and placed */
 void watch_again(struct cuheap_plan *pl);
+bool watch_seen(struct cuheap_plan *pl, uint64_t size);
 void watch_locked(struct cuheap_plan *pl);
 bool watch_track(struct cuheap_plan *pl, uint64_t ptr, uint32_t slot);
 int64_t watch_untrack(struct cuheap_plan *pl, uint64_t ptr);

@@ -21,6 +21,25 @@ void watch_again(struct cuheap_plan *pl)
     pl->nr_tracked = 0;
 }
 
+/* Whether size was seen before; remembered if not. Sizes stay remembered through plans made and
+ * retired (a step's sizes come back after a phase of another shape); when the set is
+ * three-quarters full (sizes of other threads' blocks, each new), it starts again. */
+bool watch_seen(struct cuheap_plan *pl, uint64_t size)
+{
+    uint32_t mask = PLAN_SEEN - 1, i = (uint32_t)(size * 0x9e3779b97f4a7c15ull >> 40) & mask;
+    for (; pl->seen[i]; i = (i + 1) & mask)
+        if (pl->seen[i] == size)
+            return true;
+    if (pl->nr_seen >= PLAN_SEEN / 4 * 3) {
+        memset(pl->seen, 0, PLAN_SEEN * sizeof(*pl->seen));
+        pl->nr_seen = 0;
+        i = (uint32_t)(size * 0x9e3779b97f4a7c15ull >> 40) & mask;
+    }
+    pl->seen[i] = size;
+    pl->nr_seen++;
+    return false;
+}
+
 static uint32_t track_hash(uint64_t ptr)
 {
     return (uint32_t)((ptr >> 9) * 0x9e3779b97f4a7c15ull >> 40) & (PLAN_NR_TRACK - 1);
