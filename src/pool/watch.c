@@ -26,14 +26,15 @@ void watch_again(struct cuheap_plan *pl)
  * three-quarters full (sizes of other threads' blocks, each new), it starts again. */
 bool watch_seen(struct cuheap_plan *pl, uint64_t size)
 {
-    uint32_t mask = PLAN_SEEN - 1, i = (uint32_t)(size * 0x9e3779b97f4a7c15ull >> 40) & mask;
+    uint32_t mask = PLAN_SEEN - 1, home = (uint32_t)(size * 0x9e3779b97f4a7c15ull >> 40) & mask;
+    uint32_t i = home;
     for (; pl->seen[i]; i = (i + 1) & mask)
         if (pl->seen[i] == size)
             return true;
     if (pl->nr_seen >= PLAN_SEEN / 4 * 3) {
         memset(pl->seen, 0, PLAN_SEEN * sizeof(*pl->seen));
         pl->nr_seen = 0;
-        i = (uint32_t)(size * 0x9e3779b97f4a7c15ull >> 40) & mask;
+        i = home;
     }
     pl->seen[i] = size;
     pl->nr_seen++;
