@@ -23,6 +23,11 @@
  *   grow-shrink  a working set that grows from 4 to 96 blocks (64 KiB to 16 MiB) over 20 steps
  *                and shrinks back over 20, a quarter of it replaced every step; four times
  *                over (--steps 160); the host waits for the stream at each step's end.
+ *   shapes       alternate's loop with the shapes of a job whose batches vary in length (text
+ *                of every length, not padded to a few): each step's activations are their
+ *                sizes at a sequence length drawn from 64 to 512 in steps of 8, so nearly every
+ *                step asks for sizes the one before did not. --steps (200), long enough for
+ *                the step plan (CUHEAP_STEP_PLAN) to have watched.
  *
  * Host and streams: after each allocation a kernel of --work-us (20) microseconds is queued on
  * the thread's stream; the host runs ahead of its stream by at most --depth (1024) kernels, as the
@@ -241,6 +246,43 @@ static unsigned alternate(uint64_t seed, unsigned steps, unsigned *ret_warm_from
     return 8 + steps * 2 * NR_ACTS;
 }
 
+/* ---- shapes ---- */
+
+static unsigned shapes(uint64_t seed, unsigned steps, unsigned *ret_warm_from)
+{
+    struct lane l = {0};
+    check(cu.cuStreamCreate(&l.s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    uint64_t s = seed;
+    CUdeviceptr model[8];
+    for (unsigned i = 0; i < 8; i++)
+        model[i] = alloc(&l, 4 * MIB);
+    size_t base[NR_ACTS]; /* at the longest sequence, 512 */
+    for (unsigned i = 0; i < NR_ACTS; i++)
+        base[i] = log_uniform(&s, 256 * KIB, 8 * MIB);
+    *ret_warm_from = steps / 2;
+    for (unsigned step = 0; step < steps; step++) {
+        if (step == *ret_warm_from)
+            atomic_store(&half_ops, map_ops() + 1);
+        size_t len = 64 + 8 * (size_t)(splitmix(&s) % 57);
+        CUdeviceptr act[NR_ACTS];
+        size_t n[NR_ACTS];
+        for (unsigned i = 0; i < NR_ACTS; i++) { /* forward */
+            n[i] = base[i] * len / 512;
+            act[i] = alloc(&l, n[i]);
+        }
+        for (unsigned i = NR_ACTS; i-- > 0;) { /* backward */
+            CUdeviceptr g = alloc(&l, n[i]);
+            release(g, n[i]);
+            release(act[i], n[i]);
+        }
+        check(cu.cuStreamSynchronize(l.s), "step end");
+    }
+    for (unsigned i = 0; i < 8; i++)
+        release(model[i], 4 * MIB);
+    check(cu.cuStreamDestroy_v2(l.s), "cuStreamDestroy");
+    return 8 + steps * 2 * NR_ACTS;
+}
+
 /* ---- grow-shrink ---- */
 
 #define NR_GROW_MAX 96
@@ -311,10 +353,11 @@ int main(int argc, char **argv)
     }
     const char *name = a == argc - 1 ? argv[a] : "";
     bool streams = !strcmp(name, "streams"), alt = !strcmp(name, "alternate"),
-         grow = !strcmp(name, "grow-shrink");
-    if ((!streams && !alt && !grow) || !threads || threads > 64 || !depth) {
+         grow = !strcmp(name, "grow-shrink"), shape = !strcmp(name, "shapes");
+    if ((!streams && !alt && !grow && !shape) || !threads || threads > 64 || !depth) {
         fprintf(stderr, "usage: bench-churn [--threads N] [--allocs N] [--steps N] "
-                        "[--work-us N] [--depth N] [--seed N] streams|alternate|grow-shrink\n");
+                        "[--work-us N] [--depth N] [--seed N] "
+                        "streams|alternate|grow-shrink|shapes\n");
         return 2;
     }
     if (driver_api_start(&cu, 0))
@@ -340,10 +383,11 @@ int main(int argc, char **argv)
             pthread_join(th[i], NULL);
         warm_steps = (total_allocs - total_allocs / 2) / ((uint64_t)NR_SLOTS * threads);
     } else {
-        unsigned warm_from, n = alt ? alternate(seed, steps ? steps : 60, &warm_from)
-                                    : grow_shrink(seed, steps ? steps : 160, &warm_from);
+        unsigned warm_from, n = alt     ? alternate(seed, steps ? steps : 60, &warm_from)
+                                : shape ? shapes(seed, steps ? steps : 200, &warm_from)
+                                        : grow_shrink(seed, steps ? steps : 160, &warm_from);
         atomic_store(&nr_allocs, n);
-        warm_steps = (steps ? steps : alt ? 60 : 160) - warm_from;
+        warm_steps = (steps ? steps : alt ? 60 : shape ? 200 : 160) - warm_from;
     }
     check(cu.cuCtxSynchronize(), "cuCtxSynchronize");
     uint64_t held = atomic_load(&peak_held), pl = atomic_load(&peak_live);

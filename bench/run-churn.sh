@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Held / live bytes and mapping operations for allocation patterns a recorded job does not show
 # (bench/bench-churn.c, issue 31): threads on streams of their own freeing without a sync (with
-# the driver's launch queue, with a shallower one, and 16 threads instead of 4), sizes that alternate step by step, a
-# working set that grows and shrinks. Each runs on the simulated driver alone, then under
+# the driver's launch queue, with a shallower one, and 16 threads instead of 4), sizes that
+# alternate step by step, a working set that grows and shrinks, sizes that change every step
+# (batches of every length). Each runs on the simulated driver alone, then under
 # cuheap's vmm and legacy backings (CONFIGS adds vmm-notc: vmm without thread caches), RUNS
 # times each (default 3; thread timing varies, the seed does not): worst and best held/live,
 # cuheap's worst over the driver's worst, and the vmm pool's mapping operations per warm step
@@ -45,7 +46,7 @@ if [ -n "${CAPACITIES:-}" ]; then
     exit 0
 fi
 export LD_LIBRARY_PATH=$B/tests/fakecuda FAKECUDA_DEVICE_MEM=${FAKECUDA_DEVICE_MEM:-16G}
-WORKLOADS=${WORKLOADS:-streams streams,--depth,64 streams,--threads,16 alternate grow-shrink}
+WORKLOADS=${WORKLOADS:-streams streams,--depth,64 streams,--threads,16 alternate grow-shrink shapes}
 printf '%-22s %-20s %8s %8s %5s %10s %s\n' workload configuration worst best runs "x driver" \
     "mapping ops per warm step"
 for w in $WORKLOADS; do

@@ -472,7 +472,7 @@ run_steady() {
     local libs="new=$PRE" lib w r backing out
     [ -f "$B/old/libcuheap.so" ] && libs="old=$B/old/libcuheap.so $libs"
     for r in $(seq "${STEADY_CHURN_RUNS:-2}"); do
-        for w in ${STEADY_WORKLOADS:-streams alternate grow-shrink}; do
+        for w in ${STEADY_WORKLOADS:-streams alternate grow-shrink shapes}; do
             say "churn round=$r driver $(timeout 120 "$B/bench-churn" "$w" 2>&1 | tail -1)"
             for backing in vmm legacy; do
                 for lib in $libs; do

@@ -356,7 +356,7 @@ static const struct option options[] = {
      FIELD(pool_init), 0, 64 * TIB, NULL},
     {"CUHEAP_ARENA_SIZE", "256M",
      "legacy: largest arena taken from the driver (power of two; the pool starts at an eighth "
-     "and grows by a quarter)",
+     "and grows by a sixteenth of what it holds)",
      parse_pow2_bytes, FIELD(arena_size), 2 * MIB, 64 * GIB, NULL},
     {"CUHEAP_MIN_BLOCK", "512", "smallest pool block (power of two)", parse_pow2_bytes,
      FIELD(min_block), 256, 2 * MIB, NULL},

@@ -58,11 +58,17 @@ void arena_retire(struct cuheap_arena *a)
     cuheap_buddy_retire(&a->buddy); /* size becomes 0; base and unit size stay for tc_free */
 }
 
-/* Take one arena from the device: a quarter of what the pool holds, from an eighth of
- * CUHEAP_ARENA_SIZE up to CUHEAP_ARENA_SIZE, so a small program does not hold a whole arena
- * for a few buffers, and an arena, which stays until it is empty, adds little beyond what the
- * job uses (a pool that doubled held up to twice as much for good); smaller when a limit or
- * the device leaves less; never smaller than need. With exact, the arena is need bytes (a power of
+/* A new arena is at least this fraction of what the pool holds (rounded up to a power of
+ * two): an arena stays until it is empty, so what the last one taken holds beyond the job's
+ * peak is held for good, and a quarter held noticeably more than a sixteenth on streams of
+ * churn (bench/RESULTS.md). The cost is more, smaller arenas while the job warms up. */
+#define CUHEAP_LEGACY_GROWTH 16
+
+/* Take one arena from the device: a CUHEAP_LEGACY_GROWTH-th of what the pool holds, from an
+ * eighth of CUHEAP_ARENA_SIZE up to CUHEAP_ARENA_SIZE, so a small program does not hold a
+ * whole arena for a few buffers, and an arena adds little beyond what the job uses (a pool
+ * that doubled held up to twice as much for good); smaller when a limit or the device leaves
+ * less; never smaller than need. With exact, the arena is need bytes (a power of
  * two), no more: CUHEAP_POOL_INIT. Drops p->lock around the driver call. Returns 0, CUHEAP_BE_OOM,
  * or -EDQUOT when the limit is what refused. */
 int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
@@ -73,7 +79,8 @@ int grow_legacy_locked(struct cuheap_pool *p, uint64_t need, bool exact)
         need = p->cfg->min_block;
     need = pow2_ceil(need);
     uint64_t size = p->cfg->arena_size;
-    uint64_t target = pow2_ceil(p->st.reserved / 4 > size / 8 ? p->st.reserved / 4 : size / 8);
+    uint64_t step = p->st.reserved / CUHEAP_LEGACY_GROWTH;
+    uint64_t target = pow2_ceil(step > size / 8 ? step : size / 8);
     if (target < size || exact)
         size = target > need && !exact ? target : need;
     /* One thread at a time takes an arena, as the mapper does under vmm: threads that all
