@@ -25,7 +25,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     name=$(basename "$seq" .jsonl.gz)
     gunzip -c "$seq" >"$T/$name.jsonl"
     steps=(--steps 30)
-    [ "$name" = gpt-seq-eval ] && steps=(--steps 60) # recorded over 60 steps
+    case $name in gpt-seq-eval | gpt-seq-varlen) steps=(--steps 60) ;; esac # recorded over 60 steps
     r=$("$B/bench/bench-replay" "${steps[@]}" "$T/$name.jsonl" | sed -n 's/.* held_over_live=//p')
     out=$("$B/bench/bench-replay" "${steps[@]}" --passes 3 "$T/$name.jsonl")
     h=$(sed -n 's/^pass=[23] .* held_over_live=\([0-9.]*\).*/\1/p' <<<"$out" | sort -g | tail -1)

@@ -13,6 +13,10 @@ The allocator is chosen by the environment (PYTORCH_NO_CUDA_MEMORY_CACHING,
 PYTORCH_CUDA_ALLOC_CONF, LD_PRELOAD=libcuheap.so); CUHEAP_PLUGGABLE=/path/libcuheap.so installs
 cuheap through CUDAPluggableAllocator.
 
+GPT_VARLEN=1 trains each step on a prefix of the batch's sequences, of a length drawn (seeded,
+the same in every run) from 64 to 256 in steps of 8: a job whose batches vary in length, so
+that nearly every step asks for sizes the one before did not.
+
 GPT_EVAL=K evaluates every K steps, after the step: a forward pass of the same shape without
 gradients, whose logits are kept until the next evaluation (a phase of another shape, and a
 block made in it that lives for many steps); the evaluation losses are printed as well.
@@ -23,6 +27,7 @@ on and their ratio: recording's cost measured within one process, where the shar
 noise falls on both halves alike."""
 import ctypes
 import os
+import random
 import statistics
 import sys
 import time
@@ -110,6 +115,11 @@ if TOGGLE:
     set_recording.argtypes = [ctypes.c_int]
 recorded = []  # per step: whether recording was on
 EVAL = int(os.environ.get("GPT_EVAL", "0"))
+VARLEN = os.environ.get("GPT_VARLEN") == "1"
+lengths = []
+if VARLEN:
+    pick = random.Random(2)
+    lengths = [pick.choice(range(64, SEQ + 1, 8)) for _ in range(STEPS)]
 eval_losses, kept_logits = [], None
 
 
@@ -145,8 +155,9 @@ for step in range(STEPS):
         recorded.append(on)
     torch.cuda.synchronize()
     t0, c0 = time.perf_counter(), time.thread_time()
+    xs, ys = (x[:, :lengths[step]], y[:, :lengths[step]]) if VARLEN else (x, y)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(model(xs).reshape(-1, VOCAB), ys.reshape(-1))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     used_peak = max(used_peak, device_used())

@@ -48,6 +48,10 @@
 #                                most at its peak (what cuheap counts beyond PyTorch's reserved);
 #                                pairs of 512 B, 2 and 20 MiB with and without the step plan
 #                                beside the driver alone, three rounds
+#   scripts/gpu-run.sh shapes    the GPT loop with batches of varying length (GPT_VARLEN=1) under
+#                                the caching allocator, expandable segments, the driver alone,
+#                                cuheap with and without the plan, caching on, pluggable; then
+#                                bench-churn's shapes
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -725,7 +729,41 @@ run_sites() {
     done
 }
 
+# A GPT loop whose batches vary in length (GPT_VARLEN=1: sizes change nearly every step), as
+# compare-gpt.sh runs it, interleaved: the caching allocator, expandable segments, the driver
+# alone (caching off), caching off + cuheap with and without the step plan, caching on + cuheap,
+# cuheap as the pluggable allocator; then bench-churn's shapes under the driver, vmm, legacy.
+run_shapes() {
+    local cfg="driver=,PYTORCH_NO_CUDA_MEMORY_CACHING=1"
+    cfg="$cfg expandable=,PYTORCH_NO_CUDA_MEMORY_CACHING=0,PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    cfg="$cfg plan=$PRE,CUHEAP_STEP_PLAN=1 noplan=$PRE,CUHEAP_STEP_PLAN=0"
+    cfg="$cfg cachingon=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    cfg="$cfg pluggable=,CUHEAP_PLUGGABLE=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    ROUNDS=${SHAPES_ROUNDS:-2} STEPS=${SHAPES_STEPS:-60} FULL=0 bash bench/compare-gpt.sh "$OUT" \
+        "$cfg" GPT_VARLEN=1
+    grep -E 'step_ms|fragmentation|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
+    say "churn shapes driver $(timeout 120 "$B/bench-churn" shapes | sed 's/threads=[0-9]* //')"
+    for b in vmm legacy; do
+        say "churn shapes $b $(LD_PRELOAD=$PRE CUHEAP_BACKING=$b CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
+            timeout 120 "$B/bench-churn" shapes | sed 's/threads=[0-9]* //')"
+    done
+    record_varlen
+}
+
+# The varying-length loop's allocations recorded (the driver serving them) for bench-replay:
+# bench/sequences/gpt-seq-varlen.jsonl.gz.
+record_varlen() {
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPT_VARLEN=1 LD_PRELOAD=$PRE CUHEAP_POOL=0 \
+        CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 CUHEAP_SUMMARY=0 CUHEAP_OUTPUT="$T/gpt-seq-varlen.jsonl" \
+        timeout 120 python3 bench/torch_gpt.py 60 >"$T/gpt-seq-varlen.log" 2>&1
+    gzip -9 -c "$T/gpt-seq-varlen.jsonl" >"$OUT/gpt-seq-varlen.jsonl.gz"
+    rm -f "$T/gpt-seq-varlen.jsonl"
+    say "recorded gpt-seq-varlen: $(zcat "$OUT/gpt-seq-varlen.jsonl.gz" | grep -c '"event":"alloc"') allocations"
+}
+
 case $what in
+shapes) run_shapes ;;
+record-varlen) record_varlen ;;
 sites) run_sites ;;
 warm) run_warm ;;
 churn) run_churn ;;
@@ -751,7 +789,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh sites|warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
+    echo "usage: gpu-run.sh shapes|record-varlen|sites|warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
     exit 2
     ;;
 esac
