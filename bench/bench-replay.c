@@ -5,7 +5,7 @@
  * and prints peak live bytes, peak bytes held from the device, and their ratio.
  *
  *   bench-replay [--work-us N] [--steps N] [--passes N] [--from-step S] [--eval K]
- *                [--pluggable 1] TRACE
+ *                [--stray 1] [--pluggable 1] TRACE
  *
  * Run it on the simulated driver alone (what the driver itself holds: the device's used bytes),
  * or with libcuheap.so preloaded (what cuheap holds: its peak reserved bytes). Like a training
@@ -40,6 +40,10 @@
  * their saved tensors (each freed as the next is made), the largest kept until the next
  * evaluation (its output), then a sync. A phase of another shape, and a block kept for K steps.
  *
+ * --stray 1 adds, half way through every step, one block of a size no step asked for before
+ * (seeded, 1 to 64 MiB, log-uniform), freed at the step's end: a job whose step repeats but
+ * for one block of a new size each time (a buffer sized by the batch's data).
+ *
  * --pluggable 1 (under cuheap) allocates and frees through cuheap_torch_alloc/cuheap_torch_free
  * on the replay's stream, as PyTorch's CUDAPluggableAllocator does, instead of cuMemAlloc and
  * cuMemFree: blocks freed on a known stream, which may be reused on it at once.
@@ -49,6 +53,7 @@
  * figures (--settle) of passes 2 to N.
  */
 #include <cuheap/cuheap.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +181,9 @@ static void evaluate(CUstream s, unsigned work_us, const uint64_t *sizes, size_t
 int main(int argc, char **argv)
 {
     unsigned work_us = 20, steps = 30, passes = 1, eval_every = 0, from_step = 0, settle = 8;
+    bool stray = false;
+    uint64_t stray_seed = 12345, stray_size = 0;
+    CUdeviceptr stray_ptr = 0;
     int a = 1;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--work-us"))
@@ -192,12 +200,15 @@ int main(int argc, char **argv)
             eval_every = (unsigned)atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "--pluggable"))
             pluggable = atoi(argv[a + 1]) != 0;
+        else if (!strcmp(argv[a], "--stray"))
+            stray = atoi(argv[a + 1]) != 0;
         else
             break;
     }
     if (a != argc - 1 || !steps || !passes || from_step >= steps || settle >= steps) {
         fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] "
-                        "[--settle N] [--from-step S] [--eval K] [--pluggable 1] TRACE\n");
+                        "[--settle N] [--from-step S] [--eval K] [--stray 1] [--pluggable 1] "
+                        "TRACE\n");
         return 2;
     }
     struct cuheap_trace tr;
@@ -286,7 +297,19 @@ int main(int argc, char **argv)
                 add_live(&live, &pass_live, &peak_live, e->size);
                 if (work_us)
                     check(cu.cuLaunchHostFunc(s, kernel, (void *)(uintptr_t)work_us), "launch");
+                if (stray && nr % per_step == per_step / 2) { /* half way: a new size */
+                    stray_seed = stray_seed * 6364136223846793005ull + 1442695040888963407ull;
+                    double u = (double)(stray_seed >> 11) / 9007199254740992.0;
+                    stray_size = (uint64_t)exp(u * log(64.0 * 1024 * 1024));
+                    stray_ptr = replay_alloc(s, stray_size);
+                    add_live(&live, &pass_live, &peak_live, stray_size);
+                }
                 if (++nr % per_step == 0) {
+                    if (stray_ptr) {
+                        replay_free(s, stray_ptr, stray_size);
+                        stray_ptr = 0;
+                        live -= stray_size;
+                    }
                     check(cu.cuStreamSynchronize(s), "step end");
                     if (++pass_steps == settle)
                         set_ops0 = map_ops();
