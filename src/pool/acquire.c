@@ -53,10 +53,9 @@ uint64_t release_unused_locked(struct cuheap_pool *p)
  * PyTorch's expandable segments fails), so the pool makes no more mapping calls: a request
  * that needs new memory goes to the driver, and once the pool holds nothing, now or at a later
  * refusal (its idle chunks given back first), every request does (p->to_driver), its address
- * space given back. Not a legacy pool: its arenas held 1.3-2.5x the live bytes where the
- * driver alone held 1.1-1.2x, and failed jobs near the device's capacity that the driver alone
- * ran (bench/RESULTS.md, issue 31); CUHEAP_BACKING=legacy still asks for one. May drop
- * p->lock. */
+ * space given back. Not a legacy pool: its arenas held far more of the device than the driver
+ * alone, and failed jobs near the device's capacity that the driver alone ran
+ * (bench/RESULTS.md, issue 31); CUHEAP_BACKING=legacy still asks for one. May drop p->lock. */
 void vmm_refused_locked(struct cuheap_pool *p)
 {
     if (!p->vmm || p->to_driver)
