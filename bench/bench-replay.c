@@ -41,8 +41,9 @@
  * evaluation (its output), then a sync. A phase of another shape, and a block kept for K steps.
  *
  * --stray 1 adds, half way through every step, one block of a size no step asked for before
- * (seeded, 1 to 64 MiB, log-uniform), freed at the step's end: a job whose step repeats but
- * for one block of a new size each time (a buffer sized by the batch's data).
+ * (seeded, 256 KiB to 64 MiB, log-uniform: sizes the step plan watches), freed at the step's
+ * end: a job whose step repeats but for one block of a new size each time (a buffer sized by
+ * the batch's data).
  *
  * --pluggable 1 (under cuheap) allocates and frees through cuheap_torch_alloc/cuheap_torch_free
  * on the replay's stream, as PyTorch's CUDAPluggableAllocator does, instead of cuMemAlloc and
@@ -300,7 +301,7 @@ int main(int argc, char **argv)
                 if (stray && nr % per_step == per_step / 2) { /* half way: a new size */
                     stray_seed = stray_seed * 6364136223846793005ull + 1442695040888963407ull;
                     double u = (double)(stray_seed >> 11) / 9007199254740992.0;
-                    stray_size = (uint64_t)exp(u * log(64.0 * 1024 * 1024));
+                    stray_size = (uint64_t)exp(log(256.0 * 1024) + u * log(256.0));
                     stray_ptr = replay_alloc(s, stray_size);
                     add_live(&live, &pass_live, &peak_live, stray_size);
                 }
@@ -332,6 +333,11 @@ int main(int argc, char **argv)
                 set_held = held > set_held ? held : set_held;
                 set_live = live > set_live ? live : set_live;
             }
+        }
+        if (stray_ptr) { /* taken in the pass's last, partial step */
+            replay_free(s, stray_ptr, stray_size);
+            stray_ptr = 0;
+            live -= stray_size;
         }
         if (pass_held > peak_held)
             peak_held = pass_held;

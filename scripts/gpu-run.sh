@@ -51,7 +51,9 @@
 #   scripts/gpu-run.sh shapes    the GPT loop with batches of varying length (GPT_VARLEN=1) under
 #                                the caching allocator, expandable segments, the driver alone,
 #                                cuheap with and without the plan, caching on, pluggable; then
-#                                bench-churn's shapes
+#                                bench-churn's shapes, and the loop recorded (record-varlen)
+#   scripts/gpu-run.sh record-varlen  the varying-length loop's allocations recorded for
+#                                bench-replay (OUT/gpt-seq-varlen.jsonl.gz)
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."

@@ -276,6 +276,12 @@ MUTATIONS = [
      "a warm step makes no mapping call", "src/pool/plan.c",
      "    if (pl->state != PLAN_ON && pl->state != PLAN_OFF && !watch_seen(pl, size))",
      "    if (pl->state != PLAN_ON && pl->state != PLAN_OFF && !watch_seen(pl, size) && 0)"),
+    ("plan-stray-loses-phase",
+     "serving, the step plan takes a size never seen for one of the step's, loses its phase and "
+     "serves the blocks after it away from their places",
+     "a warm step makes no mapping call", "src/pool/plan.c",
+     "        if (pl->strays < PLAN_SYNC && !watch_seen(pl, size) &&",
+     "        if (false && pl->strays < PLAN_SYNC && !watch_seen(pl, size) &&"),
     ("budget-wait-drains-every-cache",
      "vmm: an allocation past the budget that waits for a fence drains every thread's cache "
      "(a barrier on every thread, and their next allocations take the pool's lock)",
@@ -377,8 +383,8 @@ MUTATIONS = [
     ("plan-borrows-where-slots-come",
      "a slot whose place is taken is served where the step's next slots come while it lives",
      "a job back in its step is planned again within a few steps", "src/pool/plan.c",
-     "        bool coming = taken && ahead && ahead < lives;",
-     "        bool coming = taken && ahead && ahead < lives && 0;"),
+     "        bool coming = ahead && ahead < lives;",
+     "        bool coming = ahead && ahead < lives && 0;"),
     ("plan-trims-at-once",
      "the pieces a new placement leaves go back at the next step, and a phase that comes back maps them again",
      "a job back in its step is planned again within a few steps", "src/pool/region.c",
@@ -463,8 +469,8 @@ MUTATIONS = [
      "    if (r == CUHEAP_POOL_PASS)\n        return 0;\n    if (r < 0)\n        return -1;"),
     ("vmm-refused-becomes-legacy",
      "vmm: once the driver refused the backing and the pool holds nothing, it becomes a legacy "
-     "pool of cuMemAlloc arenas (1.3-2.5x the live bytes, failing near the device's capacity "
-     "where the driver alone fits) instead of sending requests to the driver",
+     "pool of cuMemAlloc arenas (holding far more than the driver alone, failing near the "
+     "device's capacity where the driver alone fits) instead of sending requests to the driver",
      "out of memory only when the driver alone would say so", "src/pool/acquire.c",
      "    __atomic_store_n(&p->to_driver, true, __ATOMIC_RELEASE);",
      "    p->vmm = false;"),

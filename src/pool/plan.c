@@ -380,14 +380,14 @@ static struct plan_pinned *pinned_at(struct cuheap_plan *pl, struct cuheap_arena
  * there, no pinned block, no fence pending on its pieces), as pinned blocks, rather than to
  * the rest of the pool, which would map memory for them beside the region's idle places (on
  * the H200's loop with an evaluation every 10 steps, the run's peak). A slot over one misses
- * till it is freed; one kept a step is planned around (step_begins_locked). So does slot k
- * (taken: not NULL) whose own place another block holds, at a place that also none of the
- * slots comes to that the step allocates while the slot's block lives as measured: put where
- * they come, it made them miss in turn. Returns 0 with the block, or 1 (no place, or its
- * pieces could not be mapped: the rest of the pool serves it). */
+ * till it is freed; one kept a step is planned around (step_begins_locked). So does a block
+ * allocated at slot k that is known to live `lives` allocations (0: not known), such as slot k
+ * itself when another block holds its own place, at a place that also none of the slots comes
+ * to that the step allocates meanwhile: put where they come, it made them miss in turn.
+ * Returns 0 with the block, or 1 (no place, or its pieces could not be mapped: the rest of the
+ * pool serves it). */
 static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t size,
-                         const struct plan_slot *taken, uint32_t k, uint64_t *ret_ptr,
-                         uint64_t *ret_block)
+                         uint64_t lives, uint32_t k, uint64_t *ret_ptr, uint64_t *ret_block)
 {
     struct plan_region *rg = pl->cur;
     uint64_t base = rg->arena.buddy.base, len = (size + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
@@ -396,13 +396,12 @@ static int borrow_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t
     /* what is in the way, by offset: the slots in their order, the pinned blocks put in */
     struct busy_bytes *busy = pl->work;
     size_t n = 0;
-    uint64_t lives = taken ? plan_lagged_end(k, taken->end, pl->period) - k : 0;
     for (uint32_t x = 0; x < pl->nr_by_offset; x++) {
         struct plan_slot *s = &pl->slots[pl->by_offset[x]];
         if (s->waiting && tl_ticket_passed_locked(p, s->ticket))
             s->waiting = false;
         uint32_t j = pl->by_offset[x], ahead = (uint32_t)((j + pl->period - k) % pl->period);
-        bool coming = taken && ahead && ahead < lives;
+        bool coming = ahead && ahead < lives;
         if (s->asked || s->waiting || coming)
             busy[n++] = (struct busy_bytes){s->offset, s->offset + s->size};
     }
@@ -499,6 +498,26 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
      * it lose its phase and find it again (resync_locked), as a phase of another shape does. */
     if (pl->state != PLAN_ON && pl->state != PLAN_OFF && !watch_seen(pl, size))
         return 1;
+    /* Serving, a size no step has asked for is no slot's either: it goes at a free place of the
+     * region that no slot comes to before the step ends (else to the rest of the pool), and the
+     * step keeps its phase. Taken for a slot's, it made the plan lose its phase and serve the
+     * next blocks at free places, in the way of the step's own, at every such block
+     * (bench/RESULTS.md). A run of more than PLAN_SYNC is a step of new sizes: counted, as
+     * before, so that a plan whose step is gone retires. */
+    if (pl->state == PLAN_ON && !pl->lost &&
+        pl->slots[(pl->clock - pl->start) % pl->period].size != size) {
+        uint32_t k = (uint32_t)((pl->clock - pl->start) % pl->period);
+        *ret_track = -1;
+        if (pl->strays < PLAN_SYNC && !watch_seen(pl, size) &&
+            borrow_locked(p, pl, size, pl->period - k, k, ret_ptr, ret_block) == 0) {
+            pl->strays++;
+            return 0; /* may have dropped p->lock */
+        }
+        if (pl->state != PLAN_ON)
+            return 1; /* forgotten while the lock was dropped */
+    } else {
+        pl->strays = 0;
+    }
     uint64_t t = pl->clock++;
     pl->sizes[t % PLAN_WINDOW] = size;
     *ret_track = -1;
@@ -580,7 +599,8 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
          * pool's, which maps memory beside the region's idle pieces (bench/RESULTS.md) */
         bool taken = (why == SLOT_LIVE || why == SLOT_PINNED) && s->planned;
         if ((pl->lost || taken) &&
-            borrow_locked(p, pl, size, pl->lost ? NULL : s, k, ret_ptr, ret_block) == 0) {
+            borrow_locked(p, pl, size, pl->lost ? 0 : plan_lagged_end(k, s->end, pl->period) - k, k,
+                          ret_ptr, ret_block) == 0) {
             /* served, but not where the plan put it because a slot's own block is still on
              * its place: for the retire, a miss all the same (a job whose lives changed and
              * not its sizes would else keep a plan that fits it no more); a pinned block is

@@ -131,7 +131,8 @@ struct cuheap_plan {
     bool cur_tickets;       /* a ticket on a piece of the current region may not have passed */
     bool replan_due;        /* a stray was pinned: plan again around it at the quiet moment */
     bool trim_due;          /* pieces of the current region may cover nothing the plan serves */
-    bool lost; /* the sizes left the measured step's order: its phase is being looked for */
+    bool lost;       /* the sizes left the measured step's order: its phase is being looked for */
+    unsigned strays; /* sizes never seen before, in a row, served beside the plan (plan_alloc) */
 };
 
 /* The step clock of a block's end, with the fence's lag: on the H200 a free's fence passed

@@ -36,11 +36,14 @@ static bool plan_check_mid; /* check the pool within steps too (a check walks it
  * the first half freed in reverse at the step's end, the rest as soon as the next is made;
  * the host syncs at the end. */
 static int plan_keep_at = PLAN_STEP - 1; /* the block plan_step keeps when asked to */
+static uint64_t plan_stray; /* a block of this size half way through the step, freed at its end */
 
 static void plan_step(struct fixture *f, uint64_t shift, uint64_t *keep)
 {
-    uint64_t act[PLAN_STEP];
+    uint64_t act[PLAN_STEP], stray = 0;
     for (int k = 0; k < PLAN_STEP; k++) {
+        if (plan_stray && k == PLAN_STEP / 2)
+            stray = alloc(f, plan_stray, 0x9);
         act[k] = alloc(f, (uint64_t)(k % 7 + 1) * MIB + (uint64_t)k * 256 * 1024 + shift, 0x9);
         if (k > PLAN_STEP / 2 && !(keep && k - 1 == plan_keep_at))
             release(f, act[k - 1], 0x9);
@@ -54,6 +57,8 @@ static void plan_step(struct fixture *f, uint64_t shift, uint64_t *keep)
     for (int k = PLAN_STEP / 2; k-- > 0;)
         if (!(keep && k == plan_keep_at))
             release(f, act[k], 0x9);
+    if (stray)
+        release(f, stray, 0x9);
     complete_fences(&f->dev);
 }
 
@@ -122,6 +127,39 @@ static void test_plan_warm_step_maps_nothing(void **state)
     assert_true(planned_so_far(f) > 0);
     release(f, p, 0x9);
     assert_int_equal(cuheap_pool_free(&f->pool, p, 0x9, &size, &block, &seq), -EINVAL);
+    check_invariants(f);
+    teardown(f);
+}
+
+/* A step that repeats but for one block of a size never seen before (a buffer sized by the
+ * batch's data): the plan keeps its phase past it, so the step's own blocks are all served at
+ * their places; taken for one of the step's, it lost the phase at every step and served the
+ * blocks after it at other free places (in the way of the step's later ones). */
+static void test_plan_keeps_its_phase_past_a_stray(void **state)
+{
+    (void)state;
+    struct fixture *f = setup_planned();
+    plan_warm(f);
+    struct cuheap_pool_stats before, after;
+    cuheap_pool_get_stats(&f->pool, &before);
+    for (int step = 0; step < 40; step++) {
+        plan_stray = 300 * 1024 + (uint64_t)step * 4096 + 777; /* no step's size, new each time */
+        plan_step(f, 0, NULL);
+        if (step % 8 == 0)
+            check_invariants(f);
+    }
+    plan_stray = 0;
+    cuheap_pool_get_stats(&f->pool, &after);
+    uint64_t borrowed = after.nr_plan_borrowed - before.nr_plan_borrowed;
+    print_message("# plan: 40 steps with a stray: %lu served, %lu missed, %lu at other free "
+                  "places\n",
+                  (unsigned long)(after.nr_planned - before.nr_planned),
+                  (unsigned long)(after.nr_plan_missed - before.nr_plan_missed),
+                  (unsigned long)borrowed);
+    assert_int_equal(after.nr_plans, 1);
+    assert_int_equal(after.nr_plan_missed, before.nr_plan_missed);
+    assert_true(borrowed <= 40); /* the strays themselves at most */
+    assert_true(after.nr_planned - before.nr_planned >= 40 * PLAN_STEP);
     check_invariants(f);
     teardown(f);
 }
@@ -863,6 +901,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_warm_step_maps_nothing),
         cmocka_unit_test(test_plan_retires_when_the_step_changes),
+        cmocka_unit_test(test_plan_keeps_its_phase_past_a_stray),
         cmocka_unit_test(test_plan_refused_release_stays_counted),
         cmocka_unit_test(test_plan_takes_over_without_a_second_step),
         cmocka_unit_test(test_plan_comes_back_after_an_interlude),

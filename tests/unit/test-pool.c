@@ -25,7 +25,7 @@
 
 #include "pool-fixture.h"
 
-static void test_pool_grows_by_a_quarter(void **state)
+static void test_pool_grows_by_an_eighth_or_the_block(void **state)
 {
     (void)state;
     struct fixture *f = setup(CUHEAP_REUSE_IMMEDIATE, 1ull << 32, 256 * MIB, 0);
@@ -392,7 +392,7 @@ static void test_trim_gives_empty_arenas_back(void **state)
     uint64_t p[4];
     for (int i = 0; i < 4; i++)
         p[i] = alloc(f, 2 * MIB, 0);
-    /* an arena each: a quarter of what the pool holds is less than the block */
+    /* an arena each: a sixteenth of what the pool holds is less than the block */
     assert_int_equal(f->dev.nr_allocs, 4);
     release(f, p[0], 0);
     release(f, p[1], 0);
@@ -2705,7 +2705,7 @@ static void test_vmm_out_of_memory_is_no_refusal(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pool_grows_by_a_quarter),
+        cmocka_unit_test(test_pool_grows_by_an_eighth_or_the_block),
         cmocka_unit_test(test_pool_holds_little_more_than_it_grew_for),
         cmocka_unit_test(test_legacy_waits_for_pending_before_growing),
         cmocka_unit_test(test_thread_cache_keeps_its_share_of_live),
