@@ -208,11 +208,15 @@ static void *streams_worker(void *arg)
     return NULL;
 }
 
-/* ---- alternate ---- */
+/* ---- alternate, shapes ---- */
 
 #define NR_ACTS 32
 
-static unsigned alternate(uint64_t seed, unsigned steps, unsigned *ret_warm_from)
+/* A training-shaped loop: 8 blocks kept, then per step NR_ACTS activations allocated in order,
+ * each with a gradient of its size allocated and freed in reverse. alternate: 1.5x as large every
+ * other step; shapes (lengths): at a sequence length drawn each step from 64 to 512, the sizes
+ * given being those at 512. */
+static unsigned training_loop(uint64_t seed, unsigned steps, bool lengths, unsigned *ret_warm_from)
 {
     struct lane l = {0};
     check(cu.cuStreamCreate(&l.s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -227,47 +231,11 @@ static unsigned alternate(uint64_t seed, unsigned steps, unsigned *ret_warm_from
     for (unsigned step = 0; step < steps; step++) {
         if (step == *ret_warm_from)
             atomic_store(&half_ops, map_ops() + 1);
+        size_t len = lengths ? 64 + 8 * (size_t)(splitmix(&s) % 57) : 0;
         CUdeviceptr act[NR_ACTS];
         size_t n[NR_ACTS];
         for (unsigned i = 0; i < NR_ACTS; i++) { /* forward */
-            n[i] = step % 2 ? base[i] + base[i] / 2 : base[i];
-            act[i] = alloc(&l, n[i]);
-        }
-        for (unsigned i = NR_ACTS; i-- > 0;) { /* backward */
-            CUdeviceptr g = alloc(&l, n[i]);
-            release(g, n[i]);
-            release(act[i], n[i]);
-        }
-        check(cu.cuStreamSynchronize(l.s), "step end");
-    }
-    for (unsigned i = 0; i < 8; i++)
-        release(model[i], 4 * MIB);
-    check(cu.cuStreamDestroy_v2(l.s), "cuStreamDestroy");
-    return 8 + steps * 2 * NR_ACTS;
-}
-
-/* ---- shapes ---- */
-
-static unsigned shapes(uint64_t seed, unsigned steps, unsigned *ret_warm_from)
-{
-    struct lane l = {0};
-    check(cu.cuStreamCreate(&l.s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    uint64_t s = seed;
-    CUdeviceptr model[8];
-    for (unsigned i = 0; i < 8; i++)
-        model[i] = alloc(&l, 4 * MIB);
-    size_t base[NR_ACTS]; /* at the longest sequence, 512 */
-    for (unsigned i = 0; i < NR_ACTS; i++)
-        base[i] = log_uniform(&s, 256 * KIB, 8 * MIB);
-    *ret_warm_from = steps / 2;
-    for (unsigned step = 0; step < steps; step++) {
-        if (step == *ret_warm_from)
-            atomic_store(&half_ops, map_ops() + 1);
-        size_t len = 64 + 8 * (size_t)(splitmix(&s) % 57);
-        CUdeviceptr act[NR_ACTS];
-        size_t n[NR_ACTS];
-        for (unsigned i = 0; i < NR_ACTS; i++) { /* forward */
-            n[i] = base[i] * len / 512;
+            n[i] = lengths ? base[i] * len / 512 : step % 2 ? base[i] + base[i] / 2 : base[i];
             act[i] = alloc(&l, n[i]);
         }
         for (unsigned i = NR_ACTS; i-- > 0;) { /* backward */
@@ -383,8 +351,8 @@ int main(int argc, char **argv)
             pthread_join(th[i], NULL);
         warm_steps = (total_allocs - total_allocs / 2) / ((uint64_t)NR_SLOTS * threads);
     } else {
-        unsigned warm_from, n = alt     ? alternate(seed, steps ? steps : 60, &warm_from)
-                                : shape ? shapes(seed, steps ? steps : 200, &warm_from)
+        unsigned warm_from, n = alt     ? training_loop(seed, steps ? steps : 60, false, &warm_from)
+                                : shape ? training_loop(seed, steps ? steps : 200, true, &warm_from)
                                         : grow_shrink(seed, steps ? steps : 160, &warm_from);
         atomic_store(&nr_allocs, n);
         warm_steps = (steps ? steps : alt ? 60 : shape ? 200 : 160) - warm_from;
