@@ -454,10 +454,11 @@ static inline uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
 #define TC_REFILL     16   /* ready blocks taken at once from the pool */
 #define TC_IDS        256
 #define TC_SLOTS      4 /* pools (devices) a thread keeps a cache for */
-/* What all threads' ready blocks may hold together: a thirty-second of the live bytes, and
- * what one thread's may hold however few the live bytes are (tc_share_locked). */
-#define TC_LIVE_SHARE  32
-#define TC_READY_FLOOR (2ull << 20)
+/* A batch's bytes at most: CUHEAP_THREAD_CACHE over this (tc_free). */
+#define TC_BATCH_PART 16
+/* What all threads' ready blocks may hold together: a hundred-and-twenty-eighth of the live
+ * bytes (tc_share_locked). */
+#define TC_LIVE_SHARE 128
 
 struct tc_block {
     uint64_t ptr;
@@ -739,6 +740,7 @@ bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t siz
                    uint64_t *ret_ptr, struct cuheap_arena **ret_arena);
 void pool_lock_noting(struct cuheap_pool *p, struct cuheap_tcache *tc);
 void tc_after_alloc_locked(struct cuheap_pool *p, uint64_t size);
+void tc_large_other_order_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, unsigned order);
 void tc_forget_all_locked(struct cuheap_pool *p, bool held);
 
 /* timeline.c */
@@ -915,7 +917,7 @@ tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a,
         o->bytes += block;
         /* a sixteenth of the cache's bytes at most (1 MiB by default): batches of more bytes
          * made the pool hold more memory for the same live bytes */
-        full = o->nr == TC_BATCH || o->bytes >= p->tc_bytes / 16;
+        full = o->nr == TC_BATCH || o->bytes >= p->tc_bytes / TC_BATCH_PART;
     }
     tc_leave(tc);
     *ret_size = size;

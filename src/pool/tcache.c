@@ -241,17 +241,21 @@ static void tc_make_key(void)
         cuheap_log("thread caches: no thread key; a thread's cache is kept after it ends");
 }
 
-/* Ready bytes one thread's cache may keep: its share of a thirty-second of the pool's live
- * bytes, at least TC_READY_FLOOR and at most CUHEAP_THREAD_CACHE. Ready blocks are memory the
- * pool holds for one thread and no other size, so what all threads keep together follows what
- * the job uses, not how many threads it has: four threads on streams of their own each kept
- * their whole CUHEAP_THREAD_CACHE of small blocks beside a few hundred MiB live, a third more
- * held than without caches (bench/RESULTS.md, issue 31). Taken again at each refill. */
+/* Ready bytes one thread's cache may keep: its share of a hundred-and-twenty-eighth of the
+ * pool's live bytes, at least one batch's bytes (a batch whose fence passed comes back whole,
+ * so pairs of one size never take the pool's lock for it) and at most CUHEAP_THREAD_CACHE.
+ * Ready blocks are memory the pool holds for one thread and no other size, scattered over
+ * granules that they keep mapped, so what all threads keep together follows what the job
+ * uses, not how many threads it has: threads on streams of their own that each kept their
+ * whole CUHEAP_THREAD_CACHE of small blocks, or even a thirty-second of the live bytes, made
+ * the pool hold measurably more than without caches (bench/RESULTS.md, issue 31). Taken
+ * again at each refill. */
 uint64_t tc_share_locked(const struct cuheap_pool *p)
 {
-    uint64_t n = p->nr_tcaches ? p->nr_tcaches : 1, share = p->st.live / (TC_LIVE_SHARE * n);
-    if (share < TC_READY_FLOOR)
-        share = TC_READY_FLOOR;
+    uint64_t n = p->nr_tcaches ? p->nr_tcaches : 1, share = p->st.live / (TC_LIVE_SHARE * n),
+             floor = p->tc_bytes / TC_BATCH_PART;
+    if (share < floor)
+        share = floor;
     return share < p->tc_bytes ? share : p->tc_bytes;
 }
 
@@ -517,6 +521,17 @@ void pool_lock_noting(struct cuheap_pool *p, struct cuheap_tcache *tc)
     tc->large_on = on;
     /* p->lock held and this thread the owner: no drainer can be inside (tc_drain_mine_locked) */
     if (!on && tc_large_give_locked(p, tc))
+        close_if_due_locked(p);
+}
+
+/* The thread asks the pool for a large block of another order than the one it keeps (p->lock
+ * held, the owner): its kept block goes to the pool. A thread keeps one to reuse at once, and
+ * one whose large sizes vary seldom asks for that order again: meanwhile the block (up to
+ * CUHEAP_POOL_MAX) holds memory for nobody, which sixteen threads of random sizes paid for
+ * (bench/RESULTS.md, issue 31). Pairs of one size keep theirs. */
+void tc_large_other_order_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, unsigned order)
+{
+    if (tc->large.ptr && tc_order(&tc->large) != order && tc_large_give_locked(p, tc))
         close_if_due_locked(p);
 }
 

@@ -95,7 +95,8 @@ static void test_thread_cache_keeps_its_share_of_live(void **state)
     assert_int_equal(f->notes[CUHEAP_EV_ARENA_GROW], 1);
     for (int i = 0; i < N; i++)
         release(f, blocks[i], 0);
-    /* the cache keeps 2 MiB at most (8 MiB live is little): a 4 MiB block fits in the rest */
+    /* the cache keeps a batch's 1 MiB at most (8 MiB live is little): a 4 MiB block fits in
+     * the rest */
     alloc(f, 4 * MIB, 0);
     assert_int_equal(f->notes[CUHEAP_EV_ARENA_GROW], 1);
     assert_int_equal(atomic_load(&f->reserved), 8 * MIB);
@@ -2223,6 +2224,8 @@ struct large_pairs {
     int reused_early; /* the kept block came back before its fence passed */
     uint64_t kept;    /* stage 2: a block the thread holds while the capture begins */
     int passed_on;    /* stage 2: what the pool answered an allocation during the capture */
+    uint64_t last;    /* stage 4: the block of the thread's last pair, which it keeps */
+    uint64_t other;   /* stage 5: a large block of another size class */
 };
 
 static int device_waits(struct host_device *d)
@@ -2302,6 +2305,19 @@ static void *large_pairs_thread(void *arg)
     if (!reached(&l->stage, 3)) /* the capture has ended: a fence for the kept block, not passed */
         return NULL;
     release(l->f, alloc(l->f, 2 * MIB, 0), 0);
+    atomic_store(&l->done, 3);
+    if (!reached(&l->stage, 4)) /* a pair while the test holds the pool's lock: kept */
+        return NULL;
+    l->last = alloc(l->f, 2 * MIB, 0);
+    release(l->f, l->last, 0);
+    atomic_store(&l->done, 4);
+    if (!reached(&l->stage, 5))
+        return NULL;
+    l->other = alloc(l->f, 8 * MIB, 0); /* another size class: the kept block goes back */
+    atomic_store(&l->done, 5);
+    if (!reached(&l->stage, 6))
+        return NULL;
+    release(l->f, l->other, 0);
     return NULL;
 }
 
@@ -2364,6 +2380,23 @@ static void test_thread_large_block_off_pool_lock(void **state)
         atomic_store(&f->dev.idle, true);
         atomic_store(&f->pool.idle_skip, 0);
         atomic_store(&l.stage, 3);
+        wait_for(&l.done, 3);
+        /* A thread whose large sizes vary gives its kept block back at a request of another
+         * size class, rather than keep it for a size that may not come: its memory serves the
+         * new request. (Under legacy, a full arena takes it back anyway.) */
+        pthread_mutex_lock(&f->pool.lock);
+        atomic_store(&l.stage, 4);
+        bool kept = reached(&l.done, 4); /* its pair went on with the lock held: off the pool */
+        pthread_mutex_unlock(&f->pool.lock);
+        wait_for(&l.done, 4);
+        if (!kept)
+            fail_msg("backing %d: the thread's last pair took the pool's lock", backing);
+        atomic_store(&l.stage, 5);
+        wait_for(&l.done, 5);
+        if (l.other != l.last) /* under vmm its granule would be held for nobody */
+            fail_msg("backing %d: the 8 MiB block went to %#lx, the kept 2 MiB block was at %#lx",
+                     backing, (unsigned long)l.other, (unsigned long)l.last);
+        atomic_store(&l.stage, 6);
         pthread_join(t, NULL);
         check_invariants(f);
         /* no fence completed by hand: the trim waits for the timeline's as for the pool's, and
