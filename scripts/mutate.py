@@ -145,10 +145,10 @@ MUTATIONS = [
      "    tl_settle(p); /* as the pool's epochs are waited for below */",
      "    if (0)\n        tl_settle(p);"),
     ("tc-large-kept-past-other-order",
-     "a thread keeps its large block when it asks the pool for a large block of another size "
-     "class",
+     "a thread keeps its large block when it asks the pool for a large block the kept one "
+     "cannot serve (another size class)",
      "memory held stays close to what is used (thread caches)", "src/pool/tcache.c",
-     "    if (tc->large.ptr && tc_order(&tc->large) != order && tc_large_give_locked(p, tc))",
+     "    if (!fits && tc_large_give_locked(p, tc))",
      "    if (0 && tc_large_give_locked(p, tc))"),
     ("chunk-maps-over-mapped",
      "a new chunk's run (tight layout) reaches over granules that are mapped already",

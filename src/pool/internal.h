@@ -442,9 +442,9 @@ static inline uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
 /* A thread's small blocks go round its own cache: freed into a batch, the batch closed behind
  * one fence of the thread's own, back to ready once the fence has passed. Every close takes the
  * pool's lock and asks the driver to record an event, so a batch is large in count (the fewer
- * frees a batch, the dearer contending threads' pairs), and the ready blocks hold two batches'
- * worth, so that a closed
- * batch's fence has a batch's time to pass before the thread needs its blocks. In bytes a batch
+ * frees a batch, the dearer contending threads' pairs), and an order's ready blocks may number
+ * two batches (TC_PER_ORDER), so that a closed batch's fence has a batch's time to pass before
+ * the thread needs its blocks (in bytes they are bounded by tc_share_locked). In bytes a batch
  * is small (a sixteenth of CUHEAP_THREAD_CACHE, in tc_free): what waits in it is memory the pool
  * holds for nobody. */
 #define TC_PER_ORDER  2048 /* ready blocks of one order at most (tc_caps) */
@@ -454,7 +454,7 @@ static inline uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
 #define TC_REFILL     16   /* ready blocks taken at once from the pool */
 #define TC_IDS        256
 #define TC_SLOTS      4 /* pools (devices) a thread keeps a cache for */
-/* A batch's bytes at most: CUHEAP_THREAD_CACHE over this (tc_free). */
+/* A batch closes once its bytes reach CUHEAP_THREAD_CACHE over this (tc_free). */
 #define TC_BATCH_PART 16
 /* What all threads' ready blocks may hold together: a hundred-and-twenty-eighth of the live
  * bytes (tc_share_locked). */
@@ -740,7 +740,8 @@ bool tc_take_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t siz
                    uint64_t *ret_ptr, struct cuheap_arena **ret_arena);
 void pool_lock_noting(struct cuheap_pool *p, struct cuheap_tcache *tc);
 void tc_after_alloc_locked(struct cuheap_pool *p, uint64_t size);
-void tc_large_other_order_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, unsigned order);
+void tc_large_unfit_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t size,
+                           unsigned order, bool streamed);
 void tc_forget_all_locked(struct cuheap_pool *p, bool held);
 
 /* timeline.c */

@@ -210,8 +210,8 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
         tc_large_alloc(p, mine, size, order, ret_ptr, ret_block, ret_seq) == 0)
         return 0;
     pool_lock_noting(p, mine);
-    if (mine && order > p->tc_max_order && !stream)
-        tc_large_other_order_locked(p, mine, order);
+    if (mine && order > p->tc_max_order)
+        tc_large_unfit_locked(p, mine, size, order, stream != 0);
     if (p->to_driver) { /* switched while this thread waited for the lock */
         pool_unlock(p);
         return CUHEAP_POOL_PASS;

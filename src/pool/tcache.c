@@ -242,14 +242,14 @@ static void tc_make_key(void)
 }
 
 /* Ready bytes one thread's cache may keep: its share of a hundred-and-twenty-eighth of the
- * pool's live bytes, at least one batch's bytes (a batch whose fence passed comes back whole,
- * so pairs of one size never take the pool's lock for it) and at most CUHEAP_THREAD_CACHE.
- * Ready blocks are memory the pool holds for one thread and no other size, scattered over
- * granules that they keep mapped, so what all threads keep together follows what the job
- * uses, not how many threads it has: threads on streams of their own that each kept their
- * whole CUHEAP_THREAD_CACHE of small blocks, or even a thirty-second of the live bytes, made
- * the pool hold measurably more than without caches (bench/RESULTS.md, issue 31). Taken
- * again at each refill. */
+ * pool's live bytes, at least one batch's bytes (so a batch whose fence passed comes back to
+ * the thread whole, as far as each order's cap allows, and pairs of one size seldom take the
+ * pool's lock) and at most CUHEAP_THREAD_CACHE. Ready blocks are memory the pool holds for one
+ * thread and no other size, scattered over granules that they keep mapped, so what all
+ * threads keep together follows what the job uses, not how many threads it has: threads on
+ * streams of their own that each kept their whole CUHEAP_THREAD_CACHE of small blocks, or a
+ * larger share of the live bytes, made the pool hold measurably more than without caches
+ * (bench/RESULTS.md, issue 31). Taken again at each refill. */
 uint64_t tc_share_locked(const struct cuheap_pool *p)
 {
     uint64_t n = p->nr_tcaches ? p->nr_tcaches : 1, share = p->st.live / (TC_LIVE_SHARE * n),
@@ -524,14 +524,22 @@ void pool_lock_noting(struct cuheap_pool *p, struct cuheap_tcache *tc)
         close_if_due_locked(p);
 }
 
-/* The thread asks the pool for a large block of another order than the one it keeps (p->lock
- * held, the owner): its kept block goes to the pool. A thread keeps one to reuse at once, and
- * one whose large sizes vary seldom asks for that order again: meanwhile the block (up to
- * CUHEAP_POOL_MAX) holds memory for nobody, which sixteen threads of random sizes paid for
- * (bench/RESULTS.md, issue 31). Pairs of one size keep theirs. */
-void tc_large_other_order_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, unsigned order)
+/* The thread asks the pool for a large block (p->lock held, the owner) that the one it keeps
+ * could not serve: another order, a stream-ordered request, or under vmm more bytes than the
+ * kept block has mapped. The kept block goes to the pool: a thread keeps one to reuse at once,
+ * and one whose large sizes vary seldom asks for that order again, while the block (up to
+ * CUHEAP_POOL_MAX) holds memory for nobody (bench/RESULTS.md, issue 31). Pairs of one size
+ * keep theirs; a kept block whose fence has not passed yet also stays (tc_large_alloc). */
+void tc_large_unfit_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t size,
+                           unsigned order, bool streamed)
 {
-    if (tc->large.ptr && tc_order(&tc->large) != order && tc_large_give_locked(p, tc))
+    if (!tc->large.ptr)
+        return;
+    struct cuheap_arena *a = tc->large.arena;
+    uint64_t ptr = tc_ptr(&tc->large);
+    bool fits = !streamed && tc_order(&tc->large) == order &&
+                (!p->vmm || a->extent[unit_of(a, ptr)] >= size);
+    if (!fits && tc_large_give_locked(p, tc))
         close_if_due_locked(p);
 }
 

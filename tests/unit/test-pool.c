@@ -2322,8 +2322,9 @@ static void *large_pairs_thread(void *arg)
 }
 
 /* A thread that keeps finding the pool's lock taken keeps its large block for itself: its
- * pairs go on while another thread holds the lock; the block still waits for its fence, and
- * no fence is recorded while a stream captures (it would join the capture's graph). */
+ * pairs go on while another thread holds the lock; the block still waits for its fence, no
+ * fence is recorded while a stream captures (it would join the capture's graph), and a
+ * request of another size class gives the block back to serve it. */
 static void test_thread_large_block_off_pool_lock(void **state)
 {
     (void)state;
@@ -2383,7 +2384,15 @@ static void test_thread_large_block_off_pool_lock(void **state)
         wait_for(&l.done, 3);
         /* A thread whose large sizes vary gives its kept block back at a request of another
          * size class, rather than keep it for a size that may not come: its memory serves the
-         * new request. (Under legacy, a full arena takes it back anyway.) */
+         * new request. The thread still keeps its block (its windows of lock takings since
+         * the pairs have not turned that off), so its next pair needs no lock. */
+        bool keeps = false;
+        pthread_mutex_lock(&f->pool.lock);
+        for (struct cuheap_tcache *tc = f->pool.tcaches; tc; tc = tc->next)
+            keeps |= tc->large_on && tc->large.ptr;
+        pthread_mutex_unlock(&f->pool.lock);
+        if (!keeps)
+            fail_msg("backing %d: no thread keeps a large block before its last pair", backing);
         pthread_mutex_lock(&f->pool.lock);
         atomic_store(&l.stage, 4);
         bool kept = reached(&l.done, 4); /* its pair went on with the lock held: off the pool */
