@@ -83,8 +83,14 @@ MUTATIONS = [
      "under legacy, an allocation that finds no free block takes a new arena while blocks "
      "behind fences hold as much as it asks for",
      "memory held stays close to what is used (legacy)", "src/pool/pool.c",
-     "            if (wait_oldest_locked(p))\n                continue;\n            waited_in_vain = true;",
+     "            if (p->ep_head != p->ep_tail && wait_oldest_locked(p))\n                continue;\n            waited_in_vain = true;",
      "            waited_in_vain = true;"),
+    ("legacy-waits-only-for-as-much",
+     "under legacy, an allocation that finds no free block waits for fenced blocks only while "
+     "they hold as much as it asks for (a smaller one beside a free piece is not waited for)",
+     "memory held stays close to what is used (legacy)", "src/pool/pool.c",
+     "        if (!waited_in_vain && p->st.pending && settles++ < CUHEAP_NR_EPOCHS) {",
+     "        if (!waited_in_vain && p->st.pending >= 1ull << order &&\n            settles++ < CUHEAP_NR_EPOCHS) {"),
     ("legacy-arenas-double",
      "a new legacy arena is as large as what the pool holds already (the pool doubles)",
      "memory held stays close to what is used (legacy)", "src/pool/arena.c",

@@ -285,7 +285,7 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
     bool from_cache = r == 0 && !from_tc;
 again:;
     bool flushed = false, trimmed = false, waited_in_vain = false;
-    unsigned synced = 0;
+    unsigned synced = 0, settles = 0;
     while (r) {
         r = take_block_locked(p, size, &ptr, &block, &arena);
         if (r == 0)
@@ -313,13 +313,18 @@ again:;
         }
         if (poll_oldest_locked(p))
             continue;
-        /* An arena is held until it is empty again, so where the blocks behind fences hold
-         * as much as this request, wait for them first (as vmm does past its budget, and as
-         * the driver's own free waits for the device every time): a host that runs ahead of
-         * its streams otherwise doubles the pool again and again for memory a moment from
-         * coming back. */
-        if (!waited_in_vain && p->ep_head != p->ep_tail && p->st.pending >= 1ull << order) {
-            if (wait_oldest_locked(p))
+        /* An arena is held until it is empty again, so while blocks wait behind fences, wait
+         * for them first (as vmm does past its budget, and as the driver's own free waits for
+         * the device every time): a host that runs ahead of its streams otherwise grows the
+         * pool for good for memory a moment from coming back. However small, a block that
+         * comes back may join a free neighbour into room for the request: only waiting on
+         * blocks that together held as much as the request held more (bench/RESULTS.md).
+         * Frees made meanwhile go behind a fence too, up to an epoch ring's worth of waits,
+         * so that threads that keep freeing do not keep this one waiting. */
+        if (!waited_in_vain && p->st.pending && settles++ < CUHEAP_NR_EPOCHS) {
+            if (settles > 1 && close_epoch_locked(p))
+                continue; /* every stream idle: they came back */
+            if (p->ep_head != p->ep_tail && wait_oldest_locked(p))
                 continue;
             waited_in_vain = true;
         }

@@ -79,6 +79,30 @@ static void test_legacy_waits_for_pending_before_growing(void **state)
     teardown(f);
 }
 
+/* Legacy: a fenced block smaller than the request, beside a free one, makes room for it once
+ * its fence passes: the pool waits for it rather than take an arena it would keep. */
+static void test_legacy_waits_for_small_pending_beside_free(void **state)
+{
+    (void)state;
+    struct fixture *f = setup(CUHEAP_REUSE_FENCE, 1ull << 30, 64 * MIB, 0);
+    uint64_t x = alloc(f, 2 * MIB, 0), y = alloc(f, 2 * MIB, 0), z = alloc(f, 4 * MIB, 0);
+    assert_int_equal(atomic_load(&f->reserved), 8 * MIB); /* the first arena, full */
+    release(f, x, 0);
+    complete_fences(&f->dev);
+    cuheap_pool_trim(&f->pool, false); /* x is free again; the arena stays (y and z live) */
+    assert_int_equal(atomic_load(&f->reserved), 8 * MIB);
+    release(f, y, 0); /* the device is busy: y, half the request, waits behind a fence */
+    int waits = f->dev.nr_waits;
+    uint64_t w = alloc(f, 4 * MIB, 0); /* x's and y's place, once y's fence passes */
+    assert_int_equal(w, x < y ? x : y);
+    assert_int_equal(atomic_load(&f->reserved), 8 * MIB); /* no second arena */
+    assert_int_equal(f->notes[CUHEAP_EV_ARENA_GROW], 1);
+    assert_true(f->dev.nr_waits > waits);
+    release(f, w, 0);
+    release(f, z, 0);
+    teardown(f);
+}
+
 /* A thread's ready blocks are kept for it alone: what threads keep follows the pool's live
  * bytes, so a thread that freed more small blocks than the job keeps live hands the rest back
  * to every size. */
@@ -2749,6 +2773,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_grows_by_an_eighth_or_the_block),
         cmocka_unit_test(test_pool_holds_little_more_than_it_grew_for),
+        cmocka_unit_test(test_legacy_waits_for_small_pending_beside_free),
         cmocka_unit_test(test_legacy_waits_for_pending_before_growing),
         cmocka_unit_test(test_thread_cache_keeps_its_share_of_live),
         cmocka_unit_test(test_legacy_one_arena_at_a_time),
