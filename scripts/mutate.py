@@ -155,7 +155,7 @@ MUTATIONS = [
      "cannot serve (another size class)",
      "memory held stays close to what is used (thread caches)", "src/pool/tcache.c",
      "    if (!fits && tc_large_give_locked(p, tc))",
-     "    if (0 && tc_large_give_locked(p, tc))"),
+     "    if (!fits && false && tc_large_give_locked(p, tc))"),
     ("chunk-maps-over-mapped",
      "a new chunk's run (tight layout) reaches over granules that are mapped already",
      "physical memory is mapped only where none is", "src/pool/acquire.c",
