@@ -73,15 +73,9 @@ MUTATIONS = [
      "a capture's graph gets no node of cuheap's, and no call that ends it", "src/pool/fence.c",
      "    if (!open_epoch(p)->nr_blocks || p->nr_capturing || !idle_now(p))",
      "    if (!open_epoch(p)->nr_blocks || !idle_now(p))"),
-    ("idle-give-back-still-grows",
-     "an allocation that finds the arena full gives the freed blocks back on an idle answer, "
-     "then grows the pool all the same",
-     "memory held stays close to what is used (pool v2)", "src/pool/pool.c",
-     "            if (close_epoch_locked(p))\n                continue;",
-     "            if (close_epoch_locked(p))\n                (void)0;"),
     ("legacy-grows-past-pending",
      "under legacy, an allocation that finds no free block takes a new arena while blocks "
-     "behind fences hold as much as it asks for",
+     "wait behind fences",
      "memory held stays close to what is used (legacy)", "src/pool/pool.c",
      "            if (p->ep_head != p->ep_tail && wait_oldest_locked(p))\n                continue;\n            waited_in_vain = true;",
      "            waited_in_vain = true;"),
@@ -89,8 +83,8 @@ MUTATIONS = [
      "under legacy, an allocation that finds no free block waits for fenced blocks only while "
      "they hold as much as it asks for (a smaller one beside a free piece is not waited for)",
      "memory held stays close to what is used (legacy)", "src/pool/pool.c",
-     "        if (!waited_in_vain && p->st.pending && settles++ < CUHEAP_NR_EPOCHS) {",
-     "        if (!waited_in_vain && p->st.pending >= 1ull << order &&\n            settles++ < CUHEAP_NR_EPOCHS) {"),
+     "        if (!waited_in_vain && p->st.pending && !p->nr_capturing &&",
+     "        if (!waited_in_vain && p->st.pending >= 1ull << order && !p->nr_capturing &&"),
     ("legacy-arenas-double",
      "a new legacy arena is as large as what the pool holds already (the pool doubles)",
      "memory held stays close to what is used (legacy)", "src/pool/arena.c",

@@ -122,8 +122,9 @@ bool wait_oldest_locked(struct cuheap_pool *p)
 
 /* An idle GPU passes a fence within microseconds: poll the oldest one briefly (p->lock
  * dropped) before taking more memory from the driver, so a tight alloc/free loop reuses its
- * blocks instead of growing the pool. A busy GPU (long kernels in flight) makes us grow, as
- * the rules say. Returns whether an epoch was reclaimed. */
+ * blocks instead of growing the pool. A busy GPU (long kernels in flight) leaves the caller
+ * to its rules (vmm within its budget maps, legacy waits). Returns whether an epoch was
+ * reclaimed. */
 
 bool poll_oldest_locked(struct cuheap_pool *p)
 {

@@ -359,7 +359,7 @@ static inline uint64_t mono_ns(void)
 
 /* ---- blocks ---- */
 
-#define CUHEAP_FENCE_POLL_NS 50000 /* how long a slow path polls a fence before it grows */
+#define CUHEAP_FENCE_POLL_NS 50000 /* how long a slow path polls a fence before more memory */
 #define CUHEAP_PURGE_EVERY   16384 /* merges between purges of free metadata (place.c) */
 #define CUHEAP_QUICK_MAX     64    /* blocks per order (legacy; vmm keeps one, place.c) */
 #define CUHEAP_NR_SPARE_MAX  16    /* arenas given back by one free under CUHEAP_RELEASE=empty */

@@ -309,7 +309,7 @@ again:;
             tc_drain_all_locked(p, true);
             flush_stream_caches_locked(p);
             if (close_epoch_locked(p))
-                continue; /* every stream idle: they came back, a reason not to grow */
+                continue; /* they came back (streams idle, or a device sync): no need to grow */
         }
         if (poll_oldest_locked(p))
             continue;
@@ -317,13 +317,15 @@ again:;
          * for them first (as vmm does past its budget, and as the driver's own free waits for
          * the device every time): a host that runs ahead of its streams otherwise grows the
          * pool for good for memory a moment from coming back. However small, a block that
-         * comes back may join a free neighbour into room for the request: only waiting on
-         * blocks that together held as much as the request held more (bench/RESULTS.md).
-         * Frees made meanwhile go behind a fence too, up to an epoch ring's worth of waits,
-         * so that threads that keep freeing do not keep this one waiting. */
-        if (!waited_in_vain && p->st.pending && settles++ < CUHEAP_NR_EPOCHS) {
-            if (settles > 1 && close_epoch_locked(p))
-                continue; /* every stream idle: they came back */
+         * comes back may join a free neighbour into room for the request: waiting only while
+         * the fenced blocks add up to the request took arenas the pool then kept
+         * (bench/RESULTS.md). Frees made meanwhile go behind a fence too (one may be the
+         * neighbour); at most an epoch ring's worth of waits, so that threads that keep
+         * freeing cannot keep this one waiting for good. None while a stream captures: a
+         * failed fence wait falls back to a device sync, which would break the capture. */
+        if (!waited_in_vain && p->st.pending && !p->nr_capturing && settles++ < CUHEAP_NR_EPOCHS) {
+            if (close_epoch_locked(p))
+                continue; /* they came back (streams idle, or a device sync) */
             if (p->ep_head != p->ep_tail && wait_oldest_locked(p))
                 continue;
             waited_in_vain = true;
