@@ -807,6 +807,15 @@ static inline unsigned tc_order(const struct tc_block *b)
     return (unsigned)(b->ptr & 0xff);
 }
 
+/* Whether a thread's kept large block b can serve a request of size bytes and this order that
+ * is not stream-ordered: the same order, and under vmm its granules mapped that far. */
+static inline bool tc_large_serves(const struct cuheap_pool *p, const struct tc_block *b,
+                                   uint64_t size, unsigned order)
+{
+    return b->ptr && tc_order(b) == order &&
+           (!p->vmm || b->arena->extent[unit_of(b->arena, tc_ptr(b))] >= size);
+}
+
 /* Whether a block freed with this ticket (tl_ticket) may be used again: a fence whose recording
  * began after its free has passed. */
 static inline bool tl_passed(struct cuheap_timeline *tl, uint64_t ticket)

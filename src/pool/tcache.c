@@ -535,10 +535,7 @@ void tc_large_unfit_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, uint
 {
     if (!tc->large.ptr)
         return;
-    struct cuheap_arena *a = tc->large.arena;
-    uint64_t ptr = tc_ptr(&tc->large);
-    bool fits = !streamed && tc_order(&tc->large) == order &&
-                (!p->vmm || a->extent[unit_of(a, ptr)] >= size);
+    bool fits = !streamed && tc_large_serves(p, &tc->large, size, order);
     if (!fits && tc_large_give_locked(p, tc))
         close_if_due_locked(p);
 }

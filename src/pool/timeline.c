@@ -268,9 +268,8 @@ __attribute__((noinline)) int tc_large_alloc(struct cuheap_pool *p, struct cuhea
     struct tc_block b = tc->large;
     uint64_t ptr = tc_ptr(&b);
     /* while a stream captures, allocations go to the driver (pool_alloc_slow) */
-    if (!b.ptr || tc_order(&b) != order || __atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED) ||
-        (p->vmm && b.arena->extent[unit_of(b.arena, ptr)] < size) ||
-        !tl_wait(p, tc, tc->large_ticket)) {
+    if (!tc_large_serves(p, &b, size, order) ||
+        __atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED) || !tl_wait(p, tc, tc->large_ticket)) {
         tc_leave(tc);
         return -EAGAIN;
     }
