@@ -11,6 +11,7 @@
 # with those files in place (leak detection off, or a suppression broad enough to hide
 # everything, would let it through), and under TSan the race that CUHEAP_REUSE=immediate
 # allows on purpose (suite provokes-race) must be reported.
+# Suite long (the promises stress's long form) runs in the plain run only.
 # The vmm configurations and the pool's step-plan cases (suite vmm) run under ASan+UBSan only:
 # their 4 GiB arenas make the debug invariant walks too slow under TSan. The plan's case beside
 # other threads (pool-plan-threads, suite unit) runs under both.
@@ -41,7 +42,7 @@ else
 fi
 rm -rf "$canary"
 
-for cfg in "build-asan address,undefined" "build-tsan thread provokes-race vmm"; do
+for cfg in "build-asan address,undefined long" "build-tsan thread provokes-race vmm long"; do
     set -- $cfg
     dir=$1
     san=$2

@@ -30,6 +30,8 @@ struct option {
     size_t offset;              /* field in struct cuheap_config */
     uint64_t min, max;          /* inclusive bounds for numbers */
     const char *const *choices; /* for enums, NULL-terminated, index = enum value */
+    uint64_t min_bare;          /* sizes: a number with no unit below this (but 0) is refused, since
+                                   "2" for a cushion or a cache is 2 bytes, and surely meant 2M */
 };
 
 static bool is_pow2(uint64_t v)
@@ -200,12 +202,22 @@ static int bytes_in_range(const struct option *opt, uint64_t n, char *why)
                   cuheap_format_size(opt->max, hi, sizeof(hi)));
 }
 
+/* A size with no unit too small to mean bytes (opt->min_bare): refused, naming the unit. */
+static int bare_too_small(const struct option *opt, const char *v, uint64_t n, char *why)
+{
+    size_t len = strlen(v);
+    if (!n || n >= opt->min_bare || !len || v[len - 1] < '0' || v[len - 1] > '9')
+        return 0;
+    return refuse(why, "%" PRIu64 " bytes, too small to mean bytes: give a unit (%sM)", n, v);
+}
+
 static int parse_bytes(const struct option *opt, const char *v, struct cuheap_config *cfg,
                        char *why)
 {
     uint64_t n = 0;
     unsigned pm = 0;
-    if (size_of(v, false, &n, &pm, why) || bytes_in_range(opt, n, why))
+    if (size_of(v, false, &n, &pm, why) || bare_too_small(opt, v, n, why) ||
+        bytes_in_range(opt, n, why))
         return -EINVAL;
     *(uint64_t *)((char *)cfg + opt->offset) = n;
     return 0;
@@ -241,7 +253,6 @@ static int parse_pow2_uint(const struct option *opt, const char *v, struct cuhea
 static int parse_limit(const struct option *opt, const char *v, struct cuheap_config *cfg,
                        char *why)
 {
-    (void)opt;
     uint64_t n = 0;
     unsigned pm = 0;
     if (!strcasecmp(v, "none") || !strcmp(v, "0")) {
@@ -249,7 +260,7 @@ static int parse_limit(const struct option *opt, const char *v, struct cuheap_co
         cfg->limit_permille = 0;
         return 0;
     }
-    if (size_of(v, true, &n, &pm, why))
+    if (size_of(v, true, &n, &pm, why) || bare_too_small(opt, v, n, why))
         return -EINVAL;
     if (!n && !pm)
         return refuse(why, "zero bytes (no limit is none or 0)");
@@ -351,90 +362,91 @@ static const char *const vmm_layout_names[] = {"tight", "aligned", NULL};
 
 static const struct option options[] = {
     {"CUHEAP_POOL", "1", "serve cuMemAlloc/cudaMalloc from cuheap's pool (0: record only)",
-     parse_bool, FIELD(pool), 0, 0, NULL},
+     parse_bool, FIELD(pool), 0, 0, NULL, 0},
     {"CUHEAP_POOL_INIT", "0", "bytes reserved per device at first use", parse_bytes,
-     FIELD(pool_init), 0, 64 * TIB, NULL},
+     FIELD(pool_init), 0, 64 * TIB, NULL, 64 * KIB},
     {"CUHEAP_ARENA_SIZE", "256M",
      "legacy: largest arena taken from the driver (power of two; the pool starts at an eighth "
      "and grows by a sixteenth of what it holds)",
-     parse_pow2_bytes, FIELD(arena_size), 2 * MIB, 64 * GIB, NULL},
+     parse_pow2_bytes, FIELD(arena_size), 2 * MIB, 64 * GIB, NULL, 0},
     {"CUHEAP_MIN_BLOCK", "512", "smallest pool block (power of two)", parse_pow2_bytes,
-     FIELD(min_block), 256, 2 * MIB, NULL},
+     FIELD(min_block), 256, 2 * MIB, NULL, 0},
     {"CUHEAP_POOL_MAX", "64M", "largest request served from the pool; larger go to the driver",
-     parse_bytes, FIELD(pool_max), 1, 64 * GIB, NULL},
+     parse_bytes, FIELD(pool_max), 1, 64 * GIB, NULL, 4 * KIB},
     {"CUHEAP_RELEASE", "oom", "when empty arenas go back to the driver: oom, empty, never",
-     parse_enum, FIELD(release), 0, 0, release_names},
+     parse_enum, FIELD(release), 0, 0, release_names, 0},
     {"CUHEAP_REUSE", "fence", "when a freed block may be reused: fence, sync, immediate",
-     parse_enum, FIELD(reuse), 0, 0, reuse_names},
+     parse_enum, FIELD(reuse), 0, 0, reuse_names, 0},
     {"CUHEAP_BACKING", "vmm",
      "pool memory: vmm (physical memory mapped under blocks in use) or legacy (cuMemAlloc arenas)",
-     parse_enum, FIELD(backing), 0, 0, backing_names},
+     parse_enum, FIELD(backing), 0, 0, backing_names, 0},
     {"CUHEAP_VMM_CHUNK", "8M",
      "vmm: most physical memory mapped in one piece (fewer driver calls, but held whole)",
-     parse_bytes, FIELD(vmm_chunk), 2 * MIB, 1 * GIB, NULL},
+     parse_bytes, FIELD(vmm_chunk), 2 * MIB, 1 * GIB, NULL, 0},
     {"CUHEAP_VMM_CUSHION", "2M",
      "vmm: idle memory kept mapped beyond the most the job's blocks have used at once (less "
      "memory held, more driver calls)",
-     parse_bytes, FIELD(vmm_cushion), 0, 64 * GIB, NULL},
+     parse_bytes, FIELD(vmm_cushion), 0, 64 * GIB, NULL, 64 * KIB},
     {"CUHEAP_VMM_LAYOUT", "tight",
      "vmm: tight (memory only under the bytes blocks use) or aligned (whole CUHEAP_VMM_CHUNK "
      "pieces at aligned addresses, shared by smaller blocks: about half the driver calls, a few "
      "percent more memory)",
-     parse_enum, FIELD(vmm_layout), 0, 0, vmm_layout_names},
+     parse_enum, FIELD(vmm_layout), 0, 0, vmm_layout_names, 0},
     {"CUHEAP_VMM_IDLE_FIT", "125",
      "vmm, tight layout: a block goes into an idle chunk of up to this percentage of the "
      "granules it needs (100 to 10000) rather than have memory mapped for it (higher: fewer "
      "driver calls, more memory held)",
-     parse_uint, FIELD(vmm_idle_fit), 100, 10000, NULL},
+     parse_uint, FIELD(vmm_idle_fit), 100, 10000, NULL, 0},
     {"CUHEAP_STEP_PLAN", "1",
      "vmm: once the job's large allocations repeat step after step, serve them from one region "
      "planned for the step and mapped once (no driver calls in a warm step; 0: the pool alone)",
-     parse_bool, FIELD(step_plan), 0, 0, NULL},
+     parse_bool, FIELD(step_plan), 0, 0, NULL, 0},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "
      "lock (0: every allocation takes the pool's lock)",
-     parse_bytes, FIELD(thread_cache), 0, 1 * GIB, NULL},
+     parse_bytes, FIELD(thread_cache), 0, 1 * GIB, NULL, 4 * KIB},
     {"CUHEAP_FENCE_BATCH", "64", "frees collected before a fence is recorded", parse_uint,
-     FIELD(fence_batch), 1, 1u << 20, NULL},
+     FIELD(fence_batch), 1, 1u << 20, NULL, 0},
     {"CUHEAP_IDLE_CHECK", "1",
      "fence policy: before recording a fence, ask whether every stream is idle, and if so give "
      "the freed blocks back at once (0: always a fence)",
-     parse_bool, FIELD(idle_check), 0, 0, NULL},
+     parse_bool, FIELD(idle_check), 0, 0, NULL, 0},
     {"CUHEAP_LIMIT", "none", "per-device limit: bytes (K/M/G) or a percentage of the device",
-     parse_limit, 0, 0, 0, NULL},
-    {"CUHEAP_RECORD", "1", "record events into the trace", parse_bool, FIELD(record), 0, 0, NULL},
+     parse_limit, 0, 0, 0, NULL, 64 * KIB},
+    {"CUHEAP_RECORD", "1", "record events into the trace", parse_bool, FIELD(record), 0, 0, NULL,
+     0},
     {"CUHEAP_STACK_DEPTH", "32",
      "native frames recorded per event (0: no stacks, at most 64; Python processes: 12 unless set)",
-     parse_uint, FIELD(stack_depth), 0, CUHEAP_MAX_STACK_DEPTH, NULL},
+     parse_uint, FIELD(stack_depth), 0, CUHEAP_MAX_STACK_DEPTH, NULL, 0},
     {"CUHEAP_PYTHON", "1", "add Python frames when the allocating thread runs Python", parse_bool,
-     FIELD(python), 0, 0, NULL},
+     FIELD(python), 0, 0, NULL, 0},
     {"CUHEAP_STACK_CACHE", "1",
      "per-thread shortcuts for stacks (0: every stack walked in full; the stacks are the same)",
-     parse_bool, FIELD(stack_cache), 0, 0, NULL},
+     parse_bool, FIELD(stack_cache), 0, 0, NULL, 0},
     {"CUHEAP_RECORD_TIMING", "0",
      "time the recorder's parts per event and print them at exit (costs about 100 ns an event)",
-     parse_bool, FIELD(record_timing), 0, 0, NULL},
+     parse_bool, FIELD(record_timing), 0, 0, NULL, 0},
     {"CUHEAP_RING", "65536", "event ring slots (power of two)", parse_pow2_uint, FIELD(ring_slots),
-     64, 1u << 22, NULL},
+     64, 1u << 22, NULL, 0},
     {"CUHEAP_OUTPUT", "cuheap-%p.jsonl",
      "trace path; %p pid, %r rank (RANK/LOCAL_RANK), %h host; with a rank the default is "
      "cuheap-r%r-%p.jsonl; an existing file is never replaced (.1, .2, ... added)",
-     parse_path, FIELD(output), 0, 0, NULL},
+     parse_path, FIELD(output), 0, 0, NULL, 0},
     {"CUHEAP_OUTPUT_MODE", "0600",
      "permissions a new trace is created with (octal, read/write bits; the umask applies)",
-     parse_mode, FIELD(output_mode), 0, 0, NULL},
+     parse_mode, FIELD(output_mode), 0, 0, NULL, 0},
     {"CUHEAP_FORMAT", "jsonl", "trace format: jsonl (cuheap) or chrome (Perfetto)", parse_enum,
-     FIELD(format), 0, 0, format_names},
+     FIELD(format), 0, 0, format_names, 0},
     {"CUHEAP_SUMMARY", "1", "print a summary on stderr at exit", parse_bool, FIELD(summary), 0, 0,
-     NULL},
+     NULL, 0},
     {"CUHEAP_VERBOSE", "0", "print the effective settings at start", parse_bool, FIELD(verbose), 0,
-     0, NULL},
+     0, NULL, 0},
     {"CUHEAP_FLUSH_MS", "200", "how often the trace is flushed to disk", parse_uint,
-     FIELD(flush_ms), 1, 60000, NULL},
+     FIELD(flush_ms), 1, 60000, NULL, 0},
     {"CUHEAP_AUDIT", "0",
      "check coverage: match the driver's memory operations (CUPTI) against what the hooks saw; "
      "1, or the path of the libcupti.so to use",
-     parse_audit, FIELD(audit), 0, 0, NULL},
+     parse_audit, FIELD(audit), 0, 0, NULL, 0},
 };
 
 #define NR_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -528,37 +540,53 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
         snprintf(line, sizeof(line), __VA_ARGS__);                                                 \
         emit(line, arg);                                                                           \
     } while (0)
+    /* only what is in force: a setting of a part that does not run is left out */
+    bool pool = cfg->pool, vmm = pool && cfg->backing == CUHEAP_BACKING_VMM;
+    bool fence = pool && cfg->reuse == CUHEAP_REUSE_FENCE, rec = cfg->record;
     EMIT("CUHEAP_POOL=%d", cfg->pool);
-    EMIT("CUHEAP_POOL_INIT=%" PRIu64, cfg->pool_init);
-    EMIT("CUHEAP_ARENA_SIZE=%" PRIu64, cfg->arena_size);
-    EMIT("CUHEAP_MIN_BLOCK=%" PRIu64, cfg->min_block);
-    EMIT("CUHEAP_POOL_MAX=%" PRIu64, cfg->pool_max);
-    EMIT("CUHEAP_RELEASE=%s", release_names[cfg->release]);
-    EMIT("CUHEAP_REUSE=%s", reuse_names[cfg->reuse]);
-    EMIT("CUHEAP_BACKING=%s", backing_names[cfg->backing]);
-    EMIT("CUHEAP_VMM_CHUNK=%" PRIu64, cfg->vmm_chunk);
-    EMIT("CUHEAP_VMM_CUSHION=%" PRIu64, cfg->vmm_cushion);
-    EMIT("CUHEAP_VMM_LAYOUT=%s", vmm_layout_names[cfg->vmm_layout]);
-    EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
-    EMIT("CUHEAP_STEP_PLAN=%d", cfg->step_plan);
-    EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);
-    EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
-    EMIT("CUHEAP_IDLE_CHECK=%d", cfg->idle_check);
+    if (pool) {
+        EMIT("CUHEAP_POOL_INIT=%" PRIu64, cfg->pool_init);
+        if (!vmm)
+            EMIT("CUHEAP_ARENA_SIZE=%" PRIu64, cfg->arena_size);
+        EMIT("CUHEAP_MIN_BLOCK=%" PRIu64, cfg->min_block);
+        EMIT("CUHEAP_POOL_MAX=%" PRIu64, cfg->pool_max);
+        EMIT("CUHEAP_RELEASE=%s", release_names[cfg->release]);
+        EMIT("CUHEAP_REUSE=%s", reuse_names[cfg->reuse]);
+        EMIT("CUHEAP_BACKING=%s", backing_names[cfg->backing]);
+    }
+    if (vmm) {
+        EMIT("CUHEAP_VMM_CHUNK=%" PRIu64, cfg->vmm_chunk);
+        EMIT("CUHEAP_VMM_CUSHION=%" PRIu64, cfg->vmm_cushion);
+        EMIT("CUHEAP_VMM_LAYOUT=%s", vmm_layout_names[cfg->vmm_layout]);
+        if (cfg->vmm_layout == CUHEAP_VMM_TIGHT)
+            EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
+        EMIT("CUHEAP_STEP_PLAN=%d", cfg->step_plan);
+    }
+    if (pool && cfg->release != CUHEAP_RELEASE_EMPTY)
+        EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);
+    if (fence) {
+        EMIT("CUHEAP_FENCE_BATCH=%u", cfg->fence_batch);
+        EMIT("CUHEAP_IDLE_CHECK=%d", cfg->idle_check);
+    }
     if (cfg->limit_permille)
         EMIT("CUHEAP_LIMIT=%u.%u%%", cfg->limit_permille / 10, cfg->limit_permille % 10);
     else
         EMIT("CUHEAP_LIMIT=%" PRIu64, cfg->limit_bytes);
     EMIT("CUHEAP_RECORD=%d", cfg->record);
-    EMIT("CUHEAP_STACK_DEPTH=%u", cfg->stack_depth);
-    EMIT("CUHEAP_PYTHON=%d", cfg->python);
-    EMIT("CUHEAP_STACK_CACHE=%d", cfg->stack_cache);
-    EMIT("CUHEAP_RECORD_TIMING=%d", cfg->record_timing);
-    EMIT("CUHEAP_RING=%u", cfg->ring_slots);
-    EMIT("CUHEAP_OUTPUT=%s", cfg->output);
-    EMIT("CUHEAP_OUTPUT_MODE=%04o", cfg->output_mode);
-    EMIT("CUHEAP_FORMAT=%s", format_names[cfg->format]);
+    if (rec) {
+        EMIT("CUHEAP_STACK_DEPTH=%u", cfg->stack_depth);
+        EMIT("CUHEAP_PYTHON=%d", cfg->python);
+        EMIT("CUHEAP_STACK_CACHE=%d", cfg->stack_cache);
+        EMIT("CUHEAP_RECORD_TIMING=%d", cfg->record_timing);
+        EMIT("CUHEAP_RING=%u", cfg->ring_slots);
+    }
+    if (rec) {
+        EMIT("CUHEAP_OUTPUT=%s", cfg->output);
+        EMIT("CUHEAP_OUTPUT_MODE=%04o", cfg->output_mode);
+        EMIT("CUHEAP_FORMAT=%s", format_names[cfg->format]);
+        EMIT("CUHEAP_FLUSH_MS=%u", cfg->flush_ms);
+    }
     EMIT("CUHEAP_SUMMARY=%d", cfg->summary);
-    EMIT("CUHEAP_FLUSH_MS=%u", cfg->flush_ms);
     EMIT("CUHEAP_AUDIT=%s", cfg->audit_cupti[0] ? cfg->audit_cupti : cfg->audit ? "1" : "0");
 #undef EMIT
 }

@@ -10,6 +10,8 @@
  * reserves the next slot. Only the thread works the ring off, with the guard set, so every
  * push it finds was made by a handler that has returned: filled. A push reads `done` before
  * the thread moved it past the entry it is copying, which only makes the ring look fuller.
+ * Pooled frees past a full ring wait in the blocks themselves (cuheap_pool_claim_free), so
+ * that none is lost however many a handler makes.
  */
 #include "defer.h"
 
@@ -71,7 +73,16 @@ bool cuheap_defer_pooled_free(uint64_t ptr, uint64_t stream, int api)
         return false;
     struct deferred e = {
         .key = ptr, .stream = stream, .kind = DEFER_POOLED_FREE, .api = (uint8_t)api};
-    return push(&e);
+    if (push(&e))
+        return true;
+    /* The list is full: the block itself waits, chained through its own records, as many as
+     * handlers free (the driver does not know the pointer: passed on, the free was refused
+     * and the block stayed live for good). A stream-ordered free keeps the list's order. */
+    if (stream || cuheap_pool_claim_free(ptr, api, &cuheap_deferred.overflow))
+        return false;
+    atomic_fetch_sub_explicit(&nr_full, 1, memory_order_relaxed); /* push counted it: not lost */
+    atomic_store_explicit(&cuheap_defer_settle_fn, cuheap_defer_settle, memory_order_relaxed);
+    return true;
 }
 
 void cuheap_defer_alloc(int api, uint64_t key, uint64_t size, uint64_t actual, uint64_t stream,
@@ -134,6 +145,10 @@ void cuheap_defer_settle(void)
         atomic_store_explicit(&cuheap_deferred.done, h + 1, memory_order_relaxed);
         settle(&e);
     }
+    uint64_t ptr;
+    int api;
+    while ((ptr = cuheap_pool_claimed_pop(&cuheap_deferred.overflow, &api)) != 0)
+        cuheap_free_pooled(cuheap_counters_mine(), ptr, 0, api);
     settling = false;
     if (atomic_load_explicit(&nr_full, memory_order_relaxed))
         cuheap_log_once("calls made inside a signal handler while cuheap worked on the same "

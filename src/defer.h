@@ -33,8 +33,9 @@
 /* A hook on this thread now is nested: cuheap started and the thread is inside it. */
 bool cuheap_nested(void);
 
-/* A nested free of ptr: when a pool owns it, defer it and return true (answer CUDA_SUCCESS);
- * false when it is not pooled or the list is full (the driver's call, as without cuheap). */
+/* A nested free of ptr: when a pool owns it, defer it and return true (answer CUDA_SUCCESS),
+ * past a full list too (the block waits in its own records); false when it is not a live
+ * pooled block (the driver's call, as without cuheap), or a stream's free past a full list. */
 bool cuheap_defer_pooled_free(uint64_t ptr, uint64_t stream, int api);
 
 /* The driver served a nested allocation at key (size bytes requested, actual reserved):

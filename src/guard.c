@@ -22,4 +22,5 @@ void cuheap_defer_drain(void)
 void cuheap_defer_atfork_child(void)
 {
     atomic_store(&cuheap_deferred.done, atomic_load(&cuheap_deferred.pushed));
+    atomic_store(&cuheap_deferred.overflow, 0);
 }

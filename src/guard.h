@@ -14,14 +14,17 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 extern __thread int cuheap_busy __attribute__((tls_model("initial-exec")));
 
 /* This thread's list of what nested calls left (defer.c): entries pushed and entries done,
  * each only ever moving up; equal when nothing waits. */
 struct cuheap_defer_count {
-    _Atomic unsigned pushed; /* by nested hooks, in signal handlers */
-    _Atomic unsigned done;   /* by the thread as it works them off */
+    _Atomic unsigned pushed;   /* by nested hooks, in signal handlers */
+    _Atomic unsigned done;     /* by the thread as it works them off */
+    _Atomic uint64_t overflow; /* pooled frees past a full list: the first block of a chain
+                                  through the blocks themselves (cuheap_pool_claim_free), 0 */
 };
 extern __thread struct cuheap_defer_count cuheap_deferred
     __attribute__((tls_model("initial-exec")));
@@ -29,7 +32,8 @@ extern __thread struct cuheap_defer_count cuheap_deferred
 static inline bool cuheap_defer_pending(void)
 {
     return atomic_load_explicit(&cuheap_deferred.pushed, memory_order_relaxed) !=
-           atomic_load_explicit(&cuheap_deferred.done, memory_order_relaxed);
+               atomic_load_explicit(&cuheap_deferred.done, memory_order_relaxed) ||
+           atomic_load_explicit(&cuheap_deferred.overflow, memory_order_relaxed);
 }
 
 /* What works the list off (defer.c's cuheap_defer_settle), left here by the first entry

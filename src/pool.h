@@ -19,6 +19,7 @@
 #define CUHEAP_POOL_H
 
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -137,6 +138,18 @@ int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, void **ret_owner, uint64
 
 /* The pool whose arena contains ptr, or NULL. Lock-free. */
 struct cuheap_pool *cuheap_pool_of(uint64_t ptr);
+
+/* Async-signal-safe, no lock: take over the free of the live pooled block at ptr (whoever
+ * clears a block's size frees it, as a thread cache's free does) and chain it onto *head, a
+ * list through the block's own unit records, so that any number of them can wait, with api
+ * (enum cuheap_api) kept for its event. Returns 0, or -EINVAL: no live block starts at ptr in
+ * a pool's arenas (a step plan's region has no unit records: its blocks are never taken so). */
+int cuheap_pool_claim_free(uint64_t ptr, int api, _Atomic uint64_t *head);
+
+/* The first block cuheap_pool_claim_free chained onto *head, live again as it was, for its
+ * free to be made as any other (cuheap_pool_free_any); 0 when none is left. Only the thread
+ * whose list it is pops; its signal handlers may push meanwhile. */
+uint64_t cuheap_pool_claimed_pop(_Atomic uint64_t *head, int *ret_api);
 
 /* What a range query on ptr answers for a pooled pointer: the live block containing it.
  * Returns 0, or -EINVAL when ptr is in an arena but not inside a live block. On success also

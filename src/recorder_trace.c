@@ -233,9 +233,14 @@ void cuheap_recorder_open_trace(void)
         cuheap_recorder.open_failed = true;
         cuheap_recorder.trace_errno = errno;
         json_decref(header);
-        cuheap_log("cannot open trace %s: %s; the program goes on without a trace file "
-                   "(set CUHEAP_OUTPUT to a writable path)",
-                   cuheap_recorder.out_path, strerror(errno));
+        if (fd < 0 && cuheap_recorder.refused.path[0])
+            cuheap_log("%s is %s; the program goes on without a trace file (set CUHEAP_OUTPUT "
+                       "to a new file's path)",
+                       cuheap_recorder.refused.path, cuheap_recorder.refused.why);
+        else
+            cuheap_log("cannot open trace %s: %s; the program goes on without a trace file "
+                       "(set CUHEAP_OUTPUT to a writable path)",
+                       cuheap_recorder.out_path, strerror(errno));
         return;
     }
     /* A buffer of our own: given NULL, glibc ignores the size and uses 4 KiB, which turns

@@ -52,10 +52,18 @@ static bool may_write_existing(mode_t m)
 
 /* The existing thing at path, opened for writing when it is a character device, else -1 with
  * why saying what it is. It is looked at through O_PATH, which opens nothing (opening a FIFO
- * to write tells its reader a writer came), and the device opened must be the one looked at. */
-static int open_device(const char *path, char *why, size_t size)
+ * to write tells its reader a writer came), and the device opened must be the one looked at.
+ * A symbolic link is followed only when it is the user's or root's (/dev/stdout, /dev/fd/2)
+ * and leads to a character device: a link another user made in a shared folder is never
+ * followed. *ret_named: path names a device, or a link to one, a pipe or a socket, or lies in
+ * /dev or /proc (so a file created beside it, such as /dev/stdout.1, would be no trace the
+ * user looks for). */
+static int open_device(const char *path, char *why, size_t size, bool *ret_named)
 {
     struct stat st, now;
+    int follow = O_NOFOLLOW;
+    /* a name in /dev or /proc is the system's: a file made beside it is never what was meant */
+    *ret_named = !strncmp(path, "/dev/", 5) || !strncmp(path, "/proc/", 6);
     int pfd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
     if (pfd < 0 || fstat(pfd, &st)) {
         snprintf(why, size, "something cuheap cannot look at (%s)", strerror(errno));
@@ -64,11 +72,25 @@ static int open_device(const char *path, char *why, size_t size)
         return -1;
     }
     close(pfd);
+    struct stat to;
+    if (S_ISLNK(st.st_mode) && stat(path, &to) == 0 && !S_ISREG(to.st_mode) &&
+        !S_ISDIR(to.st_mode)) {
+        *ret_named = true; /* a link to a device, a pipe or a socket (/dev/stdout) */
+        if ((st.st_uid == geteuid() || st.st_uid == 0) && S_ISCHR(to.st_mode)) {
+            st = to; /* the device the link leads to: the one opened must be it */
+            follow = 0;
+        } else {
+            describe(&to, why, size);
+            snprintf(why + strlen(why), size - strlen(why), ", at the end of a symbolic link");
+            return -1;
+        }
+    }
+    *ret_named |= S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode);
     if (!may_write_existing(st.st_mode)) {
         describe(&st, why, size);
         return -1;
     }
-    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fd = open(path, O_WRONLY | follow | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         snprintf(why, size, "a device cuheap cannot open (%s)", strerror(errno));
         return -1;
@@ -107,10 +129,13 @@ int cuheap_tracefile_create(char *path, size_t size, unsigned mode,
         return created(fd);
     if (errno != EEXIST && errno != ELOOP)
         return -errno;
-    if ((fd = open_device(base, why, sizeof(why))) >= 0)
+    bool named;
+    if ((fd = open_device(base, why, sizeof(why), &named)) >= 0)
         return fd;
     snprintf(ret_refused->path, sizeof(ret_refused->path), "%s", base);
     snprintf(ret_refused->why, sizeof(ret_refused->why), "%s", why);
+    if (named)
+        return -EPERM; /* a device or a link refused: no file beside it (/dev/stdout.1) */
     for (int i = 1; i < 1000; i++) {
         if ((size_t)snprintf(path, size, "%s.%d", base, i) >= size)
             break;

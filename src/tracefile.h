@@ -22,10 +22,13 @@ struct cuheap_trace_refusal {
 };
 
 /* Open the trace at path (size bytes, holding the name): a regular file created there, or an
- * existing character device (/dev/null, /dev/full). Anything else at the name (a file, which
- * is never replaced, a symlink, never followed, a FIFO, another user's file, a socket) is
- * passed over, said in *ret_refused, and ".1", ".2", ... are tried instead; path then holds
- * the name used. The descriptor is non-blocking. Returns it, or -errno (path as given). */
+ * existing character device (/dev/null, /dev/full, or one a link of the user's or root's
+ * leads to: /dev/stdout on a terminal). Anything else at the name (a file, which is never
+ * replaced, a FIFO, another user's file, a socket) is passed over, said in *ret_refused, and
+ * ".1", ".2", ... are tried instead; path then holds the name used. A device refused, or a
+ * link to one, a pipe or a socket (/dev/stdout on a pipe), gets no file beside it: -EPERM,
+ * with *ret_refused saying why. The descriptor is
+ * non-blocking. Returns it, or -errno (path as given). */
 int cuheap_tracefile_create(char *path, size_t size, unsigned mode,
                             struct cuheap_trace_refusal *ret_refused);
 

@@ -239,6 +239,9 @@ struct cuheap_pool {
      * checks that found them idle on the timeline's side, folded into st.nr_idle when read */
     _Atomic unsigned idle_skip;
     _Atomic uint64_t nr_idle_tl;
+    /* live blocks whose free a signal handler took over (cuheap_pool_claim_free), their size
+     * cleared until the thread finishes the free: bytes and block bytes, for pool_check */
+    _Atomic uint64_t claimed, claimed_blocks;
     struct cuheap_plan *plan;    /* CUHEAP_STEP_PLAN under vmm (plan.c), else NULL */
     struct cuheap_pool_stats st; /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };

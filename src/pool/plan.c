@@ -217,7 +217,7 @@ static bool retire_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     pl->nr_live = 0;
     pl->nr_by_offset = 0;
     watch_again(pl);
-    region_reap_one_locked(p, pl, rg);
+    pl->reap_due = true; /* its pieces go back at the next allocation's tidy_locked */
     return true;
 }
 
@@ -312,7 +312,9 @@ static void wait_ticket_locked(struct cuheap_pool *p, uint64_t ticket)
 
 /* At the start of every step the plan serves: a step of many misses retires it (the job
  * changed shape). In the first steps, the rest of the pool gives back what the plan took over
- * (rest_settles_locked). */
+ * (rest_settles_locked). Holds p->lock throughout: what would drop it (a trim, the rest's
+ * giving back, a retired region's pieces) is left to the next allocation's tidy_locked, since
+ * its caller goes on with the slot it has found. */
 static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
 {
     uint64_t misses = pl->step_misses, taken = pl->step_taken;
@@ -327,15 +329,34 @@ static void step_begins_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
     }
     if (misses)
         pl->steps_on = 0; /* the rest of the pool served them: it settles again */
-    if (pl->trim_due)
-        region_trim_locked(p, pl); /* may drop p->lock */
+    pl->trim_now = pl->trim_due;
     /* a block pinned when the plan was made again, kept a step since: plan around it too */
     for (uint32_t i = 0; i < pl->nr_pinned && pl->nr_cur_pinned && !pl->replan_due; i++) {
         const struct plan_pinned *b = &pl->pinned[i];
         pl->replan_due = b->region == pl->cur && !b->stray && pl->clock - b->since >= pl->period;
     }
     if (pl->steps_on++ < PLAN_SETTLE)
-        rest_settles_locked(p); /* may drop p->lock */
+        pl->settle_now = true;
+}
+
+/* The plan's work that drops p->lock (as the mapper, or in the rest of the pool's giving
+ * back), done where an allocation begins, before it reads anything of the plan: what is read
+ * before a drop is stale after it (another thread may have found the step's phase again,
+ * served the slot, placed the step again or retired the plan meanwhile). */
+static void tidy_locked(struct cuheap_pool *p, struct cuheap_plan *pl)
+{
+    if (pl->reap_due)
+        region_reap_locked(p, pl); /* may drop p->lock */
+    if (pl->trim_now) {
+        pl->trim_now = false;
+        if (pl->cur && pl->trim_due)
+            region_trim_locked(p, pl); /* may drop p->lock */
+    }
+    if (pl->settle_now) {
+        pl->settle_now = false;
+        if (pl->cur)
+            rest_settles_locked(p); /* may drop p->lock */
+    }
 }
 
 /* The step's phase again after its sizes left the measured order (an allocation more or
@@ -490,8 +511,7 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
                       int64_t *ret_track)
 {
     struct cuheap_plan *pl = p->plan;
-    if (pl->reap_due)
-        region_reap_locked(p, pl); /* may drop p->lock */
+    tidy_locked(p, pl); /* may drop p->lock: first, before anything is read */
     /* Until it serves, the plan counts only sizes it has seen before: another thread's block
      * of a size of its own, now and then, would else break every period (it must repeat
      * exactly for a quarter of the window) and no plan be made. Serving, such a block makes
@@ -588,7 +608,11 @@ int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
     if (why == SLOT_FENCE && !p->nr_capturing) {
         struct cuheap_arena *region = pl->arena;
         p->st.nr_plan_waits++;
-        wait_ticket_locked(p, ticket);
+        wait_ticket_locked(p, ticket); /* drops p->lock */
+        /* Read again: another thread may have served the slot, placed the step again or
+         * found another phase meanwhile. Slot k's size is this request's for as long as the
+         * region is the same (a placement made again keeps the measured sizes), so what
+         * stands between it and its place is what slot_free_locked sees now. */
         if (pl->state != PLAN_ON || pl->arena != region)
             return 1; /* retired or gone meanwhile */
         why = slot_free_locked(p, pl, k, &ticket);
@@ -911,7 +935,7 @@ uint64_t plan_forget_locked(struct cuheap_pool *p, bool context)
     pl->nr_cur_pinned = 0;
     pl->cur_tickets = false;
     pl->replan_due = false;
-    pl->trim_due = false;
+    pl->trim_due = pl->trim_now = pl->settle_now = false;
     pl->filling = 0; /* a fork's child: the thread that was mapping is not in it */
     pl->reap_due = false;
     for (uint32_t k = 0; k < PLAN_MAX_SLOTS; k++)

@@ -131,6 +131,9 @@ struct cuheap_plan {
     bool cur_tickets;       /* a ticket on a piece of the current region may not have passed */
     bool replan_due;        /* a stray was pinned: plan again around it at the quiet moment */
     bool trim_due;          /* pieces of the current region may cover nothing the plan serves */
+    bool trim_now;          /* a step began with trim_due: trim at the next allocation */
+    bool settle_now;        /* a step began while the plan settles: the rest of the pool gives
+                               back at the next allocation (rest_settles_locked) */
     bool lost;       /* the sizes left the measured step's order: its phase is being looked for */
     unsigned strays; /* sizes never seen before, in a row, served beside the plan (plan_alloc) */
 };
@@ -162,7 +165,6 @@ uint32_t region_unmapped(const struct plan_region *rg, uint64_t offset, uint64_t
                          uint32_t todo[PLAN_FILL_BATCH]);
 int region_fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t offset,
                        uint64_t size);
-void region_reap_one_locked(struct cuheap_pool *p, struct cuheap_plan *pl, struct plan_region *rg);
 void region_reap_locked(struct cuheap_pool *p, struct cuheap_plan *pl);
 void region_trim_locked(struct cuheap_pool *p, struct cuheap_plan *pl);
 

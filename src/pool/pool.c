@@ -443,6 +443,62 @@ int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, void **ret_owner, uint64
     return pool_free_in(a->pool, a, ptr, stream, ret_size, ret_block, ret_seq);
 }
 
+/* The claimed block's unit records hold, until it is popped: link its size and api (in the
+ * top byte), buffer_id the next block on the list. A block being freed answers no range query
+ * meanwhile, and its buffer id is of no use any more. */
+#define CLAIM_API_SHIFT 56
+
+int cuheap_pool_claim_free(uint64_t ptr, int api, _Atomic uint64_t *head)
+{
+    struct cuheap_arena *a = map_lookup(ptr);
+    if (!a || a->planned || ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
+        return -EINVAL;
+    uint32_t u = unit_of(a, ptr);
+    if (u >= a->buddy.nr_units)
+        return -EINVAL;
+    uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
+    if (!size)
+        return -EINVAL; /* not live: a double free, or no block starts here */
+    atomic_fetch_add_explicit(&a->pool->claimed, size, memory_order_relaxed); /* pool_check */
+    atomic_fetch_add_explicit(&a->pool->claimed_blocks, 1ull << order_of_size(a->pool, size),
+                              memory_order_relaxed);
+    __atomic_store_n(&a->link[u], size | (uint64_t)(uint8_t)api << CLAIM_API_SHIFT,
+                     __ATOMIC_RELAXED);
+    uint64_t old = atomic_load_explicit(head, memory_order_relaxed);
+    do
+        __atomic_store_n(&a->buffer_id[u], old, __ATOMIC_RELAXED);
+    while (!atomic_compare_exchange_weak_explicit(head, &old, ptr, memory_order_release,
+                                                  memory_order_relaxed));
+    return 0;
+}
+
+uint64_t cuheap_pool_claimed_pop(_Atomic uint64_t *head, int *ret_api)
+{
+    uint64_t ptr = atomic_load_explicit(head, memory_order_acquire);
+    while (ptr) {
+        struct cuheap_arena *a = map_lookup(ptr);
+        uint32_t u = a ? unit_of(a, ptr) : 0;
+        uint64_t next =
+            a && u < a->buddy.nr_units ? __atomic_load_n(&a->buffer_id[u], __ATOMIC_RELAXED) : 0;
+        if (!atomic_compare_exchange_weak_explicit(head, &ptr, next, memory_order_acquire,
+                                                   memory_order_acquire))
+            continue; /* a handler pushed meanwhile: ptr is the new head */
+        if (!a || u >= a->buddy.nr_units) {
+            ptr = next; /* its arena went with its context: nothing left to free */
+            continue;
+        }
+        uint64_t v = __atomic_load_n(&a->link[u], __ATOMIC_RELAXED);
+        uint64_t size = v & ((1ull << CLAIM_API_SHIFT) - 1);
+        *ret_api = (int)(v >> CLAIM_API_SHIFT);
+        __atomic_store_n(&a->block_size[u], size, __ATOMIC_RELEASE);
+        atomic_fetch_sub_explicit(&a->pool->claimed, size, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&a->pool->claimed_blocks, 1ull << order_of_size(a->pool, size),
+                                  memory_order_relaxed);
+        return ptr;
+    }
+    return 0;
+}
+
 /* Whether a block freed on a known stream (the pluggable allocator's frees) waits in that
  * stream's cache, for reuse there at once, or behind a fence as other frees do. Under vmm only
  * blocks under half a granule: a cached block stays whole at its order with its granules

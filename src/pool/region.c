@@ -246,7 +246,8 @@ int region_fill_locked(struct cuheap_pool *p, struct cuheap_plan *pl, uint64_t o
     }
 }
 
-void region_reap_one_locked(struct cuheap_pool *p, struct cuheap_plan *pl, struct plan_region *rg)
+static void region_reap_one_locked(struct cuheap_pool *p, struct cuheap_plan *pl,
+                                   struct plan_region *rg)
 {
     if (p->mapping) {
         pl->reap_due = true;

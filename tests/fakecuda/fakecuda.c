@@ -14,8 +14,10 @@
  *
  * Settings: FAKECUDA_DEVICE_COUNT (default 1), FAKECUDA_DEVICE_MEM (bytes per device,
  * K/M/G suffixes, default 4G), FAKECUDA_ALLOC_US / FAKECUDA_FREE_US (simulated cost of
- * cuMemAlloc_v2 / cuMemFree_v2 in microseconds, default 0), FAKECUDA_FAIL (fault injection,
- * below).
+ * cuMemAlloc_v2 / cuMemFree_v2 in microseconds, default 0), FAKECUDA_VMM_US (the same for
+ * each VMM call: cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease; on a GPU
+ * they take 1 to 30 us, which widens every window where cuheap's pool lock is dropped),
+ * FAKECUDA_FAIL (fault injection, below).
  *
  * One global mutex guards all state: this is a test double, clarity beats speed.
  */
@@ -61,8 +63,11 @@ struct fake_ctx {
 };
 
 struct fake_device {
-    uintptr_t base; /* start of the simulated device memory */
+    uintptr_t base; /* start of the simulated device memory's addresses */
     size_t size;    /* bytes of simulated device memory */
+    size_t range;   /* bytes of addresses at base: several times size, so that, like the real
+                       driver, which maps its pages anywhere, a request that fits the free
+                       bytes is never refused for want of one free stretch of them */
     size_t used;    /* bytes handed out, VMM physical memory included */
     struct fake_ctx ctx;
     struct fake_stream *legacy;
@@ -133,7 +138,7 @@ static size_t g_nr_allocs, g_cap_allocs;
 static struct fake_stream *g_streams[NR_MAX_STREAMS];
 static struct fake_stream *g_dead_streams; /* destroyed, kept for dependencies on them */
 static unsigned long long g_next_buffer_id = 1;
-static unsigned g_alloc_us, g_free_us;
+static unsigned g_alloc_us, g_free_us, g_vmm_us;
 static _Thread_local struct fake_ctx *tls_ctx;
 static atomic_ulong g_calls[FAKECUDA_NR_COUNTERS];
 
@@ -492,15 +497,15 @@ static size_t round_alloc(size_t n)
     return (n + 511) & ~(size_t)511;
 }
 
-/* First fit inside the device's range; 2 MiB aligned for large blocks like the driver. Returns
- * whether a place of size bytes was found. */
+/* First fit inside the device's addresses; 2 MiB aligned for large blocks like the driver.
+ * Returns whether the device has size bytes free and a place for them was found. */
 static bool device_place_locked(int dev, size_t size, uintptr_t *ret)
 {
     struct fake_device *d = &g_devices[dev];
     size_t align = size >= FAKE_VMM_GRANULE ? FAKE_VMM_GRANULE : 512;
     if (size > d->size - d->used)
         return false;
-    uintptr_t cur = d->base, end = d->base + d->size;
+    uintptr_t cur = d->base, end = d->base + d->range;
     for (size_t i = 0; i <= g_nr_allocs; i++) {
         uintptr_t next = end;
         if (i < g_nr_allocs) {
@@ -538,7 +543,7 @@ static CUresult device_alloc_locked(int dev, size_t n, enum alloc_kind kind, uin
 static int device_of_ptr(uintptr_t p)
 {
     for (int i = 0; i < g_nr_devices; i++)
-        if (p >= g_devices[i].base && p < g_devices[i].base + g_devices[i].size)
+        if (p >= g_devices[i].base && p < g_devices[i].base + g_devices[i].range)
             return i;
     return -1;
 }
@@ -826,8 +831,11 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
         const char *a = getenv("FAKECUDA_ALLOC_US"), *f = getenv("FAKECUDA_FREE_US");
         g_alloc_us = a ? (unsigned)atoi(a) : 0;
         g_free_us = f ? (unsigned)atoi(f) : 0;
+        const char *v = getenv("FAKECUDA_VMM_US");
+        g_vmm_us = v ? (unsigned)atoi(v) : 0;
+        size_t range = mem <= (size_t)1 << 40 ? 4 * mem : mem;
         for (int i = 0; i < g_nr_devices; i++) {
-            void *p = mmap(NULL, mem, PROT_READ | PROT_WRITE,
+            void *p = mmap(NULL, range, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
             if (p == MAP_FAILED) {
                 pthread_mutex_unlock(&g_lock);
@@ -835,6 +843,7 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
             }
             g_devices[i].base = (uintptr_t)p;
             g_devices[i].size = mem;
+            g_devices[i].range = range;
             g_devices[i].ctx = (struct fake_ctx){CTX_MAGIC, i};
             g_devices[i].legacy = stream_new_locked(i, 0, true);
         }
@@ -1617,6 +1626,7 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 {
     FAULT("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
+    spin_us(g_vmm_us);
     if (!h || !prop || flags || !size || size % FAKE_VMM_GRANULE || prop->location.id < 0 ||
         prop->location.id >= g_nr_devices)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1646,6 +1656,7 @@ FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     FAULT("cuMemRelease", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
+    spin_us(g_vmm_us);
     struct fake_phys *ph = (struct fake_phys *)(uintptr_t)h;
     if (!ph || ph->released)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1661,6 +1672,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 {
     FAULT("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
+    spin_us(g_vmm_us);
     struct fake_phys *ph = (struct fake_phys *)(uintptr_t)h;
     if (!ptr || !ph || flags || ph->released || offset + size > ph->size)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1697,6 +1709,7 @@ FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
 {
     FAULT("cuMemSetAccess", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
+    spin_us(g_vmm_us);
     if (!ptr || !desc || !count)
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; i++)
@@ -1744,7 +1757,7 @@ FAKE_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocati
             r = CUDA_SUCCESS;
         }
     for (int dev = 0; r != CUDA_SUCCESS && dev < g_nr_devices; dev++)
-        if (ptr >= g_devices[dev].base && ptr < g_devices[dev].base + g_devices[dev].size &&
+        if (ptr >= g_devices[dev].base && ptr < g_devices[dev].base + g_devices[dev].range &&
             find_alloc_locked(ptr)) {
             *flags = dev == location->id || g_peer[location->id][dev]
                          ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
@@ -1759,6 +1772,7 @@ FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     FAULT("cuMemUnmap", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
+    spin_us(g_vmm_us);
     pthread_mutex_lock(&g_lock);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < 4096; i++)

@@ -27,6 +27,11 @@
  *   release-fails       the pool must give memory back for a large request, and the driver
  *                       fails that (FAKECUDA_FAIL): cuheap's and the device's accounts must
  *                       still agree (tests/RELIABILITY.md)
+ *   capacity N SEED     N seeded allocations and frees that keep the device nearly full (sizes
+ *                       4 KiB to 12 MiB, live held near FAKECUDA_DEVICE_MEM less its last
+ *                       eighth), each block written; prints the allocations refused, so that a
+ *                       run under cuheap can be compared with one of the driver alone
+ *                       (CUHEAP_POOL=0): cuheap must grant every allocation the driver grants
  *   vmm-refused         10 cuMemAlloc of 4 KiB and 10 of 3 MiB, each written and read back,
  *                       while FAKECUDA_FAIL fails the pool's VMM calls: every one the driver
  *                       alone grants must be granted, and once all are freed cuheap's and the
@@ -35,6 +40,7 @@
 #include <cuda.h>
 #include <cuheap/cuheap.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -443,6 +449,55 @@ static int cmd_release_fails(void)
     return stats && used != st.reserved_bytes;
 }
 
+/* ---- near the device's capacity ---- */
+
+static int cmd_capacity(long n, unsigned seed)
+{
+    enum { NR_LIVE = 4096 };
+    static CUdeviceptr ptr[NR_LIVE];
+    static size_t size[NR_LIVE];
+    size_t free_b = 0, total = 0, live = 0;
+    unsigned nr = 0, refused = 0;
+    if (cuMemGetInfo(&free_b, &total))
+        return 2;
+    size_t room = total - total / 8; /* live bytes kept under this, 2 MiB rounding counted */
+    printf("capacity: refused");
+    for (long i = 0; i < n; i++) {
+        bool grow = nr < NR_LIVE && (rand_r(&seed) % 3 != 0 || !nr);
+        if (grow) {
+            double x = (double)rand_r(&seed) / RAND_MAX;
+            size_t want = x < 0.5 ? (size_t)(4096 * pow(256, x * 2)) /* 4 KiB - 1 MiB */
+                                  : (size_t)((1 << 20) * pow(12, (x - 0.5) * 2));
+            want = (want + 255) & ~(size_t)255;
+            size_t rounded = want >= (2 << 20) ? (want + (2 << 20) - 1) & ~(size_t)((2 << 20) - 1)
+                                               : (want + 511) & ~(size_t)511;
+            if (live + rounded > room)
+                grow = false;
+            else if (cuMemAlloc(&ptr[nr], want) != CUDA_SUCCESS) {
+                printf(" %ld", i);
+                refused++;
+            } else {
+                if (cuMemsetD8(ptr[nr], (unsigned char)i, want) != CUDA_SUCCESS)
+                    return 2;
+                size[nr++] = rounded;
+                live += rounded;
+            }
+        }
+        if (!grow && nr) {
+            unsigned k = (unsigned)rand_r(&seed) % nr;
+            if (cuMemFree(ptr[k]) != CUDA_SUCCESS)
+                return 2;
+            live -= size[k];
+            ptr[k] = ptr[--nr];
+            size[k] = size[nr];
+        }
+    }
+    printf("\ncapacity: %u refused of %ld steps\n", refused, n);
+    while (nr)
+        cuMemFree(ptr[--nr]);
+    return 0;
+}
+
 /* ---- the driver refuses the pool's VMM calls ---- */
 
 static int cmd_vmm_refused(void)
@@ -505,6 +560,8 @@ int main(int argc, char **argv)
         return cmd_release_fails();
     if (!strcmp(cmd, "vmm-refused"))
         return cmd_vmm_refused();
+    if (!strcmp(cmd, "capacity") && argc > 3)
+        return cmd_capacity(n, (unsigned)atol(argv[3]));
     if (!strcmp(cmd, "allocs") && argc > 3) {
         if (pairs(n, 4096))
             return 1;

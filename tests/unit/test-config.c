@@ -375,6 +375,70 @@ static void test_warnings_are_one_whole_line(void **state)
     }
 }
 
+/* A size with no unit too small to mean bytes ("2" for a cushion or a cache: 2 bytes, surely
+ * meant 2M) is refused, the default kept; 0 (none) and settings counted in bytes (a block of
+ * 512) are not. */
+static void test_bare_small_sizes_refused(void **state)
+{
+    (void)state;
+    const char *bad[][2] = {{"CUHEAP_VMM_CUSHION", "2"},
+                            {"CUHEAP_THREAD_CACHE", "2"},
+                            {"CUHEAP_POOL_MAX", "64"},
+                            {"CUHEAP_POOL_INIT", "512"},
+                            {"CUHEAP_LIMIT", "80"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct fake_env e = {.vars = {{bad[i][0], bad[i][1]}}};
+        struct cuheap_config c, d;
+        assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 1);
+        if (!strstr(e.warnings[0], bad[i][0]) || !strstr(e.warnings[0], "give a unit"))
+            fail_msg("%s=%s: %s", bad[i][0], bad[i][1], e.warnings[0]);
+        struct fake_env none = {.vars = {{NULL, NULL}}};
+        assert_int_equal(cuheap_config_parse(&d, get, warn, &none), 0);
+        assert_memory_equal(&c, &d, sizeof(c)); /* the defaults kept */
+    }
+    struct fake_env ok = {.vars = {{"CUHEAP_VMM_CUSHION", "0"},
+                                   {"CUHEAP_THREAD_CACHE", "0"},
+                                   {"CUHEAP_MIN_BLOCK", "512"},
+                                   {"CUHEAP_POOL_MAX", "2M"},
+                                   {"CUHEAP_LIMIT", "0"}}};
+    struct cuheap_config c;
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &ok), 0);
+    assert_int_equal(c.vmm_cushion, 0);
+    assert_int_equal(c.thread_cache, 0);
+    assert_int_equal(c.min_block, 512);
+}
+
+/* CUHEAP_VERBOSE lists the settings in force only: no step plan under the legacy backing, no
+ * pool settings with the pool off, no trace settings without recording. */
+static void test_dump_shows_what_is_in_force(void **state)
+{
+    (void)state;
+    struct {
+        const char *var, *value, *absent, *present;
+    } cases[] = {
+        {"CUHEAP_BACKING", "legacy", "CUHEAP_STEP_PLAN", "CUHEAP_ARENA_SIZE"},
+        {"CUHEAP_BACKING", "vmm", "CUHEAP_ARENA_SIZE", "CUHEAP_STEP_PLAN"},
+        {"CUHEAP_POOL", "0", "CUHEAP_THREAD_CACHE", "CUHEAP_RECORD"},
+        {"CUHEAP_RECORD", "0", "CUHEAP_OUTPUT", "CUHEAP_POOL_MAX"},
+        {"CUHEAP_REUSE", "sync", "CUHEAP_IDLE_CHECK", "CUHEAP_REUSE"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct fake_env e = {.vars = {{cases[i].var, cases[i].value}}};
+        struct cuheap_config c;
+        assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 0);
+        char names[64][64] = {{0}};
+        cuheap_config_dump(&c, last_name, names);
+        bool absent = true, present = false;
+        for (int n = 0; names[n][0]; n++) {
+            absent &= strcmp(names[n], cases[i].absent) != 0;
+            present |= strcmp(names[n], cases[i].present) == 0;
+        }
+        if (!absent || !present)
+            fail_msg("%s=%s: %s listed %d, %s listed %d", cases[i].var, cases[i].value,
+                     cases[i].absent, !absent, cases[i].present, present);
+    }
+}
+
 /* A name that does not fit is refused whole: cut, it names another file (…-11404.js). */
 static void test_expanded_name_never_cut(void **state)
 {
@@ -445,6 +509,8 @@ int main(void)
         cmocka_unit_test(test_loose_values_are_refused),
         cmocka_unit_test(test_warnings_are_one_whole_line),
         cmocka_unit_test(test_expanded_name_never_cut),
+        cmocka_unit_test(test_bare_small_sizes_refused),
+        cmocka_unit_test(test_dump_shows_what_is_in_force),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

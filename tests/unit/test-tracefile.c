@@ -262,6 +262,49 @@ static void test_another_users_name(void **state)
     close(reader);
 }
 
+/* A link to a character device (the user's own, or root's such as /dev/stdout on a terminal)
+ * is written through as the device is; a link to a pipe, or a name in /dev that is no device
+ * (/dev/stdout when the program's output goes to a file), is refused with no file made beside
+ * it: a /dev/stdout.1 is no trace anyone looks for. */
+static void test_links_to_devices(void **state)
+{
+    (void)state;
+    struct cuheap_trace_refusal refused;
+    char path[CUHEAP_PATH_MAX] = "n";
+    assert_int_equal(symlink("/dev/null", "n"), 0);
+    int fd = create(path, &refused);
+    assert_true(fd >= 0);
+    assert_string_equal(path, "n");
+    assert_string_equal(refused.path, "");
+    assert_int_equal(cuheap_tracefile_write(fd, "header\n", 7), 0);
+    close(fd);
+
+    assert_int_equal(mkfifo("p", 0600), 0);
+    int reader = open("p", O_RDONLY | O_NONBLOCK);
+    assert_int_equal(symlink("p", "lp"), 0);
+    snprintf(path, sizeof(path), "lp");
+    assert_int_equal(create(path, &refused), -EPERM);
+    assert_string_equal(path, "lp");
+    assert_non_null(strstr(refused.why, "a FIFO"));
+    assert_int_equal(access("lp.1", F_OK), -1);
+    close(reader);
+
+    /* the program's output in a file: /dev/stdout leads to it, and is refused whole */
+    fflush(stdout);
+    int saved = dup(1), out = open("out", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(saved >= 0 && out >= 0);
+    dup2(out, 1);
+    snprintf(path, sizeof(path), "/dev/stdout");
+    fd = create(path, &refused);
+    dup2(saved, 1);
+    close(saved);
+    close(out);
+    if (fd >= 0)
+        fail_msg("/dev/stdout on a file: opened as %s", path);
+    assert_int_equal(fd, -EPERM);
+    assert_int_equal(access("/dev/stdout.1", F_OK), -1);
+}
+
 /* stdio over the descriptor: its writes are cuheap_tracefile_write's, errors reach ferror. */
 static void test_stream(void **state)
 {
@@ -292,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_write_waits_a_bounded_time),
         cmocka_unit_test_setup_teardown(test_only_new_files_and_devices, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_another_users_name, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_links_to_devices, fresh_dir, remove_dir),
         cmocka_unit_test(test_stream),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
