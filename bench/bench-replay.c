@@ -5,7 +5,8 @@
  * and prints peak live bytes, peak bytes held from the device, and their ratio.
  *
  *   bench-replay [--work-us N] [--steps N] [--passes N] [--from-step S] [--eval K]
- *                [--stray 1] [--pluggable 1] [--threads 1] [--step-mark LABEL] TRACE
+ *                [--stray 1] [--pluggable 1] [--threads 1] [--step-mark LABEL]
+ *                [--max-steps N] TRACE
  *
  * Run it on the simulated driver alone (what the driver itself holds: the device's used bytes),
  * or with libcuheap.so preloaded (what cuheap holds: its peak reserved bytes). Like a training
@@ -17,7 +18,8 @@
  *
  * Steps: a trace whose job marked its steps (cuheap_mark("step"), --step-mark names another
  * label, "-" ignores them) ends a step at each mark; a trace without marks is cut into --steps
- * steps (default 30) of as many allocations each.
+ * steps (default 30) of as many allocations each. --max-steps N replays only the trace's first N
+ * steps (the events up to the N-th step's end), as if the job had stopped there.
  *
  * Threads: each thread of the recorded job gets a replay thread of its own, with its own
  * non-blocking stream (and a stream of its own for each stream a stream-ordered allocation
@@ -163,7 +165,7 @@ struct replayer {
  * through semaphores, which order the memory accesses). */
 static struct {
     struct cuheap_trace tr;
-    unsigned work_us, steps, settle, eval_every, from_step, passes;
+    unsigned work_us, steps, settle, eval_every, from_step, passes, max_steps;
     bool pluggable, stray, marks; /* marks: steps end at the trace's step marks */
     const char *step_mark;
     CUcontext ctx;
@@ -431,6 +433,19 @@ static void read_events(bool one_thread)
     if (R.marks)
         R.steps = (unsigned)nr_marks;
     R.per_step = nr_allocs / R.steps + 1;
+    if (R.max_steps && R.max_steps < R.steps) { /* the trace ends at the N-th step's end */
+        for (size_t i = 0, marks = 0, allocs = 0; i < nr_ev; i++) {
+            const struct cuheap_trace_event *e = &R.tr.events[i];
+            bool end = R.marks ? is_step_mark(e) && ++marks == R.max_steps
+                               : e->type == CUHEAP_EV_ALLOC && device_api(e->api) && e->ptr &&
+                                     ++allocs == R.max_steps * R.per_step;
+            if (end) {
+                R.tr.nr_events = nr_ev = i + 1;
+                break;
+            }
+        }
+        R.steps = R.max_steps;
+    }
     for (size_t i = 0, marks = 0; i < nr_ev; i++) {
         const struct cuheap_trace_event *e = &R.tr.events[i];
         if (is_step_mark(e))
@@ -506,13 +521,15 @@ int main(int argc, char **argv)
             one_thread = atoi(argv[a + 1]) == 1;
         else if (!strcmp(argv[a], "--step-mark"))
             R.step_mark = argv[a + 1];
+        else if (!strcmp(argv[a], "--max-steps"))
+            R.max_steps = (unsigned)atoi(argv[a + 1]);
         else
             break;
     }
     if (a != argc - 1 || !R.steps || !R.passes) {
         fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] "
                         "[--settle N] [--from-step S] [--eval K] [--stray 1] [--pluggable 1] "
-                        "[--threads 1] [--step-mark LABEL|-] TRACE\n");
+                        "[--threads 1] [--step-mark LABEL|-] [--max-steps N] TRACE\n");
         return 2;
     }
     char err[512];
