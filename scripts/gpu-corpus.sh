@@ -26,6 +26,7 @@ budget=${CORPUS_S:-400}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 JOB_DEVICE=${JOB_DEVICE:-cuda}
+export GPT_DEVICE=$JOB_DEVICE # JOB_DEVICE=cpu JOB_STEPS=2: a dry run of this script without a GPU
 
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
@@ -78,17 +79,18 @@ for j in "${jobs[@]}"; do
         timeout -k 5 "$limit" $cmd >"$T/$name.log" 2>&1
     rc=$?
     { echo "### $name (exit $rc, $((SECONDS - t0)) s): $own $cmd"; cat "$T/$name.log"; } >>"$OUT/corpus.log"
-    allocs=- steps=- dropped=-
+    allocs=- steps=- dropped=- size=-
     if [ -s "$seq" ]; then
         allocs=$(grep -c '"event":"alloc"' "$seq")
         steps=$(grep -c '"event":"mark".*"label":"step"' "$seq")
         dropped=$(tail -1 "$seq" | sed -n 's/.*"dropped":\([0-9]*\).*/\1/p')
         gzip -9 "$seq"
+        size=$(du -k "$seq.gz" | cut -f1)K
     fi
     line=$(grep -E '^(job=|step_ms=)' "$T/$name.log" | sed 's/ peak_live=.*launch_ms/ launch_ms/' | paste -sd' ')
     md5=$(grep -E '^(outputs|losses|eval_losses)' "$T/$name.log" | md5sum | cut -c1-12)
     say "job=$name exit=$rc wall_s=$((SECONDS - t0)) allocs=$allocs steps=$steps dropped=${dropped:-?}" \
-        "size=$(du -k "$seq.gz" 2>/dev/null | cut -f1)K outputs_md5=$md5 | $line"
+        "size=$size outputs_md5=$md5 | $line"
     [ $rc = 0 ] || say "  $(grep -v '^\s*$' "$T/$name.log" | tail -2 | cut -c1-300 | paste -sd' ')"
 done
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Hugging Face `generate` on requests of varying batch (1 to 16) and prompt length (16 to 192
-tokens), greedy, 32 new tokens each, GPT-2 from a config (random weights, no downloads), bf16.
+tokens), greedy, 24 new tokens each, GPT-2 from a config (random weights, no downloads), bf16.
 What it exercises: inference without gradients, a key/value cache that grows token by token,
 and sizes that change with every request (one request a step)."""
 import random
@@ -11,8 +11,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from jobcommon import DEVICE, Job, pick, seed_all, steps, torch_sync
 
 seed_all(0)
-N = steps(24)
-NEW = pick(32, 4)
+N = steps(20)
+NEW = pick(24, 4)
 cfg = GPT2Config(vocab_size=pick(8192, 256), n_positions=pick(256, 64), n_embd=pick(512, 64),
                  n_layer=pick(6, 2), n_head=pick(8, 4), attn_implementation="eager")
 model = GPT2LMHeadModel(cfg)
