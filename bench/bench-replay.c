@@ -91,7 +91,7 @@
 #include "event.h"
 #include "tracereader.h"
 
-#define NR_MAX_REPLAY_THREADS  256
+#define NR_MAX_REPLAY_THREADS 256
 #define NR_MAX_REPLAY_STREAMS 256
 
 static struct driver_api cu;
@@ -171,11 +171,11 @@ static struct {
     CUcontext ctx;
     uint64_t used0;
     /* per event */
-    size_t *match;      /* free -> alloc index + 1 */
-    bool *freed;        /* an allocation the trace frees */
-    CUdeviceptr *vals;  /* an allocation's replayed address while it lives */
-    uint32_t *step_of;  /* the step an allocation falls in */
-    uint16_t *owner;    /* the replay thread of an event */
+    size_t *match;       /* free -> alloc index + 1 */
+    bool *freed;         /* an allocation the trace frees */
+    CUdeviceptr *vals;   /* an allocation's replayed address while it lives */
+    uint32_t *step_of;   /* the step an allocation falls in */
+    uint16_t *owner;     /* the replay thread of an event */
     uint16_t *stream_of; /* stream-ordered events: their replay stream */
     /* threads and streams */
     struct replayer thr[NR_MAX_REPLAY_THREADS];
@@ -198,8 +198,8 @@ static struct {
     /* --stray */
     uint64_t stray_seed, stray_size;
     CUdeviceptr stray_ptr;
-} R = {.work_us = 20, .steps = 30, .settle = 8, .passes = 1, .step_mark = "step",
-       .stray_seed = 12345};
+} R = {
+    .work_us = 20, .steps = 30, .settle = 8, .passes = 1, .step_mark = "step", .stray_seed = 12345};
 
 static CUdeviceptr replay_alloc(CUstream s, uint64_t size, unsigned api, CUstream async_s)
 {
@@ -380,8 +380,8 @@ static void plan_pass(unsigned pass)
             take = device_api(e->api) && e->ptr &&
                    (!pass || (R.freed[i] && R.step_of[i] >= R.from_step));
         else if (e->type == CUHEAP_EV_FREE)
-            take = R.match[i] && (!pass || (R.freed[R.match[i] - 1] &&
-                                            R.step_of[R.match[i] - 1] >= R.from_step));
+            take = R.match[i] &&
+                   (!pass || (R.freed[R.match[i] - 1] && R.step_of[R.match[i] - 1] >= R.from_step));
         else
             take = R.marks && is_step_mark(e);
         if (take)
@@ -453,12 +453,12 @@ static void read_events(bool one_thread)
         bool dev = device_api(e->api) && e->ptr;
         if (!(dev && (e->type == CUHEAP_EV_ALLOC || e->type == CUHEAP_EV_FREE)) && !is_step_mark(e))
             continue;
-        R.owner[i] = (uint16_t)(one_thread ? 0
-                                           : index_of(tids, &R.nr_threads, NR_MAX_REPLAY_THREADS,
-                                                      e->tid));
+        R.owner[i] =
+            (uint16_t)(one_thread ? 0
+                                  : index_of(tids, &R.nr_threads, NR_MAX_REPLAY_THREADS, e->tid));
         if (dev && stream_ordered(e->api))
-            R.stream_of[i] = (uint16_t)index_of(R.stream_ids, &R.nr_streams,
-                                                NR_MAX_REPLAY_STREAMS, e->stream);
+            R.stream_of[i] =
+                (uint16_t)index_of(R.stream_ids, &R.nr_streams, NR_MAX_REPLAY_STREAMS, e->stream);
         if (!dev)
             continue;
         size_t h = (size_t)((e->ptr * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
@@ -630,8 +630,7 @@ int main(int argc, char **argv)
            (unsigned long long)R.peak_live, (unsigned long long)peak_held,
            R.peak_live ? (double)peak_held / (double)R.peak_live : 0.0);
     if (get_stats && R.passes > 1)
-        printf(" warm_ops_per_step=%.1f",
-               warm_steps ? (double)warm_ops / (double)warm_steps : 0.0);
+        printf(" warm_ops_per_step=%.1f", warm_steps ? (double)warm_ops / (double)warm_steps : 0.0);
     if (settled_steps) {
         printf(" settled_held_over_live=%.3f", settled_worst);
         if (get_stats)

@@ -140,8 +140,7 @@ static void vcycle(float *u, const float *f, int n, float h)
     int nb = blocks(n * n);
     for (int s = 0; s < (n <= 16 ? 40 : 2); s++) {
         smooth<<<nb, THREADS>>>(tmp, u, f, n, h2);
-        check(cudaMemcpy(u, tmp, (size_t)n * n * sizeof(float), cudaMemcpyDeviceToDevice),
-              "copy");
+        check(cudaMemcpy(u, tmp, (size_t)n * n * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
     }
     if (n > 16 && n % 2 == 0) {
         int m = n / 2;
