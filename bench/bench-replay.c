@@ -6,7 +6,7 @@
  *
  *   bench-replay [--work-us N] [--steps N] [--passes N] [--from-step S] [--eval K]
  *                [--stray 1] [--pluggable 1] [--threads 1] [--step-mark LABEL]
- *                [--max-steps N] TRACE
+ *                [--max-steps N] [--callgrind-warm 1] TRACE
  *
  * Run it on the simulated driver alone (what the driver itself holds: the device's used bytes),
  * or with libcuheap.so preloaded (what cuheap holds: its peak reserved bytes). Like a training
@@ -67,7 +67,9 @@
  * " warm_ops_per_step=X" (passes 2 to N together) under cuheap when N > 1, and the settled
  * figures (--settle) of passes 2 to N. Built where valgrind's callgrind.h is, the replay
  * starts callgrind's instrumentation only once the trace is read (run it with
- * --instr-atstart=no), so that counting cuheap's instructions skips the JSON parsing.
+ * --instr-atstart=no), so that counting cuheap's instructions skips the JSON parsing, and
+ * --callgrind-warm 1 zeroes callgrind's counts as the second pass starts, so that they are the
+ * warm passes' alone (each pass line ends with the allocations it made, " allocs=N").
  */
 #include <cuheap/cuheap.h>
 #include <math.h>
@@ -82,8 +84,12 @@
 #include <valgrind/callgrind.h>
 #endif
 #endif
-#ifndef CALLGRIND_START_INSTRUMENTATION
+#ifdef CALLGRIND_ZERO_STATS
+#define HAVE_CALLGRIND 1
+#else
+#define HAVE_CALLGRIND 0
 #define CALLGRIND_START_INSTRUMENTATION
+#define CALLGRIND_ZERO_STATS
 #endif
 
 #define DOOR_PROCADDR 1
@@ -498,7 +504,7 @@ static void read_events(bool one_thread)
 
 int main(int argc, char **argv)
 {
-    bool settle_given = false, one_thread = false;
+    bool settle_given = false, one_thread = false, callgrind_warm = false;
     int a = 1;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "--work-us"))
@@ -523,13 +529,21 @@ int main(int argc, char **argv)
             R.step_mark = argv[a + 1];
         else if (!strcmp(argv[a], "--max-steps"))
             R.max_steps = (unsigned)atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "--callgrind-warm"))
+            callgrind_warm = atoi(argv[a + 1]) != 0;
         else
             break;
+    }
+    if (callgrind_warm && !HAVE_CALLGRIND) {
+        fprintf(stderr,
+                "bench-replay: --callgrind-warm needs valgrind/callgrind.h at build time\n");
+        return 2;
     }
     if (a != argc - 1 || !R.steps || !R.passes) {
         fprintf(stderr, "usage: bench-replay [--work-us N] [--steps N] [--passes N] "
                         "[--settle N] [--from-step S] [--eval K] [--stray 1] [--pluggable 1] "
-                        "[--threads 1] [--step-mark LABEL|-] [--max-steps N] TRACE\n");
+                        "[--threads 1] [--step-mark LABEL|-] [--max-steps N] "
+                        "[--callgrind-warm 1] TRACE\n");
         return 2;
     }
     char err[512];
@@ -581,7 +595,9 @@ int main(int argc, char **argv)
     uint64_t peak_held = 0, warm_ops = 0, warm_steps = 0, settled_ops = 0, settled_steps = 0;
     double settled_worst = 0;
     for (unsigned pass = 0; pass < R.passes; pass++) {
-        uint64_t ops0 = map_ops();
+        if (pass == 1 && callgrind_warm)
+            CALLGRIND_ZERO_STATS;
+        uint64_t ops0 = map_ops(), nr0 = R.nr;
         R.pass_held = R.pass_live = 0;
         R.pass_steps = R.set_held = R.set_live = R.set_ops0 = 0;
         plan_pass(pass);
@@ -616,7 +632,7 @@ int main(int argc, char **argv)
                 settled_ops += o;
                 settled_steps += R.pass_steps - R.settle;
             }
-            printf("\n");
+            printf(" allocs=%llu\n", (unsigned long long)(R.nr - nr0));
         }
     }
     sync_all();

@@ -9,10 +9,13 @@
 #   held  = cuheap's peak held / the driver alone's peak held (both passes),
 #   ops   = mapping operations a warm step (chunks created + moved + given back in pass 2,
 #           over its steps; cuheap_get_stats),
-#   instr = cuheap's own instructions an allocation (its free included): callgrind over the
-#           same two passes with --toggle-collect on the allocation and free entry points, less
-#           the simulated driver's calls (bench/callgrind-own.py); "-" without valgrind or
-#           with CALLGRIND=0.
+#   instr = cuheap's own instructions an allocation (its free included) in the warm pass:
+#           callgrind (bench-replay --callgrind-warm 1: counts from the second pass on) with
+#           --toggle-collect on the allocation and free entry points, less the simulated
+#           driver's calls (bench/callgrind-own.py), over pass 2's allocations; "-" where not
+#           measured (CALLGRIND below, or no valgrind).
+# held and ops take RUNS runs with a kernel of WORK_US after every allocation (fence timing
+# varies: the worst is kept); instr one run with none (WORK_US=0 makes every figure repeat).
 # Run from the repository root after a build:
 #   bench/run-corpus.sh [BUILD_DIR]
 # Settings (environment):
@@ -25,7 +28,8 @@
 #   SEQS="a.jsonl.gz ..."  the sequences (default: bench/sequences/*.jsonl.gz)
 #   WORK_US=20           the replay's kernel after each allocation (0: none, a run repeats exactly)
 #   RUNS=1               runs of each cuheap replay; the worst held and ops are kept
-#   CALLGRIND=1          the instr column (valgrind, slow: about 2 minutes for the corpus a library)
+#   CALLGRIND=1          instr for each library's first setting; all: every column; 0: none
+#                        (valgrind: about a minute for a GPT sequence)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
@@ -99,14 +103,16 @@ for seq in "${seqs[@]}"; do
                 ops=$(awk -v a="$ops" -v b="$o" 'BEGIN {print (b > a ? b : a)}')
             done
             instr=-
-            if [ "$CALLGRIND" = 1 ]; then
+            if [ "$CALLGRIND" = all ] || { [ "$CALLGRIND" = 1 ] && [ "$c" = "${configs[0]}" ]; }; then
                 out=$(env "${env_set[@]}" LD_PRELOAD="$lib" CUHEAP_SUMMARY=0 CUHEAP_RECORD=0 \
                     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$T/cg.out" \
                     --toggle-collect=cuMemAlloc_v2 --toggle-collect=cuMemFree_v2 \
                     --toggle-collect=cuMemAllocAsync --toggle-collect=cuMemFreeAsync \
-                    "$B/bench/bench-replay" "${args[@]}" --work-us 0 "$T/$name.jsonl" 2>/dev/null)
+                    "$B/bench/bench-replay" "${args[@]}" --work-us 0 --callgrind-warm 1 \
+                    "$T/$name.jsonl" 2>/dev/null)
                 own=$(python3 bench/callgrind-own.py "$T/cg.out" | sed -n 's/^own=\([0-9]*\).*/\1/p')
-                instr=$(awk -v o="$own" -v n="$(field allocs "$out")" 'BEGIN {printf "%.0f", n ? o / n : 0}')
+                n=$(sed -n 's/^pass=2 .* allocs=\([0-9]*\).*/\1/p' <<<"$out")
+                instr=$(awk -v o="$own" -v n="$n" 'BEGIN {printf "%.0f", n ? o / n : 0}')
                 rm -f "$T/cg.out"
             fi
             printf ' | %7s %7s %10s' "$held" "$ops" "$instr"
