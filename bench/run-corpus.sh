@@ -112,7 +112,8 @@ for seq in "${seqs[@]}"; do
                     "$T/$name.jsonl" 2>/dev/null)
                 own=$(python3 bench/callgrind-own.py "$T/cg.out" | sed -n 's/^own=\([0-9]*\).*/\1/p')
                 n=$(sed -n 's/^pass=2 .* allocs=\([0-9]*\).*/\1/p' <<<"$out")
-                instr=$(awk -v o="$own" -v n="$n" 'BEGIN {printf "%.0f", n ? o / n : 0}')
+                # a job whose second pass makes nothing (no block freed) has no figure
+                instr=$(awk -v o="$own" -v n="${n:-0}" 'BEGIN {if (n > 0) printf "%.0f", o / n; else print "-"}')
                 rm -f "$T/cg.out"
             fi
             printf ' | %7s %7s %10s' "$held" "$ops" "$instr"
