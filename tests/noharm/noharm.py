@@ -39,7 +39,10 @@ def replay(args, env, trace, steps, of):
     cmd = [args.replay, "--passes", "2", "--work-us", "0", "--steps", str(of)]
     if steps:
         cmd += ["--max-steps", str(steps)]
-    out = subprocess.run(cmd + [trace], env=env, capture_output=True, text=True, timeout=300)
+    # niced: the figures do not depend on timing, the tests beside it (a writer keeping up
+    # with marks, a soak's resident memory) may
+    out = subprocess.run(cmd + [trace], env=env, capture_output=True, text=True, timeout=300,
+                         preexec_fn=lambda: os.nice(10))
     if out.returncode:
         raise RuntimeError("bench-replay %s: exit %d: %s" % (
             os.path.basename(trace), out.returncode, out.stderr.strip()[-300:]))
