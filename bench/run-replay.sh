@@ -9,7 +9,10 @@
 # the pass re-makes the first step's state and the step plan is made again (bench-replay
 # --settle). pluggable-fence replays through the pluggable allocator's entry
 # points (bench-replay --pluggable 1: frees on the replay's stream); noplan-fence is vmm-fence
-# without the step plan (CUHEAP_STEP_PLAN=0). Run from the repository
+# without the step plan (CUHEAP_STEP_PLAN=0). Each recorded thread (the GPT job's autograd
+# thread frees what the main thread allocated) replays on a thread of its own, in the recorded
+# order; THREADS=1 replays every event on one thread, as the figures before that did. The
+# whole corpus, side by side for two libraries: bench/run-corpus.sh. Run from the repository
 # root after a build:
 #   bash bench/run-replay.sh [BUILD_DIR]
 set -euo pipefail
@@ -26,6 +29,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     gunzip -c "$seq" >"$T/$name.jsonl"
     steps=(--steps 30)
     case $name in gpt-seq-eval | gpt-seq-varlen) steps=(--steps 60) ;; esac # recorded over 60 steps
+    [ "${THREADS:-}" = 1 ] && steps+=(--threads 1)
     r=$("$B/bench/bench-replay" "${steps[@]}" "$T/$name.jsonl" | sed -n 's/.* held_over_live=//p')
     out=$("$B/bench/bench-replay" "${steps[@]}" --passes 3 "$T/$name.jsonl")
     h=$(sed -n 's/^pass=[23] .* held_over_live=\([0-9.]*\).*/\1/p' <<<"$out" | sort -g | tail -1)

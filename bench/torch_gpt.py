@@ -24,7 +24,11 @@ block made in it that lives for many steps); the evaluation losses are printed a
 GPT_TOGGLE=K (under LD_PRELOAD=libcuheap.so with recording on) pauses and resumes recording
 every K steps through cuheap_set_recording, and prints the median step with recording off and
 on and their ratio: recording's cost measured within one process, where the shared host's
-noise falls on both halves alike."""
+noise falls on both halves alike.
+
+Under cuheap, every step ends with cuheap_mark("step") after its sync (bench-replay cuts a
+recorded sequence into steps there). GPT_DEVICE=cpu runs it on the CPU, to try a change on a
+machine without a GPU."""
 import ctypes
 import os
 import random
@@ -43,7 +47,15 @@ VOCAB, D, LAYERS, HEADS, SEQ, BATCH = 4096, 512, 6, 8, 256, 16
 torch.manual_seed(0)
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
-dev = torch.device("cuda")
+dev = torch.device(os.environ.get("GPT_DEVICE", "cuda"))
+CUDA = dev.type == "cuda"
+if not CUDA:  # a check of the script's paths: small, and float32 (bf16 is slow on most CPUs)
+    VOCAB, D, LAYERS, HEADS, SEQ, BATCH = 256, 64, 2, 4, 64, 4
+try:
+    mark_step = ctypes.CDLL(None).cuheap_mark
+    mark_step.argtypes = [ctypes.c_char_p]
+except AttributeError:  # cuheap not loaded
+    mark_step = None
 
 
 class CausalSelfAttention(torch.nn.Module):
@@ -92,11 +104,19 @@ class GPT(torch.nn.Module):
 
 def device_used():
     # what the process holds on the device now, as the driver counts it (whatever allocator)
+    if not CUDA:
+        return 0
     free, total = torch.cuda.mem_get_info()
     return total - free
 
 
-torch.cuda.init()
+def sync():
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+if CUDA:
+    torch.cuda.init()
 used_at_start = device_used()
 used_peak = 0
 model = GPT().to(dev)
@@ -119,7 +139,7 @@ VARLEN = os.environ.get("GPT_VARLEN") == "1"
 lengths = []
 if VARLEN:
     pick = random.Random(2)
-    lengths = [pick.choice(range(64, SEQ + 1, 8)) for _ in range(STEPS)]
+    lengths = [pick.choice(range(min(64, SEQ), SEQ + 1, 8)) for _ in range(STEPS)]
 eval_losses, kept_logits = [], None
 
 
@@ -153,10 +173,10 @@ for step in range(STEPS):
         if set_recording(int(on)) < 0:
             sys.exit("torch_gpt: GPT_TOGGLE needs recording on (cuheap_set_recording said -1)")
         recorded.append(on)
-    torch.cuda.synchronize()
+    sync()
     t0, c0 = time.perf_counter(), time.thread_time()
     xs, ys = (x[:, :lengths[step]], y[:, :lengths[step]]) if VARLEN else (x, y)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=CUDA):
         loss = torch.nn.functional.cross_entropy(model(xs).reshape(-1, VOCAB), ys.reshape(-1))
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -168,20 +188,22 @@ for step in range(STEPS):
     launch.append(time.perf_counter() - t0)
     launch_cpu.append(time.thread_time() - c0)
     losses.append(loss.item())
-    torch.cuda.synchronize()
+    sync()
     times.append(time.perf_counter() - t0)
     used_peak = max(used_peak, device_used())
     if EVAL and step % EVAL == EVAL - 1:
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=CUDA):
             logits = model(x)
             eval_losses.append(
                 torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)).item())
         kept_logits = logits  # the last one freed only now
         used_peak = max(used_peak, device_used())
+    if mark_step:
+        mark_step(b"step")
 
 try:
-    peak_live = torch.cuda.max_memory_allocated()
-    peak_reserved = torch.cuda.max_memory_reserved()
+    peak_live = torch.cuda.max_memory_allocated() if CUDA else 0
+    peak_reserved = torch.cuda.max_memory_reserved() if CUDA else 0
 except RuntimeError:  # a pluggable allocator keeps no PyTorch statistics
     peak_live = peak_reserved = 0
 source = "torch"

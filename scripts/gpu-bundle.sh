@@ -30,5 +30,7 @@ gcc -O2 -I/usr/local/cuda/include -o "$b/probe-fence" bench/probe-fence.c -L/usr
 nvcc -O2 -arch=sm_90 -cudart static -o "$b/cuda-static" tests/gpu/cuda_client.cu -ldl
 nvcc -O2 -arch=sm_90 -cudart shared -o "$b/cuda-shared" tests/gpu/cuda_client.cu -ldl
 nvcc -O2 -arch=sm_90 -o "$b/peer-client" tests/gpu/peer_client.cu
+# the corpus's plain CUDA program (scripts/gpu-corpus.sh)
+nvcc -O2 -arch=sm_90 -o "$b/multigrid" bench/jobs/multigrid.cu -ldl
 git describe --always --dirty >"$b/COMMIT" 2>/dev/null || true
 du -sh "$b"

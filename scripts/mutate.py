@@ -826,6 +826,12 @@ MUTATIONS = [
      "an out-of-memory names the largest free piece", "src/buddy.c",
      "    return 1ull << (63 - __builtin_clzll(b->free_bitmap));",
      "    return 1ull << __builtin_ctzll(b->free_bitmap);"),
+    ("default-cushion-holds",
+     "the vmm cushion's default keeps 256 MiB of idle memory mapped beyond the most the job's "
+     "blocks have used at once, so the default holds more than the same replay with "
+     "CUHEAP_VMM_CUSHION=0",
+     "no default that harms (a setting on by default is no worse than its off)", "src/config.c",
+     '    {"CUHEAP_VMM_CUSHION", "2M",', '    {"CUHEAP_VMM_CUSHION", "256M",'),
 ]
 
 
