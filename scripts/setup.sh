@@ -7,8 +7,8 @@
 # With CI set (CI does), also chromium, which renders the HTML report in a test.
 set -euo pipefail
 
-pkgs=(meson ninja-build gcc pkg-config libjansson-dev libcmocka-dev libunwind-dev libdw-dev
-      python3 python3-jsonschema clang-format)
+pkgs=(meson ninja-build gcc pkg-config libjansson-dev libcmocka-dev libunwind-dev libdw-dev zlib1g-dev
+      python3 python3-jsonschema python3-venv clang-format)
 # libclang-rt-dev holds libFuzzer and clang's sanitizer runtimes (only recommended by clang,
 # so --no-install-recommends leaves it out); llvm has llvm-symbolizer, which names the
 # functions in sanitizer reports (the suppression files match on those names)

@@ -360,6 +360,20 @@ const char *human_bytes(uint64_t v, char *buf, size_t size)
     return cuheap_format_size(v, buf, size);
 }
 
+const char *count_of(uint64_t n, const char *one, const char *many, char *buf, size_t size)
+{
+    snprintf(buf, size, "%" PRIu64 " %s", n, n == 1 ? one : many);
+    return buf;
+}
+
+const char *ordinal(uint64_t n, char *buf, size_t size)
+{
+    static const char *const ends[] = {"th", "st", "nd", "rd"};
+    unsigned last = (unsigned)(n % 10), teen = (unsigned)(n % 100) / 10 == 1;
+    snprintf(buf, size, "%" PRIu64 "%s", n, !teen && last <= 3 ? ends[last] : "th");
+    return buf;
+}
+
 /* ---- the out-of-memory the shim told (oom_report lines) ---- */
 
 static uint64_t report_bytes(json_t *o, const char *key)

@@ -127,6 +127,12 @@ bool estimate_step(const struct cuheap_trace *t, int device, struct step_estimat
 /* "12.3 MiB" */
 const char *human_bytes(uint64_t v, char *buf, size_t size);
 
+/* "1 site", "3 sites": n and the word that goes with it (one, else many), into buf. */
+const char *count_of(uint64_t n, const char *one, const char *many, char *buf, size_t size);
+
+/* "1st", "2nd", "3rd", "4th", "11th", "22nd", into buf. */
+const char *ordinal(uint64_t n, char *buf, size_t size);
+
 /* `cuheap report`: what the shim told at device's first out-of-memory (its oom_report line:
  * the request, live and held bytes, the largest free piece, the call sites holding the
  * most), indented under the device's OUT OF MEMORY line. Prints nothing without one. */

@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "analysis.h"
@@ -40,11 +41,14 @@ struct command {
 
 static const struct command commands[] = {
     {"run",
-     "cuheap run [-o PATH] [-f jsonl|chrome] [--no-pool] [--reuse P] [--limit SIZE] "
+     "cuheap run [-o PATH] [-f jsonl|chrome] [--torch] [--no-pool] [--reuse P] [--limit SIZE] "
      "[--stack-depth N] [--audit] [--] PROGRAM [ARGS]",
      "Run PROGRAM with libcuheap.so preloaded (found next to the tool, or CUHEAP_LIBRARY).\n"
      "  -o, --output PATH     trace path (%p pid, %r rank, %h host); CUHEAP_OUTPUT\n"
      "  -f, --format FMT      jsonl (default) or chrome; CUHEAP_FORMAT\n"
+     "  --torch               make cuheap PyTorch's allocator in every Python process of the\n"
+     "                        run, before its first CUDA tensor, so the trace has each tensor\n"
+     "                        with its stream (a script that picks its own allocator keeps it)\n"
      "  --no-pool             record only: every allocation goes to the driver; CUHEAP_POOL=0\n"
      "  --reuse P             fence (default), sync or immediate; CUHEAP_REUSE\n"
      "  --limit SIZE          per-device limit, bytes (K/M/G/T) or a percentage; CUHEAP_LIMIT\n"
@@ -104,7 +108,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: cuheap COMMAND [OPTIONS] ...\n\n");
     for (size_t i = 0; i < NR_COMMANDS; i++)
         fprintf(f, "  %s\n", commands[i].synopsis);
-    fprintf(f, "\n'cuheap help COMMAND' or 'cuheap COMMAND --help' says more.\n");
+    fprintf(f, "\n'cuheap help COMMAND' or 'cuheap COMMAND --help' says more; 'cuheap --version' "
+               "the version.\n");
 }
 
 static int command_help(const struct command *c)
@@ -182,9 +187,10 @@ static const char *damage(const struct cuheap_trace *t, char *buf, size_t size)
                               n ? "; " : "", t->nr_bad_lines, t->nr_lines, t->first_bad_line,
                               t->bad_line_why);
     if (t->nr_bad_fields && n < size)
-        n += (size_t)snprintf(
-            buf + n, size - n, "%s%zu malformed fields read as 0 (first: line %zu, \"%s\")",
-            n ? "; " : "", t->nr_bad_fields, t->first_bad_field_line, t->bad_field);
+        n += (size_t)snprintf(buf + n, size - n, "%s%zu malformed %s read as 0 (first: line %zu, \"%s\")",
+                              n ? "; " : "", t->nr_bad_fields,
+                              t->nr_bad_fields == 1 ? "field" : "fields", t->first_bad_field_line,
+                              t->bad_field);
     if (t->nr_unknown_events && n < size)
         n += (size_t)snprintf(buf + n, size - n,
                               "%s%zu events of kinds this tool does not know skipped (a newer "
@@ -341,6 +347,89 @@ static int preload_link(const char *lib, char *ret_dir, size_t dir_size, char *r
     return err;
 }
 
+/* --torch: Python runs a sitecustomize module from the first folder on PYTHONPATH that has
+ * one, in every interpreter the run starts (ddtrace-run and opentelemetry-instrument inject
+ * themselves so). Ours, _bootstrap/sitecustomize.py of the cuheap Python package, waits for the
+ * program's `import torch`, makes cuheap PyTorch's allocator then through the library named in
+ * CUHEAP_TORCH (this run's), and runs the sitecustomize it stood in front of. */
+
+/* dir/cuheap/_bootstrap when it holds the bootstrap, into out. */
+static bool bootstrap_in(const char *dir, char *out, size_t size)
+{
+    char cand[PATH_MAX + 64];
+    snprintf(cand, sizeof(cand), "%s/cuheap/_bootstrap/sitecustomize.py", dir);
+    if (access(cand, R_OK))
+        return false;
+    snprintf(cand, sizeof(cand), "%s/cuheap/_bootstrap", dir);
+    char *real = realpath(cand, NULL);
+    if (real)
+        snprintf(out, size, "%s", real);
+    free(real);
+    return real != NULL;
+}
+
+/* The package is looked for on PYTHONPATH, where pip and meson install it beside the tool
+ * (bin/ and lib/pythonX.Y/site-packages/ or dist-packages/), and in the source tree of a
+ * build tree's or gpu-bundle's tool. */
+static int find_bootstrap(char *out, size_t size)
+{
+    const char *pp = getenv("PYTHONPATH");
+    char *copy = strdup(pp ? pp : ""), *save = NULL;
+    bool found = false;
+    for (char *p = strtok_r(copy, ":", &save); p && !found; p = strtok_r(NULL, ":", &save))
+        found = *p && bootstrap_in(p, out, size);
+    free(copy);
+    if (found)
+        return 0;
+    char exe[PATH_MAX], here[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return fail("run --torch: cannot find where cuheap is installed; put the cuheap Python "
+                    "package's folder on PYTHONPATH");
+    exe[n] = 0;
+    const char *dir = dirname(exe);
+    static const char *const rel[] = {"../python", "../../python", NULL};
+    for (int i = 0; rel[i]; i++) {
+        snprintf(here, sizeof(here), "%s/%s", dir, rel[i]);
+        if (bootstrap_in(here, out, size))
+            return 0;
+    }
+    snprintf(here, sizeof(here), "%s/../lib", dir);
+    DIR *d = opendir(here);
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        if (strncmp(e->d_name, "python3", 7))
+            continue;
+        static const char *const sub[] = {"site-packages", "dist-packages"};
+        for (int i = 0; i < 2 && !found; i++) {
+            char cand[PATH_MAX + 600];
+            snprintf(cand, sizeof(cand), "%s/%s/%s", here, e->d_name, sub[i]);
+            found = bootstrap_in(cand, out, size);
+        }
+    }
+    if (d)
+        closedir(d);
+    if (found)
+        return 0;
+    return fail("run --torch: the cuheap Python package is not installed beside %s (pip install "
+                "cuheap there, or put the folder holding the package on PYTHONPATH)",
+                dir);
+}
+
+static int torch_bootstrap(const char *lib)
+{
+    char boot[PATH_MAX];
+    if (find_bootstrap(boot, sizeof(boot)))
+        return -1;
+    const char *old = getenv("PYTHONPATH");
+    char *path;
+    if (asprintf(&path, "%s%s%s", boot, old && *old ? ":" : "", old ? old : "") < 0)
+        return fail("out of memory");
+    setenv("PYTHONPATH", path, 1);
+    free(path);
+    setenv("CUHEAP_TORCH", lib, 1);
+    return 0;
+}
+
 static volatile sig_atomic_t run_child_pid;
 
 static void pass_on(int sig)
@@ -416,10 +505,12 @@ static int cmd_run(int argc, char **argv)
         {"limit", required_argument, NULL, 'L'},
         {"stack-depth", required_argument, NULL, 'D'},
         {"audit", no_argument, NULL, 'A'},
+        {"torch", no_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c;
+    bool torch = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "+o:f:h", opts, NULL)) != -1) {
         switch (c) {
@@ -458,6 +549,9 @@ static int cmd_run(int argc, char **argv)
         case 'A':
             setenv("CUHEAP_AUDIT", "1", 0); /* a CUHEAP_AUDIT=/path/libcupti.so given stays */
             break;
+        case 'T':
+            torch = true;
+            break;
         case 'h':
             return command_help(find_command("run"));
         default:
@@ -489,6 +583,8 @@ static int cmd_run(int argc, char **argv)
     /* NVTX ranges the program emits become trace markers (cuheap is an NVTX injection); NVTX
      * opens it with dlopen, which takes any path */
     setenv("NVTX_INJECTION64_PATH", lib, 0);
+    if (torch && torch_bootstrap(lib))
+        return 2;
     if (*dir)
         return run_child(argv + optind, dir, link);
     execvp(argv[optind], argv + optind);
@@ -535,7 +631,7 @@ static int cmp_row_bytes(const void *a, const void *b)
  * NR_FULL_STACKS rows' largest site in ret_stacks. Sites whose stacks end in the same line
  * are one row (merged by sorting on the name: there can be tens of thousands). */
 static size_t print_sites(const struct cuheap_trace *t, struct site *sites, size_t nr, size_t limit,
-                          const char *what, uint32_t ret_stacks[NR_FULL_STACKS])
+                          uint32_t ret_stacks[NR_FULL_STACKS])
 {
     char b1[32];
     if (!nr) {
@@ -566,7 +662,7 @@ static size_t print_sites(const struct cuheap_trace *t, struct site *sites, size
     size_t shown = 0;
     for (; shown < nr_rows && shown < limit; shown++) {
         printf("  %10s  %6" PRIu64 " %s  %s\n", human_bytes(rows[shown].bytes, b1, sizeof(b1)),
-               rows[shown].count, what, rows[shown].name);
+               rows[shown].count, rows[shown].count == 1 ? "block " : "blocks", rows[shown].name);
         if (ret_stacks && shown < NR_FULL_STACKS)
             ret_stacks[shown] = rows[shown].stack;
     }
@@ -577,10 +673,10 @@ static size_t print_sites(const struct cuheap_trace *t, struct site *sites, size
 static void report_one(const struct cuheap_trace *t, const struct trace_summary *sum)
 {
     struct trace_summary s = *sum; /* freed by the caller */
-    char b1[32], b2[32], b3[32];
+    char b1[32], b2[32], b3[32], w[64];
     const char *exe = json_string_value(json_object_get(t->header, "exe"));
-    printf("== %s: pid %ld, %s, %.3f s, %zu events\n", t->path, t->pid, exe ? exe : "?",
-           (double)s.duration_ns / 1e9, t->nr_events);
+    printf("== %s: pid %ld, %s, %.3f s, %s\n", t->path, t->pid, exe ? exe : "?",
+           (double)s.duration_ns / 1e9, count_of(t->nr_events, "event", "events", w, sizeof(w)));
     if (t->rank >= 0)
         printf("   rank %ld\n", t->rank);
     const char *unw = json_string_value(json_object_get(t->header, "unwinder"));
@@ -591,8 +687,8 @@ static void report_one(const struct cuheap_trace *t, const struct trace_summary 
     if (t->footer) {
         json_int_t dropped = json_integer_value(json_object_get(t->footer, "dropped"));
         if (dropped)
-            printf("   WARNING: %lld events were dropped (ring full): figures below undercount\n",
-                   (long long)dropped);
+            printf("   WARNING: %s dropped (ring full): figures below undercount\n",
+                   count_of((uint64_t)dropped, "event was", "events were", w, sizeof(w)));
     }
     for (unsigned i = 0; i < s.nr_dev; i++) {
         struct device_summary *d = &s.dev[i];
@@ -626,14 +722,14 @@ static void report_one(const struct cuheap_trace *t, const struct trace_summary 
                    st.peak_live ? (double)(st.region + st.outside) / (double)st.peak_live : 0.0,
                    human_bytes(st.peak_live, b3, sizeof(b3)));
         if (d->nr_ooms || d->nr_limit)
-            printf("  OUT OF MEMORY  %" PRIu64 " times, %" PRIu64 " refused by CUHEAP_LIMIT\n",
-                   d->nr_ooms, d->nr_limit);
+            printf("  OUT OF MEMORY  %s, %" PRIu64 " refused by CUHEAP_LIMIT\n",
+                   count_of(d->nr_ooms, "time", "times", w, sizeof(w)), d->nr_limit);
         print_oom_report(t, d->device); /* what the shim told then */
         printf("  still live at the end: %s\n", human_bytes(d->live, b1, sizeof(b1)));
         struct site *sites;
         size_t nr = collect_sites(t, &s, SITES_AT_PEAK, d->device, &sites);
         printf("\n  live at the peak, by call site:\n");
-        print_sites(t, sites, nr, 10, "blocks", NULL);
+        print_sites(t, sites, nr, 10, NULL);
         free(sites);
     }
     printf("\nby API:");
@@ -642,15 +738,16 @@ static void report_one(const struct cuheap_trace *t, const struct trace_summary 
             printf(" %s %" PRIu64, cuheap_api_name((unsigned)a), s.api_count[a]);
     printf("\n");
     if (s.nr_host_allocs)
-        printf("pinned host memory: %" PRIu64 " allocations, %s\n", s.nr_host_allocs,
+        printf("pinned host memory: %s, %s\n",
+               count_of(s.nr_host_allocs, "block", "blocks", w, sizeof(w)),
                human_bytes(s.host_bytes, b1, sizeof(b1)));
     struct site *leaks;
     size_t nr = collect_sites(t, &s, SITES_LEAKED, -1, &leaks);
     uint64_t leaked = 0;
     for (size_t i = 0; i < nr; i++)
         leaked += leaks[i].bytes;
-    printf("never freed: %s at %zu sites%s\n", human_bytes(leaked, b1, sizeof(b1)), nr,
-           nr ? " (cuheap leaks for the list)" : "");
+    printf("never freed: %s at %s%s\n", human_bytes(leaked, b1, sizeof(b1)),
+           count_of(nr, "site", "sites", w, sizeof(w)), nr ? " (cuheap leaks for the list)" : "");
     free(leaks);
 }
 
@@ -701,7 +798,7 @@ static int cmd_sites(int argc, char **argv, bool leaks)
                    : m == SITES_AT_PEAK ? "live at each device's peak, by call site:"
                                         : "allocated over the run, by call site:");
     uint32_t stacks[NR_FULL_STACKS];
-    size_t shown = print_sites(&t, sites, nr, n, leaks ? "blocks" : "allocs", stacks);
+    size_t shown = print_sites(&t, sites, nr, n, stacks);
     /* the full stacks of the rows shown, never more */
     for (size_t i = 0; i < shown && i < NR_FULL_STACKS; i++) {
         const struct cuheap_trace_stack *st = cuheap_trace_stack(&t, stacks[i]);
@@ -1174,8 +1271,11 @@ static int cmd_check(int argc, char **argv)
         /* one line a trace: its verdict first, what was read, then what was wrong */
         damage(&t, why, sizeof(why));
         const char *verdict = *why ? "damaged" : t.truncated ? "incomplete" : "ok";
-        printf("%s: %s, %zu events, %zu stacks, %u devices", argv[i], verdict, t.nr_events,
-               t.nr_stacks, t.nr_devices);
+        char w1[64], w2[64], w3[64];
+        printf("%s: %s, %s, %s, %s", argv[i], verdict,
+               count_of(t.nr_events, "event", "events", w1, sizeof(w1)),
+               count_of(t.nr_stacks, "stack", "stacks", w2, sizeof(w2)),
+               count_of(t.nr_devices, "device", "devices", w3, sizeof(w3)));
         if (*why)
             printf("; %s", why);
         if (t.truncated)
@@ -1200,6 +1300,10 @@ int main(int argc, char **argv)
     argv++;
     opterr = 0;
     cuheap_trace_set_progress(show_progress);
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
+        printf("cuheap %s\n", CUHEAP_VERSION);
+        return 0;
+    }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         if (argc < 2) {
             usage(stdout);

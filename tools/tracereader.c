@@ -3,12 +3,85 @@
 #include "tracereader.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#ifdef CUHEAP_HAVE_ZLIB
+#include <zlib.h>
+#endif
 
 #include "event.h"
+
+/* ---- opening a trace: plain, or gzip-compressed (read through zlib as a stdio stream) ---- */
+
+#ifdef CUHEAP_HAVE_ZLIB
+static ssize_t gz_read(void *cookie, char *buf, size_t size)
+{
+    int n = gzread(cookie, buf, size > INT_MAX ? INT_MAX : (unsigned)size);
+    return n < 0 ? -1 : n; /* a cut-off file: what came before it, then the end */
+}
+
+/* Only where the reading is, for the progress line: in compressed bytes, as the file's size. */
+static int gz_seek(void *cookie, off64_t *pos, int whence)
+{
+    if (*pos || whence != SEEK_CUR)
+        return -1;
+    *pos = gzoffset(cookie);
+    return 0;
+}
+
+static int gz_close(void *cookie)
+{
+    return gzclose(cookie) == Z_OK ? 0 : -1;
+}
+#endif
+
+/* Open path for reading, decompressing it as it is read when it starts with gzip's magic
+ * bytes. NULL after saying why in err. */
+static FILE *open_trace_file(const char *path, char *err, size_t err_size)
+{
+    FILE *f = fopen(path, "re");
+    struct stat st;
+    if (!f) {
+        snprintf(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        snprintf(err, err_size, "%s: is a folder, not a cuheap trace", path);
+        return NULL;
+    }
+    unsigned char magic[2];
+    if (pread(fileno(f), magic, 2, 0) != 2 || magic[0] != 0x1f || magic[1] != 0x8b)
+        return f; /* a pipe too: read as it is */
+#ifdef CUHEAP_HAVE_ZLIB
+    int fd = fcntl(fileno(f), F_DUPFD_CLOEXEC, 0);
+    fclose(f);
+    gzFile gz = fd >= 0 ? gzdopen(fd, "rb") : NULL;
+    f = gz ? fopencookie(gz, "r",
+                         (cookie_io_functions_t){.read = gz_read, .seek = gz_seek,
+                                                 .close = gz_close})
+           : NULL;
+    if (!f) {
+        if (gz)
+            gzclose(gz);
+        else if (fd >= 0)
+            close(fd);
+        snprintf(err, err_size, "%s: cannot read it as gzip: out of memory", path);
+    }
+    return f;
+#else
+    fclose(f);
+    snprintf(err, err_size,
+             "%s: a gzip-compressed file; this cuheap was built without zlib: gunzip it first",
+             path);
+    return NULL;
+#endif
+}
 
 static const char *str_or(json_t *v, const char *dflt)
 {
@@ -595,20 +668,12 @@ static int read_trace(const char *path, struct cuheap_trace *t, char *err, size_
 {
     memset(t, 0, sizeof(*t));
     t->rank = -1;
-    FILE *f = fopen(path, "re");
-    if (!f) {
-        snprintf(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = open_trace_file(path, err, err_size);
+    if (!f)
         return -1;
-    }
     struct stat st;
-    bool is_dir = fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode);
-    if (is_dir) {
-        fclose(f);
-        snprintf(err, err_size, "%s: is a folder, not a cuheap trace", path);
-        return -1;
-    }
     t->path = strdup(path);
-    uint64_t total = fstat(fileno(f), &st) == 0 ? (uint64_t)st.st_size : 0;
+    uint64_t total = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
     char *line = NULL, scratch[1024]; /* event lines are about 250 bytes */
     size_t line_cap = 0, ev_cap = 0, st_cap = 0, lineno = 0;
     ssize_t len;
@@ -798,7 +863,8 @@ const struct cuheap_trace_event *cuheap_trace_first(const struct cuheap_trace *t
     it->t = t;
     if (!t->streamed)
         return t->nr_events ? &t->events[0] : NULL;
-    it->f = fopen(t->path, "re");
+    char err[16];
+    it->f = open_trace_file(t->path, err, sizeof(err));
     it->heap = malloc(window * sizeof(*it->heap));
     it->counters = calloc(1, sizeof(*it->counters));
     if (!it->f || !it->heap || !it->counters) {

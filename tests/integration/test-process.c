@@ -868,13 +868,13 @@ static void test_check_finds_damage(void **state)
         const char *says;
     } cases[] = {
         {"junk.jsonl", 1,
-         "junk.jsonl: damaged, 0 events, 0 stacks, 1 devices; 3795 of 3797 lines "
+         "junk.jsonl: damaged, 0 events, 0 stacks, 1 device; 3795 of 3797 lines "
          "skipped (first: line 3, not JSON)"},
-        {"killed.jsonl", 1, "killed.jsonl: incomplete, 1 events"},
+        {"killed.jsonl", 1, "killed.jsonl: incomplete, 1 event,"},
         {"fields.jsonl", 1,
-         "fields.jsonl: damaged, 1 events, 0 stacks, 1 devices; 1 malformed "
-         "fields read as 0 (first: line 3, \"size\")"},
-        {"clean.jsonl", 0, "clean.jsonl: ok, 1 events, 0 stacks, 1 devices\n"},
+         "fields.jsonl: damaged, 1 event, 0 stacks, 1 device; 1 malformed "
+         "field read as 0 (first: line 3, \"size\")"},
+        {"clean.jsonl", 0, "clean.jsonl: ok, 1 event, 0 stacks, 1 device\n"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct result r = run("%s/tools/cuheap check %s", build, cases[i].file);
@@ -890,8 +890,29 @@ static void test_check_finds_damage(void **state)
     /* the other commands read on, saying so in one line naming the file */
     r = run("%s/tools/cuheap report fields.jsonl", build);
     assert_int_equal(r.status, 0);
-    assert_string_equal(r.err, "cuheap: fields.jsonl: 1 malformed fields read as 0 (first: line "
+    assert_string_equal(r.err, "cuheap: fields.jsonl: 1 malformed field read as 0 (first: line "
                                "3, \"size\")\n");
+    done(&r);
+}
+
+/* The words a user reads: a count agrees with its noun ("1 site", "1 block", "1 device": they
+ * said "1 sites"), top, leaks and report name a row's count alike, --version answers, and a
+ * gzip-compressed trace reads as the plain one (it was "not a cuheap trace"). */
+static void test_words_version_and_gzip(void **state)
+{
+    (void)state;
+    struct result r = run(
+        FAKE " %s/tools/cuheap run -o d.jsonl -- %s/tests/programs/cuheap-demo 5 >/dev/null "
+             "2>&1 && gzip -k d.jsonl && %s/tools/cuheap report d.jsonl | tail -n +2 >plain && "
+             "%s/tools/cuheap report d.jsonl.gz | tail -n +2 >gz && cmp plain gz && echo same && "
+             "grep 'never freed' gz && %s/tools/cuheap check d.jsonl.gz && %s/tools/cuheap leaks "
+             "d.jsonl.gz | grep demo.c && %s/tools/cuheap --version",
+        build, build, build, build, build, build, build, build);
+    if (r.status || !strstr(r.out, "same\nnever freed: 64.00 KiB at 1 site (cuheap leaks") ||
+        !strstr(r.out, ", 4 stacks, 1 device\n") ||
+        !strstr(r.out, "   64.00 KiB       1 block   tensor_new (demo.c:67) < grow_cache") ||
+        !strstr(r.out, "\ncuheap 0.") || *r.err)
+        fail_msg("exit %d:\n%s%s", r.status, r.out, r.err);
     done(&r);
 }
 
@@ -907,7 +928,7 @@ static void test_top_prints_what_it_is_asked(void **state)
     for (int n = 1; n <= 3; n++) {
         r = run("%s/tools/cuheap top --by total -n %d d.jsonl", build, n);
         assert_int_equal(r.status, 0);
-        assert_int_equal(count_lines(r.out, " allocs  "), n);
+        assert_int_equal(count_lines(r.out, " block"), n);
         assert_int_equal(count_lines(r.out, "full stack:"), n);
         done(&r);
     }
@@ -1839,7 +1860,7 @@ static void test_rec_sizes_beyond_int64(void **state)
                  "s = o[0]['size']; s = int(s, 16) if isinstance(s, str) else s; "
                  "assert len(o) == 1 and s == 2**63, o; print('size ok')\"",
             build, build, build, build, python, source, python);
-    if (r.status || !strstr(r.out, "OUT OF MEMORY  1 times") || !strstr(r.out, "size ok") ||
+    if (r.status || !strstr(r.out, "OUT OF MEMORY  1 time,") || !strstr(r.out, "size ok") ||
         strstr(r.err, "malformed"))
         fail_msg("%s%s", r.out, r.err);
     done(&r);
@@ -2238,6 +2259,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_help_matches_readme, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_check_finds_damage, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_top_prints_what_it_is_asked, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_words_version_and_gzip, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_hostile_labels, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_long_run_data, fresh_dir, remove_dir),
