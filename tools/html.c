@@ -224,8 +224,10 @@ struct log_entry {
     uint64_t value;
 };
 
+/* Refusals alike in all but their time (a loop asking again and again) are one row. */
 struct oom_row {
-    uint64_t t, size, aux, aux2, live, res; /* t: since the trace's start */
+    uint64_t t, size, aux, aux2, live, res; /* t: since the trace's start, of the first */
+    uint64_t last_t, count;                 /* the latest alike, and how many */
     uint32_t stack;
     bool limit;
 };
@@ -240,7 +242,7 @@ struct chart_dev {
     struct log_entry *log;
     size_t nr_log, cap_log;
     struct oom_row ooms[NR_OOM_ROWS];
-    size_t nr_ooms;             /* seen, including those past NR_OOM_ROWS */
+    size_t nr_ooms;             /* rows, including those past NR_OOM_ROWS */
     uint32_t top[NR_TOP_SITES]; /* a second read: the only stacks logged */
     size_t nr_top;
 };
@@ -442,10 +444,19 @@ void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
         cd->live = d->live;
         cd->res = d->reserved;
     } else if (e->type == CUHEAP_EV_OOM || e->type == CUHEAP_EV_LIMIT) {
+        struct oom_row o = {e->t,    e->size, e->aux,   e->aux2, d->live, d->reserved,
+                            e->t,    1,       e->stack, e->type == CUHEAP_EV_LIMIT};
+        for (size_t i = 0; i < cd->nr_ooms && i < NR_OOM_ROWS; i++) {
+            struct oom_row *r = &cd->ooms[i];
+            if (r->size == o.size && r->aux == o.aux && r->aux2 == o.aux2 && r->live == o.live &&
+                r->res == o.res && r->stack == o.stack && r->limit == o.limit) {
+                r->count++;
+                r->last_t = e->t > r->last_t ? e->t : r->last_t;
+                return;
+            }
+        }
         if (cd->nr_ooms < NR_OOM_ROWS)
-            cd->ooms[cd->nr_ooms] =
-                (struct oom_row){e->t,    e->size,     e->aux,   e->aux2,
-                                 d->live, d->reserved, e->stack, e->type == CUHEAP_EV_LIMIT};
+            cd->ooms[cd->nr_ooms] = o;
         cd->nr_ooms++;
     }
 }
@@ -545,8 +556,10 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
         const struct oom_row *o = &cd->ooms[i];
         json_array_append_new(
             ooms,
-            json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "t",
-                      (json_int_t)(o->t + c->offset_ns), "kind", o->limit ? "limit" : "oom", "size",
+            json_pack("{s:I, s:I, s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "t",
+                      (json_int_t)(o->t + c->offset_ns), "last_t",
+                      (json_int_t)(o->last_t + c->offset_ns), "count", (json_int_t)o->count,
+                      "kind", o->limit ? "limit" : "oom", "size",
                       jbytes(o->size), "live", jbytes(o->live), "reserved", jbytes(o->res),
                       o->limit ? "limit" : "driver_free", jbytes(o->limit ? o->aux2 : o->aux),
                       "site", site_json(t, o->stack), "stack", stack_json(t, o->stack)));
@@ -608,13 +621,18 @@ static void oom_table(FILE *f, const struct cuheap_trace *t, const struct chart_
     size_t n = cd->nr_ooms;
     char b1[32], b2[32], b3[32], b4[32], name[700];
     if (n)
-        fputs("<h3>Out of memory and limit refusals</h3>\n<table><tr><th>time</th>"
-              "<th>request</th><th>what happened</th><th>live / reserved then</th>"
+        fputs("<h3>Out of memory and limit refusals</h3>\n<table class=\"ooms\"><tr><th>time</th>"
+              "<th>times</th><th>request</th><th>what happened</th><th>live / reserved then</th>"
               "<th>call site</th></tr>\n",
               f);
     for (size_t i = 0; i < n && i < NR_OOM_ROWS; i++) {
         const struct oom_row *o = &cd->ooms[i];
-        fprintf(f, "<tr><td>%.3f s</td><td>%s</td><td>", (double)o->t / 1e9,
+        if (o->count > 1)
+            fprintf(f, "<tr><td>%.3f s to %.3f s</td>", (double)o->t / 1e9,
+                    (double)o->last_t / 1e9);
+        else
+            fprintf(f, "<tr><td>%.3f s</td>", (double)o->t / 1e9);
+        fprintf(f, "<td>%" PRIu64 "</td><td>%s</td><td>", o->count,
                 human_bytes(o->size, b1, sizeof(b1)));
         if (o->limit)
             fprintf(f, "refused by CUHEAP_LIMIT (limit %s)", human_bytes(o->aux2, b2, sizeof(b2)));
@@ -628,7 +646,8 @@ static void oom_table(FILE *f, const struct cuheap_trace *t, const struct chart_
         fputs("</td></tr>\n", f);
     }
     if (n > NR_OOM_ROWS)
-        fprintf(f, "<tr><td colspan=\"5\">%zu more not shown</td></tr>\n", n - NR_OOM_ROWS);
+        fprintf(f, "<tr><td colspan=\"6\">%zu more unlike these not shown</td></tr>\n",
+                n - NR_OOM_ROWS);
     if (n)
         fputs("</table>\n", f);
 }
@@ -643,14 +662,19 @@ static const char STYLE[] =
     "padding:4px 6px;font-size:12px;white-space:pre;display:none;z-index:2;max-width:560px;"
     "overflow:hidden}.axis{font-size:11px;fill:#444}.note{color:#666;font-size:12px}"
     ".legend span{display:inline-block;margin-right:1em;font-size:12px}"
-    ".legend i{display:inline-block;width:10px;height:10px;margin-right:4px}";
+    ".legend i{display:inline-block;width:10px;height:10px;margin-right:4px}"
+    ".ooms td:nth-child(-n+5){white-space:nowrap}";
 
 /* The page's chart code, in pieces. It reads the JSON under #cuheap-data and draws one SVG per GPU;
  * it uses nothing outside this file. */
 static const char *const SCRIPT[] = {
     "'use strict';\n",
     "const DATA=JSON.parse(document.getElementById('cuheap-data').textContent);\n",
-    "const NS='http://www.w3.org/2000/svg',W=1000,H=310,L=78,R=12,T=34,B=34;\n",
+    "const NS='http://www.w3.org/2000/svg',H=310,L=78,R=12,T=34,B=34;\n",
+    "/* the view a chart opens on and goes back to: the run's first to its last event */\n",
+    "const ALL=[0,DATA.view_ns||DATA.end_ns||1];\n",
+    "function ord(n){const t=n%100,l=n%10;return "
+    "n+(t>10&&t<14||l>3||!l?'th':['','st','nd','rd'][l]);}\n",
     "/* the call sites' colours: none near the live line's black or the reserved line's red */\n",
     "const "
     "COLORS=['#f28e2c','#59a14f','#b07aa1','#edc949','#76b7b2','#9c755f'],LIVE='#222222',RES='#"
@@ -683,6 +707,8 @@ static const char *const SCRIPT[] = {
     "return g._fine=o;}\n",
     "function draw(box,g,view){\n",
     " box.textContent='';const n0=g.live_max.length,span0=DATA.end_ns/n0;\n",
+    " /* as wide as the page lets it be */\n",
+    " const W=Math.max(480,Math.floor(box.clientWidth||1000));box._W=W;box._g=g;box._view=view;\n",
     " const cols=W-L-R,plotH=H-T-B;\n",
     " /* zoomed in until a coarse bucket is wider than half a column: the fine buckets */\n",
     " const fine=!!g.fine&&(view[1]-view[0])/span0<2*cols;\n",
@@ -748,9 +774,12 @@ static const char *const SCRIPT[] = {
     "  * inside the plot's edges); the others show on hover, and the note under the chart counts "
     "them */\n",
     " const shown=g.marks.filter(m=>m[0]>=view[0]&&m[0]<=view[1]).sort((p,q)=>p[0]-q[0]);\n",
+    " /* past one marker in 12 columns, lines would hatch the plot: ticks on its top edge */\n",
+    " const ticks=shown.length*12>cols;box._ticks=ticks;\n",
     " let lastX=-Infinity,lines=0,labels=0;const rowEnd=[-Infinity,-Infinity];\n",
     " for(const m of shown){const mx=x(m[0]);if(mx-lastX<2)continue;lastX=mx;lines++;\n",
-    " const ln=el('line',{x1:mx,x2:mx,y1:T,y2:T+plotH,stroke:'#999','stroke-dasharray':'3 "
+    " const ln=ticks?el('line',{x1:mx,x2:mx,y1:T-3,y2:T+5,stroke:'#777',class:'mark-tick'},svg):"
+    "el('line',{x1:mx,x2:mx,y1:T,y2:T+plotH,stroke:'#999','stroke-dasharray':'3 "
     "3',class:'mark'},svg);\n",
     " el('title',{},ln).textContent=m[1]+' at '+secs(m[0]);\n",
     " for(let r=0;r<2;r++){if(mx+2<rowEnd[r])continue;const "
@@ -759,16 +788,24 @@ static const char *const SCRIPT[] = {
     "x0=mx+2;if(x0+w>L+cols)x0=mx-2-w;\n",
     " if(x0<Math.max(L,rowEnd[r])){tx.remove();continue;}tx.setAttribute('x',x0);rowEnd[r]=x0+w+6;"
     "labels++;break;}}\n",
-    " const mnote=shown.length?shown.length+' markers in view: '+lines+' drawn, '+labels+' "
+    " const mnote=shown.length?shown.length+(shown.length==1?' marker':' markers')+' in view: '+"
+    "lines+' drawn'+(ticks?' as ticks on the top edge':'')+', '+labels+' "
     "labelled, '+(shown.length-lines)+' not drawn (hover shows those near the cursor)':'';\n",
     " const mleft=g.marks_left_out?g.marks_left_out+' markers of the trace are not in this report "
-    "(every '+g.mark_stride+'th kept)':'';\n",
-    " for(const o of g.ooms){if(o.t<view[0]||o.t>view[1])continue;const ox=x(o.t);"
+    "(every '+ord(g.mark_stride)+' kept)':'';\n",
+    " /* zoomed in past what the data holds: a bucket spans several columns */\n",
+    " const bspan=fine?DATA.end_ns/g.fine.n:span0,bcols=bspan/((view[1]-view[0])/cols);\n",
+    " const rnote=bcols>=2?'Zoomed in past the data: it holds one lowest, highest and last value "
+    "per '+secs(bspan,bspan/10)+' ('+Math.round(bcols)+' columns here), so the shaded band spans "
+    "whole buckets':'';\n",
+    " for(const o of g.ooms)for(const ot of o.count>1?[o.t,o.last_t]:[o.t]){"
+    "if(ot<view[0]||ot>view[1])continue;const ox=x(ot);"
     "const p=el('path',{d:'M'+(ox-6)+','+T+'L'+(ox+6)+','+T+'L'+ox+','+(T+10)+'Z',"
     "fill:o.kind=='oom'?'#d62728':'#ff7f0e',class:'oom'},svg);"
     "el('line',{x1:ox,x2:ox,y1:T,y2:T+plotH,stroke:'#d62728','stroke-opacity':0.5},svg);"
     "el('title',{},p).textContent=(o.kind=='oom'?'out of memory: ':'refused by CUHEAP_LIMIT ('+"
-    "bytes(o.limit)+'): ')+bytes(o.size)+' requested at '+secs(o.t)+'\\nlive '+bytes(o.live)+"
+    "bytes(o.limit)+'): ')+bytes(o.size)+' requested at '+secs(o.t)+(o.count>1?', '+o.count+"
+    "' times to '+secs(o.last_t):'')+'\\nlive '+bytes(o.live)+"
     "', reserved '+bytes(o.reserved)+'\\n'+o.site+'\\n'+o.stack.join('\\n');}\n",
     " /* hover: the values under the cursor; drag: zoom into a time range */\n",
     " const cur=el('line',{y1:T,y2:T+plotH,stroke:'#444',visibility:'hidden'},svg);\n",
@@ -806,19 +843,27 @@ static const char *const SCRIPT[] = {
     "const t0=view[0]+(view[1]-view[0])*Math.min(from,c)/cols,"
     "t1=view[0]+(view[1]-view[0])*(Math.max(from,c)+1)/cols;from=null;"
     "draw(box,g,[t0,t1]);return;}from=null;sel.setAttribute('visibility','hidden');});\n",
-    " over.addEventListener('dblclick',()=>draw(box,g,[0,DATA.end_ns]));\n",
+    " over.addEventListener('dblclick',()=>draw(box,g,ALL));\n",
     " const lg=document.createElement('div');lg.className='legend';box.appendChild(lg);\n",
     " const item=(c,t)=>{const s=document.createElement('span');const i=document."
     "createElement('i');i.style.background=c;s.appendChild(i);s.appendChild(document."
     "createTextNode(t));lg.appendChild(s);};\n",
-    " item(LIVE,'live');item(RES,'reserved');g.sites.forEach((s,k)=>"
+    " item(LIVE,'live');item(RES,'reserved');"
+    "item('linear-gradient(90deg,rgba(34,34,34,.35),rgba(214,39,40,.35))','shaded: lowest to "
+    "highest within a column (many changes there)');g.sites.forEach((s,k)=>"
     "item(COLORS[k%6],s.site));\n",
     " if(mnote||mleft){const p=document.createElement('p');p.className='note "
     "marks-note';p.textContent=[mnote,mleft].filter(x=>x).join('; ');box.appendChild(p);}\n",
+    " if(rnote){const p=document.createElement('p');p.className='note res-note';"
+    "p.textContent=rnote;box.appendChild(p);}\n",
 
     "}\n",
     "for(const box of document.querySelectorAll('.chart')){const g=DATA.processes"
-    "[+box.dataset.process].gpus[+box.dataset.gpu];if(g)draw(box,g,[0,DATA.end_ns||1]);}\n",
+    "[+box.dataset.process].gpus[+box.dataset.gpu];if(g)draw(box,g,ALL);}\n",
+    "/* a new window width: each chart again at its width, on the same view */\n",
+    "let resized=null;addEventListener('resize',()=>{clearTimeout(resized);resized=setTimeout(()=>{"
+    "for(const box of document.querySelectorAll('.chart'))if(box._g&&box._W!=Math.max(480,"
+    "Math.floor(box.clientWidth)))draw(box,box._g,box._view);},100);});\n",
     /* #selftest (the tests open the page so): hover and zoom each chart by synthetic mouse
      * events and leave what they showed in data- attributes */
     "if(location.hash.startsWith('#selftest'))for(const box of "
@@ -826,11 +871,19 @@ static const char *const SCRIPT[] = {
     /* what a person sees of the markers and colours: labels that overlap or leave the plot,
      * the note, where the lines end, how far the live colour is from the sites' */
     "const lb=[...box.querySelectorAll('text.mark-label')].map(t=>t.getBBox());let ovl=0,out=0;\n",
-    "lb.forEach((a,i)=>{if(a.x<L-1||a.x+a.width>W-R+1)out++;for(const b of "
+    "const W=box._W;lb.forEach((a,i)=>{if(a.x<L-1||a.x+a.width>W-R+1)out++;for(const b of "
     "lb.slice(i+1))if(a.x<b.x+b.width&&b.x<a.x+a.width&&a.y<b.y+b.height&&b.y<a.y+a.height)ovl++;})"
     ";\n",
     "box.dataset.labels=lb.length+' '+ovl+' "
     "'+out;box.dataset.marknote=(box.querySelector('.marks-note')||{}).textContent||'';\n",
+    /* the chart within the window, the time axis to the run's last event, the legend, how the
+     * markers are drawn */
+    "{const ax=[...box.querySelectorAll('text.axis')].map(t=>t.textContent).filter(t=>t.endsWith("
+    "' s'));box.dataset.fit=box.querySelector('svg').getBoundingClientRect().right<="
+    "document.documentElement.clientWidth;box.dataset.axisend=ax[ax.length-1]+' '+ALL[1];"
+    "box.dataset.legend=box.querySelector('.legend').textContent;box.dataset.marks=box."
+    "querySelectorAll('line.mark').length+' '+box.querySelectorAll('line.mark-tick').length;"
+    "box.dataset.resnote0=(box.querySelector('.res-note')||{}).textContent||'';}\n",
     "{const cs=box._col;let "
     "last=-1;cs.forEach((o,c)=>{if(o)last=c;});box.dataset.lastcol=(last+1)/cs.length;}\n",
     "{const rgb=h=>[1,3,5].map(i=>parseInt(h.slice(i,i+2),16));const "
@@ -857,7 +910,12 @@ static const char *const SCRIPT[] = {
     "[+box.dataset.process].gpus[+box.dataset.gpu];draw(box,g,[zm[1]*1e9,zm[2]*1e9]);"
     "const zc=box._col.filter(o=>o);box.dataset.zoom=Math.min(...zc.map(o=>o.lmin))+' '+"
     "Math.max(...zc.map(o=>o.lmax))+' '+box.querySelectorAll('line.mark').length+' '+"
-    "box._fine;}}\n",
+    "box._fine;box.dataset.resnote=(box.querySelector('.res-note')||{}).textContent||'';}}\n",
+    /* #selftest: the refusals' cells that take more than one line (but the call site's) */
+    "if(location.hash.startsWith('#selftest')){let w=0;for(const td of document.querySelectorAll("
+    "'.ooms td:nth-child(-n+5)')){const g=document.createRange();g.selectNodeContents(td);if(new "
+    "Set([...g.getClientRects()].map(q=>Math.round(q.top))).size>1)w++;}"
+    "document.body.dataset.oomwrap=w;}\n",
     NULL,
 };
 
@@ -934,7 +992,14 @@ int export_html(struct cuheap_trace *traces, const struct trace_summary *sums,
         }
         json_array_append_new(processes, json_pack("{s:o}", "gpus", gpus));
     }
-    json_t *data = json_pack("{s:I, s:o}", "end_ns", (json_int_t)end, "processes", processes);
+    /* the view opens on the run: from the first start to the last event (the axis the
+     * buckets are on may go on to a footer's later time) */
+    uint64_t view = 0;
+    for (size_t i = 0; i < nr; i++)
+        if (traces[i].nr_events && traces[i].max_t + charts[i]->offset_ns > view)
+            view = traces[i].max_t + charts[i]->offset_ns;
+    json_t *data = json_pack("{s:I, s:I, s:o}", "end_ns", (json_int_t)end, "view_ns",
+                             (json_int_t)(view ? view : end), "processes", processes);
 
     fprintf(f,
             "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>cuheap report</title>"

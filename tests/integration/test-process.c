@@ -1095,20 +1095,24 @@ static void test_memviz_page_check_names_what_is_missing(void **state)
 
 /* Headless Chromium (Debian's package) opens the report with no console message, and the
  * charts are drawn: one SVG per GPU chart, with the live step line, markers and the
- * refusal. The screenshot is kept in meson-logs/. The meson test html-chromium runs it alone,
- * skipped as a whole where chromium is missing (main). */
+ * refusals (three alike: one row of the table, saying 3, its cells on one line each; they
+ * repeated and wrapped). The screenshot is kept in meson-logs/. The meson test html-chromium
+ * runs it alone, skipped as a whole where chromium is missing (main). */
 static void test_html_renders_in_chromium(void **state)
 {
     (void)state;
     struct result r;
     FILE *f = open_trace_of("oom.jsonl", 1);
     trace_event(f, 1, 1000, "alloc", 1, 0x1000, 1 << 20, 0, 0);
-    fputs("{\"type\":\"event\",\"seq\":2,\"t\":2000,\"event\":\"oom\",\"api\":\"cuMemAlloc\","
-          "\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":2147483648,\"actual\":0,\"pooled\":"
-          "false,\"result\":2,\"driver_free\":104857600,\"driver_total\":1073741824}\n",
-          f);
-    trace_event(f, 3, 3000, "free", 1, 0x1000, 1 << 20, 0, 0);
-    close_trace(f, 3);
+    for (int i = 0; i < 3; i++)
+        fprintf(f,
+                "{\"type\":\"event\",\"seq\":%d,\"t\":%d,\"event\":\"oom\",\"api\":"
+                "\"cuMemAlloc\",\"device\":0,\"tid\":1,\"ptr\":\"0x0\",\"size\":2147483648,"
+                "\"actual\":0,\"pooled\":false,\"result\":2,\"driver_free\":104857600,"
+                "\"driver_total\":1073741824}\n",
+                2 + i, 2000 + 300 * i);
+    trace_event(f, 5, 3000, "free", 1, 0x1000, 1 << 20, 0, 0);
+    close_trace(f, 5);
     r = run(FAKE " %s/tools/cuheap run -o d.jsonl -- %s/tests/programs/cuheap-demo 5 >/dev/null && "
                  "%s/tools/cuheap html -o both.html d.jsonl oom.jsonl && " CHROMIUM
                  "--v=0 --window-size=1200,1800 --screenshot=%s/meson-logs/cuheap-html.png "
@@ -1117,10 +1121,14 @@ static void test_html_renders_in_chromium(void **state)
                  "grep -h CONSOLE shot.err dom.err; "
                  "grep -o 'class=\"chart\"' dom.html | wc -l; grep -o '<svg' dom.html | wc -l; "
                  "grep -o 'class=\"line-l\"' dom.html | wc -l; grep -o 'class=\"mark\"' dom.html | "
-                 "wc -l; grep -o 'class=\"oom\"' dom.html | wc -l",
-            build, build, build, build, build, tmp, tmp);
-    /* two processes, one GPU each; 5 step marks in the demo; one OOM */
-    if (strcmp(r.out, "2\n2\n2\n5\n1\n"))
+                 "wc -l; grep -o 'class=\"oom\"' dom.html | wc -l; "
+                 "%s -c \"import re; d = open('dom.html').read(); "
+                 "t = d[d.index('class=\\\"ooms\\\"'):]; t = t[:t.index('</table>')]; "
+                 "print(t.count('<tr>') - 1, '<td>3</td>' in t)\"",
+            build, build, build, build, build, tmp, tmp, python);
+    /* two processes, one GPU each; 5 step marks in the demo; three OOMs alike, drawn at the
+     * first and the last, one row of the table */
+    if (strcmp(r.out, "2\n2\n2\n5\n2\n1 True\n"))
         fail_msg("console messages, charts, svgs, live lines, marks, ooms:\n%s%s%s", r.out, r.err,
                  slurp_in_tmp("dom.err"));
     done(&r);
@@ -1138,6 +1146,18 @@ static void test_html_renders_in_chromium(void **state)
     if (strcmp(r.out, "2 True True 2 True\n"))
         fail_msg("console messages; hovers, live shown, stack shown, zooms, all zoomed:\n%s%s%s",
                  r.out, r.err, slurp_in_tmp("self.err"));
+    done(&r);
+    /* a narrow window: the charts fit it (a fixed 1000 px scrolled), the refusals' cells keep
+     * to one line each */
+    r = run(CHROMIUM "--v=0 --window-size=760,1800 --dump-dom 'file://%s/both.html#selftest' "
+                     "2>narrow.err >narrow.html; grep -h CONSOLE narrow.err; "
+                     "%s -c \"import re; d = open('narrow.html').read(); "
+                     "print(re.findall(r'data-fit=.(.*?)\\\"', d), "
+                     "re.findall(r'data-oomwrap=.(.*?)\\\"', d))\"",
+            tmp, python);
+    if (strcmp(r.out, "['true', 'true'] ['0']\n"))
+        fail_msg("console messages; charts fit the window, refusal cells wrapped:\n%s%s%s", r.out,
+                 r.err, slurp_in_tmp("narrow.err"));
     done(&r);
     /* a trace whose labels, frames and command line are markup ("<!--<script>" swallowed the
      * page's code): the chart is drawn all the same, with its 3 markers named as recorded, the
@@ -1294,13 +1314,23 @@ static void test_html_long_run_in_chromium(void **state)
         "l = [[int(v) for v in x.split()] for x in a('labels')]; z = a('zoom')[0].split(); "
         "print(l[0][0] > 10, l[2][0] >= 10, sum(x[1] + x[2] for x in l)); "
         "print(a('marknote')[0]); print(z[0], z[1], int(z[2]) >= 1, z[3]); "
-        "print(int(a('colours')[0]) > 100, 0.48 < float(a('lastcol')[1]) < 0.52)\"",
+        "print(int(a('colours')[0]) > 100, 0.48 < float(a('lastcol')[1]) < 0.52); "
+        "m = [x.split() for x in a('marks')]; e = a('axisend')[2].split(); "
+        "print(m[0][0], int(m[0][1]) > 100, m[2], 'shaded: lowest to highest' in a('legend')[2], "
+        "0 <= float(e[2]) - float(e[0]) * 1e9 < float(e[2]) / 4, a('resnote0'), "
+        "a('resnote')[0][:37])\"",
         build, build, build, build, build, tmp, tmp, python);
     /* labels: many on the long run, at least 10 of the demo's 20, none overlapping or outside;
-     * the note; the zoom: 1 MiB to 65 MiB, a marker, the fine buckets; colours; the end */
+     * the note; the zoom: 1 MiB to 65 MiB, a marker, the fine buckets; colours; the end; the
+     * long run's 6,000 markers as ticks (their lines hatched the chart), the demo's 20 as
+     * lines; the band in the legend; the demo's time axis ending at its last event (it ran on
+     * to the footer's time: 0.075 s for a 0.03 s run); a note once a zoom passes the data's
+     * resolution, and none before */
     if (!strstr(r.out, "True True 0\n6000 markers in view: ") ||
+        !strstr(r.out, " drawn as ticks on the top edge, ") ||
         !strstr(r.out, " not drawn (hover shows those near the cursor)\n"
-                       "1048576 68157440 True true\nTrue True\n"))
+                       "1048576 68157440 True true\nTrue True\n"
+                       "0 True ['20', '0'] True True ['', '', ''] Zoomed in past the data: it holds one\n"))
         fail_msg("console messages; labels, note, zoom (min max markers fine), colour distance "
                  "and where the short run ends:\n%s%s%s",
                  r.out, r.err, slurp_in_tmp("long.err"));
