@@ -129,6 +129,11 @@ void cuheap_liveset_alloc(struct cuheap_liveset *s, uint64_t ptr, int device, ui
     s->nr_blocks++;
     s->sites[site].bytes += size;
     s->sites[site].nr_blocks++;
+    if (device >= 0 && device < CUHEAP_LIVESET_NR_DEVICES) {
+        s->dev_bytes[device] += size;
+        if (s->dev_bytes[device] > s->dev_peak[device])
+            s->dev_peak[device] = s->dev_bytes[device];
+    }
 }
 
 void cuheap_liveset_free(struct cuheap_liveset *s, uint64_t ptr)
@@ -143,6 +148,8 @@ void cuheap_liveset_free(struct cuheap_liveset *s, uint64_t ptr)
     struct cuheap_live_site *a = &s->sites[s->blocks[i].site];
     a->bytes -= s->blocks[i].size;
     a->nr_blocks--;
+    if (a->device >= 0 && a->device < CUHEAP_LIVESET_NR_DEVICES)
+        s->dev_bytes[a->device] -= s->blocks[i].size;
     /* backward-shift deletion: no tombstones, so lookups stay short in a long run */
     size_t hole = i;
     for (size_t j = (i + 1) & mask; s->blocks[j].ptr; j = (j + 1) & mask) {
@@ -189,4 +196,9 @@ uint64_t cuheap_liveset_bytes(const struct cuheap_liveset *s, int device)
         if (s->sites[k].device == device)
             bytes += s->sites[k].bytes;
     return bytes;
+}
+
+uint64_t cuheap_liveset_peak(const struct cuheap_liveset *s, int device)
+{
+    return device >= 0 && device < CUHEAP_LIVESET_NR_DEVICES ? s->dev_peak[device] : 0;
 }

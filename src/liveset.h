@@ -21,6 +21,8 @@ struct cuheap_live_site {
 
 struct cuheap_live_block; /* liveset.c */
 
+#define CUHEAP_LIVESET_NR_DEVICES 32 /* ordinals whose totals and peaks are kept */
+
 struct cuheap_liveset {
     struct cuheap_live_block *blocks; /* open addressing by address; ptr 0 = empty */
     size_t nr_block_slots, nr_blocks; /* nr_block_slots: 0 or a power of two */
@@ -29,6 +31,8 @@ struct cuheap_liveset {
     uint32_t *site_index;  /* open addressing by (stack, device): index in sites + 1, 0 = empty */
     size_t nr_index_slots; /* 0 or a power of two */
     bool incomplete;       /* an allocation went untracked for want of memory */
+    uint64_t dev_bytes[CUHEAP_LIVESET_NR_DEVICES]; /* bytes live per device ordinal */
+    uint64_t dev_peak[CUHEAP_LIVESET_NR_DEVICES];  /* the most dev_bytes has been */
 };
 
 void cuheap_liveset_init(struct cuheap_liveset *s);
@@ -49,5 +53,9 @@ unsigned cuheap_liveset_top(const struct cuheap_liveset *s, int device,
 
 /* Bytes live on device, as the events seen say. */
 uint64_t cuheap_liveset_bytes(const struct cuheap_liveset *s, int device);
+
+/* The most bytes live on device at once, as the events seen say: `cuheap report`'s peak live
+ * of the same events. 0 for an ordinal past CUHEAP_LIVESET_NR_DEVICES. */
+uint64_t cuheap_liveset_peak(const struct cuheap_liveset *s, int device);
 
 #endif

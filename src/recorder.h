@@ -105,6 +105,11 @@ struct cuheap_recorder_stats {
 };
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);
 
+/* Once the writer stopped (cuheap_recorder_stop): device's peak live and its live bytes at the
+ * end, counted from the events the writer took, as `cuheap report` counts them from the trace.
+ * False when it may have missed an allocation for want of host memory. */
+bool cuheap_recorder_live_figures(int device, uint64_t *ret_peak, uint64_t *ret_live);
+
 /* CUHEAP_RECORD_TIMING=1: where each event's time went (averages over the run; all zero
  * with timing off). Complete after cuheap_recorder_stop(). */
 struct cuheap_recorder_timing {

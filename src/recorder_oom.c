@@ -362,3 +362,12 @@ void cuheap_recorder_oom_atfork_child(void)
     cuheap_liveset_destroy(&live);
     cuheap_liveset_init(&live);
 }
+
+bool cuheap_recorder_live_figures(int device, uint64_t *ret_peak, uint64_t *ret_live)
+{
+    if (live.incomplete)
+        return false;
+    *ret_peak = cuheap_liveset_peak(&live, device);
+    *ret_live = cuheap_liveset_bytes(&live, device);
+    return true;
+}

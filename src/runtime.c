@@ -642,13 +642,13 @@ static const char *error_name(int code, char *buf, size_t size)
     return buf;
 }
 
-/* The summary's peak live and fragmentation. Each thread adds its live bytes to the device's
- * record CUHEAP_LIVE_BATCH at a time (the shared block adds at once), so the recorded peak can
- * miss less than that per thread: a program of small allocations never adds any ("peak live
- * 0 B"). Live bytes never exceed reserved ones. Where the bound is more than 1% above the
- * recorded peak, both are said, rather than a figure that may be far too low. */
-static void summary_peak_live(struct cuheap_device *d, uint64_t peak_res, char *ret_live,
-                              size_t live_size, char *ret_frag, size_t frag_size)
+/* Peak live as the hooks count it, for where the trace's figure cannot be had (recording off
+ * or paused): each thread adds its live bytes to the device's record CUHEAP_LIVE_BATCH at a
+ * time (the shared block adds at once), so the recorded peak can be off by less than that per
+ * thread: a program of small allocations never adds any ("peak live 0 B"). Live bytes never
+ * exceed reserved ones. Where the bound is more than 1% above the recorded peak, both are
+ * said ("A to B"), rather than a figure that may be far too low. Returns whether it did. */
+static bool hooks_peak_live(struct cuheap_device *d, uint64_t peak_res, char *ret, size_t size)
 {
     uint64_t peak = device_peak_live(d);
     uint64_t most = peak + (uint64_t)(cuheap_counters_nr_blocks() - 1) * CUHEAP_LIVE_BATCH;
@@ -657,22 +657,37 @@ static void summary_peak_live(struct cuheap_device *d, uint64_t peak_res, char *
     char a[32], b[32];
     cuheap_format_size(peak, a, sizeof(a));
     cuheap_format_size(most, b, sizeof(b));
-    if (most <= peak + peak / 100) {
-        snprintf(ret_live, live_size, "%s", a);
-        if (peak)
-            snprintf(ret_frag, frag_size, "%.2f", (double)peak_res / (double)peak);
-        else
-            snprintf(ret_frag, frag_size, "n/a");
-        return;
-    }
-    const char *why = "threads count live bytes 1 MiB at a time";
-    if (peak)
-        snprintf(ret_live, live_size, "%s to %s (%s)", a, b, why);
+    if (most <= peak + peak / 100)
+        snprintf(ret, size, "%s", a);
+    else if (peak)
+        snprintf(ret, size, "%s to %s", a, b);
     else
-        snprintf(ret_live, live_size, "%s %s (%s)", by_res ? "at most" : "under", b, why);
-    snprintf(ret_frag, frag_size, "%.2f or more", (double)peak_res / (double)most);
+        snprintf(ret, size, "%s %s", by_res ? "at most" : "under", b);
+    return most > peak + peak / 100;
 }
 
+#define CUHEAP_LIVE_WHY "threads count live bytes 1 MiB at a time"
+
+/* Where the trace is, or why there is none, as the end of the summary's line: "" when the
+ * line after it says what went wrong. */
+static const char *trace_words(const struct cuheap_recorder_stats *rs, char *buf, size_t size)
+{
+    if (rs->state == CUHEAP_TRACE_WRITTEN)
+        snprintf(buf, size, "; trace: %s", rs->path);
+    else if (rs->state == CUHEAP_TRACE_NONE)
+        snprintf(buf, size, "; no trace written");
+    else
+        buf[0] = 0;
+    return buf;
+}
+
+static void summary_details(const struct cuheap_stats *s, const struct cuheap_recorder_stats *rs);
+
+/* At exit, by default one line per GPU with the figures `cuheap report` prints for its trace:
+ * peak live, peak reserved, what was never freed, the out-of-memory errors the program got
+ * (process-wide: on the line of the only GPU, else a line of their own) and where the trace
+ * is. Then only what went wrong (events lost, a trace not written, the driver refusing VMM or
+ * fences); CUHEAP_VERBOSE=1 adds the pool's and the recorder's own figures. */
 static void summary(void)
 {
     struct cuheap_stats s;
@@ -680,25 +695,43 @@ static void summary(void)
     struct cuheap_recorder_stats rs;
     cuheap_recorder_get_stats(&rs);
     unsigned n = atomic_load(&nr_devices);
+    char tw[CUHEAP_PATH_MAX + 32], oom[64];
+    trace_words(&rs, tw, sizeof(tw));
+    snprintf(oom, sizeof(oom), "%" PRIu64 " out-of-memory error%s", s.nr_ooms,
+             s.nr_ooms == 1 ? "" : "s");
+    /* the writer's count of the events is the trace's, unless it saw none */
+    bool traced = cuheap_cfg.record && rs.state != CUHEAP_TRACE_NONE;
+    for (unsigned i = 0; i < n; i++) {
+        struct cuheap_device *d = &devices[i];
+        char pl[192], pr[32], nf[32];
+        uint64_t peak_res = atomic_load(&d->peak_reserved), peak = 0, left = 0;
+        /* the trace's figure, unless it holds less than the hooks saw for sure (recording
+         * paused, events lost): then the hooks' */
+        uint64_t slack = (uint64_t)cuheap_counters_nr_blocks() * CUHEAP_LIVE_BATCH;
+        if (traced && cuheap_recorder_live_figures(d->ordinal, &peak, &left) &&
+            peak + slack >= device_peak_live(d)) {
+            cuheap_format_size(peak, pl, sizeof(pl));
+        } else {
+            char h[96];
+            bool range = hooks_peak_live(d, peak_res, h, sizeof(h));
+            snprintf(pl, sizeof(pl), "%s (%s%s%s)", h,
+                     traced ? "the trace holds less" : "not recorded", range ? ": " : "",
+                     range ? CUHEAP_LIVE_WHY : "");
+            left = cuheap_device_live(d);
+        }
+        cuheap_format_size(peak_res, pr, sizeof(pr));
+        cuheap_format_size(left, nf, sizeof(nf));
+        cuheap_log_always("GPU %d: peak live %s, peak reserved %s, %s never freed%s%s%s",
+                          d->ordinal, pl, pr, nf, n == 1 ? ", " : "", n == 1 ? oom : "",
+                          n == 1 ? tw : "");
+    }
+    if (n != 1)
+        cuheap_log_always("%s%s", n ? oom : "no device memory allocated", tw);
+    /* what went wrong, whatever the verbosity */
     for (unsigned i = 0; i < n; i++) {
         struct cuheap_device *d = &devices[i];
         struct cuheap_pool_stats ps;
         cuheap_pool_get_stats(d->pool, &ps);
-        char pl[128], pr[32], fr[48];
-        uint64_t peak_res = atomic_load(&d->peak_reserved);
-        summary_peak_live(d, peak_res, pl, sizeof(pl), fr, sizeof(fr));
-        cuheap_format_size(peak_res, pr, sizeof(pr));
-        uint64_t tries = ps.nr_hits + ps.nr_misses;
-        cuheap_log_always("GPU %d: peak live %s, peak reserved %s, fragmentation %s "
-                          "(reserved/live), pool hit rate %.1f%% (%" PRIu64 " of %" PRIu64 ")",
-                          d->ordinal, pl, pr, fr,
-                          tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits,
-                          tries);
-        if (ps.nr_fences || ps.nr_idle)
-            cuheap_log_always("GPU %d: %" PRIu64 " fences recorded; %" PRIu64
-                              " times every stream was idle and none was needed "
-                              "(CUHEAP_IDLE_CHECK)",
-                              d->ordinal, ps.nr_fences, ps.nr_idle);
         if (ps.vmm_refused == CUHEAP_VMM_ABSENT)
             cuheap_log_always("GPU %d: no VMM on this device or driver: requests go to the driver "
                               "(CUHEAP_BACKING=legacy for a pool of cuMemAlloc arenas)",
@@ -723,34 +756,17 @@ static void summary(void)
                               "outside any capture: freed blocks wait for a device sync",
                               d->ordinal, error_name(code, name, sizeof(name)));
         }
-        if (cuheap_pool_is_vmm(d->pool))
-            cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
-                              " moved, %" PRIu64 " given back to make room, %" PRIu64
-                              " fence waits, %.1f ms polling and waiting for fences, %.1f ms "
-                              "in mapping calls",
-                              d->ordinal, ps.nr_creates, ps.nr_moves, ps.nr_releases, ps.nr_waits,
-                              (double)ps.fence_ns / 1e6, (double)ps.map_ns / 1e6);
-        if (ps.nr_plans)
-            cuheap_log_always("GPU %d: step plan: %u tried, %" PRIu64 " allocations served from "
-                              "a plan, %" PRIu64 " it had a place for and missed, %" PRIu64
-                              " waits for its fences, %" PRIu64 " times planned again around "
-                              "blocks kept past their step, %" PRIu64 " served at free places "
-                              "out of the step's order (CUHEAP_STEP_PLAN)",
-                              d->ordinal, ps.nr_plans, ps.nr_planned, ps.nr_plan_missed,
-                              ps.nr_plan_waits, ps.nr_plan_replans, ps.nr_plan_borrowed);
     }
-    cuheap_log_always(
-        "%" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64 " passed to the driver, %" PRIu64
-        " out-of-memory; %" PRIu64 " events, %" PRIu64 " dropped",
-        s.nr_allocs, s.nr_frees, s.nr_passthrough, s.nr_ooms, rs.nr_events, rs.nr_dropped);
     if (rs.nr_full)
-        cuheap_log_always("events were dropped: raise CUHEAP_RING (now %u) or lower "
+        cuheap_log_always("%" PRIu64 " events were dropped: raise CUHEAP_RING (now %u) or lower "
                           "CUHEAP_STACK_DEPTH",
-                          cuheap_cfg.ring_slots);
+                          rs.nr_full, cuheap_cfg.ring_slots);
     if (rs.nr_dropped > rs.nr_full)
         cuheap_log_always("%" PRIu64 " events came after recording stopped at exit (threads "
                           "still running) and are not in the trace",
                           rs.nr_dropped - rs.nr_full);
+    if (cuheap_cfg.verbose)
+        summary_details(&s, &rs);
     if (!cuheap_cfg.record)
         return;
     struct cuheap_recorder_timing t;
@@ -777,10 +793,10 @@ static void summary(void)
                           CUHEAP_PATH_MAX - 1);
     if (rs.refused)
         cuheap_log_always("refused %s as the trace: %s", rs.refused, rs.refused_why);
-    /* Name a file only when there is one to read. */
+    /* Name a file only when there is one to read (a written one is on the lines above). */
     switch (rs.state) {
     case CUHEAP_TRACE_WRITTEN:
-        cuheap_log_always("trace: %s (stacks: %s)", rs.path, rs.unwinder);
+    case CUHEAP_TRACE_NONE:
         break;
     case CUHEAP_TRACE_PARTIAL:
         cuheap_log_always("trace: %s is partial: writing stopped (%s); the events before that "
@@ -795,8 +811,52 @@ static void summary(void)
         cuheap_log_always("no trace written: %s could not be written (%s)", rs.path,
                           strerror(rs.error));
         break;
-    case CUHEAP_TRACE_NONE:
-        cuheap_log_always("no trace written");
-        break;
     }
+}
+
+/* CUHEAP_VERBOSE=1: per GPU the pool's figures (hits, fences, mapping work, the step plan),
+ * then the process's counts and how stacks were taken; one line each, labelled, so that a
+ * part of the pool with figures of its own adds a line here. */
+static void summary_details(const struct cuheap_stats *s, const struct cuheap_recorder_stats *rs)
+{
+    unsigned n = atomic_load(&nr_devices);
+    for (unsigned i = 0; i < n; i++) {
+        struct cuheap_device *d = &devices[i];
+        struct cuheap_pool_stats ps;
+        cuheap_pool_get_stats(d->pool, &ps);
+        uint64_t tries = ps.nr_hits + ps.nr_misses;
+        char live[96];
+        bool range = hooks_peak_live(d, atomic_load(&d->peak_reserved), live, sizeof(live));
+        cuheap_log_always("GPU %d: pool: hit rate %.1f%% (%" PRIu64 " of %" PRIu64
+                          "); the hooks' count of peak live %s%s%s%s",
+                          d->ordinal,
+                          tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits,
+                          tries, live, range ? " (" : "", range ? CUHEAP_LIVE_WHY : "",
+                          range ? ")" : "");
+        if (ps.nr_fences || ps.nr_idle)
+            cuheap_log_always("GPU %d: fences: %" PRIu64 " recorded; %" PRIu64
+                              " times every stream was idle and none was needed "
+                              "(CUHEAP_IDLE_CHECK)",
+                              d->ordinal, ps.nr_fences, ps.nr_idle);
+        if (cuheap_pool_is_vmm(d->pool))
+            cuheap_log_always("GPU %d: vmm: %" PRIu64 " chunks taken from the driver, %" PRIu64
+                              " moved, %" PRIu64 " given back to make room, %" PRIu64
+                              " fence waits, %.1f ms polling and waiting for fences, %.1f ms "
+                              "in mapping calls",
+                              d->ordinal, ps.nr_creates, ps.nr_moves, ps.nr_releases, ps.nr_waits,
+                              (double)ps.fence_ns / 1e6, (double)ps.map_ns / 1e6);
+        if (ps.nr_plans)
+            cuheap_log_always("GPU %d: step plan: %u tried, %" PRIu64 " allocations served from "
+                              "a plan, %" PRIu64 " it had a place for and missed, %" PRIu64
+                              " waits for its fences, %" PRIu64 " times planned again around "
+                              "blocks kept past their step, %" PRIu64 " served at free places "
+                              "out of the step's order (CUHEAP_STEP_PLAN)",
+                              d->ordinal, ps.nr_plans, ps.nr_planned, ps.nr_plan_missed,
+                              ps.nr_plan_waits, ps.nr_plan_replans, ps.nr_plan_borrowed);
+    }
+    cuheap_log_always("counts: %" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64
+                      " passed to the driver, %" PRIu64 " out-of-memory; %" PRIu64
+                      " events, %" PRIu64 " dropped; stacks: %s",
+                      s->nr_allocs, s->nr_frees, s->nr_passthrough, s->nr_ooms, rs->nr_events,
+                      rs->nr_dropped, rs->unwinder ? rs->unwinder : "none");
 }

@@ -149,12 +149,12 @@ static void touch(struct site_acc *a, const struct device_summary *d)
     }
 }
 
-/* The allocation at ptr is gone: its site's bytes go down. */
-static void forget(struct trace_summary *s, struct live_set *live, uint64_t ptr)
+/* The allocation at ptr is gone: its site's bytes go down. Returns whether it was live. */
+static bool forget(struct trace_summary *s, struct live_set *live, uint64_t ptr)
 {
     struct live_alloc old;
     if (!live_set_take(live, ptr, &old))
-        return;
+        return false;
     struct device_summary *d = summary_device(s, old.device);
     struct site_acc *a = site_of(s, old.stack, old.device);
     if (d)
@@ -163,6 +163,7 @@ static void forget(struct trace_summary *s, struct live_set *live, uint64_t ptr)
         s->changed[s->nr_changed++] = (uint32_t)(a - s->sites);
     a->live -= old.size < a->live ? old.size : a->live;
     a->nr_live -= a->nr_live ? 1 : 0;
+    return true;
 }
 
 void summary_free(struct trace_summary *s)
@@ -236,9 +237,11 @@ void summarize_event(struct trace_summary *s, const struct cuheap_trace_event *e
     case CUHEAP_EV_FREE:
         if (!mem)
             break;
-        forget(s, live, e->ptr);
         d->nr_frees++;
-        d->live -= e->size < d->live ? e->size : d->live;
+        /* a free of a block the trace never had (allocated while recording was paused) takes
+         * nothing from live: what the exit summary counts, and the sites' sum */
+        if (forget(s, live, e->ptr))
+            d->live -= e->size < d->live ? e->size : d->live;
         if (!e->pooled)
             d->reserved -= e->actual < d->reserved ? e->actual : d->reserved;
         break;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The live set the writer keeps for out-of-memory reports: the top call sites by bytes live
- * now, per device, following frees, replaced addresses and many sites. */
+/* The live set the writer keeps for out-of-memory reports and the exit summary: the top call
+ * sites by bytes live now, per device, following frees, replaced addresses and many sites, and
+ * each device's peak. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,6 +44,10 @@ static void test_top_sites_follow_frees(void **state)
     assert_int_equal(cuheap_liveset_top(&s, 0, top, 1), 1);
     assert_int_equal(top[0].stack, 7);
     assert_int_equal(cuheap_liveset_bytes(&s, 0), 116);
+    /* the peaks: the exit summary's peak live, the report's */
+    assert_int_equal(cuheap_liveset_peak(&s, 0), 565);
+    assert_int_equal(cuheap_liveset_peak(&s, 1), 1000);
+    assert_int_equal(cuheap_liveset_peak(&s, 2), 0);
     assert_false(s.incomplete);
     cuheap_liveset_destroy(&s);
 }
