@@ -47,7 +47,7 @@ for ((r = 0; r < ROUNDS; r++)); do
         fi
         mode=${job%% *} lib=${job#* }
         case $mode in
-        norecord) set -- CUHEAP_RECORD=0 CUHEAP_SUMMARY=1 ;;
+        norecord) set -- CUHEAP_RECORD=0 CUHEAP_SUMMARY=1 CUHEAP_VERBOSE=1 ;;
         events) set -- CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0 CUHEAP_SUMMARY=0 ;;
         *) set -- CUHEAP_SUMMARY=0 ;;
         esac

@@ -53,7 +53,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
         esac
         ratios=() calls=()
         for ((i = 0; i < RUNS; i++)); do
-            out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=1 CUHEAP_RECORD=0 \
+            out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=1 CUHEAP_VERBOSE=1 CUHEAP_RECORD=0 \
                 CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing CUHEAP_VMM_LAYOUT=$layout \
                 CUHEAP_VMM_IDLE_FIT=$fit CUHEAP_STEP_PLAN=$plan \
                 "$B/bench/bench-replay" "${args[@]}" "$T/$name.jsonl" 2>&1)

@@ -139,7 +139,7 @@ check_exit() {
         rc=$?
         [ $rc -eq 0 ] || bad "$mode after $us us: exit $rc: $(tail -1 "$T"/exit.err)"
         nt=$(find "$T" -maxdepth 1 -name 'exit-*.jsonl*' | wc -l)
-        ns=$(grep -c ' allocations, .* frees, ' "$T"/exit.err)
+        ns=$(grep -cE 'cuheap: (GPU [0-9]+: peak live |no device memory allocated)' "$T"/exit.err)
         # exit came before cuheap started (or, in a child, before its first event): no trace
         ((nt < want)) && none=$((none + 1))
         [ "$ns" -ge "$nt" ] || bad "$mode after $us us: $nt traces, $ns summaries"

@@ -916,6 +916,55 @@ static void test_words_version_and_gzip(void **state)
     done(&r);
 }
 
+/* cuheap run --torch makes cuheap PyTorch's allocator at the program's `import torch`, with
+ * the run's library (a stand-in records what was made current: no PyTorch here); a program
+ * that picks its own allocator, by code or by PYTORCH_CUDA_ALLOC_CONF's backend, keeps it with
+ * one warning; a sitecustomize of the program's own still runs; a program that is not Python
+ * runs as without it. */
+static void test_run_torch_makes_cuheap_the_allocator(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *env, *code, *out, *warning;
+    } cases[] = {
+        {"", "print(torch.current)",
+         "their sitecustomize\n[('%s/src/libcuheap.so', 'cuheap_torch_alloc', "
+         "'cuheap_torch_free')]\n",
+         NULL},
+        {"", "m = torch.cuda.memory; m.change_current_allocator(m.CUDAPluggableAllocator('x', "
+             "'a', 'f')); torch.cuda.change_current_allocator(m.CUDAPluggableAllocator('y', 'a', "
+             "'f')); print(torch.current[1:])",
+         "their sitecustomize\n[('x', 'a', 'f'), ('y', 'a', 'f')]\n",
+         "cuheap: --torch: the program chose its own CUDA allocator; left alone"},
+        {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,backend:cudaMallocAsync",
+         "print(torch.current)", "their sitecustomize\n[]\n",
+         "cuheap: --torch: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,backend:"
+         "cudaMallocAsync chose PyTorch's allocator; left alone"},
+    };
+    struct result r = run("mkdir theirs && echo 'print(\"their sitecustomize\")' "
+                          ">theirs/sitecustomize.py");
+    done(&r);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        r = run("%s PYTHONPATH=%s/tests/programs/torchstub:theirs %s/tools/cuheap run --torch -- "
+                "%s -c \"import torch; %s\"",
+                cases[i].env, source, build, python, cases[i].code);
+        char want[PATH_MAX + 128];
+        snprintf(want, sizeof(want), cases[i].out, build);
+        if (r.status || strcmp(r.out, want) ||
+            count_lines(r.err, "\n") != (cases[i].warning ? 1 : 0) ||
+            (cases[i].warning && strncmp(r.err, cases[i].warning, strlen(cases[i].warning))))
+            fail_msg("case %zu: exit %d\n%s%s(want: %s%s)", i, r.status, r.out, r.err, want,
+                     cases[i].warning ? cases[i].warning : "");
+        done(&r);
+    }
+    r = run("%s/tools/cuheap run --torch -- sh -c 'echo \"$CUHEAP_TORCH\"'", build);
+    char want[PATH_MAX + 32];
+    snprintf(want, sizeof(want), "%s/src/libcuheap.so\n", build);
+    if (r.status || strcmp(r.out, want) || *r.err)
+        fail_msg("exit %d\n%s%s", r.status, r.out, r.err);
+    done(&r);
+}
+
 /* -n N means N rows, and no more full stacks than rows. */
 static void test_top_prints_what_it_is_asked(void **state)
 {
@@ -2321,6 +2370,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_check_finds_damage, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_top_prints_what_it_is_asked, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_words_version_and_gzip, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_run_torch_makes_cuheap_the_allocator, fresh_dir,
+                                        remove_dir),
         cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_hostile_labels, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_long_run_data, fresh_dir, remove_dir),
