@@ -829,9 +829,8 @@ static void summary_details(const struct cuheap_stats *s, const struct cuheap_re
         bool range = hooks_peak_live(d, atomic_load(&d->peak_reserved), live, sizeof(live));
         cuheap_log_always("GPU %d: pool: hit rate %.1f%% (%" PRIu64 " of %" PRIu64
                           "); the hooks' count of peak live %s%s%s%s",
-                          d->ordinal,
-                          tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0, ps.nr_hits,
-                          tries, live, range ? " (" : "", range ? CUHEAP_LIVE_WHY : "",
+                          d->ordinal, tries ? 100.0 * (double)ps.nr_hits / (double)tries : 0.0,
+                          ps.nr_hits, tries, live, range ? " (" : "", range ? CUHEAP_LIVE_WHY : "",
                           range ? ")" : "");
         if (ps.nr_fences || ps.nr_idle)
             cuheap_log_always("GPU %d: fences: %" PRIu64 " recorded; %" PRIu64

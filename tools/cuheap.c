@@ -187,10 +187,10 @@ static const char *damage(const struct cuheap_trace *t, char *buf, size_t size)
                               n ? "; " : "", t->nr_bad_lines, t->nr_lines, t->first_bad_line,
                               t->bad_line_why);
     if (t->nr_bad_fields && n < size)
-        n += (size_t)snprintf(buf + n, size - n, "%s%zu malformed %s read as 0 (first: line %zu, \"%s\")",
-                              n ? "; " : "", t->nr_bad_fields,
-                              t->nr_bad_fields == 1 ? "field" : "fields", t->first_bad_field_line,
-                              t->bad_field);
+        n += (size_t)snprintf(
+            buf + n, size - n, "%s%zu malformed %s read as 0 (first: line %zu, \"%s\")",
+            n ? "; " : "", t->nr_bad_fields, t->nr_bad_fields == 1 ? "field" : "fields",
+            t->first_bad_field_line, t->bad_field);
     if (t->nr_unknown_events && n < size)
         n += (size_t)snprintf(buf + n, size - n,
                               "%s%zu events of kinds this tool does not know skipped (a newer "
@@ -498,16 +498,11 @@ static int run_child(char **argv, const char *dir, const char *link)
 static int cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'},
-        {"format", required_argument, NULL, 'f'},
-        {"no-pool", no_argument, NULL, 'P'},
-        {"reuse", required_argument, NULL, 'R'},
-        {"limit", required_argument, NULL, 'L'},
-        {"stack-depth", required_argument, NULL, 'D'},
-        {"audit", no_argument, NULL, 'A'},
-        {"torch", no_argument, NULL, 'T'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"output", required_argument, NULL, 'o'}, {"format", required_argument, NULL, 'f'},
+        {"no-pool", no_argument, NULL, 'P'},      {"reuse", required_argument, NULL, 'R'},
+        {"limit", required_argument, NULL, 'L'},  {"stack-depth", required_argument, NULL, 'D'},
+        {"audit", no_argument, NULL, 'A'},        {"torch", no_argument, NULL, 'T'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     int c;
     bool torch = false;

@@ -444,8 +444,8 @@ void html_chart_event(const struct cuheap_trace_event *e, void *ctx)
         cd->live = d->live;
         cd->res = d->reserved;
     } else if (e->type == CUHEAP_EV_OOM || e->type == CUHEAP_EV_LIMIT) {
-        struct oom_row o = {e->t,    e->size, e->aux,   e->aux2, d->live, d->reserved,
-                            e->t,    1,       e->stack, e->type == CUHEAP_EV_LIMIT};
+        struct oom_row o = {e->t,        e->size, e->aux, e->aux2,  d->live,
+                            d->reserved, e->t,    1,      e->stack, e->type == CUHEAP_EV_LIMIT};
         for (size_t i = 0; i < cd->nr_ooms && i < NR_OOM_ROWS; i++) {
             struct oom_row *r = &cd->ooms[i];
             if (r->size == o.size && r->aux == o.aux && r->aux2 == o.aux2 && r->live == o.live &&
@@ -555,14 +555,13 @@ static json_t *device_json(const struct cuheap_trace *t, const struct trace_summ
     for (size_t i = 0; i < cd->nr_ooms && i < NR_OOM_ROWS; i++) {
         const struct oom_row *o = &cd->ooms[i];
         json_array_append_new(
-            ooms,
-            json_pack("{s:I, s:I, s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "t",
-                      (json_int_t)(o->t + c->offset_ns), "last_t",
-                      (json_int_t)(o->last_t + c->offset_ns), "count", (json_int_t)o->count,
-                      "kind", o->limit ? "limit" : "oom", "size",
-                      jbytes(o->size), "live", jbytes(o->live), "reserved", jbytes(o->res),
-                      o->limit ? "limit" : "driver_free", jbytes(o->limit ? o->aux2 : o->aux),
-                      "site", site_json(t, o->stack), "stack", stack_json(t, o->stack)));
+            ooms, json_pack("{s:I, s:I, s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "t",
+                            (json_int_t)(o->t + c->offset_ns), "last_t",
+                            (json_int_t)(o->last_t + c->offset_ns), "count", (json_int_t)o->count,
+                            "kind", o->limit ? "limit" : "oom", "size", jbytes(o->size), "live",
+                            jbytes(o->live), "reserved", jbytes(o->res),
+                            o->limit ? "limit" : "driver_free", jbytes(o->limit ? o->aux2 : o->aux),
+                            "site", site_json(t, o->stack), "stack", stack_json(t, o->stack)));
     }
     const char *name = "?";
     for (unsigned k = 0; k < t->nr_devices; k++)
@@ -880,7 +879,8 @@ static const char *const SCRIPT[] = {
      * markers are drawn */
     "{const ax=[...box.querySelectorAll('text.axis')].map(t=>t.textContent).filter(t=>t.endsWith("
     "' s'));box.dataset.fit=box.querySelector('svg').getBoundingClientRect().right<="
-    "document.documentElement.clientWidth;box.dataset.axisend=ax[ax.length-1]+' '+ALL[1];"
+    "document.documentElement.clientWidth;box.dataset.axisend=ax[ax.length-1]+' '+ALL[1]+' '+"
+    "box._g.end_t;"
     "box.dataset.legend=box.querySelector('.legend').textContent;box.dataset.marks=box."
     "querySelectorAll('line.mark').length+' '+box.querySelectorAll('line.mark-tick').length;"
     "box.dataset.resnote0=(box.querySelector('.res-note')||{}).textContent||'';}\n",

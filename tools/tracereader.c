@@ -62,9 +62,9 @@ static FILE *open_trace_file(const char *path, char *err, size_t err_size)
     int fd = fcntl(fileno(f), F_DUPFD_CLOEXEC, 0);
     fclose(f);
     gzFile gz = fd >= 0 ? gzdopen(fd, "rb") : NULL;
-    f = gz ? fopencookie(gz, "r",
-                         (cookie_io_functions_t){.read = gz_read, .seek = gz_seek,
-                                                 .close = gz_close})
+    f = gz ? fopencookie(
+                 gz, "r",
+                 (cookie_io_functions_t){.read = gz_read, .seek = gz_seek, .close = gz_close})
            : NULL;
     if (!f) {
         if (gz)

@@ -931,9 +931,10 @@ static void test_run_torch_makes_cuheap_the_allocator(void **state)
          "their sitecustomize\n[('%s/src/libcuheap.so', 'cuheap_torch_alloc', "
          "'cuheap_torch_free')]\n",
          NULL},
-        {"", "m = torch.cuda.memory; m.change_current_allocator(m.CUDAPluggableAllocator('x', "
-             "'a', 'f')); torch.cuda.change_current_allocator(m.CUDAPluggableAllocator('y', 'a', "
-             "'f')); print(torch.current[1:])",
+        {"",
+         "m = torch.cuda.memory; m.change_current_allocator(m.CUDAPluggableAllocator('x', "
+         "'a', 'f')); torch.cuda.change_current_allocator(m.CUDAPluggableAllocator('y', 'a', "
+         "'f')); print(torch.current[1:])",
          "their sitecustomize\n[('x', 'a', 'f'), ('y', 'a', 'f')]\n",
          "cuheap: --torch: the program chose its own CUDA allocator; left alone"},
         {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,backend:cudaMallocAsync",
@@ -1366,7 +1367,7 @@ static void test_html_long_run_in_chromium(void **state)
         "print(int(a('colours')[0]) > 100, 0.48 < float(a('lastcol')[1]) < 0.52); "
         "m = [x.split() for x in a('marks')]; e = a('axisend')[2].split(); "
         "print(m[0][0], int(m[0][1]) > 100, m[2], 'shaded: lowest to highest' in a('legend')[2], "
-        "0 <= float(e[2]) - float(e[0]) * 1e9 < float(e[2]) / 4, a('resnote0'), "
+        "e[2] == e[3] and 0 <= float(e[2]) - float(e[0]) * 1e9 < float(e[2]) / 4, a('resnote0'), "
         "a('resnote')[0][:37])\"",
         build, build, build, build, build, tmp, tmp, python);
     /* labels: many on the long run, at least 10 of the demo's 20, none overlapping or outside;
@@ -1377,9 +1378,11 @@ static void test_html_long_run_in_chromium(void **state)
      * resolution, and none before */
     if (!strstr(r.out, "True True 0\n6000 markers in view: ") ||
         !strstr(r.out, " drawn as ticks on the top edge, ") ||
-        !strstr(r.out, " not drawn (hover shows those near the cursor)\n"
-                       "1048576 68157440 True true\nTrue True\n"
-                       "0 True ['20', '0'] True True ['', '', ''] Zoomed in past the data: it holds one\n"))
+        !strstr(
+            r.out,
+            " not drawn (hover shows those near the cursor)\n"
+            "1048576 68157440 True true\nTrue True\n"
+            "0 True ['20', '0'] True True ['', '', ''] Zoomed in past the data: it holds one\n"))
         fail_msg("console messages; labels, note, zoom (min max markers fine), colour distance "
                  "and where the short run ends:\n%s%s%s",
                  r.out, r.err, slurp_in_tmp("long.err"));
@@ -1884,6 +1887,12 @@ static void test_rec_summary_peak_live_of_small_allocations(void **state)
                      got, lo, hi, r.out, r.err);
         done(&r);
     }
+    /* with recording off, the hooks' own count: a range, never 0 B */
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_RECORD=0 " RECPROG " pause >/dev/null", build, build, build);
+    if (r.status || !strstr(r.err, "GPU 0: peak live ") || strstr(r.err, "peak live 0 B"))
+        fail_msg("%s", r.err);
+    done(&r);
 }
 
 /* At exit, one line for the demo by default (it was five lines of internals) with the report's
