@@ -1020,11 +1020,14 @@ int export_html(struct cuheap_trace *traces, const struct trace_summary *sums,
             fprintf(f, ", rank %ld", t->rank);
         fprintf(f, " (pid %ld)</h2>\n<p class=\"note\">", t->pid);
         esc(f, t->path);
-        fprintf(f, ": %.3f s, %zu events%s</p>\n", (double)s->duration_ns / 1e9, t->nr_events,
+        char w[64];
+        fprintf(f, ": %.3f s, %s%s</p>\n", (double)s->duration_ns / 1e9,
+                count_of(t->nr_events, "event", "events", w, sizeof(w)),
                 t->truncated ? " (incomplete: the run did not finish writing)" : "");
-        if (t->footer && json_integer_value(json_object_get(t->footer, "dropped")))
-            fprintf(f, "<p><b>%lld events were dropped (ring full): figures undercount.</b></p>\n",
-                    (long long)json_integer_value(json_object_get(t->footer, "dropped")));
+        json_int_t dropped = json_integer_value(json_object_get(t->footer, "dropped"));
+        if (t->footer && dropped)
+            fprintf(f, "<p><b>%s dropped (ring full): figures undercount.</b></p>\n",
+                    count_of((uint64_t)dropped, "event was", "events were", w, sizeof(w)));
         if (!s->nr_dev)
             fputs("<p>No device memory was allocated.</p>\n", f);
         for (unsigned d = 0; d < s->nr_dev; d++) {
@@ -1032,12 +1035,12 @@ int export_html(struct cuheap_trace *traces, const struct trace_summary *sums,
             char b1[32], b2[32], b3[32];
             fprintf(f,
                     "<h3>GPU %d</h3>\n<p>peak live <b>%s</b> at %.3f s, peak reserved <b>%s</b>, "
-                    "fragmentation %.2f, %" PRIu64 " allocations (%" PRIu64
-                    " from the pool), %s allocated in all",
+                    "fragmentation %.2f, %s (%" PRIu64 " from the pool), %s allocated in all",
                     dv->device, human_bytes(dv->peak_live, b1, sizeof(b1)),
                     (double)dv->peak_live_t / 1e9, human_bytes(dv->peak_reserved, b2, sizeof(b2)),
                     dv->peak_live ? (double)dv->peak_reserved / (double)dv->peak_live : 0.0,
-                    dv->nr_allocs, dv->nr_pooled, human_bytes(dv->bytes_allocated, b3, sizeof(b3)));
+                    count_of(dv->nr_allocs, "allocation", "allocations", w, sizeof(w)),
+                    dv->nr_pooled, human_bytes(dv->bytes_allocated, b3, sizeof(b3)));
             if (dv->nr_ooms)
                 fprintf(f, ", <b>%" PRIu64 " out of memory</b>", dv->nr_ooms);
             if (dv->nr_limit)
