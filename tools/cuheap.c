@@ -376,7 +376,8 @@ static int find_bootstrap(char *out, size_t size)
     const char *pp = getenv("PYTHONPATH");
     char *copy = strdup(pp ? pp : ""), *save = NULL;
     bool found = false;
-    for (char *p = strtok_r(copy, ":", &save); p && !found; p = strtok_r(NULL, ":", &save))
+    for (char *p = copy ? strtok_r(copy, ":", &save) : NULL; p && !found;
+         p = strtok_r(NULL, ":", &save))
         found = *p && bootstrap_in(p, out, size);
     free(copy);
     if (found)
@@ -497,13 +498,21 @@ static int run_child(char **argv, const char *dir, const char *link)
 
 static int cmd_run(int argc, char **argv)
 {
+    /* one option a line, so that each added option is a line of its own */
+    /* clang-format off */
     static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'}, {"format", required_argument, NULL, 'f'},
-        {"no-pool", no_argument, NULL, 'P'},      {"reuse", required_argument, NULL, 'R'},
-        {"limit", required_argument, NULL, 'L'},  {"stack-depth", required_argument, NULL, 'D'},
-        {"audit", no_argument, NULL, 'A'},        {"torch", no_argument, NULL, 'T'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+        {"output", required_argument, NULL, 'o'},
+        {"format", required_argument, NULL, 'f'},
+        {"no-pool", no_argument, NULL, 'P'},
+        {"reuse", required_argument, NULL, 'R'},
+        {"limit", required_argument, NULL, 'L'},
+        {"stack-depth", required_argument, NULL, 'D'},
+        {"audit", no_argument, NULL, 'A'},
+        {"torch", no_argument, NULL, 'T'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
+    /* clang-format on */
     int c;
     bool torch = false;
     optind = 1;
