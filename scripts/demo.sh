@@ -29,6 +29,6 @@ echo "memory_viz:  $out/demo.pickle       (https://pytorch.org/memory_viz)"
 echo "report:      $out/demo.html         (any browser)"
 echo
 echo "next, try:"
-echo "  $b/tools/cuheap top $out/demo.jsonl        # the call sites holding the most at the peak"
-echo "  $b/tools/cuheap leaks $out/demo.jsonl      # what was never freed, and where"
-echo "  $b/tools/cuheap run -- python train.py    # your own job (on a GPU); --torch for PyTorch's tensors"
+printf '  %-42s # %s\n' "$b/tools/cuheap top $out/demo.jsonl" "the call sites holding the most at the peak" \
+    "$b/tools/cuheap leaks $out/demo.jsonl" "what was never freed, and where" \
+    "$b/tools/cuheap run -- python train.py" "your own job, on a GPU (--torch: PyTorch's tensors)"
