@@ -966,6 +966,35 @@ static void test_run_torch_makes_cuheap_the_allocator(void **state)
     done(&r);
 }
 
+/* The Python module over the C API: under cuheap run, a mark, a paused block (its marks in the
+ * trace), the figures and the library's path; without cuheap every call does nothing and says
+ * so. */
+static void test_python_module(void **state)
+{
+    (void)state;
+    static const char code[] =
+        "import cuheap; cuheap.mark('hello'); w = cuheap.paused(); w.__enter__(); "
+        "w.__exit__(None, None, None); s = cuheap.stats(); "
+        "print(cuheap.loaded(), s is not None and 'peak_live_bytes' in s, cuheap.pause(), "
+        "cuheap.resume(), cuheap.library_path())";
+    struct result r = run(FAKE " PYTHONPATH=%s/python %s/tools/cuheap run -o p.jsonl -- %s -c "
+                               "\"%s\" && grep -o '\"label\":\"[^\"]*\"' p.jsonl",
+                          build, source, build, python, code);
+    char want[PATH_MAX + 256];
+    snprintf(want, sizeof(want),
+             "True True True False %s/src/libcuheap.so\n\"label\":\"hello\"\n"
+             "\"label\":\"cuheap: recording paused\"\n"
+             "\"label\":\"cuheap: recording resumed\"\n",
+             build);
+    if (r.status || strncmp(r.out, want, strlen(want)))
+        fail_msg("exit %d\n%s%s(want %s)", r.status, r.out, r.err, want);
+    done(&r);
+    r = run("PYTHONPATH=%s/python %s -c \"%s\"", source, python, code);
+    if (r.status || strncmp(r.out, "False False None None ", 22))
+        fail_msg("exit %d\n%s%s", r.status, r.out, r.err);
+    done(&r);
+}
+
 /* -n N means N rows, and no more full stacks than rows. */
 static void test_top_prints_what_it_is_asked(void **state)
 {
@@ -2381,6 +2410,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_words_version_and_gzip, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_run_torch_makes_cuheap_the_allocator, fresh_dir,
                                         remove_dir),
+        cmocka_unit_test_setup_teardown(test_python_module, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_report_content, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_hostile_labels, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_html_long_run_data, fresh_dir, remove_dir),
