@@ -160,3 +160,11 @@ def library_path():
             if os.path.isfile(cand):
                 return cand
     return None
+
+
+def __getattr__(name):
+    """cuheap.torch on first use, so that `import cuheap` never imports PyTorch."""
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError("module 'cuheap' has no attribute %r" % name)

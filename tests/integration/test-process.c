@@ -976,13 +976,13 @@ static void test_python_module(void **state)
         "import cuheap; cuheap.mark('hello'); w = cuheap.paused(); w.__enter__(); "
         "w.__exit__(None, None, None); s = cuheap.stats(); "
         "print(cuheap.loaded(), s is not None and 'peak_live_bytes' in s, cuheap.pause(), "
-        "cuheap.resume(), cuheap.library_path())";
+        "cuheap.resume(), cuheap.library_path()); print(callable(cuheap.torch.use))";
     struct result r = run(FAKE " PYTHONPATH=%s/python %s/tools/cuheap run -o p.jsonl -- %s -c "
                                "\"%s\" && grep -o '\"label\":\"[^\"]*\"' p.jsonl",
                           build, source, build, python, code);
     char want[PATH_MAX + 256];
     snprintf(want, sizeof(want),
-             "True True True False %s/src/libcuheap.so\n\"label\":\"hello\"\n"
+             "True True True False %s/src/libcuheap.so\nTrue\n\"label\":\"hello\"\n"
              "\"label\":\"cuheap: recording paused\"\n"
              "\"label\":\"cuheap: recording resumed\"\n",
              build);
