@@ -687,7 +687,7 @@ MUTATIONS = [
      "a gzip-compressed trace is read as it is on disk (\"not a cuheap trace\")",
      "the tool's words name what was wrong", "tools/tracereader.c",
      "    if (pread(fileno(f), magic, 2, 0) != 2 || magic[0] != 0x1f || magic[1] != 0x8b)",
-     "    if (1)"),
+     "    if (pread(fileno(f), magic, 2, 0) != 2 || magic[0] != 0x1f || magic[1] != 0x8b || 1)"),
     ("tool-counts-always-plural",
      "counts take the plural whatever the number (\"1 sites\", \"1 devices\")",
      "the tool's words name what was wrong", "tools/analysis.c",
