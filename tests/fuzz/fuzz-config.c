@@ -2,7 +2,7 @@
 /*
  * libFuzzer target: the settings parsers (src/config.c) with a fuzzed environment. The input
  * is "NAME=value" lines; cuheap_config_parse() reads them through its getenv callback. The
- * checks are the promises README's Environment table makes: every bad value costs exactly one
+ * checks are the promises docs/settings.md's table makes: every bad value costs exactly one
  * warning and keeps the default, every accepted setting is within its documented range, and
  * the effective settings CUHEAP_VERBOSE prints parse back to the same settings. The size
  * parser and the path expansion get the same values directly.
@@ -85,7 +85,7 @@ static bool is_pow2(uint64_t v)
     return v && !(v & (v - 1));
 }
 
-/* The documented ranges (README's Environment table). */
+/* The documented ranges (docs/settings.md's table). */
 static void check_ranges(const struct cuheap_config *c)
 {
     fuzz_check(is_pow2(c->arena_size) && c->arena_size >= (2ull << 20) &&
