@@ -51,7 +51,7 @@ static void sites(struct cuheap_trace *t, struct trace_summary *s, enum site_mea
         fuzz_check(i == 0 || v[i - 1].bytes >= v[i].bytes);
         fuzz_check(v[i].count > 0);
     }
-    print_sites(t, v, nr, 20, "blocks", NULL);
+    print_sites(t, v, nr, 20, NULL);
     free(v);
 }
 
