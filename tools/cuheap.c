@@ -803,9 +803,19 @@ static void report_one(const struct cuheap_trace *t, const struct trace_summary 
                    human_bytes(st.outside, b2, sizeof(b2)),
                    st.peak_live ? (double)(st.region + st.outside) / (double)st.peak_live : 0.0,
                    human_bytes(st.peak_live, b3, sizeof(b3)));
-        if (d->nr_ooms || d->nr_limit)
+        /* answers the program recovered from (a caching allocator freed and asked again)
+         * are counted apart: the program never saw them */
+        uint64_t rec = cuheap_trace_recovered(t, d->device), ooms = d->nr_ooms, lim = d->nr_limit;
+        uint64_t from_ooms = rec < ooms ? rec : ooms;
+        ooms -= from_ooms;
+        lim -= rec - from_ooms < lim ? rec - from_ooms : lim;
+        if (ooms || lim)
             printf("  OUT OF MEMORY  %s, %" PRIu64 " refused by CUHEAP_LIMIT\n",
-                   count_of(d->nr_ooms, "time", "times", w, sizeof(w)), d->nr_limit);
+                   count_of(ooms, "time", "times", w, sizeof(w)), lim);
+        if (rec)
+            printf("  recovered      %s the program recovered from (it freed and the same "
+                   "request was answered): not out of memory\n",
+                   count_of(rec, "out-of-memory answer", "out-of-memory answers", w, sizeof(w)));
         print_oom_report(t, d->device); /* what the shim told then */
         printf("  still live at the end: %s\n", human_bytes(d->live, b1, sizeof(b1)));
         struct site *sites;

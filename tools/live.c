@@ -191,21 +191,6 @@ static uint64_t live_of(const struct followed *f)
     return n;
 }
 
-/* Out-of-memory answers the program recovered from on a device, as the shim told them. */
-static uint64_t recovered_of(const struct followed *f, int device)
-{
-    uint64_t n = 0;
-    size_t i;
-    json_t *r;
-    json_array_foreach(f->tail.t.oom_reports, i, r)
-    {
-        if (json_integer_value(json_object_get(r, "device")) == device &&
-            json_is_true(json_object_get(r, "recovered")))
-            n++;
-    }
-    return n;
-}
-
 /* Running traces holding the most first, then the ended, then those that could not be read. */
 static int rank_order(const struct followed *f)
 {
@@ -336,7 +321,7 @@ static void draw(struct follower *fw, FILE *out, double elapsed, const char *end
             const struct device_summary *ds = &f->sum.dev[d];
             bool known = ds->device >= 0 && ds->device < CUHEAP_TRACE_NR_MAX_DEVICES &&
                          f->has_free[ds->device];
-            uint64_t rec = recovered_of(f, ds->device);
+            uint64_t rec = cuheap_trace_recovered(&f->tail.t, ds->device);
             uint64_t real = ds->nr_ooms + ds->nr_limit;
             real -= rec < real ? rec : real;
             char ooms[32];

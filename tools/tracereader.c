@@ -784,6 +784,15 @@ static int take_line(const char *path, struct cuheap_trace *t, struct line_state
     } else if (!strcmp(type, "footer")) {
         json_decref(t->footer);
         t->footer = json_incref(o);
+    } else if (!strcmp(type, "oom_recovered")) { /* an out-of-memory that was not one */
+        json_int_t dev = json_integer_value(json_object_get(o, "device"));
+        json_int_t tries = json_integer_value(json_object_get(o, "tries"));
+        if (dev >= 0 && dev < CUHEAP_TRACE_NR_MAX_DEVICES) {
+            if (!t->oom_recoveries[dev] && !t->oom_released)
+                t->oom_released = (uint64_t)json_integer_value(json_object_get(o, "released"));
+            t->oom_recovered[dev] += tries > 0 ? (uint64_t)tries : 1;
+            t->oom_recoveries[dev]++;
+        }
     } else if (!strcmp(type, "oom_report")) { /* what cuheap told at an out-of-memory */
         if (!t->oom_reports)
             t->oom_reports = json_array();
@@ -981,6 +990,11 @@ void cuheap_trace_free(struct cuheap_trace *t)
     json_decref(t->footer);
     json_decref(t->oom_reports);
     memset(t, 0, sizeof(*t));
+}
+
+uint64_t cuheap_trace_recovered(const struct cuheap_trace *t, int device)
+{
+    return device >= 0 && device < CUHEAP_TRACE_NR_MAX_DEVICES ? t->oom_recovered[device] : 0;
 }
 
 const struct cuheap_trace_stack *cuheap_trace_stack(const struct cuheap_trace *t, uint32_t id)

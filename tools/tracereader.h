@@ -68,7 +68,15 @@ struct cuheap_trace {
     char bad_field[40];       /* name of the first */
     size_t nr_unknown_events; /* event kinds this tool does not know (a newer cuheap) */
     json_t *oom_reports;      /* the "oom_report" lines, in file order (an array; NULL: none) */
+    /* "oom_recovered" lines by device ordinal: out-of-memory answers the program recovered
+     * from (freed, and the same request was then answered), and the requests they were */
+    uint64_t oom_recovered[CUHEAP_TRACE_NR_MAX_DEVICES];
+    uint64_t oom_recoveries[CUHEAP_TRACE_NR_MAX_DEVICES];
+    uint64_t oom_released; /* bytes the program released before the first recovery */
 };
+
+/* Out-of-memory answers (and limit refusals) on device the program recovered from. */
+uint64_t cuheap_trace_recovered(const struct cuheap_trace *t, int device);
 
 /* Read a trace, its events into t->events. Returns 0, or -1 with a one-line reason in err
  * ("PATH: ..."). Warnings (truncation, skipped lines) are left in the struct for the caller

@@ -25,7 +25,8 @@
 
 #include "slurp.h"
 
-static char build[PATH_MAX], tmp[PATH_MAX];
+static char build[PATH_MAX], source[PATH_MAX], tmp[PATH_MAX];
+static const char *python;
 
 struct result {
     int status;
@@ -185,6 +186,55 @@ static void test_run_live_follows_its_program(void **state)
     done(&r);
 }
 
+/* Refused, frees, asks again and gets it (as PyTorch's caching allocator does): one line and
+ * no block, with or without the pool; `report` and the live view count it apart. */
+static void test_oom_recovered_is_one_line(void **state)
+{
+    (void)state;
+    for (int pool = 0; pool < 2; pool++) {
+        struct result r =
+            run(ENV " FAKECUDA_DEVICE_MEM=256M CUHEAP_POOL=%d CUHEAP_OUTPUT=t.jsonl " PROG
+                    " oom-recover 64",
+                build, build, pool, build);
+        assert_int_equal(r.status, 0);
+        if (count(r.err, "cuheap: out of memory") != 1 ||
+            !strstr(r.err, "cuheap: out of memory on GPU 0 for 64.00 MiB, recovered after the "
+                           "program released 128.00 MiB\n") ||
+            strstr(r.err, "call sites holding the most"))
+            fail_msg("pool %d: not one line for a recovered out-of-memory:\n%s", pool, r.err);
+        done(&r);
+        r = run("%s %s/scripts/validate-trace.py t.jsonl && " TOOL " report t.jsonl && " TOOL
+                " top --follow --count 1 t.jsonl",
+                python, source, build, build);
+        assert_int_equal(r.status, 0);
+        assert_null(strstr(r.out, "OUT OF MEMORY"));
+        assert_non_null(strstr(r.out, "2 out-of-memory answers the program recovered from"));
+        assert_non_null(strstr(r.out, " 0+2r "));
+        done(&r);
+        run("rm -f t.jsonl");
+    }
+}
+
+/* Refused and gives up: the block, naming the call sites (a static function's name, which
+ * only the program's .symtab has); `report` counts it. */
+static void test_oom_given_up_gets_the_block(void **state)
+{
+    (void)state;
+    struct result r =
+        run(ENV " FAKECUDA_DEVICE_MEM=256M CUHEAP_OUTPUT=t.jsonl " PROG " oom-giveup 64", build,
+            build, build);
+    assert_int_equal(r.status, 3);
+    if (!strstr(r.err, "call sites holding the most:\n") || !strstr(r.err, "liveprog!keep_block") ||
+        strstr(r.err, "recovered"))
+        fail_msg("no block naming the call site:\n%s", r.err);
+    assert_int_equal(count(r.err, "CUDA_ERROR_OUT_OF_MEMORY from the driver"), 1);
+    done(&r);
+    r = run(TOOL " report t.jsonl", build);
+    assert_non_null(strstr(r.out, "OUT OF MEMORY  2 times"));
+    assert_null(strstr(r.out, "recovered"));
+    done(&r);
+}
+
 /* tmux as the terminal: the view redraws in place (one screen, its figures changing) and q
  * quits, leaving the terminal as it was. */
 static void test_terminal_view_redraws_and_quits(void **state)
@@ -228,6 +278,11 @@ int main(void)
     if (!b)
         return fprintf(stderr, "CUHEAP_BUILD_ROOT not set\n"), 1;
     snprintf(build, sizeof(build), "%s", b);
+    snprintf(source, sizeof(source), "%s",
+             getenv("CUHEAP_SOURCE_ROOT") ? getenv("CUHEAP_SOURCE_ROOT") : ".");
+    /* a Python with jsonschema for the schema check: the system one, else the first on PATH */
+    python = system("/usr/bin/python3 -c 'import jsonschema' 2>/dev/null") == 0 ? "/usr/bin/python3"
+                                                                                : "python3";
     cmocka_set_message_output(CM_OUTPUT_TAP);
     if (getenv("CUHEAP_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CUHEAP_TEST_FILTER"));
@@ -250,6 +305,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_follow_names_what_it_cannot_follow, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_run_live_follows_its_program, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_oom_recovered_is_one_line, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_oom_given_up_gets_the_block, fresh_dir, remove_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
