@@ -27,6 +27,7 @@
 #include "event.h"
 #include "export.h"
 #include "live.h"
+#include "ranks.h"
 #include "symbolize.h"
 #include "tracereader.h"
 
@@ -1016,18 +1017,24 @@ static int cmd_report(int argc, char **argv)
         return 2;
     if (first >= argc)
         return fail("report: expected one or more trace files");
+    struct ranks rk = {0};
     for (int i = first; i < argc; i++) {
         struct cuheap_trace t;
         struct trace_summary s;
-        if (load_summarized(argv[i], &t, &s))
+        if (load_summarized(argv[i], &t, &s)) {
+            ranks_free(&rk);
             return 2;
+        }
         report_one(&t, &s);
         report_audit(&t);
+        ranks_add(&rk, &t, &s);
         summary_free(&s);
         cuheap_trace_free(&t);
         if (i + 1 < argc)
             printf("\n");
     }
+    ranks_print(stdout, &rk); /* several ranks: which stands out, and where */
+    ranks_free(&rk);
     return 0;
 }
 

@@ -235,6 +235,35 @@ static void test_oom_given_up_gets_the_block(void **state)
     done(&r);
 }
 
+/* Four ranks, one of which runs out of memory: report and html say which, by how much, and at
+ * which call site it differs from the others. */
+static void test_ranks_compared(void **state)
+{
+    (void)state;
+    struct result r =
+        run("for k in 0 1 3; do RANK=$k CUHEAP_SUMMARY=0 " ENV " " PROG
+            " grow 20 1 $((k+1)) || exit 1; done; RANK=2 FAKECUDA_DEVICE_MEM=256M " ENV " " PROG
+            " oom-giveup 64 2>/dev/null; " TOOL " report cuheap-r*.jsonl && " TOOL
+            " html -o r.html cuheap-r*.jsonl && cat r.html",
+            build, build, build, build, build, build, build, build);
+    if (r.status)
+        fail_msg("exit %d\n%s", r.status, r.err);
+    const char *across = strstr(r.out, "== across 4 ranks\n");
+    if (!across ||
+        !strstr(across, "rank 2 ran out of memory (2 times on GPU 0), the others never; it peaked "
+                        "at 256.00 MiB, 216.00 MiB above the others' median (40.00 MiB") ||
+        !strstr(across, "+256.00 MiB  keep_block") || !strstr(across, "fill_device"))
+        fail_msg("report does not single out rank 2:\n%s", across ? across : r.out);
+    assert_non_null(strstr(r.out, "<h2>Across 4 ranks</h2>"));
+    assert_non_null(strstr(r.out, "<td>+256.00 MiB</td><td>keep_block"));
+    done(&r);
+    /* without an out-of-memory: the one that peaked highest */
+    r = run("rm cuheap-r2-*.jsonl; " TOOL " report cuheap-r*.jsonl", build);
+    assert_non_null(strstr(r.out, "rank 3 peaked highest: 80.00 MiB on GPU 0, 60.00 MiB above the "
+                                  "others' median (20.00 MiB, 300.0%)"));
+    done(&r);
+}
+
 /* tmux as the terminal: the view redraws in place (one screen, its figures changing) and q
  * quits, leaving the terminal as it was. */
 static void test_terminal_view_redraws_and_quits(void **state)
@@ -307,6 +336,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_run_live_follows_its_program, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_oom_recovered_is_one_line, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_oom_given_up_gets_the_block, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_ranks_compared, fresh_dir, remove_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
