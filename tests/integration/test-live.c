@@ -248,6 +248,16 @@ static void test_oom_given_up_gets_the_block(void **state)
     assert_non_null(strstr(r.out, "OUT OF MEMORY  2 times"));
     assert_null(strstr(r.out, "recovered"));
     done(&r);
+    /* refused, then a smaller request: not a retry, so the block is told then, before the
+     * program goes on (not only at its exit) */
+    r = run(ENV " FAKECUDA_DEVICE_MEM=256M CUHEAP_OUTPUT=o.jsonl " PROG " oom-other 64", build,
+            build, build);
+    assert_int_equal(r.status, 0);
+    const char *block = strstr(r.err, "call sites holding the most:\n");
+    const char *went = strstr(r.err, "liveprog: went on");
+    if (!block || !went || block > went || strstr(r.err, "recovered"))
+        fail_msg("the block did not come at the program's next request:\n%s", r.err);
+    done(&r);
 }
 
 /* Four ranks, one of which runs out of memory: report and html say which, by how much, and at

@@ -7,6 +7,8 @@
  *                      (refused), frees two blocks and asks again, as a caching allocator does
  *                      after an out-of-memory; exits 0 when the second answer was memory
  *   oom-giveup SIZE    fills the device the same way, is refused, and gives up (exit 3)
+ *   oom-other SIZE     is refused the same way, frees a block and goes on with a smaller
+ *                      request (not a retry), waits 300 ms and says "liveprog: went on"
  * Linked with the driver; built without -rdynamic, so its static functions are in .symtab only.
  */
 #include <cuda.h>
@@ -82,6 +84,14 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "oom-giveup")) {
         fprintf(stderr, "liveprog: out of memory, giving up\n");
         return 3;
+    }
+    if (!strcmp(cmd, "oom-other")) {
+        cuMemFree(blocks[--nr_blocks]);
+        if (keep_block(1 << 20))
+            return 1;
+        sleep_ms(300);
+        fprintf(stderr, "liveprog: went on\n");
+        return 0;
     }
     cuMemFree(blocks[--nr_blocks]);
     cuMemFree(blocks[--nr_blocks]);
