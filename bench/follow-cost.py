@@ -24,6 +24,14 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
 
 
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -64,22 +72,25 @@ def main():
             wall = time.monotonic() - t0
             time.sleep(1.5)  # the last refresh
             cpu = cpu_seconds(follower.pid)
+            rss = peak_rss_mib(follower.pid)
             w.writelines(footer)
         follower.wait(timeout=30)
         share = 100 * cpu / wall
         rate = nr / wall
         print(f"follow: {nr} events in {wall:.1f} s ({rate * 60 / 1e6:.2f} M events/min), "
               f"follower CPU {cpu:.2f} s = {share:.2f}% of a core, "
-              f"{rate / max(share, 1e-9):.0f} events/s per 1% of a core")
-        # catching up: the whole trace in one refresh
+              f"{rate / max(share, 1e-9):.0f} events/s per 1% of a core; peak RSS {rss:.1f} MiB")
+        # catching up: the whole trace in one refresh (/usr/bin/time: the peak RSS of the
+        # tool itself, not of this script's fork before the exec)
         t1 = time.monotonic()
-        p = subprocess.Popen([tool, "top", "--follow", "--count", "1", src],
-                             stdout=subprocess.DEVNULL)
-        _, status, ru = os.wait4(p.pid, 0)
-        took = ru.ru_utime + ru.ru_stime
+        r = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", tool, "top", "--follow", "--count",
+                            "1", src], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        kib, user, system = r.stderr.strip().split("\n")[-1].split()
+        took = float(user) + float(system)
         print(f"catch-up: {len(events)} events read in one refresh, CPU {took:.2f} s "
               f"({len(events) / max(took, 1e-9) / 1e6:.2f} M events per CPU second; "
-              f"wall {time.monotonic() - t1:.2f} s)")
+              f"wall {time.monotonic() - t1:.2f} s; peak RSS {int(kib) / 1024:.1f} MiB; "
+              f"trace {os.path.getsize(src) / 2**20:.0f} MiB)")
 
 
 if __name__ == "__main__":
