@@ -58,7 +58,8 @@ static const struct command commands[] = {
      "  --audit               check with CUPTI that every driver memory operation was seen;\n"
      "                        CUHEAP_AUDIT=1 (a CUHEAP_AUDIT=/path/libcupti.so given stays)\n"
      "  --live                follow the run's traces while it runs, as `top --follow` does\n"
-     "                        (every rank's); the exit status is the program's\n"},
+     "                        (every rank's; CUHEAP_LIVE_INTERVAL seconds between refreshes,\n"
+     "                        1); the exit status is the program's\n"},
     {"report", "cuheap report TRACE...",
      "Per process and GPU: peak live and when, peak reserved, fragmentation, counts by API,\n"
      "OOMs, the call sites live at the peak, what was never freed.\n"},
