@@ -240,13 +240,22 @@ static void test_oom_given_up_gets_the_block(void **state)
             build, build);
     assert_int_equal(r.status, 3);
     if (!strstr(r.err, "call sites holding the most:\n") || !strstr(r.err, "liveprog!keep_block") ||
-        strstr(r.err, "recovered"))
+        strstr(r.err, "recovered") || strstr(r.err, "caching allocator"))
         fail_msg("no block naming the call site:\n%s", r.err);
     assert_int_equal(count(r.err, "CUDA_ERROR_OUT_OF_MEMORY from the driver"), 1);
     done(&r);
     r = run(TOOL " report t.jsonl", build);
     assert_non_null(strstr(r.out, "OUT OF MEMORY  2 times"));
     assert_null(strstr(r.out, "recovered"));
+    done(&r);
+    /* under a caching allocator the block says what its live bytes are */
+    r = run(ENV " FAKECUDA_DEVICE_MEM=256M CUHEAP_OUTPUT=c.jsonl " PROG
+                " oom-caching 64 %s/tests/programs/libc10_cuda.so",
+            build, build, build, build);
+    assert_int_equal(r.status, 3);
+    if (!strstr(r.err, "a caching allocator (PyTorch's) holds this memory: the bytes called live "
+                       "are its segments, its cache included"))
+        fail_msg("the block does not say live bytes are the allocator's segments:\n%s", r.err);
     done(&r);
     /* refused, then a smaller request: not a retry, so the block is told then, before the
      * program goes on (not only at its exit) */

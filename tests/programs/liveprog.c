@@ -7,11 +7,14 @@
  *                      (refused), frees two blocks and asks again, as a caching allocator does
  *                      after an out-of-memory; exits 0 when the second answer was memory
  *   oom-giveup SIZE    fills the device the same way, is refused, and gives up (exit 3)
+ *   oom-caching SIZE LIB  loads LIB (a stand-in named as PyTorch's libc10_cuda.so), then as
+ *                      oom-giveup
  *   oom-other SIZE     is refused the same way, frees a block and goes on with a smaller
  *                      request (not a retry), waits 300 ms and says "liveprog: went on"
  * Linked with the driver; built without -rdynamic, so its static functions are in .symtab only.
  */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +77,11 @@ int main(int argc, char **argv)
         for (int i = 0; i < nr_blocks; i++)
             cuMemFree(blocks[i]);
         return 0;
+    }
+    if (!strcmp(cmd, "oom-caching")) {
+        if (argc < 4 || !dlopen(argv[3], RTLD_NOW | RTLD_GLOBAL))
+            return 5;
+        cmd = "oom-giveup";
     }
     size_t size = (size_t)atol(argv[2]) << 20;
     fill_device(size);
