@@ -400,9 +400,11 @@ static bool wait_for(double seconds, bool tty)
         double left = until - now_s();
         if (left <= 0)
             return false;
+        /* keys only from a terminal in raw mode: stdin from /dev/null or a pipe is not one */
+        bool keys = tty && raw_mode;
         struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
-        int r = poll(&p, tty ? 1 : 0, (int)(left * 1000) + 1);
-        if (r > 0 && tty) {
+        int r = poll(&p, keys ? 1 : 0, (int)(left * 1000) + 1);
+        if (r > 0 && keys) {
             char c;
             ssize_t n = read(STDIN_FILENO, &c, 1);
             if (n == 1 && (c == 'q' || c == 'Q' || c == 3))
