@@ -305,7 +305,8 @@ struct pending {
 
 static struct pending pending[NR_PENDING];
 static unsigned nr_pending;
-static uint64_t nr_recovered; /* out-of-memory answers recovered from */
+static uint64_t nr_recoveries; /* requests refused, then answered */
+static uint64_t nr_recovered;  /* out-of-memory answers those requests got before */
 
 static void drop(struct pending *p)
 {
@@ -340,7 +341,8 @@ static void tell_recovered(struct pending *p, const struct cuheap_event *retry)
 {
     uint64_t now_live = cuheap_liveset_bytes(&live, p->device);
     uint64_t released = p->live_at > now_live ? p->live_at - now_live : 0;
-    uint64_t n = ++nr_recovered;
+    uint64_t n = ++nr_recoveries;
+    nr_recovered += p->tries;
     if (n == 1 || power_of_two(n)) {
         char a[32], b[32];
         struct text t = {.n = 0};
@@ -535,6 +537,8 @@ void cuheap_recorder_oom_seen(const struct cuheap_event *ev, uint32_t stack_id)
     if (live.incomplete)
         add(t, "cuheap:   (some allocations went untracked for want of host memory)\n");
     add(t, "%s; `cuheap report %s` lists them\n", later, cuheap_recorder.out_path);
+    if (f.device < 0) /* pinned host memory: no caching allocator retries it */
+        tell_real(p);
 }
 
 void cuheap_recorder_oom_atfork_child(void)
@@ -543,7 +547,7 @@ void cuheap_recorder_oom_atfork_child(void)
     for (unsigned i = 0; i < NR_PENDING; i++)
         if (pending[i].used) /* the parent's: it tells them */
             drop(&pending[i]);
-    nr_recovered = 0;
+    nr_recoveries = nr_recovered = 0;
     cuheap_liveset_destroy(&live);
     cuheap_liveset_init(&live);
 }

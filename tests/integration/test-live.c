@@ -215,7 +215,8 @@ static void test_oom_recovered_is_one_line(void **state)
         if (count(r.err, "cuheap: out of memory") != 1 ||
             !strstr(r.err, "cuheap: out of memory on GPU 0 for 64.00 MiB, recovered after the "
                            "program released 128.00 MiB\n") ||
-            strstr(r.err, "call sites holding the most"))
+            strstr(r.err, "call sites holding the most") ||
+            !strstr(r.err, "2 out-of-memory errors (recovered from: 2)"))
             fail_msg("pool %d: not one line for a recovered out-of-memory:\n%s", pool, r.err);
         done(&r);
         r = run("%s %s/scripts/validate-trace.py t.jsonl && " TOOL " report t.jsonl && " TOOL
