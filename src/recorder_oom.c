@@ -1,17 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * An out-of-memory, told when it happens: a short block on stderr for the first one (the
- * request and device, what is live and what cuheap holds, the largest free piece in the pool,
- * and the three call sites holding the most at that moment with their innermost program
- * frame), then only a count, at the 2nd, 4th, 8th, ... one, and the same facts as an
- * `oom_report` line in the trace. The call sites come from the live set the writer thread
- * keeps from the events it writes (liveset.h), so the block is built there, off the hook's
- * path; an out-of-memory the writer will never see (recording off or paused, a full ring,
- * recording stopped at exit) is told from the hook with what the hook knows, and says why
- * the call sites are missing. Either way the program's answer is the driver's, unchanged.
+ * An out-of-memory, told right: a short block on stderr for the first one the program does
+ * not recover from (the request and device, what is live and what cuheap holds, the largest
+ * free piece in the pool, and the three call sites holding the most at that moment with their
+ * innermost program frame), then only a count, at the 2nd, 4th, 8th, ... one, and the same
+ * facts as an `oom_report` line in the trace; one the program recovers from (its thread asks
+ * again for the same bytes and gets them, as a caching allocator does after emptying its
+ * cache) is one line and an `oom_recovered` line. The block is built when the out-of-memory
+ * is seen and held until that is known (the deferred part below). The call sites come from
+ * the live set the writer thread keeps from the events it writes (liveset.h), so the block is
+ * built there, off the hook's path; an out-of-memory the writer will never see (recording off
+ * or paused, a full ring, recording stopped at exit) is told from the hook at once with what
+ * the hook knows, and says why the call sites are missing. Either way the program's answer is
+ * the driver's, unchanged.
  *
- * Locking: the live set and the site names are the writer's (io_lock held); the hook side
- * touches only nr_told (atomic) and its own stack buffer, and writes with one write(2).
+ * Locking: the live set, the held blocks and the site names are the writer's (io_lock held);
+ * the hook side touches only nr_told (atomic) and its own stack buffer, and writes with one
+ * write(2).
  */
 #include <dlfcn.h>
 #include <inttypes.h>
