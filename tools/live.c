@@ -484,7 +484,7 @@ int live_follow(char **patterns, size_t nr_patterns, const struct live_options *
     if (o->child && !child_done) {
         if (quit_signal == SIGTERM || quit_signal == SIGHUP)
             kill(o->child, quit_signal);
-        else
+        else if (!quit_signal) /* q; a Ctrl-C reached the program too */
             fprintf(stderr, "cuheap: the view closed; the program runs on (pid %ld)\n",
                     (long)o->child);
         signal(SIGINT, SIG_IGN); /* the program has it too: its end is ours */
