@@ -1234,7 +1234,14 @@ int cuheap_trace_tail_poll(struct cuheap_trace_tail *tt, cuheap_trace_visit_fn v
         if ((size_t)n < TAIL_CHUNK)
             break;
     }
-    if (tt->lineno == 0 && st->nr_partial > 2 && st->partial[0] != '{' && st->partial[0] != '[') {
+    /* a first line that cannot become a header, said before it ends (a binary file may never
+     * hold a newline); JSON may start with blanks */
+    size_t lead = 0;
+    while (lead < st->nr_partial &&
+           (st->partial[lead] == ' ' || st->partial[lead] == '\t' || st->partial[lead] == '\r'))
+        lead++;
+    if (tt->lineno == 0 && lead < st->nr_partial && st->partial[lead] != '{' &&
+        st->partial[lead] != '[') {
         snprintf(err, err_size, "%s: not a cuheap trace (line 1 is not a cuheap header)",
                  tt->t.path);
         return -1;
