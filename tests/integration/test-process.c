@@ -968,15 +968,16 @@ static void test_run_torch_makes_cuheap_the_allocator(void **state)
 }
 
 /* The Python module over the C API: under cuheap run, a mark, a paused block (its marks in the
- * trace), the figures and the library's path; without cuheap every call does nothing and says
- * so. */
+ * trace), the figures (to the last, cuheap's driver calls) and the library's path; without cuheap
+ * every call does nothing and says so. */
 static void test_python_module(void **state)
 {
     (void)state;
     static const char code[] =
         "import cuheap; cuheap.mark('hello'); w = cuheap.paused(); w.__enter__(); "
         "w.__exit__(None, None, None); s = cuheap.stats(); "
-        "print(cuheap.loaded(), s is not None and 'peak_live_bytes' in s, cuheap.pause(), "
+        "print(cuheap.loaded(), s is not None and 'peak_live_bytes' in s and 'other_ns' in s, "
+        "cuheap.pause(), "
         "cuheap.resume(), cuheap.library_path()); print(callable(cuheap.torch.use))";
     struct result r = run(FAKE " PYTHONPATH=%s/python %s/tools/cuheap run -o p.jsonl -- %s -c "
                                "\"%s\" && grep -o '\"label\":\"[^\"]*\"' p.jsonl",
