@@ -94,8 +94,8 @@ bool cuheap_reclaim_for_driver(struct cuheap_device *d)
 
 /* ---- the pooled path, timed (the calls cuheap_own_due() picks) ---- */
 
-/* How many calls a timed one stands for, by the thread's count in `slot` before it: call 16k
- * for calls 16k-15 to 16k, but the thread's first call for itself alone (it sets up what the
+/* How many calls a timed one stands for, by the thread's count in `slot` before it: each
+ * CUHEAP_OWN_EVERY calls, but the thread's first call for itself alone (it sets up what the
  * thread and the pool make once, which its followers do not pay). */
 static int64_t own_weight(struct cuheap_counters *ctr, unsigned slot)
 {

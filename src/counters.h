@@ -45,7 +45,7 @@ enum cuheap_drv_kind {
 
 /* One pooled allocation (and one pooled free) in this many on each thread is timed: the clock
  * costs more than the rest of a small pair. A power of two. */
-#define CUHEAP_OWN_EVERY 16
+#define CUHEAP_OWN_EVERY 32
 
 /* The slots of a block. */
 enum cuheap_counter {

@@ -46,11 +46,13 @@ struct cuheap_stats {
                                     one (not those a trim or out-of-memory gives back) */
     uint64_t map_ns;             /* nanoseconds in the driver's create, map, set-access, unmap
                                     and release calls */
-    /* cuheap's own CPU time in the allocation path and the driver calls it makes, by kind,
-     * counted since start. Own time leaves out the driver calls (counted below): a step's
-     * cost to read without the host program's noise. Calls the pool serves are timed one in
-     * 16 on each thread and the time scaled up (the clock costs more than a small pair), the
-     * rest (passed to the driver) each. Appended as above. */
+    /* cuheap's own time in the allocation path and the driver calls it makes, by kind, counted
+     * since start: a step's cost to read without the host program's noise. Own time is the
+     * time a thread spent in cuheap's allocation layer and the pool, less the driver calls
+     * made meanwhile (counted below); it is the clock's, so a thread the OS takes the CPU from
+     * meanwhile counts that too. Calls the pool serves are timed one in 32 on each thread and
+     * the time scaled up (the clock costs more than a small pair), the rest (passed to the
+     * driver) each. Appended as above. */
     uint64_t own_alloc_ns;     /* cuheap's own time in allocations */
     uint64_t own_free_ns;      /* cuheap's own time in frees */
     uint64_t nr_own_timed;     /* calls timed for the two figures above */
