@@ -41,8 +41,10 @@ MUTATIONS = [
     ("fence-query-first-event",
      "fence completion checked only on the legacy stream's event",
      "reuse waits for every stream", "src/backend_cuda.c",
-     "    for (unsigned i = 0; i < f->nr; i++) {\n        CUresult r = cuheap_drv.cuEventQuery",
-     "    for (unsigned i = 0; i < f->nr && i < 1; i++) {\n        CUresult r = cuheap_drv.cuEventQuery"),
+     "    for (unsigned i = 0; i < f->nr; i++) {\n        CUresult r;\n"
+     "        DRV(CUHEAP_DRV_QUERY, r, cuheap_drv.cuEventQuery",
+     "    for (unsigned i = 0; i < f->nr && i < 1; i++) {\n        CUresult r;\n"
+     "        DRV(CUHEAP_DRV_QUERY, r, cuheap_drv.cuEventQuery"),
     ("priority-stream-unregistered",
      "streams created with a priority not registered for fences",
      "reuse waits for every stream", "src/hooks.c",
@@ -62,8 +64,8 @@ MUTATIONS = [
      "the question whether every stream is idle asks only the legacy stream, not the "
      "non-blocking streams",
      "reuse waits for every stream", "src/backend_cuda.c",
-     "                   cuheap_drv.cuStreamQuery(streams[i].stream) == CUDA_SUCCESS;",
-     "                   true;"),
+     "                DRV(CUHEAP_DRV_QUERY, r, cuheap_drv.cuStreamQuery(streams[i].stream));",
+     "                r = CUDA_SUCCESS;"),
     ("idle-check-answers-itself",
      "the pool takes every stream for idle without asking the driver",
      "reuse waits for every stream", "src/pool/fence.c",
@@ -907,6 +909,27 @@ MUTATIONS = [
      "the HTML report reads at any size", "tools/html.c",
      "r->res == o.res && r->stack == o.stack && r->limit == o.limit) {",
      "r->res == o.res && r->stack == o.stack && r->limit == o.limit && 0) {"),
+    ("own-time-misses-frees",
+     "the pool's frees are never timed: cuheap's own time counts its allocations only",
+     "the summary and the statistics say cuheap's own time", "src/alloc.h",
+     "    if (__builtin_expect(cuheap_own_due(ctr, CUHEAP_CTR_FREES), 0))",
+     "    if (__builtin_expect(0 && cuheap_own_due(ctr, CUHEAP_CTR_FREES), 0))"),
+    ("driver-calls-miscounted",
+     "the pool's question whether the streams are idle (cuStreamQuery) is counted as an event "
+     "record", "the summary and the statistics say cuheap's driver calls by kind",
+     "src/backend_cuda.c",
+     "    DRV(CUHEAP_DRV_QUERY, r, cuheap_drv.cuStreamQuery(CU_STREAM_LEGACY));",
+     "    DRV(CUHEAP_DRV_RECORD, r, cuheap_drv.cuStreamQuery(CU_STREAM_LEGACY));"),
+    ("own-time-keeps-driver-time",
+     "cuheap's own time keeps the driver calls made inside the timed call (the program's and the "
+     "pool's)", "the summary and the statistics say cuheap's own time", "src/counters.h",
+     "    int64_t own = (int64_t)(cuheap_ticks() - s->t0) - (cuheap_drv_ticks_in(c) - s->drv0);",
+     "    int64_t own = (int64_t)(cuheap_ticks() - s->t0);"),
+    ("map-time-as-query",
+     "the pool's cuMemMap calls are counted, with their time, as queries",
+     "the summary and the statistics say cuheap's driver calls by kind", "src/backend_cuda.c",
+     "    DRV(CUHEAP_DRV_MAP, r,\n        cuheap_drv.cuMemMap(",
+     "    DRV(CUHEAP_DRV_QUERY, r,\n        cuheap_drv.cuMemMap("),
 ]
 
 
