@@ -403,18 +403,6 @@ MUTATIONS = [
      "a job whose step changed is planned again", "src/pool/plan.c",
      "    if (misses + taken > pl->period / 4) {",
      "    if (misses + 0 * taken > pl->period / 4) {"),
-    ("plan-trims-mid-step",
-     "a step's start trims the region at once, dropping the pool's lock while the allocation "
-     "that began the step holds a slot found before the drop",
-     "blocks that live at once never share memory", "src/pool/plan.c",
-     "    pl->trim_now = pl->trim_due;\n",
-     "    if (pl->trim_due)\n        region_trim_locked(p, pl);\n"),
-    ("plan-settles-mid-step",
-     "a step's start lets the rest of the pool give back at once, dropping the pool's lock while "
-     "the allocation that began the step holds a slot found before the drop",
-     "blocks that live at once never share memory", "src/pool/plan.c",
-     "    if (pl->steps_on++ < PLAN_SETTLE)\n        pl->settle_now = true;",
-     "    if (pl->steps_on++ < PLAN_SETTLE)\n        rest_settles_locked(p);"),
     ("plan-obstacles-ignore-fences",
      "a slot is served over region pieces whose last block's fence has not passed",
      "reuse waits for the fence", "src/pool/plan.c",
