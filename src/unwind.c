@@ -3,18 +3,38 @@
 #include "unwind.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <execinfo.h>
 #include <link.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <ucontext.h>
+#include <unistd.h>
 
 #include "driver.h"
 
 typedef int (*unw_backtrace_fn)(void **buffer, int size);
+/* libunwind's cursor API (no header: the symbols are libunwind.so.8's x86-64 local ones) */
+typedef int (*unw_getcontext_fn)(ucontext_t *uc);
+typedef int (*unw_init_local_fn)(void *cursor, ucontext_t *uc);
+typedef int (*unw_step_fn)(void *cursor);
+typedef int (*unw_get_reg_fn)(void *cursor, int reg, uint64_t *val);
+typedef int (*unw_get_save_loc_fn)(void *cursor, int reg, void *loc);
+typedef int (*unw_is_signal_frame_fn)(void *cursor);
 
 static unw_backtrace_fn unw_backtrace_ptr;
+static struct {
+    unw_getcontext_fn getcontext;
+    unw_init_local_fn init_local;
+    unw_step_fn step;
+    unw_get_reg_fn get_reg;
+    unw_get_save_loc_fn get_save_loc;
+    unw_is_signal_frame_fn is_signal_frame;
+} cur; /* all set, or none (then no stack cache) */
 static enum cuheap_unwinder kind = CUHEAP_UNWIND_NONE;
 static uintptr_t self_start, self_end; /* our executable segment, to skip our frames */
 
@@ -43,6 +63,8 @@ static int find_self(struct dl_phdr_info *info, size_t size, void *arg)
 #define CUHEAP_TRY_LIBUNWIND 1
 #endif
 
+static void find_cursor_api(void *h);
+
 enum cuheap_unwinder cuheap_unwind_init(void)
 {
     Dl_info self;
@@ -55,15 +77,19 @@ enum cuheap_unwinder cuheap_unwind_init(void)
             if (slash) {
                 snprintf(slash + 1, sizeof(path) - (size_t)(slash + 1 - path), "libunwind.so.8");
                 void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-                if (h)
+                if (h) {
                     *(void **)&unw_backtrace_ptr = cuheap_real_dlsym()(h, "unw_backtrace");
+                    find_cursor_api(h);
+                }
             }
         }
     }
     if (!unw_backtrace_ptr && CUHEAP_TRY_LIBUNWIND) {
         void *h = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
-        if (h)
+        if (h) {
             *(void **)&unw_backtrace_ptr = cuheap_real_dlsym()(h, "unw_backtrace");
+            find_cursor_api(h);
+        }
     }
     void *warm[4];
     if (unw_backtrace_ptr) {
@@ -147,6 +173,248 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture(uint64_t *out, unsigned
     }
     atomic_fetch_add_explicit(&nr_rewalks, 1, memory_order_relaxed);
     return full_walk(out, max);
+}
+
+/* ---- the per-thread stack cache ----
+ *
+ * A walk costs the unwinder tens of nanoseconds a frame, and a hook is usually reached from a
+ * handful of call paths. What the unwinder computes for a frame (where its caller's frame
+ * starts, the CFA) depends on the frame's instruction pointer, its stack pointer and its frame
+ * pointer (rbp) alone, and the caller's instruction pointer is the word just below the CFA
+ * (the x86-64 ABI). So a walk is a function of the capture's own frame (fixed: the capturing
+ * function keeps a frame pointer) and of the stack words it read: each return address and
+ * each saved rbp. The slow walk (libunwind's cursor, once per new stack) notes those words'
+ * addresses and values; a later capture at the same stack pointer whose words all hold the
+ * same values has the same stack, checked innermost first, so that only words of frames
+ * already proven live are read. A signal frame (its caller's state is in a saved context),
+ * or a frame pointer the unwinder cannot place, is never cached. */
+#define NR_STACK_WAYS    8   /* cached stacks a thread keeps */
+#define NR_MAX_CHECKS    160 /* stack words checked: a return address and a saved rbp a frame */
+#define NR_THREAD_STACKS 512
+#define UNW_X86_64_RBP   6
+#define UNW_X86_64_RSP   7
+#define UNW_X86_64_RIP   16
+#define UNW_SLT_MEMORY   1
+#define NR_CURSOR_WORDS  256 /* libunwind's x86-64 cursor is 127 words */
+
+struct stack_word {
+    uintptr_t addr;
+    uint64_t value;
+};
+
+struct stack_way {
+    uintptr_t sp;   /* the capturing function's stack pointer (its CFA): 0 = empty */
+    uint32_t tag;   /* this thread's name for these frames, never 0 */
+    uint8_t max;    /* frames asked for */
+    uint8_t nr_out; /* frames kept */
+    uint16_t nr_checks;
+    uint64_t out[CUHEAP_MAX_STACK_DEPTH];
+    struct stack_word check[NR_MAX_CHECKS]; /* innermost first */
+};
+
+struct thread_stacks {
+    _Atomic pid_t owner; /* kernel thread id of the thread using it, 0: free */
+    uint32_t next_tag;
+    unsigned next_way; /* round robin */
+    struct stack_way way[NR_STACK_WAYS];
+};
+
+static struct thread_stacks *thread_stacks; /* NR_THREAD_STACKS, mapped by init */
+/* this thread's entry + 1; 0: none claimed yet; -1: none to be had */
+static __thread int16_t tls_stacks __attribute__((tls_model("initial-exec")));
+static _Atomic uint64_t nr_stack_walks; /* slow walks (stack not in the cache) */
+
+static void find_cursor_api(void *h)
+{
+    cuheap_dlsym_fn sym = cuheap_real_dlsym();
+    *(void **)&cur.getcontext = sym(h, "_Ux86_64_getcontext");
+    *(void **)&cur.init_local = sym(h, "_ULx86_64_init_local");
+    *(void **)&cur.step = sym(h, "_ULx86_64_step");
+    *(void **)&cur.get_reg = sym(h, "_ULx86_64_get_reg");
+    *(void **)&cur.get_save_loc = sym(h, "_ULx86_64_get_save_loc");
+    *(void **)&cur.is_signal_frame = sym(h, "_ULx86_64_is_signal_frame");
+    if (!cur.getcontext || !cur.init_local || !cur.step || !cur.get_reg || !cur.get_save_loc ||
+        !cur.is_signal_frame) {
+        memset(&cur, 0, sizeof(cur));
+        return;
+    }
+    size_t bytes = NR_THREAD_STACKS * sizeof(struct thread_stacks);
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) {
+        memset(&cur, 0, sizeof(cur));
+        return;
+    }
+    thread_stacks = m;
+}
+
+static bool claim_stacks(struct thread_stacks *t, pid_t expected, pid_t tid)
+{
+    if (!atomic_compare_exchange_strong(&t->owner, &expected, tid))
+        return false;
+    memset(t->way, 0, sizeof(t->way));
+    return true;
+}
+
+static struct thread_stacks *my_stacks(void)
+{
+    if (tls_stacks > 0)
+        return &thread_stacks[tls_stacks - 1];
+    if (tls_stacks < 0 || !thread_stacks)
+        return NULL;
+    pid_t tid = (pid_t)syscall(SYS_gettid), pid = getpid();
+    int saved_errno = errno;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < NR_THREAD_STACKS; i++) {
+            struct thread_stacks *t = &thread_stacks[i];
+            pid_t owner = atomic_load(&t->owner);
+            /* second pass: take back the entry of a thread that has exited */
+            if ((pass == 0 && !owner && claim_stacks(t, 0, tid)) ||
+                (pass == 1 && owner && syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH &&
+                 claim_stacks(t, owner, tid))) {
+                tls_stacks = (int16_t)(i + 1);
+                errno = saved_errno;
+                return t;
+            }
+        }
+    errno = saved_errno;
+    tls_stacks = -1;
+    return NULL;
+}
+
+static bool is_self(uint64_t ip)
+{
+    return ip >= self_start && ip < self_end;
+}
+
+/* The slow walk, through libunwind's cursor: fills w (out, checks) and returns how many frames
+ * it kept, or -1 when the cursor could not start. w->sp stays 0 when the stack cannot be
+ * cached. Its caller must keep a frame pointer (so that its own frame is fixed by its stack
+ * pointer) and call it from the same place as find_way(). */
+__attribute__((noinline)) static int walk_way(struct stack_way *w, unsigned max)
+{
+    ucontext_t uc;
+    _Alignas(16) uint64_t cursor[NR_CURSOR_WORDS];
+    if (cur.getcontext(&uc) || cur.init_local(cursor, &uc) < 0)
+        return -1;
+    uintptr_t sp1 = (uintptr_t)__builtin_dwarf_cfa();
+    bool cacheable = true, leading = true;
+    unsigned nr_out = 0, nr_checks = 0;
+    uintptr_t last_rbp_slot = 0;
+    for (int k = 1; nr_out < max && k < (int)max + NR_SKIP_ROOM; k++) {
+        if (cur.step(cursor) <= 0)
+            break;
+        uint64_t ip = 0, sp = 0;
+        if (cur.get_reg(cursor, UNW_X86_64_RIP, &ip) || cur.get_reg(cursor, UNW_X86_64_RSP, &sp))
+            break;
+        if (k == 1 && sp != sp1)
+            cacheable = false; /* not the frame the check looks at */
+        if (cur.is_signal_frame(cursor) > 0)
+            cacheable = false;
+        if (k >= 2 && cacheable) {
+            /* the saved rbp this frame's walk used, where it lies in a frame inside ours */
+            struct {
+                int type;
+                uint64_t addr;
+                char rest[48];
+            } loc = {0};
+            if (cur.get_save_loc(cursor, UNW_X86_64_RBP, &loc))
+                cacheable = false;
+            else if (loc.type == UNW_SLT_MEMORY && loc.addr >= sp1 && loc.addr != last_rbp_slot &&
+                     nr_checks < NR_MAX_CHECKS) {
+                last_rbp_slot = loc.addr;
+                w->check[nr_checks++] =
+                    (struct stack_word){loc.addr, *(const uint64_t *)(uintptr_t)loc.addr};
+            } else if (loc.type != UNW_SLT_MEMORY && loc.type != 2 /* UNW_SLT_REG */) {
+                cacheable = false;
+            }
+            /* the return address this frame was found by */
+            if (sp < 8 || *(const uint64_t *)(uintptr_t)(sp - 8) != ip ||
+                nr_checks >= NR_MAX_CHECKS)
+                cacheable = false;
+            else
+                w->check[nr_checks++] = (struct stack_word){sp - 8, ip};
+        }
+        if (leading && is_self(ip))
+            continue;
+        leading = false;
+        w->out[nr_out++] = ip;
+    }
+    w->nr_out = (uint8_t)nr_out;
+    w->nr_checks = (uint16_t)nr_checks;
+    w->max = (uint8_t)max;
+    w->sp = cacheable ? sp1 : 0;
+    return (int)nr_out;
+}
+
+/* The cached stack that this capture has, or NULL. Called from the same place as walk_way. */
+__attribute__((noinline)) static const struct stack_way *find_way(const struct thread_stacks *t,
+                                                                  unsigned max)
+{
+    uintptr_t sp1 = (uintptr_t)__builtin_dwarf_cfa();
+    for (unsigned i = 0; i < NR_STACK_WAYS; i++) {
+        const struct stack_way *w = &t->way[i];
+        if (w->sp != sp1 || w->max != max)
+            continue;
+        unsigned k = 0;
+        while (k < w->nr_checks &&
+               *(const volatile uint64_t *)w->check[k].addr == w->check[k].value)
+            k++;
+        if (k == w->nr_checks)
+            return w;
+    }
+    return NULL;
+}
+
+__attribute__((noinline)) unsigned cuheap_unwind_capture_cached(uint64_t *scratch, unsigned max,
+                                                                const uint64_t **ret_frames,
+                                                                uint32_t *ret_tag)
+{
+    /* a frame pointer here: this frame is then fixed by its stack pointer (see above) */
+    __asm__ volatile("" ::"r"(__builtin_frame_address(0)));
+    struct thread_stacks *t = NULL;
+    *ret_tag = 0;
+    *ret_frames = scratch;
+    if (max == 0 || max > CUHEAP_MAX_STACK_DEPTH || !cur.step ||
+        !atomic_load_explicit(&use_cache, memory_order_relaxed) || !(t = my_stacks()))
+        return cuheap_unwind_capture(scratch, max);
+    const struct stack_way *hit = find_way(t, max);
+    if (hit) {
+        *ret_frames = hit->out;
+        *ret_tag = hit->tag;
+        return hit->nr_out;
+    }
+    atomic_fetch_add_explicit(&nr_stack_walks, 1, memory_order_relaxed);
+    struct stack_way *w = &t->way[t->next_way];
+    int n = walk_way(w, max);
+    if (n < 0) {
+        w->sp = 0;
+        return cuheap_unwind_capture(scratch, max);
+    }
+    if (!w->sp) { /* not cacheable: the frames are this capture's alone */
+        memcpy(scratch, w->out, (size_t)n * sizeof(*scratch));
+        return (unsigned)n;
+    }
+    t->next_way = (t->next_way + 1) % NR_STACK_WAYS;
+    if (++t->next_tag == 0)
+        t->next_tag = 1;
+    w->tag = t->next_tag;
+    *ret_frames = w->out;
+    *ret_tag = w->tag;
+    return (unsigned)n;
+}
+
+uint64_t cuheap_unwind_nr_stack_walks(void)
+{
+    return atomic_load_explicit(&nr_stack_walks, memory_order_relaxed);
+}
+
+void cuheap_unwind_atfork_child(void)
+{
+    /* this thread's entry keeps its stacks under its new thread id; the parent's other
+     * threads do not exist here, so theirs can be taken back */
+    if (tls_stacks > 0)
+        atomic_store(&thread_stacks[tls_stacks - 1].owner, (pid_t)syscall(SYS_gettid));
 }
 
 void cuheap_unwind_set_cache(bool on)

@@ -26,7 +26,9 @@ struct probe {
     unsigned max; /* frames kept */
     int inner;    /* cuheap-side frames above the capture (0 to 6) */
     unsigned nr;  /* frames recorded */
-    bool differ;  /* shortcut and full walk disagreed */
+    bool differ;  /* shortcut or cache and full walk disagreed */
+    uint32_t tag; /* the cached capture's tag */
+    uint64_t sum; /* of the full walk's frames */
     char why[256];
 };
 
@@ -34,9 +36,28 @@ struct probe {
 __attribute__((noinline)) static void both(struct probe *p)
 {
     uint64_t fast[CUHEAP_MAX_STACK_DEPTH], full[CUHEAP_MAX_STACK_DEPTH];
+    uint64_t scratch[CUHEAP_MAX_STACK_DEPTH];
+    const uint64_t *cached;
+    uint32_t tag;
+    unsigned c = cuheap_unwind_capture_cached(scratch, p->max, &cached, &tag);
     unsigned a = cuheap_unwind_capture(fast, p->max);
     unsigned b = cuheap_unwind_capture_full(full, p->max);
     p->nr = b;
+    p->tag = tag;
+    p->sum = 0;
+    for (unsigned i = 0; i < b; i++)
+        p->sum = p->sum * 31 + full[i];
+    if (c != b || memcmp(cached, full, c * sizeof(full[0]))) {
+        p->differ = true;
+        unsigned i = 0;
+        while (i < c && i < b && cached[i] == full[i])
+            i++;
+        snprintf(p->why, sizeof(p->why),
+                 "max %u, %d cuheap frames: cached %u frames, full walk %u, first difference "
+                 "at frame %u",
+                 p->max, p->inner, c, b, i);
+        return;
+    }
     if (a != b || memcmp(fast, full, a * sizeof(fast[0]))) {
         p->differ = true;
         unsigned i = 0;
@@ -139,12 +160,48 @@ static void test_shortcut_off(void **state)
     assert_int_equal(cuheap_unwind_nr_rewalks(), before);
 }
 
+/* Stacks seen before come from the cache (few walks), and a stack that changed under the same
+ * stack pointer (another call site at the same depth) is recorded as changed: every capture
+ * equals the full walk, the two call paths give different frames and different tags. */
+static void test_cache_sees_changed_stacks(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_THREAD__)
+    skip(); /* many_events says why */
+#endif
+    unsigned nr[2] = {0, 0};
+    uint32_t tags[2] = {0, 0};
+    uint64_t sums[2] = {0, 0};
+    uint64_t walks = cuheap_unwind_nr_stack_walks();
+    for (int i = 0; i < 400; i++) {
+        struct probe p = {.max = 12, .inner = 2};
+        /* shapes 19 and 2 (unwind-prog.c): the outermost level calls from one call site or
+         * the other, and every level below goes the same way (shape 11): the same frames at
+         * the same stack pointers but for one return address */
+        prog_descend(6, i % 2 ? 2 : 19, at_bottom, &p);
+        if (p.differ)
+            fail_msg("capture %d: %s", i, p.why);
+        nr[i % 2] = p.nr;
+        sums[i % 2] = p.sum;
+        if (i >= 2 && p.tag != tags[i % 2])
+            fail_msg("capture %d: the same stack got a new tag (walked again)", i);
+        tags[i % 2] = p.tag;
+    }
+    assert_int_equal(nr[0], 12);
+    assert_int_equal(nr[1], 12);
+    assert_int_not_equal(tags[0], 0);
+    assert_int_not_equal(tags[0], tags[1]);
+    assert_true(sums[0] != sums[1]);
+    assert_true(cuheap_unwind_nr_stack_walks() - walks <= 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shortcut_records_the_full_walk),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_shortcut_off),
+        cmocka_unit_test(test_cache_sees_changed_stacks),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
