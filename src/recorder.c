@@ -35,6 +35,11 @@ static atomic_bool paused;
 static bool writer_running;
 static pthread_t writer;
 static __thread pid_t tls_tid __attribute__((tls_model("initial-exec")));
+/* This thread's last event with a stack: its ring position and the unwinder's tag for its
+ * frames (0: none, or frames that may not be named again, such as Python's). An event whose
+ * frames have that tag again repeats it (CUHEAP_EVF_SAME_STACK) instead of copying them. */
+static __thread uint64_t tls_last_pos __attribute__((tls_model("initial-exec")));
+static __thread uint32_t tls_last_tag __attribute__((tls_model("initial-exec")));
 
 static void add(_Atomic uint64_t *c, uint64_t v)
 {
@@ -128,8 +133,8 @@ void cuheap_record(const struct cuheap_rec *r)
     if (atomic_load_explicit(&child_pending, memory_order_relaxed))
         child_start();
     uint64_t t_start = cuheap_recorder.timing ? cuheap_recorder_now() : 0, t_stacks = 0,
-             t_native = 0, t_python = 0;
-    struct cuheap_event *ev = cuheap_ring_claim(&cuheap_recorder.ring);
+             t_native = 0, t_python = 0, pos = 0;
+    struct cuheap_event *ev = cuheap_ring_claim_pos(&cuheap_recorder.ring, &pos);
     atomic_fetch_add_explicit(&cuheap_recorder.nr_events, 1, memory_order_relaxed);
     if (!ev) {
         if (is_oom(r))
@@ -137,7 +142,7 @@ void cuheap_record(const struct cuheap_rec *r)
         return;
     }
     ev->seq = r->seq ? r->seq : cuheap_seq_next();
-    ev->time_ns = cuheap_recorder_now();
+    ev->time_ns = cuheap_ticks_now();
     ev->ptr = r->ptr;
     ev->size = r->size;
     ev->actual = r->actual;
@@ -166,15 +171,29 @@ void cuheap_record(const struct cuheap_rec *r)
         /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
         t_stacks = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
         bool walk = cuheap_recorder.stack_depth || cuheap_recorder.python;
+        const uint64_t *frames = ev->frames;
+        uint32_t tag = 0;
         if (walk)
             pthread_rwlock_rdlock(&capture_lock);
         if (cuheap_recorder.stack_depth)
-            ev->nr_frames = (uint8_t)cuheap_unwind_capture(ev->frames, cuheap_recorder.stack_depth);
+            ev->nr_frames = (uint8_t)cuheap_unwind_capture_cached(
+                ev->frames, cuheap_recorder.stack_depth, &frames, &tag);
         t_native = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
         if (cuheap_recorder.python)
             ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
         if (walk)
             pthread_rwlock_unlock(&capture_lock);
+        if (ev->nr_py)
+            tag = 0;
+        /* the same frames as this thread's last stack, whose slot the writer still knows */
+        if (tag && tag == tls_last_tag && pos - tls_last_pos <= cuheap_recorder.ring.mask) {
+            ev->flags |= CUHEAP_EVF_SAME_STACK;
+            ev->stack_ref = tls_last_pos;
+        } else if (frames != ev->frames) {
+            memcpy(ev->frames, frames, ev->nr_frames * sizeof(ev->frames[0]));
+        }
+        tls_last_tag = tag;
+        tls_last_pos = pos;
         t_python = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
     }
     unsigned nr_frames = ev->nr_frames,
@@ -239,6 +258,14 @@ void cuheap_recorder_start(const struct cuheap_config *config)
                    cuheap_recorder.cfg->ring_slots);
         return;
     }
+    cuheap_recorder.slot_stack = calloc(cuheap_recorder.cfg->ring_slots, sizeof(uint32_t));
+    if (!cuheap_recorder.slot_stack) {
+        cuheap_log("cannot allocate the writer's table of %u slots; recording is off",
+                   cuheap_recorder.cfg->ring_slots);
+        cuheap_ring_destroy(&cuheap_recorder.ring);
+        return;
+    }
+    cuheap_ticks_init();
     cuheap_recorder.python = cuheap_recorder.cfg->python && cuheap_py_init();
     cuheap_recorder.timing = cuheap_recorder.cfg->record_timing;
     if (cuheap_recorder.timing) {
@@ -321,6 +348,8 @@ void cuheap_recorder_atfork_parent(void)
 void cuheap_recorder_atfork_child(void)
 {
     tls_tid = 0;
+    tls_last_tag = 0; /* the child's ring starts empty */
+    cuheap_unwind_atfork_child();
     pthread_mutex_init(&cuheap_recorder.io_lock, NULL);
     pthread_mutex_init(&child_start_lock, NULL);
     /* held by this thread for writing: made anew, as the static one (writers first) */
