@@ -6,7 +6,8 @@
  * reads. The writer thread is in recorder_writer.c, the trace file in recorder_trace.c, the
  * state they share in recorder_internal.h.
  *
- * Locking: capture_lock is read-held by a hooked thread while it takes a stack;
+ * Locking: capture_lock is read-held by a hooked thread while it walks a stack or reads its
+ * Python frames (a stack found in the thread's cache needs neither the unwinder nor it);
  * child_start_lock is held while a forked child opens its trace at its first event. Fork takes
  * both and io_lock (recorder_internal.h) so that the child inherits them, the unwinder and the
  * trace consistent. Nothing here takes io_lock on a hook's way: only stop and fork do.
@@ -170,19 +171,17 @@ void cuheap_record(const struct cuheap_rec *r)
                r->type == CUHEAP_EV_LIMIT) {
         /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
         t_stacks = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
-        bool walk = cuheap_recorder.stack_depth || cuheap_recorder.python;
         const uint64_t *frames = ev->frames;
         uint32_t tag = 0;
-        if (walk)
-            pthread_rwlock_rdlock(&capture_lock);
         if (cuheap_recorder.stack_depth)
             ev->nr_frames = (uint8_t)cuheap_unwind_capture_cached(
-                ev->frames, cuheap_recorder.stack_depth, &frames, &tag);
+                ev->frames, cuheap_recorder.stack_depth, &frames, &tag, &capture_lock);
         t_native = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
-        if (cuheap_recorder.python)
+        if (cuheap_recorder.python) {
+            pthread_rwlock_rdlock(&capture_lock);
             ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
-        if (walk)
             pthread_rwlock_unlock(&capture_lock);
+        }
         if (ev->nr_py)
             tag = 0;
         /* the same frames as this thread's last stack, whose slot the writer still knows */

@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -233,8 +234,14 @@ static void find_cursor_api(void *h)
     *(void **)&cur.get_reg = sym(h, "_ULx86_64_get_reg");
     *(void **)&cur.get_save_loc = sym(h, "_ULx86_64_get_save_loc");
     *(void **)&cur.is_signal_frame = sym(h, "_ULx86_64_is_signal_frame");
+    int (*set_caching_policy)(void *as, int policy) = NULL;
+    void **local_as = sym(h, "_ULx86_64_local_addr_space");
+    *(void **)&set_caching_policy = sym(h, "_ULx86_64_set_caching_policy");
+    /* The global cache takes a lock with every signal blocked at each step (two system
+     * calls a frame); a cache per thread takes none. */
     if (!cur.getcontext || !cur.init_local || !cur.step || !cur.get_reg || !cur.get_save_loc ||
-        !cur.is_signal_frame) {
+        !cur.is_signal_frame || !local_as || !set_caching_policy ||
+        set_caching_policy(*local_as, 2 /* UNW_CACHE_PER_THREAD */)) {
         memset(&cur, 0, sizeof(cur));
         return;
     }
@@ -300,34 +307,22 @@ __attribute__((noinline)) static int walk_way(struct stack_way *w, unsigned max)
     uintptr_t sp1 = (uintptr_t)__builtin_dwarf_cfa();
     bool cacheable = true, leading = true;
     unsigned nr_out = 0, nr_checks = 0;
-    uintptr_t last_rbp_slot = 0;
+    struct stack_word rbp = {0, 0}; /* the previous frame's rbp and where it was saved */
     for (int k = 1; nr_out < max && k < (int)max + NR_SKIP_ROOM; k++) {
         if (cur.step(cursor) <= 0)
             break;
         uint64_t ip = 0, sp = 0;
         if (cur.get_reg(cursor, UNW_X86_64_RIP, &ip) || cur.get_reg(cursor, UNW_X86_64_RSP, &sp))
             break;
-        if (k == 1 && sp != sp1)
-            cacheable = false; /* not the frame the check looks at */
-        if (cur.is_signal_frame(cursor) > 0)
-            cacheable = false;
+        if ((k == 1 && sp != sp1) || cur.is_signal_frame(cursor) > 0)
+            cacheable = false; /* not the frame the check looks at; a saved context */
         if (k >= 2 && cacheable) {
-            /* the saved rbp this frame's walk used, where it lies in a frame inside ours */
-            struct {
-                int type;
-                uint64_t addr;
-                char rest[48];
-            } loc = {0};
-            if (cur.get_save_loc(cursor, UNW_X86_64_RBP, &loc))
-                cacheable = false;
-            else if (loc.type == UNW_SLT_MEMORY && loc.addr >= sp1 && loc.addr != last_rbp_slot &&
-                     nr_checks < NR_MAX_CHECKS) {
-                last_rbp_slot = loc.addr;
-                w->check[nr_checks++] =
-                    (struct stack_word){loc.addr, *(const uint64_t *)(uintptr_t)loc.addr};
-            } else if (loc.type != UNW_SLT_MEMORY && loc.type != 2 /* UNW_SLT_REG */) {
-                cacheable = false;
-            }
+            /* The previous frame's CFA (sp) is rbp + 16 in a frame that keeps a frame pointer
+             * (and in one the unwinder has no rules for): then the rbp it was found by, saved
+             * in a frame inside it, is checked. Anywhere else rbp is one more register, which
+             * the walk does not read. */
+            if (rbp.value + 16 == sp && rbp.addr && nr_checks < NR_MAX_CHECKS)
+                w->check[nr_checks++] = rbp;
             /* the return address this frame was found by */
             if (sp < 8 || *(const uint64_t *)(uintptr_t)(sp - 8) != ip ||
                 nr_checks >= NR_MAX_CHECKS)
@@ -335,6 +330,18 @@ __attribute__((noinline)) static int walk_way(struct stack_way *w, unsigned max)
             else
                 w->check[nr_checks++] = (struct stack_word){sp - 8, ip};
         }
+        /* this frame's rbp, where a frame inside ours saved it (else it is frame 1's, which
+         * keeps a frame pointer: fixed by sp1) */
+        struct {
+            int type;
+            uint64_t addr;
+            char rest[48];
+        } loc = {0};
+        rbp = (struct stack_word){0, 0};
+        if (cacheable && !cur.get_save_loc(cursor, UNW_X86_64_RBP, &loc) &&
+            !cur.get_reg(cursor, UNW_X86_64_RBP, &rbp.value) && loc.type == UNW_SLT_MEMORY &&
+            loc.addr >= sp1)
+            rbp.addr = (uintptr_t)loc.addr;
         if (leading && is_self(ip))
             continue;
         leading = false;
@@ -368,7 +375,8 @@ __attribute__((noinline)) static const struct stack_way *find_way(const struct t
 
 __attribute__((noinline)) unsigned cuheap_unwind_capture_cached(uint64_t *scratch, unsigned max,
                                                                 const uint64_t **ret_frames,
-                                                                uint32_t *ret_tag)
+                                                                uint32_t *ret_tag,
+                                                                pthread_rwlock_t *walk_lock)
 {
     /* a frame pointer here: this frame is then fixed by its stack pointer (see above) */
     __asm__ volatile("" ::"r"(__builtin_frame_address(0)));
@@ -376,8 +384,12 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture_cached(uint64_t *scratc
     *ret_tag = 0;
     *ret_frames = scratch;
     if (max == 0 || max > CUHEAP_MAX_STACK_DEPTH || !cur.step ||
-        !atomic_load_explicit(&use_cache, memory_order_relaxed) || !(t = my_stacks()))
-        return cuheap_unwind_capture(scratch, max);
+        !atomic_load_explicit(&use_cache, memory_order_relaxed) || !(t = my_stacks())) {
+        pthread_rwlock_rdlock(walk_lock);
+        unsigned n = cuheap_unwind_capture(scratch, max);
+        pthread_rwlock_unlock(walk_lock);
+        return n;
+    }
     const struct stack_way *hit = find_way(t, max);
     if (hit) {
         *ret_frames = hit->out;
@@ -386,11 +398,15 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture_cached(uint64_t *scratc
     }
     atomic_fetch_add_explicit(&nr_stack_walks, 1, memory_order_relaxed);
     struct stack_way *w = &t->way[t->next_way];
+    pthread_rwlock_rdlock(walk_lock);
     int n = walk_way(w, max);
     if (n < 0) {
         w->sp = 0;
-        return cuheap_unwind_capture(scratch, max);
+        n = (int)cuheap_unwind_capture(scratch, max);
+        pthread_rwlock_unlock(walk_lock);
+        return (unsigned)n;
     }
+    pthread_rwlock_unlock(walk_lock);
     if (!w->sp) { /* not cacheable: the frames are this capture's alone */
         memcpy(scratch, w->out, (size_t)n * sizeof(*scratch));
         return (unsigned)n;

@@ -8,6 +8,7 @@
 #ifndef CUHEAP_UNWIND_H
 #define CUHEAP_UNWIND_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -37,9 +38,10 @@ unsigned cuheap_unwind_capture_full(uint64_t *out, unsigned max);
  * at the frames: the cache's own (valid until this thread's next capture) or scratch (room
  * for max). *ret_tag, when not 0, names these frames among this thread's captures: two of its
  * captures with the same tag gave the same frames. Without libunwind's cursor, with the cache
- * off, or for a stack that cannot be cached: a walk into scratch and tag 0. */
+ * off, or for a stack that cannot be cached: a walk into scratch and tag 0. walk_lock is
+ * read-held around a walk (the unwinder's own locks, fork), not around a stack found. */
 unsigned cuheap_unwind_capture_cached(uint64_t *scratch, unsigned max, const uint64_t **ret_frames,
-                                      uint32_t *ret_tag);
+                                      uint32_t *ret_tag, pthread_rwlock_t *walk_lock);
 
 /* Walks made because a stack was not in the thread's cache (all threads). */
 uint64_t cuheap_unwind_nr_stack_walks(void);

@@ -39,7 +39,8 @@ __attribute__((noinline)) static void both(struct probe *p)
     uint64_t scratch[CUHEAP_MAX_STACK_DEPTH];
     const uint64_t *cached;
     uint32_t tag;
-    unsigned c = cuheap_unwind_capture_cached(scratch, p->max, &cached, &tag);
+    static pthread_rwlock_t walk_lock = PTHREAD_RWLOCK_INITIALIZER;
+    unsigned c = cuheap_unwind_capture_cached(scratch, p->max, &cached, &tag, &walk_lock);
     unsigned a = cuheap_unwind_capture(fast, p->max);
     unsigned b = cuheap_unwind_capture_full(full, p->max);
     p->nr = b;

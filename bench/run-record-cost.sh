@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# What recording costs the allocating thread, on the simulated driver (no GPU): bench-record
+# cost under each setting, side by side in one run, best of 3 rounds taken in turn (each round
+# runs every setting once, so that the machine's load falls on all of them alike).
+#   bench/run-record-cost.sh [BUILD_DIR]
+# Settings: recording off (CUHEAP_RECORD=0); events only (CUHEAP_STACK_DEPTH=0); native stacks
+# at the default depth; and from 12 Python frames, off and with native + Python frames (the
+# default depth of a Python process). Stacks: 24 calls deep, one call path (repeated) or eight
+# in turn (varied). Prints ns an event and what recording adds to the same run's "off".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+b=${1:-build}
+pre=$PWD/$b/src/libcuheap.so
+export LD_LIBRARY_PATH=$PWD/$b/tests/fakecuda CUHEAP_SUMMARY=0 CUHEAP_OUTPUT=/dev/null BENCH_ROUNDS=1
+libpython=$(python3 -c 'import os, sysconfig as s; print(os.path.join(s.get_config_var("LIBDIR"), s.get_config_var("LDLIBRARY")))' 2>/dev/null || true)
+configs=("off CUHEAP_RECORD=0" "events CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0" "native CUHEAP_PYTHON=0")
+if [ -n "$libpython" ] && [ -e "$libpython" ]; then
+    configs+=("py-off CUHEAP_RECORD=0" "native+python CUHEAP_PYTHON=1")
+else
+    echo "# no libpython found: the Python rows are left out"
+fi
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for round in 1 2 3; do
+    for stack in repeated varied; do
+        for cfg in "${configs[@]}"; do
+            set -- $cfg
+            label=$1
+            shift
+            py=()
+            case $label in py-* | *python*) py=(python) ;; esac
+            env "$@" BENCH_LABEL=$label BENCH_LIBPYTHON="$libpython" LD_PRELOAD=$pre \
+                nice -n 10 "$b/bench/bench-record" cost $stack "${py[@]}" >>"$out"
+        done
+    done
+done
+echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u '+%Y-%m-%d %H:%M UTC')"
+python3 - "$out" <<'PY'
+import re, sys
+best, dropped = {}, {}
+for line in open(sys.argv[1]):
+    f = dict(kv.split("=", 1) for kv in line.split())
+    key = (f["config"], f["stack"])
+    ns = float(f["ns_per_event"])
+    best[key] = min(best.get(key, ns), ns)
+    dropped[key] = dropped.get(key, 0) + int(f["dropped"])
+print("%-14s %-9s %10s %10s %8s" % ("setting", "stack", "ns/event", "added", "dropped"))
+for (cfg, stack), ns in sorted(best.items(), key=lambda kv: (kv[0][1], list(best).index(kv[0]))):
+    base = best.get(("py-off" if "python" in cfg or cfg == "py-off" else "off", stack), ns)
+    print("%-14s %-9s %10.1f %10.1f %8d" % (cfg, stack, ns, ns - base, dropped[(cfg, stack)]))
+PY
