@@ -17,10 +17,9 @@
  *                                 24 calls deep, from one call path (repeated) or eight taken
  *                                 in turn (varied), paced so the writer keeps up; prints the
  *                                 allocating thread's CPU ns an event, best of 3 rounds
- *                                 (BENCH_ROUNDS) of 100,000 pairs after a lap of the ring. With "python", from
- *                                 12 Python frames (the interpreter from BENCH_LIBPYTHON,
- *                                 reached through ctypes, which lets go of the GIL as PyTorch
- *                                 does). bench/run-record-cost.sh runs it under each setting.
+ *                                 (BENCH_ROUNDS) of 100,000 pairs after a lap of the ring. With
+ * "python", from 12 Python frames (the interpreter from BENCH_LIBPYTHON, reached through ctypes,
+ * which lets go of the GIL as PyTorch does). bench/run-record-cost.sh runs it under each setting.
  * Python frames need an interpreter: bench/run-cpu.sh times them through the simulated
  * driver (tests/programs/py_alloc.py with CUHEAP_RECORD_TIMING=1).
  */
