@@ -11,11 +11,12 @@
  *                                 frames deep, then its free) for SECONDS, through the real
  *                                 writer into a file: events a second, written, dropped,
  *                                 and the writer's CPU share
- *   bench-record cost repeated|varied [python]
+ *   bench-record cost repeated|varied|many [python]
  *                                 under LD_PRELOAD=libcuheap.so over the simulated driver
  *                                 (tests/fakecuda): cuMemAlloc + cuMemFree pairs of 512 B made
  *                                 24 calls deep, from one call path (repeated) or eight taken
- *                                 in turn (varied), paced so the writer keeps up; prints the
+ *                                 in turn (varied) or 64 (many: more than a thread's stack
+ *                                 cache holds), paced so the writer keeps up; prints the
  *                                 allocating thread's CPU ns an event, best of 3 rounds
  *                                 (BENCH_ROUNDS) of 100,000 pairs after a lap of the ring. With
  * "python", from 12 Python frames (the interpreter from BENCH_LIBPYTHON, reached through ctypes,
@@ -309,14 +310,14 @@ static int driver_open(void)
 
 /* pairs pairs 24 calls deep, in batches of 256 with a pause after each (untimed) so that the
  * writer, which shares this machine's cores, keeps up: the thread's CPU ns a pair */
-static double cost_round(int pairs, bool varied)
+static double cost_round(int pairs, unsigned paths)
 {
     enum { BATCH = 256 };
     uint64_t busy = 0;
     for (int done = 0; done < pairs; done += BATCH) {
         uint64_t t0 = thread_ns();
         for (int i = 0; i < BATCH; i++)
-            prog_descend(23, varied ? 1 + (unsigned)(i % 8) * 3 : 1, driver_pair, NULL);
+            prog_descend(23, 1 + (unsigned)(i % paths) * 3, driver_pair, NULL);
         busy += thread_ns() - t0;
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -325,9 +326,9 @@ static double cost_round(int pairs, bool varied)
 }
 
 /* Exported for the Python side of "cost ... python" (ctypes). */
-__attribute__((visibility("default"))) int bench_record_cost(int varied);
+__attribute__((visibility("default"))) int bench_record_cost(unsigned paths);
 
-int bench_record_cost(int varied)
+int bench_record_cost(unsigned paths)
 {
     if (driver_open()) {
         fprintf(stderr, "bench-record: no simulated driver (LD_LIBRARY_PATH=tests/fakecuda)\n");
@@ -335,11 +336,11 @@ int bench_record_cost(int varied)
     }
     int (*stats)(struct cuheap_stats *, size_t) = NULL;
     *(void **)&stats = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
-    cost_round(40000, varied != 0); /* a lap of the default ring: its pages resident */
+    cost_round(40000, paths); /* a lap of the default ring: its pages resident */
     double best = 0;
     int rounds = getenv("BENCH_ROUNDS") ? atoi(getenv("BENCH_ROUNDS")) : 3;
     for (int r = 0; r < rounds; r++) {
-        double ns = cost_round(100000, varied != 0);
+        double ns = cost_round(100000, paths);
         if (r == 0 || ns < best)
             best = ns;
     }
@@ -349,14 +350,17 @@ int bench_record_cost(int varied)
     const char *label = getenv("BENCH_LABEL");
     printf("config=%s stack=%s ns_per_event=%.1f ns_per_pair=%.1f events=%" PRIu64
            " dropped=%" PRIu64 "\n",
-           label ? label : "-", varied ? "varied" : "repeated", best / 2, best, s.nr_events,
-           s.nr_dropped);
+           label ? label : "-",
+           paths == 1   ? "repeated"
+           : paths == 8 ? "varied"
+                        : "many",
+           best / 2, best, s.nr_events, s.nr_dropped);
     fflush(stdout);
     return 0;
 }
 
 /* Twelve Python frames, then the C loop through ctypes. */
-static int cost_python(bool varied)
+static int cost_python(unsigned paths)
 {
     const char *lib = getenv("BENCH_LIBPYTHON");
     void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_GLOBAL) : NULL;
@@ -376,9 +380,9 @@ static int cost_python(bool varied)
              "import ctypes, sys\n"
              "f = ctypes.CDLL(None).bench_record_cost\n"
              "def down(n):\n"
-             "    return down(n - 1) if n > 1 else f(%d)\n"
+             "    return down(n - 1) if n > 1 else f(%u)\n"
              "sys.exit(down(12))\n",
-             varied ? 1 : 0);
+             paths);
     return run(code) ? 1 : 0;
 }
 
@@ -386,10 +390,10 @@ int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "parts";
     if (!strcmp(mode, "cost") && argc > 2) {
-        bool varied = !strcmp(argv[2], "varied");
+        unsigned paths = !strcmp(argv[2], "varied") ? 8 : !strcmp(argv[2], "many") ? 64 : 1;
         if (argc > 3 && !strcmp(argv[3], "python"))
-            return cost_python(varied);
-        return bench_record_cost(varied);
+            return cost_python(paths);
+        return bench_record_cost(paths);
     }
     if (!strcmp(mode, "parts")) {
         unwind_parts();
@@ -399,7 +403,7 @@ int main(int argc, char **argv)
     }
     if (argc < 5 || strcmp(mode, "record")) {
         fprintf(stderr, "usage: bench-record parts | record THREADS EVENTS_PER_S SECONDS | cost "
-                        "repeated|varied [python]\n");
+                        "repeated|varied|many [python]\n");
         return 2;
     }
     int nr = atoi(argv[2]);

@@ -189,8 +189,14 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture(uint64_t *out, unsigned
  * same values has the same stack, checked innermost first, so that only words of frames
  * already proven live are read. A signal frame (its caller's state is in a saved context),
  * or a frame pointer the unwinder cannot place, is never cached. */
-#define NR_STACK_WAYS    8   /* cached stacks a thread keeps */
-#define NR_MAX_CHECKS    160 /* stack words checked: a return address and a saved rbp a frame */
+#define NR_STACK_WAYS 16  /* stacks a thread keeps */
+#define NR_MAX_CHECKS 128 /* stack words checked: a return address and a saved rbp a frame */
+#define NR_RECENT     64  /* stacks a thread missed lately, by hash */
+/* A walk through the cursor costs tens of microseconds (libunwind's cache lock blocks signals
+ * at each step): a stack is cached only once seen twice, and at most once in this many
+ * misses, so that a thread whose stacks keep changing pays a few percent more than the walk
+ * it always made. */
+#define NR_MISSES_A_WALK 1024
 #define NR_THREAD_STACKS 512
 #define UNW_X86_64_RBP   6
 #define UNW_X86_64_RSP   7
@@ -216,10 +222,14 @@ struct stack_way {
 struct thread_stacks {
     _Atomic pid_t owner; /* kernel thread id of the thread using it, 0: free */
     uint32_t next_tag;
-    unsigned next_way; /* round robin */
+    uint32_t misses;             /* captures not found since the last cursor walk */
+    unsigned next_way;           /* round robin */
+    unsigned last_hit;           /* the way found last, looked at first */
+    uint64_t recent[NR_RECENT];  /* hashes of the frames of stacks not found lately */
+    uintptr_t sp[NR_STACK_WAYS]; /* way[i].sp, side by side for the search */
+    struct stack_way spare;      /* where a cursor walk goes first */
     struct stack_way way[NR_STACK_WAYS];
 };
-
 static struct thread_stacks *thread_stacks; /* NR_THREAD_STACKS, mapped by init */
 /* this thread's entry + 1; 0: none claimed yet; -1: none to be had */
 static __thread int16_t tls_stacks __attribute__((tls_model("initial-exec")));
@@ -260,6 +270,9 @@ static bool claim_stacks(struct thread_stacks *t, pid_t expected, pid_t tid)
     if (!atomic_compare_exchange_strong(&t->owner, &expected, tid))
         return false;
     memset(t->way, 0, sizeof(t->way));
+    memset(t->sp, 0, sizeof(t->sp));
+    memset(t->recent, 0, sizeof(t->recent));
+    t->misses = NR_MISSES_A_WALK;
     return true;
 }
 
@@ -354,23 +367,38 @@ __attribute__((noinline)) static int walk_way(struct stack_way *w, unsigned max)
     return (int)nr_out;
 }
 
+static bool same_words(const struct stack_way *w)
+{
+    unsigned k = 0;
+    while (k < w->nr_checks && *(const volatile uint64_t *)w->check[k].addr == w->check[k].value)
+        k++;
+    return k == w->nr_checks;
+}
+
 /* The cached stack that this capture has, or NULL. Called from the same place as walk_way. */
-__attribute__((noinline)) static const struct stack_way *find_way(const struct thread_stacks *t,
+__attribute__((noinline)) static const struct stack_way *find_way(struct thread_stacks *t,
                                                                   unsigned max)
 {
     uintptr_t sp1 = (uintptr_t)__builtin_dwarf_cfa();
+    const struct stack_way *w = &t->way[t->last_hit];
+    if (t->sp[t->last_hit] == sp1 && w->max == max && same_words(w))
+        return w;
     for (unsigned i = 0; i < NR_STACK_WAYS; i++) {
-        const struct stack_way *w = &t->way[i];
-        if (w->sp != sp1 || w->max != max)
+        w = &t->way[i];
+        if (t->sp[i] != sp1 || i == t->last_hit || w->max != max || !same_words(w))
             continue;
-        unsigned k = 0;
-        while (k < w->nr_checks &&
-               *(const volatile uint64_t *)w->check[k].addr == w->check[k].value)
-            k++;
-        if (k == w->nr_checks)
-            return w;
+        t->last_hit = i;
+        return w;
     }
     return NULL;
+}
+
+static uint64_t hash_frames(const uint64_t *f, unsigned n)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (unsigned i = 0; i < n; i++)
+        h = (h ^ f[i]) * 0x100000001b3ull;
+    return h ? h : 1;
 }
 
 __attribute__((noinline)) unsigned cuheap_unwind_capture_cached(uint64_t *scratch, unsigned max,
@@ -383,41 +411,51 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture_cached(uint64_t *scratc
     struct thread_stacks *t = NULL;
     *ret_tag = 0;
     *ret_frames = scratch;
-    if (max == 0 || max > CUHEAP_MAX_STACK_DEPTH || !cur.step ||
-        !atomic_load_explicit(&use_cache, memory_order_relaxed) || !(t = my_stacks())) {
-        pthread_rwlock_rdlock(walk_lock);
-        unsigned n = cuheap_unwind_capture(scratch, max);
+    bool cache = max && max <= CUHEAP_MAX_STACK_DEPTH && cur.step &&
+                 atomic_load_explicit(&use_cache, memory_order_relaxed) && (t = my_stacks());
+    if (cache) {
+        const struct stack_way *hit = find_way(t, max);
+        if (hit) {
+            *ret_frames = hit->out;
+            *ret_tag = hit->tag;
+            return hit->nr_out;
+        }
+    }
+    pthread_rwlock_rdlock(walk_lock);
+    unsigned n = cuheap_unwind_capture(scratch, max);
+    if (!cache) {
         pthread_rwlock_unlock(walk_lock);
         return n;
     }
-    const struct stack_way *hit = find_way(t, max);
-    if (hit) {
-        *ret_frames = hit->out;
-        *ret_tag = hit->tag;
-        return hit->nr_out;
-    }
-    atomic_fetch_add_explicit(&nr_stack_walks, 1, memory_order_relaxed);
-    struct stack_way *w = &t->way[t->next_way];
-    pthread_rwlock_rdlock(walk_lock);
-    int n = walk_way(w, max);
-    if (n < 0) {
-        w->sp = 0;
-        n = (int)cuheap_unwind_capture(scratch, max);
+    uint64_t h = hash_frames(scratch, n), *seen = &t->recent[h % NR_RECENT];
+    bool again = *seen == h;
+    *seen = h;
+    if (!again || t->misses < NR_MISSES_A_WALK) {
+        t->misses++;
         pthread_rwlock_unlock(walk_lock);
-        return (unsigned)n;
+        return n;
     }
+    /* seen twice: walk it through the cursor, noting the stack words, and keep it if the
+     * cursor found the frames the walk did */
+    t->misses = 0;
+    atomic_fetch_add_explicit(&nr_stack_walks, 1, memory_order_relaxed);
+    struct stack_way *w = &t->spare;
+    int m = walk_way(w, max);
     pthread_rwlock_unlock(walk_lock);
-    if (!w->sp) { /* not cacheable: the frames are this capture's alone */
-        memcpy(scratch, w->out, (size_t)n * sizeof(*scratch));
-        return (unsigned)n;
-    }
-    t->next_way = (t->next_way + 1) % NR_STACK_WAYS;
+    if (m != (int)n || !w->sp || memcmp(w->out, scratch, n * sizeof(*scratch)))
+        return n;
+    unsigned i = t->next_way;
+    struct stack_way *keep = &t->way[i];
+    t->next_way = (i + 1) % NR_STACK_WAYS;
+    t->sp[i] = w->sp;
+    t->last_hit = i;
     if (++t->next_tag == 0)
         t->next_tag = 1;
     w->tag = t->next_tag;
-    *ret_frames = w->out;
-    *ret_tag = w->tag;
-    return (unsigned)n;
+    memcpy(keep, w, offsetof(struct stack_way, check) + w->nr_checks * sizeof(w->check[0]));
+    *ret_frames = keep->out;
+    *ret_tag = keep->tag;
+    return n;
 }
 
 uint64_t cuheap_unwind_nr_stack_walks(void)
