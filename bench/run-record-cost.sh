@@ -5,8 +5,9 @@
 #   bench/run-record-cost.sh [BUILD_DIR]
 # Settings: recording off (CUHEAP_RECORD=0); events only (CUHEAP_STACK_DEPTH=0); native stacks
 # at the default depth; and from 12 Python frames, off and with native + Python frames (the
-# default depth of a Python process). Stacks: 24 calls deep, one call path (repeated) or eight
-# in turn (varied). Prints ns an event and what recording adds to the same run's "off".
+# default depth of a Python process). Stacks: 24 calls deep, one call path (repeated), eight
+# in turn (varied) or 64 in turn (many: more than a thread's stack cache keeps, so mostly
+# walked). Prints ns an event and what recording adds to the same run's "off".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:-build}
@@ -22,7 +23,7 @@ fi
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for round in 1 2 3; do
-    for stack in repeated varied; do
+    for stack in repeated varied many; do
         for cfg in "${configs[@]}"; do
             set -- $cfg
             label=$1

@@ -125,7 +125,6 @@ void cuheap_record(const struct cuheap_rec *r)
         return;
     }
     if (!atomic_load_explicit(&cuheap_recorder.accepting, memory_order_relaxed)) {
-        atomic_fetch_add_explicit(&cuheap_recorder.nr_events, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&cuheap_recorder.nr_late, 1, memory_order_relaxed);
         if (is_oom(r))
             cuheap_recorder_oom_unseen(r, "recording has stopped (the program is ending)");
@@ -136,7 +135,6 @@ void cuheap_record(const struct cuheap_rec *r)
     uint64_t t_start = cuheap_recorder.timing ? cuheap_recorder_now() : 0, t_stacks = 0,
              t_native = 0, t_python = 0, pos = 0;
     struct cuheap_event *ev = cuheap_ring_claim_pos(&cuheap_recorder.ring, &pos);
-    atomic_fetch_add_explicit(&cuheap_recorder.nr_events, 1, memory_order_relaxed);
     if (!ev) {
         if (is_oom(r))
             cuheap_recorder_oom_unseen(r, "its event was lost to a full ring (raise CUHEAP_RING)");
@@ -364,11 +362,9 @@ void cuheap_recorder_atfork_child(void)
         cuheap_recorder.out = NULL;
     }
     cuheap_ring_reset(&cuheap_recorder.ring);
-    atomic_store(&cuheap_recorder.nr_events, 0);
     atomic_store(&cuheap_recorder.nr_late, 0);
     atomic_store(&cuheap_recorder.nr_consumed, 0);
     atomic_store(&cuheap_recorder.ring.nr_dropped, 0);
-    atomic_store(&cuheap_recorder.ring.nr_pushed, 0);
     cuheap_stacktab_destroy(&cuheap_recorder.stacks);
     cuheap_stacktab_init(&cuheap_recorder.stacks);
     for (int i = 0; i < NR_MAX_DEVICES; i++)
@@ -379,7 +375,7 @@ void cuheap_recorder_atfork_child(void)
 
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
 {
-    ret->nr_events = atomic_load(&cuheap_recorder.nr_events);
+    ret->nr_events = cuheap_recorder.ring.slots ? cuheap_recorder_nr_events() : 0;
     ret->nr_dropped = cuheap_recorder.ring.slots ? cuheap_recorder_nr_dropped() : 0;
     ret->nr_full = cuheap_recorder.ring.slots ? atomic_load(&cuheap_recorder.ring.nr_dropped) : 0;
     if (cuheap_recorder.open_failed)

@@ -51,7 +51,6 @@ struct cuheap_recorder_state {
     unsigned stack_depth;                      /* native frames per event in this process */
     uint32_t *slot_stack;                      /* writer: stack id of the event at each ring slot */
     _Alignas(64) _Atomic uint64_t nr_late;     /* events made after recording stopped */
-    _Atomic uint64_t nr_events;                /* events recorded, dropped ones included */
     _Alignas(64) _Atomic uint64_t nr_consumed; /* events the writer took from the ring */
     atomic_bool stopping;                      /* the writer thread is to end */
     atomic_bool was_paused; /* cuheap_set_recording(0) was called: the trace has gaps */
@@ -109,6 +108,10 @@ static inline uint64_t cuheap_recorder_now(void)
 /* Events that will never be written: a full ring, made after recording stopped, or left in
  * the ring by a producer that raced with the last drain. */
 uint64_t cuheap_recorder_nr_dropped(void);
+
+/* Events recorded, dropped ones included: made late, pushed into the ring or lost to it full
+ * (three counts kept anyway, where a fourth cost every event an atomic add). */
+uint64_t cuheap_recorder_nr_events(void);
 
 /* ---- recorder_writer.c (io_lock held) ---- */
 

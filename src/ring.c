@@ -124,7 +124,6 @@ void cuheap_ring_commit(struct cuheap_ring *r, struct cuheap_event *ev)
     struct cuheap_ring_slot *slot =
         (struct cuheap_ring_slot *)((char *)ev - offsetof(struct cuheap_ring_slot, event));
     uint64_t pos = turn_of(r, slot, memory_order_relaxed);
-    atomic_fetch_add_explicit(&r->nr_pushed, 1, memory_order_relaxed);
     set_turn(r, slot, pos + 1);
 }
 

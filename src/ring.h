@@ -28,7 +28,6 @@ struct cuheap_ring {
     _Alignas(64) _Atomic uint64_t enqueue_pos; /* next position producers claim */
     _Alignas(64) uint64_t dequeue_pos;         /* consumer only */
     _Alignas(64) _Atomic uint64_t nr_dropped;  /* events lost to a full ring */
-    _Atomic uint64_t nr_pushed;                /* events that made it in */
     size_t map_bytes;
     size_t populated; /* bytes from the start made resident by the consumer (populate) */
 };
@@ -51,6 +50,13 @@ void cuheap_ring_commit(struct cuheap_ring *r, struct cuheap_event *ev);
  * simulated device) while a program that makes few events holds little of it. Returns false
  * once the whole ring is resident (nothing more to do). */
 bool cuheap_ring_populate(struct cuheap_ring *r, size_t ahead);
+
+/* Events that made it in: slots claimed since start or reset (enqueue_pos: a count a producer
+ * keeps anyway, where one of its own cost each event an atomic add). */
+static inline uint64_t cuheap_ring_nr_pushed(struct cuheap_ring *r)
+{
+    return atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);
+}
 
 /* Consumer: the oldest committed event, or NULL when none is ready. Call
  * cuheap_ring_consume() when done with it. Only one thread may consume. */
