@@ -36,11 +36,6 @@ static atomic_bool paused;
 static bool writer_running;
 static pthread_t writer;
 static __thread pid_t tls_tid __attribute__((tls_model("initial-exec")));
-/* This thread's last event with a stack: its ring position and the unwinder's tag for its
- * frames (0: none, or frames that may not be named again, such as Python's). An event whose
- * frames have that tag again repeats it (CUHEAP_EVF_SAME_STACK) instead of copying them. */
-static __thread uint64_t tls_last_pos __attribute__((tls_model("initial-exec")));
-static __thread uint32_t tls_last_tag __attribute__((tls_model("initial-exec")));
 
 static void add(_Atomic uint64_t *c, uint64_t v)
 {
@@ -171,26 +166,27 @@ void cuheap_record(const struct cuheap_rec *r)
         t_stacks = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
         const uint64_t *frames = ev->frames;
         uint32_t tag = 0;
+        uint64_t *note = NULL; /* the ring position + 1 of this thread's last event with them */
         if (cuheap_recorder.stack_depth)
             ev->nr_frames = (uint8_t)cuheap_unwind_capture_cached(
-                ev->frames, cuheap_recorder.stack_depth, &frames, &tag, &capture_lock);
+                ev->frames, cuheap_recorder.stack_depth, &frames, &tag, &note, &capture_lock);
         t_native = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
         if (cuheap_recorder.python) {
             pthread_rwlock_rdlock(&capture_lock);
             ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
             pthread_rwlock_unlock(&capture_lock);
         }
-        if (ev->nr_py)
-            tag = 0;
-        /* the same frames as this thread's last stack, whose slot the writer still knows */
-        if (tag && tag == tls_last_tag && pos - tls_last_pos <= cuheap_recorder.ring.mask) {
+        /* Frames this thread sent before, in an event the writer has seen (it came first) and
+         * whose slot it still knows (less than a lap ago): named, not copied. Python frames
+         * are not named, so a stack that has them is copied whole. */
+        if (note && *note && !ev->nr_py && pos - (*note - 1) <= cuheap_recorder.ring.mask) {
             ev->flags |= CUHEAP_EVF_SAME_STACK;
-            ev->stack_ref = tls_last_pos;
+            ev->stack_ref = *note - 1;
         } else if (frames != ev->frames) {
             memcpy(ev->frames, frames, ev->nr_frames * sizeof(ev->frames[0]));
         }
-        tls_last_tag = tag;
-        tls_last_pos = pos;
+        if (note)
+            *note = ev->nr_py ? 0 : pos + 1;
         t_python = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
     }
     unsigned nr_frames = ev->nr_frames,
@@ -345,8 +341,7 @@ void cuheap_recorder_atfork_parent(void)
 void cuheap_recorder_atfork_child(void)
 {
     tls_tid = 0;
-    tls_last_tag = 0; /* the child's ring starts empty */
-    cuheap_unwind_atfork_child();
+    cuheap_unwind_atfork_child(); /* the child's ring starts empty */
     pthread_mutex_init(&cuheap_recorder.io_lock, NULL);
     pthread_mutex_init(&child_start_lock, NULL);
     /* held by this thread for writing: made anew, as the static one (writers first) */

@@ -215,6 +215,7 @@ struct stack_way {
     uint8_t max;    /* frames asked for */
     uint8_t nr_out; /* frames kept */
     uint16_t nr_checks;
+    uint64_t note; /* the caller's, kept with these frames: 0 when they were just walked */
     uint64_t out[CUHEAP_MAX_STACK_DEPTH];
     struct stack_word check[NR_MAX_CHECKS]; /* innermost first */
 };
@@ -362,6 +363,7 @@ __attribute__((noinline)) static int walk_way(struct stack_way *w, unsigned max)
     }
     w->nr_out = (uint8_t)nr_out;
     w->nr_checks = (uint16_t)nr_checks;
+    w->note = 0;
     w->max = (uint8_t)max;
     w->sp = cacheable ? sp1 : 0;
     return (int)nr_out;
@@ -376,11 +378,10 @@ static bool same_words(const struct stack_way *w)
 }
 
 /* The cached stack that this capture has, or NULL. Called from the same place as walk_way. */
-__attribute__((noinline)) static const struct stack_way *find_way(struct thread_stacks *t,
-                                                                  unsigned max)
+__attribute__((noinline)) static struct stack_way *find_way(struct thread_stacks *t, unsigned max)
 {
     uintptr_t sp1 = (uintptr_t)__builtin_dwarf_cfa();
-    const struct stack_way *w = &t->way[t->last_hit];
+    struct stack_way *w = &t->way[t->last_hit];
     if (t->sp[t->last_hit] == sp1 && w->max == max && same_words(w))
         return w;
     for (unsigned i = 0; i < NR_STACK_WAYS; i++) {
@@ -401,23 +402,24 @@ static uint64_t hash_frames(const uint64_t *f, unsigned n)
     return h ? h : 1;
 }
 
-__attribute__((noinline)) unsigned cuheap_unwind_capture_cached(uint64_t *scratch, unsigned max,
-                                                                const uint64_t **ret_frames,
-                                                                uint32_t *ret_tag,
-                                                                pthread_rwlock_t *walk_lock)
+__attribute__((noinline)) unsigned
+cuheap_unwind_capture_cached(uint64_t *scratch, unsigned max, const uint64_t **ret_frames,
+                             uint32_t *ret_tag, uint64_t **ret_note, pthread_rwlock_t *walk_lock)
 {
     /* a frame pointer here: this frame is then fixed by its stack pointer (see above) */
     __asm__ volatile("" ::"r"(__builtin_frame_address(0)));
     struct thread_stacks *t = NULL;
     *ret_tag = 0;
+    *ret_note = NULL;
     *ret_frames = scratch;
     bool cache = max && max <= CUHEAP_MAX_STACK_DEPTH && cur.step &&
                  atomic_load_explicit(&use_cache, memory_order_relaxed) && (t = my_stacks());
     if (cache) {
-        const struct stack_way *hit = find_way(t, max);
+        struct stack_way *hit = find_way(t, max);
         if (hit) {
             *ret_frames = hit->out;
             *ret_tag = hit->tag;
+            *ret_note = &hit->note;
             return hit->nr_out;
         }
     }
@@ -455,6 +457,7 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture_cached(uint64_t *scratc
     memcpy(keep, w, offsetof(struct stack_way, check) + w->nr_checks * sizeof(w->check[0]));
     *ret_frames = keep->out;
     *ret_tag = keep->tag;
+    *ret_note = &keep->note;
     return n;
 }
 
@@ -467,8 +470,14 @@ void cuheap_unwind_atfork_child(void)
 {
     /* this thread's entry keeps its stacks under its new thread id; the parent's other
      * threads do not exist here, so theirs can be taken back */
-    if (tls_stacks > 0)
-        atomic_store(&thread_stacks[tls_stacks - 1].owner, (pid_t)syscall(SYS_gettid));
+    if (tls_stacks <= 0)
+        return;
+    struct thread_stacks *t = &thread_stacks[tls_stacks - 1];
+    atomic_store(&t->owner, (pid_t)syscall(SYS_gettid));
+    /* the notes count what the parent did (the recorder's ring positions), which the child
+     * starts anew */
+    for (unsigned i = 0; i < NR_STACK_WAYS; i++)
+        t->way[i].note = 0;
 }
 
 void cuheap_unwind_set_cache(bool on)

@@ -40,7 +40,8 @@ __attribute__((noinline)) static void both(struct probe *p)
     const uint64_t *cached;
     uint32_t tag;
     static pthread_rwlock_t walk_lock = PTHREAD_RWLOCK_INITIALIZER;
-    unsigned c = cuheap_unwind_capture_cached(scratch, p->max, &cached, &tag, &walk_lock);
+    uint64_t *note;
+    unsigned c = cuheap_unwind_capture_cached(scratch, p->max, &cached, &tag, &note, &walk_lock);
     unsigned a = cuheap_unwind_capture(fast, p->max);
     unsigned b = cuheap_unwind_capture_full(full, p->max);
     p->nr = b;
