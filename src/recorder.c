@@ -36,6 +36,13 @@ static atomic_bool paused;
 static bool writer_running;
 static pthread_t writer;
 static __thread pid_t tls_tid __attribute__((tls_model("initial-exec")));
+/* Counts the changes of this thread's Python frames: a stack named again (CUHEAP_EVF_SAME_STACK)
+ * must have the Python frames of the event it names. */
+static __thread uint32_t tls_py_changes __attribute__((tls_model("initial-exec")));
+/* A cached stack's note (unwind.h): the ring position + 1 of this thread's last event with
+ * those native frames, and above it the count of Python changes then. */
+#define NOTE_POS_BITS 40
+#define NOTE_POS_MASK ((1ull << NOTE_POS_BITS) - 1)
 
 static void add(_Atomic uint64_t *c, uint64_t v)
 {
@@ -172,21 +179,27 @@ void cuheap_record(const struct cuheap_rec *r)
                 ev->frames, cuheap_recorder.stack_depth, &frames, &tag, &note, &capture_lock);
         t_native = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
         if (cuheap_recorder.python) {
+            bool same_py;
             pthread_rwlock_rdlock(&capture_lock);
-            ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
+            ev->nr_py = (uint8_t)cuheap_py_capture_same(ev->py, CUHEAP_MAX_PY_DEPTH, &same_py);
             pthread_rwlock_unlock(&capture_lock);
+            if (!same_py)
+                tls_py_changes++;
         }
-        /* Frames this thread sent before, in an event the writer has seen (it came first) and
-         * whose slot it still knows (less than a lap ago): named, not copied. Python frames
-         * are not named, so a stack that has them is copied whole. */
-        if (note && *note && !ev->nr_py && pos - (*note - 1) <= cuheap_recorder.ring.mask) {
+        /* Native frames this thread sent before, in an event the writer has seen (it came
+         * first) and whose slot it still knows (less than a lap ago), with the Python frames
+         * it has now (none changed since; a lap is fewer events than the count takes to come
+         * round): named, not copied. */
+        uint64_t changes = tls_py_changes & ((1u << (64 - NOTE_POS_BITS)) - 1);
+        if (note && *note && *note >> NOTE_POS_BITS == changes &&
+            pos - ((*note & NOTE_POS_MASK) - 1) <= cuheap_recorder.ring.mask) {
             ev->flags |= CUHEAP_EVF_SAME_STACK;
-            ev->stack_ref = *note - 1;
+            ev->stack_ref = (*note & NOTE_POS_MASK) - 1;
         } else if (frames != ev->frames) {
             memcpy(ev->frames, frames, ev->nr_frames * sizeof(ev->frames[0]));
         }
         if (note)
-            *note = ev->nr_py ? 0 : pos + 1;
+            *note = changes << NOTE_POS_BITS | ((pos + 1) & NOTE_POS_MASK);
         t_python = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
     }
     unsigned nr_frames = ev->nr_frames,
