@@ -5,7 +5,8 @@
  * give every event its own stack. Two call paths taken in turn, the same depth and stack
  * pointer, differing in one return address: every allocation's stack in the trace is its own
  * path's, the two paths have different stacks, and the event stamps come out as
- * CLOCK_MONOTONIC nanoseconds from the trace's start, in order.
+ * CLOCK_MONOTONIC nanoseconds from the trace's start, in order. Then one path after more than
+ * a lap of the (small) ring of the other: the slot of its last event holds another's now.
  *
  * Here the test executable plays cuheap (its frames are the ones skipped) and
  * libunwind-prog.so the program (tests/unit/unwind-prog.c).
@@ -28,7 +29,8 @@
 typedef unsigned (*prog_cb_fn)(void *arg);
 unsigned prog_descend(int depth, unsigned shape, prog_cb_fn cb, void *arg);
 
-#define NR_EVENTS 3000
+#define NR_EVENTS 3000 /* taken in turn, then path 0 after a lap of path 1 */
+#define NR_LAP    100
 
 static char trace_path[64];
 
@@ -43,6 +45,8 @@ static const char *test_env(const char *name, void *arg)
         return "12";
     if (!strcmp(name, "CUHEAP_PYTHON"))
         return "0";
+    if (!strcmp(name, "CUHEAP_RING"))
+        return "64";
     return NULL;
 }
 
@@ -54,7 +58,7 @@ static void test_warn(const char *line, void *arg)
 
 static unsigned one_alloc(void *arg)
 {
-    uint64_t i = *(uint64_t *)arg;
+    uint64_t i = *(uint64_t *)arg; /* event << 1 | path */
     struct cuheap_rec a = {.type = CUHEAP_EV_ALLOC,
                            .api = CUHEAP_API_MEM_ALLOC,
                            .device = 0,
@@ -80,12 +84,15 @@ static void test_changed_stacks_recorded_as_changed(void **state)
     assert_int_equal(cuheap_config_parse(&cfg, test_env, test_warn, NULL), 0);
     uint64_t before = monotonic_ns();
     cuheap_recorder_start(&cfg);
-    for (uint64_t i = 0; i < NR_EVENTS; i++) {
+    for (uint64_t i = 0; i < NR_EVENTS + NR_LAP + 2; i++) {
         /* shapes 19 and 2 (unwind-prog.c): the outermost level calls from one call site or
-         * the other, every level below the same way */
-        prog_descend(6, i % 2 ? 2 : 19, one_alloc, &i);
-        if (i % 512 == 511)
-            usleep(2000); /* the writer keeps up: nothing dropped */
+         * the other, every level below the same way; after NR_EVENTS, path 1 for a lap and
+         * more, then path 0 */
+        uint64_t path = i < NR_EVENTS ? i % 2 : i < NR_EVENTS + NR_LAP + 1 ? 1 : 0;
+        uint64_t arg = i << 1 | path;
+        prog_descend(6, path ? 2 : 19, one_alloc, &arg);
+        if (i % 16 == 15)
+            usleep(3000); /* the writer keeps up with the small ring: nothing dropped */
     }
     uint64_t after = monotonic_ns();
     cuheap_recorder_stop();
@@ -104,7 +111,7 @@ static void test_changed_stacks_recorded_as_changed(void **state)
             nr_stacks++;
         if (type && !strcmp(type, "event")) {
             uint64_t ptr = strtoull(json_string_value(json_object_get(o, "ptr")), NULL, 16);
-            unsigned i = (unsigned)((ptr - 0x7f0000000000ull) / 512);
+            unsigned i = (unsigned)((ptr - 0x7f0000000000ull) / 512); /* event << 1 | path */
             json_int_t stack = json_integer_value(json_object_get(o, "stack"));
             uint64_t t = (uint64_t)json_integer_value(json_object_get(o, "t"));
             assert_true(stack > 0);
@@ -121,7 +128,7 @@ static void test_changed_stacks_recorded_as_changed(void **state)
     }
     fclose(f);
     unlink(trace_path);
-    assert_int_equal(nr_allocs, NR_EVENTS);
+    assert_int_equal(nr_allocs, NR_EVENTS + NR_LAP + 2);
     assert_int_equal(nr_stacks, 2);
     assert_true(stack_of[0] != stack_of[1]);
     /* the stamps, made nanoseconds since the trace's start by the writer, fall within the run */
