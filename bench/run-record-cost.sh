@@ -8,6 +8,7 @@
 # default depth of a Python process). Stacks: 24 calls deep, one call path (repeated), eight
 # in turn (varied) or 64 in turn (many: more than a thread's stack cache keeps, so mostly
 # walked). Prints ns an event and what recording adds to the same run's "off".
+# BASE_LIB=path/libcuheap.so adds the same settings (base-*) under another build, side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:-build}
@@ -15,8 +16,10 @@ pre=$PWD/$b/src/libcuheap.so
 export LD_LIBRARY_PATH=$PWD/$b/tests/fakecuda CUHEAP_SUMMARY=0 CUHEAP_OUTPUT=/dev/null BENCH_ROUNDS=1
 libpython=$(python3 -c 'import os, sysconfig as s; print(os.path.join(s.get_config_var("LIBDIR"), s.get_config_var("LDLIBRARY")))' 2>/dev/null || true)
 configs=("off CUHEAP_RECORD=0" "events CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0" "native CUHEAP_PYTHON=0")
+[ -n "${BASE_LIB:-}" ] && configs+=("base-events CUHEAP_STACK_DEPTH=0 CUHEAP_PYTHON=0" "base-native CUHEAP_PYTHON=0")
 if [ -n "$libpython" ] && [ -e "$libpython" ]; then
     configs+=("py-off CUHEAP_RECORD=0" "native+python CUHEAP_PYTHON=1")
+    [ -n "${BASE_LIB:-}" ] && configs+=("base-native+python CUHEAP_PYTHON=1")
 else
     echo "# no libpython found: the Python rows are left out"
 fi
@@ -30,7 +33,9 @@ for round in 1 2 3; do
             shift
             py=()
             case $label in py-* | *python*) py=(python) ;; esac
-            env "$@" BENCH_LABEL=$label BENCH_LIBPYTHON="$libpython" LD_PRELOAD=$pre \
+            lib=$pre
+            case $label in base-*) lib=$BASE_LIB ;; esac
+            env "$@" BENCH_LABEL=$label BENCH_LIBPYTHON="$libpython" LD_PRELOAD=$lib \
                 nice -n 10 "$b/bench/bench-record" cost $stack "${py[@]}" >>"$out"
         done
     done

@@ -31,8 +31,6 @@
 #include "unwind.h"
 
 atomic_bool cuheap_recorder_on;
-/* cuheap_set_recording(0): events other than marks stop at the door, before their stacks. */
-static atomic_bool paused;
 static bool writer_running;
 static pthread_t writer;
 static __thread pid_t tls_tid __attribute__((tls_model("initial-exec")));
@@ -58,7 +56,6 @@ static pid_t current_tid(void)
 
 /* A child after fork opens its trace with its first event, not at fork: DataLoader-style
  * workers that never use CUDA leave no file. */
-static atomic_bool child_pending;
 static pthread_mutex_t child_start_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Stacks are taken on the hooked threads, inside libunwind (or libgcc) and the Python frame
@@ -78,20 +75,20 @@ static void child_start(void)
      * hook on this thread goes to the driver and never waits for child_start_lock. */
     pthread_mutex_lock(&child_start_lock);
     /* not once recording stopped at exit: the process's end would cut the trace short */
-    if (atomic_load(&child_pending) && atomic_load(&cuheap_recorder.accepting)) {
+    if (atomic_load(&cuheap_recorder.child_pending) && atomic_load(&cuheap_recorder.accepting)) {
         cuheap_recorder_open_trace();
         if (!start_writer()) {
             atomic_store(&cuheap_recorder_on, false);
             cuheap_recorder_close_trace();
         }
-        atomic_store(&child_pending, false);
+        atomic_store(&cuheap_recorder.child_pending, false);
     }
     pthread_mutex_unlock(&child_start_lock);
 }
 
 bool cuheap_recorder_idle_child(void)
 {
-    return atomic_load(&child_pending);
+    return atomic_load(&cuheap_recorder.child_pending);
 }
 
 static bool is_oom(const struct cuheap_rec *r)
@@ -120,7 +117,8 @@ void cuheap_record(const struct cuheap_rec *r)
                                               : "recording is off (it could not start)");
         return;
     }
-    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK) {
+    if (atomic_load_explicit(&cuheap_recorder.paused, memory_order_relaxed) &&
+        r->type != CUHEAP_EV_MARK) {
         if (is_oom(r))
             cuheap_recorder_oom_unseen(r, "recording is paused (cuheap_set_recording; while "
                                           "it records, the three holding the most are named)");
@@ -132,7 +130,7 @@ void cuheap_record(const struct cuheap_rec *r)
             cuheap_recorder_oom_unseen(r, "recording has stopped (the program is ending)");
         return;
     }
-    if (atomic_load_explicit(&child_pending, memory_order_relaxed))
+    if (atomic_load_explicit(&cuheap_recorder.child_pending, memory_order_relaxed))
         child_start();
     uint64_t t_start = cuheap_recorder.timing ? cuheap_recorder_now() : 0, t_stacks = 0,
              t_native = 0, t_python = 0, pos = 0;
@@ -302,7 +300,7 @@ bool cuheap_recorder_pause(bool pause)
 {
     if (pause)
         atomic_store(&cuheap_recorder.was_paused, true);
-    return atomic_exchange(&paused, pause);
+    return atomic_exchange(&cuheap_recorder.paused, pause);
 }
 
 void cuheap_recorder_stop(void)
@@ -312,7 +310,7 @@ void cuheap_recorder_stop(void)
     /* A child's trace that another thread is opening is waited for, header and writer; none
      * opens after this (child_start looks at accepting). */
     pthread_mutex_lock(&child_start_lock);
-    bool idle_child = atomic_load(&child_pending);
+    bool idle_child = atomic_load(&cuheap_recorder.child_pending);
     pthread_mutex_unlock(&child_start_lock);
     if (idle_child) {
         /* a child that recorded nothing: no writer, no file, and none opened later */
@@ -360,7 +358,7 @@ void cuheap_recorder_atfork_child(void)
     /* held by this thread for writing: made anew, as the static one (writers first) */
     capture_lock = (pthread_rwlock_t)PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
     cuheap_recorder_oom_atfork_child(); /* the child's own first out-of-memory is told */
-    atomic_store(&cuheap_recorder.was_paused, atomic_load(&paused));
+    atomic_store(&cuheap_recorder.was_paused, atomic_load(&cuheap_recorder.paused));
     if (!atomic_load(&cuheap_recorder_on))
         return;
     /* The parent's writer thread does not exist here. Start over with our own file. */
@@ -378,7 +376,8 @@ void cuheap_recorder_atfork_child(void)
     for (int i = 0; i < NR_MAX_DEVICES; i++)
         if (atomic_load(&cuheap_recorder.devices[i].state) == 2)
             atomic_store(&cuheap_recorder.devices[i].state, 1);
-    atomic_store(&child_pending, true); /* the trace opens with the child's first event */
+    atomic_store(&cuheap_recorder.child_pending,
+                 true); /* the trace opens with the child's first event */
 }
 
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)

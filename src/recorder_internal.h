@@ -45,8 +45,12 @@ struct cuheap_recorder_state {
                                          * cuheap_recorder_on stays set, so what threads still
                                          * running at exit record is counted (nr_late) instead
                                          * of vanishing unseen. */
-    bool python;                        /* Python frames are taken */
-    bool timing;                        /* CUHEAP_RECORD_TIMING */
+    atomic_bool paused;        /* cuheap_set_recording(0): events other than marks stop at the door,
+                                * before their stacks (beside the writer's live set, a line every
+                                * event's hook read while the writer wrote it) */
+    atomic_bool child_pending; /* a child after fork: its trace opens with its first event */
+    bool python;               /* Python frames are taken */
+    bool timing;               /* CUHEAP_RECORD_TIMING */
     enum cuheap_unwinder unwinder;
     unsigned stack_depth;                      /* native frames per event in this process */
     uint32_t *slot_stack;                      /* writer: stack id of the event at each ring slot */
