@@ -319,7 +319,7 @@ static double cost_round(int pairs, unsigned paths)
         for (int i = 0; i < BATCH; i++)
             prog_descend(23, 1 + (unsigned)(i % paths) * 3, driver_pair, NULL);
         busy += thread_ns() - t0;
-        struct timespec ts = {0, 1000 * 1000};
+        struct timespec ts = {0, 2000 * 1000};
         nanosleep(&ts, NULL);
     }
     return (double)busy / (double)((pairs + BATCH - 1) / BATCH * BATCH);
