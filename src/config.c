@@ -397,9 +397,10 @@ static const struct option options[] = {
      "granules it needs (100 to 10000) rather than have memory mapped for it (higher: fewer "
      "driver calls, more memory held)",
      parse_uint, FIELD(vmm_idle_fit), 100, 10000, NULL, 0},
-    {"CUHEAP_STEP_PLAN", "1",
+    {"CUHEAP_STEP_PLAN", "0",
      "vmm: once the job's large allocations repeat step after step, serve them from one region "
-     "planned for the step and mapped once (no driver calls in a warm step; 0: the pool alone)",
+     "planned for the step and mapped once (no driver calls in a steady step; off by default: "
+     "it holds more memory where the step changes shape or the job starts again)",
      parse_bool, FIELD(step_plan), 0, 0, NULL, 0},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "

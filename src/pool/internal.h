@@ -20,7 +20,8 @@
  *   plan.c      the step plan: a repeating step's large blocks from one region mapped once
  *   region.c    the step plan's region: addresses reserved once, pieces mapped as first served
  *   check.c     the invariant checker (tests, debug builds)
- *   pool.c      the public entry points (pool.h)
+ *   pool.c      the public entry points for set-up, allocation and free (pool.h)
+ *   life.c      the rest of a pool's life: trim, reserve, captures, stats, a context's end
  *
  * The lock rule, for every part: p->lock guards struct cuheap_pool, its arenas, chunks and
  * epochs. Lock order: p->lock, then a thread cache (tc_hold_all); g_map_lock (map.c) is taken
@@ -684,6 +685,11 @@ int share_locked(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
                  struct cuheap_share *pieces, unsigned max);
 int grant_access_locked(struct cuheap_pool *p);
 int grow_va_locked(struct cuheap_pool *p, uint64_t need);
+/* More for the pool (pool.c): address space under vmm, an arena under legacy; drops p->lock
+ * around the driver call. Returns 0, CUHEAP_BE_OOM, -EDQUOT or -EIO. */
+int grow_locked(struct cuheap_pool *p, uint64_t need, bool exact);
+/* The pool's lock made anew (pool.c): at set-up and in a forked child. */
+void pool_lock_init(struct cuheap_pool *p);
 int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t first, uint32_t nr);
 struct cuheap_chunk *idle_of_size_locked(struct cuheap_pool *p, uint32_t nr);
 int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuheap_arena *a,
