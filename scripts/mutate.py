@@ -653,7 +653,8 @@ MUTATIONS = [
     ("record-ignores-pause",
      "events recorded while cuheap_set_recording(0) paused recording",
      "a paused recording leaves the paused part out", "src/recorder.c",
-     "    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK) {",
+     "    if (atomic_load_explicit(&cuheap_recorder.paused, memory_order_relaxed) &&\n"
+     "        r->type != CUHEAP_EV_MARK) {",
      "    if (0) {"),
     ("html-label-not-escaped",
      "the HTML report's data written inside its script element with `<`, `>` and `&` as they "
@@ -831,9 +832,10 @@ MUTATIONS = [
     ("exit-skips-child-start",
      "exit does not wait for a forked child's trace that another of its threads is opening",
      "an exit during start-up leaves a readable trace and the summary", "src/recorder.c",
-     "    pthread_mutex_lock(&child_start_lock);\n    bool idle_child = atomic_load(&child_pending);\n"
+     "    pthread_mutex_lock(&child_start_lock);\n"
+     "    bool idle_child = atomic_load(&cuheap_recorder.child_pending);\n"
      "    pthread_mutex_unlock(&child_start_lock);",
-     "    bool idle_child = atomic_load(&child_pending);"),
+     "    bool idle_child = atomic_load(&cuheap_recorder.child_pending);"),
     ("nested-pooled-free-to-driver",
      "a free of a pooled block made by a signal handler while its thread is inside a hook goes "
      "to the driver, which refuses it, instead of being deferred",
