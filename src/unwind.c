@@ -266,17 +266,22 @@ static void find_cursor_api(void *h)
     thread_stacks = m;
 }
 
+/* Only what says which ways hold a stack is cleared: a way's other words are written before it
+ * is used, so a thread that caches little makes little of its entry resident. */
 static bool claim_stacks(struct thread_stacks *t, pid_t expected, pid_t tid)
 {
     if (!atomic_compare_exchange_strong(&t->owner, &expected, tid))
         return false;
-    memset(t->way, 0, sizeof(t->way));
     memset(t->sp, 0, sizeof(t->sp));
     memset(t->recent, 0, sizeof(t->recent));
     t->misses = NR_MISSES_A_WALK;
+    t->next_way = t->last_hit = 0;
     return true;
 }
 
+/* This thread's entry, claimed at its first capture: the first entry that is free or whose
+ * thread has exited, so that threads that come and go reuse the same few entries (and their
+ * resident pages) rather than touch new ones. */
 static struct thread_stacks *my_stacks(void)
 {
     if (tls_stacks > 0)
@@ -285,19 +290,17 @@ static struct thread_stacks *my_stacks(void)
         return NULL;
     pid_t tid = (pid_t)syscall(SYS_gettid), pid = getpid();
     int saved_errno = errno;
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < NR_THREAD_STACKS; i++) {
-            struct thread_stacks *t = &thread_stacks[i];
-            pid_t owner = atomic_load(&t->owner);
-            /* second pass: take back the entry of a thread that has exited */
-            if ((pass == 0 && !owner && claim_stacks(t, 0, tid)) ||
-                (pass == 1 && owner && syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH &&
-                 claim_stacks(t, owner, tid))) {
-                tls_stacks = (int16_t)(i + 1);
-                errno = saved_errno;
-                return t;
-            }
+    for (int i = 0; i < NR_THREAD_STACKS; i++) {
+        struct thread_stacks *t = &thread_stacks[i];
+        pid_t owner = atomic_load(&t->owner);
+        if ((!owner && claim_stacks(t, 0, tid)) ||
+            (owner && syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH &&
+             claim_stacks(t, owner, tid))) {
+            tls_stacks = (int16_t)(i + 1);
+            errno = saved_errno;
+            return t;
         }
+    }
     errno = saved_errno;
     tls_stacks = -1;
     return NULL;
