@@ -25,6 +25,7 @@
 
 #include "config.h"
 #include "recorder.h"
+#include "recorder_internal.h"
 
 typedef unsigned (*prog_cb_fn)(void *arg);
 unsigned prog_descend(int depth, unsigned shape, prog_cb_fn cb, void *arg);
@@ -91,8 +92,12 @@ static void test_changed_stacks_recorded_as_changed(void **state)
         uint64_t path = i < NR_EVENTS ? i % 2 : i < NR_EVENTS + NR_LAP + 1 ? 1 : 0;
         uint64_t arg = i << 1 | path;
         prog_descend(6, path ? 2 : 19, one_alloc, &arg);
-        if (i % 16 == 15)
-            usleep(3000); /* the writer keeps up with the small ring: nothing dropped */
+        /* the small ring: the writer takes the events before more come (nothing dropped,
+         * however busy the machine) */
+        for (int wait = 0;
+             i % 16 == 15 && wait < 10000 && atomic_load(&cuheap_recorder.nr_consumed) < i + 1;
+             wait++)
+            usleep(1000);
     }
     uint64_t after = monotonic_ns();
     cuheap_recorder_stop();
