@@ -170,12 +170,9 @@ static void test_shortcut_off(void **state)
 /* Stacks seen before come from the cache (few walks), and a stack that changed under the same
  * stack pointer (another call site at the same depth) is recorded as changed: every capture
  * equals the full walk, the two call paths give different frames and different tags. */
-static void test_cache_sees_changed_stacks(void **state)
+static void __attribute__((unused)) test_cache_sees_changed_stacks(void **state)
 {
     (void)state;
-#if defined(__SANITIZE_THREAD__)
-    skip(); /* many_events says why */
-#endif
     unsigned nr[2] = {0, 0};
     uint32_t tags[2] = {0, 0};
     uint64_t sums[2] = {0, 0};
@@ -209,12 +206,9 @@ static void test_cache_sees_changed_stacks(void **state)
  * place. The large frame's words all hold the small one's return address (where the small
  * path's return address lay, the large path holds the same value), so only the saved rbp
  * tells the two stacks apart. */
-static void test_cache_places_frame_pointer_frames(void **state)
+static void __attribute__((unused)) test_cache_places_frame_pointer_frames(void **state)
 {
     (void)state;
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-    skip(); /* many_events says why; ASan moves frames with alloca */
-#endif
     struct probe a = {.max = 5, .inner = 2};
     enum { PAD = 2048 };
     prog_padded(0, PAD, 0, at_bottom, &a);
@@ -248,8 +242,14 @@ int main(void)
         cmocka_unit_test(test_shortcut_records_the_full_walk),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_shortcut_off),
+    /* left out of sanitizer builds rather than skipped (a skip reads as a failure in meson's
+     * TAP): many_events says why for TSan; ASan moves frames with alloca */
+#if !defined(__SANITIZE_THREAD__)
         cmocka_unit_test(test_cache_sees_changed_stacks),
+#endif
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
         cmocka_unit_test(test_cache_places_frame_pointer_frames),
+#endif
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
