@@ -200,10 +200,11 @@ static inline void cuheap_own_begin(struct cuheap_counters *c, struct cuheap_own
     s->t0 = cuheap_ticks();
 }
 
-/* A timed call longer than this many ticks (about a millisecond) counts for itself alone
- * whatever its weight: the OS took the CPU away meanwhile, or the pool set something up once,
- * and the calls it stood for paid neither. */
-#define CUHEAP_OWN_LONG_TICKS (1ll << 21)
+/* A timed call longer than this many ticks (about 100 us, far longer than the pool's slowest
+ * work without a driver call) counts for itself alone whatever its weight: the OS took the CPU
+ * away meanwhile, or the pool set something up once or waited for another thread, and the
+ * calls it stood for paid none of that. */
+#define CUHEAP_OWN_LONG_TICKS (1ll << 18)
 
 /* The timed call ends: its ticks less its driver calls', times `weight` (the calls it stands
  * for), go to own-time slot `which` (CUHEAP_OWN_ALLOC or CUHEAP_OWN_FREE). */

@@ -324,6 +324,7 @@ void cuheap_recorder_stop(void)
     }
     pthread_mutex_lock(&cuheap_recorder.io_lock);
     cuheap_recorder_drain();
+    cuheap_recorder_oom_flush(); /* no retry is coming: told before the footer */
     cuheap_recorder.tm.wall_ns = cuheap_recorder_now() - cuheap_recorder.t0_ns;
     cuheap_recorder_close_trace();
     pthread_mutex_unlock(&cuheap_recorder.io_lock);

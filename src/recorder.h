@@ -110,6 +110,10 @@ void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret);
  * False when it may have missed an allocation for want of host memory. */
 bool cuheap_recorder_live_figures(int device, uint64_t *ret_peak, uint64_t *ret_live);
 
+/* Out-of-memory answers the program recovered from (freed, and the same request was then
+ * answered), as the writer told them. */
+uint64_t cuheap_recorder_oom_recovered(void);
+
 /* CUHEAP_RECORD_TIMING=1: where each event's time went (averages over the run; all zero
  * with timing off). Complete after cuheap_recorder_stop(). */
 struct cuheap_recorder_timing {

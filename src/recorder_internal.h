@@ -138,10 +138,18 @@ json_t *cuheap_recorder_json_text(const char *s);
 void cuheap_recorder_oom_track(const struct cuheap_event *ev, uint32_t stack_id);
 
 /* Writer (io_lock held): an out-of-memory event (CUHEAP_EV_OOM, _LIMIT) at stack_id (the
- * request's own stack) was written: tell it
- * on stderr with the call sites holding the most (the first; later ones as a count) and put
- * an oom_report line in the trace. */
+ * request's own stack) was written: its block (the call sites holding the most now) is built
+ * and held until the thread's next allocation says whether the program recovered (the same
+ * request then answered: one line and an oom_recovered line) or not (the block on stderr for
+ * the first, later ones as a count, and an oom_report line in the trace). */
 void cuheap_recorder_oom_seen(const struct cuheap_event *ev, uint32_t stack_id);
+
+/* Writer (io_lock held), every round: out-of-memory answers held past the wait for a retry
+ * are told as not recovered from. */
+void cuheap_recorder_oom_tick(void);
+
+/* Writer (io_lock held), before the footer: every out-of-memory still held is told. */
+void cuheap_recorder_oom_flush(void);
 
 /* Hook side: an out-of-memory the writer will never see (why says what stopped it: recording
  * off, paused, ...): told without call sites, saying why. Never allocates, never locks. */

@@ -416,6 +416,7 @@ void *cuheap_recorder_writer_main(void *arg)
     while (!atomic_load(&cuheap_recorder.stopping)) {
         pthread_mutex_lock(&cuheap_recorder.io_lock);
         unsigned n = cuheap_recorder_drain();
+        cuheap_recorder_oom_tick();
         uint64_t now = cuheap_recorder_now();
         if (now - last_flush >= (uint64_t)cuheap_recorder.cfg->flush_ms * 1000000ull) {
             cuheap_recorder_check_write();

@@ -725,8 +725,11 @@ static void summary(void)
     unsigned n = atomic_load(&nr_devices);
     char tw[CUHEAP_PATH_MAX + 32], oom[64];
     trace_words(&rs, tw, sizeof(tw));
-    snprintf(oom, sizeof(oom), "%" PRIu64 " out-of-memory error%s", s.nr_ooms,
-             s.nr_ooms == 1 ? "" : "s");
+    uint64_t recovered = cuheap_recorder_oom_recovered();
+    snprintf(oom, sizeof(oom), "%" PRIu64 " out-of-memory error%s%s", s.nr_ooms,
+             s.nr_ooms == 1 ? "" : "s", recovered ? " (recovered from: " : "");
+    if (recovered)
+        snprintf(oom + strlen(oom), sizeof(oom) - strlen(oom), "%" PRIu64 ")", recovered);
     /* the writer's count of the events is the trace's, unless it saw none */
     bool traced = cuheap_cfg.record && rs.state != CUHEAP_TRACE_NONE;
     for (unsigned i = 0; i < n; i++) {

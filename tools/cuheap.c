@@ -26,6 +26,8 @@
 #include "diff.h"
 #include "event.h"
 #include "export.h"
+#include "live.h"
+#include "ranks.h"
 #include "symbolize.h"
 #include "tracereader.h"
 
@@ -42,7 +44,7 @@ struct command {
 static const struct command commands[] = {
     {"run",
      "cuheap run [-o PATH] [-f jsonl|chrome] [--torch] [--no-pool] [--reuse P] [--limit SIZE] "
-     "[--stack-depth N] [--audit] [--] PROGRAM [ARGS]",
+     "[--stack-depth N] [--audit] [--live] [--] PROGRAM [ARGS]",
      "Run PROGRAM with libcuheap.so preloaded (found next to the tool, or CUHEAP_LIBRARY).\n"
      "  -o, --output PATH     trace path (%p pid, %r rank, %h host); CUHEAP_OUTPUT\n"
      "  -f, --format FMT      jsonl (default) or chrome; CUHEAP_FORMAT\n"
@@ -54,13 +56,25 @@ static const struct command commands[] = {
      "  --limit SIZE          per-device limit, bytes (K/M/G/T) or a percentage; CUHEAP_LIMIT\n"
      "  --stack-depth N       native frames per event, 0 to 64; CUHEAP_STACK_DEPTH\n"
      "  --audit               check with CUPTI that every driver memory operation was seen;\n"
-     "                        CUHEAP_AUDIT=1 (a CUHEAP_AUDIT=/path/libcupti.so given stays)\n"},
+     "                        CUHEAP_AUDIT=1 (a CUHEAP_AUDIT=/path/libcupti.so given stays)\n"
+     "  --live                follow the run's traces while it runs, as `top --follow` does\n"
+     "                        (every rank's; CUHEAP_LIVE_INTERVAL seconds between refreshes,\n"
+     "                        1); the exit status is the program's\n"},
     {"report", "cuheap report TRACE...",
      "Per process and GPU: peak live and when, peak reserved, fragmentation, counts by API,\n"
      "OOMs, the call sites live at the peak, what was never freed.\n"},
-    {"top", "cuheap top [-n N] [--by peak|total] TRACE",
+    {"top", "cuheap top [-n N] [--by peak|total] [--follow [--interval S]] TRACE...",
      "Call sites by bytes live at each GPU's peak (--by peak, the default) or allocated over\n"
-     "the run (--by total), N rows (20), with the full stacks of the first three.\n"},
+     "the run (--by total), N rows (20), with the full stacks of the first three.\n"
+     "  --follow              follow traces being written (paths or quoted glob patterns,\n"
+     "                        looked up again as ranks start): per rank and GPU live, held by\n"
+     "                        cuheap, the driver's free memory when known, peak so far, OOMs\n"
+     "                        (+Nr: recovered from), and the N call sites (5) holding the most\n"
+     "                        now; the rank holding the most first. On a terminal it redraws\n"
+     "                        in place (q or Ctrl-C quits); on a pipe it prints a table when\n"
+     "                        something changed and stops when every trace has ended\n"
+     "  --interval S          seconds between refreshes (1)\n"
+     "  --count N             stop after N refreshes\n"},
     {"leaks", "cuheap leaks [-n N] TRACE",
      "Allocations never freed, by call site, N rows (20), with the full stacks of the first\n"
      "three.\n"},
@@ -496,6 +510,66 @@ static int run_child(char **argv, const char *dir, const char *link)
     return 128 + sig;
 }
 
+/* The trace names a run's processes will write, as a glob pattern: every %-field of the
+ * output setting matched by anything (a rank's default name included). */
+static void trace_pattern(char *buf, size_t size)
+{
+    const char *out = getenv("CUHEAP_OUTPUT");
+    if (!out || !*out)
+        out = "cuheap-*.jsonl";
+    size_t n = 0;
+    for (const char *p = out; *p && n + 2 < size; p++) {
+        if (*p == '%' && p[1]) {
+            p++;
+            if (*p != '%') {
+                if (!n || buf[n - 1] != '*')
+                    buf[n++] = '*';
+                continue;
+            }
+        }
+        buf[n++] = *p;
+    }
+    buf[n] = 0;
+}
+
+/* `run --live`: the program started as run_child() starts it, its traces followed meanwhile;
+ * the exit status is the program's. */
+static int run_live(char **argv, const char *dir, const char *link)
+{
+    const char *fmt = getenv("CUHEAP_FORMAT");
+    if (fmt && !strcmp(fmt, "chrome"))
+        return fail("run: --live follows JSON Lines traces; leave out -f chrome");
+    char pattern[PATH_MAX];
+    trace_pattern(pattern, sizeof(pattern));
+    struct live_options o = {.interval_s = 1.0,
+                             .nr_sites = 5,
+                             .tty = isatty(STDOUT_FILENO),
+                             .since_s = (long)time(NULL) - 1};
+    const char *iv = getenv("CUHEAP_LIVE_INTERVAL");
+    if (iv && atof(iv) > 0)
+        o.interval_s = atof(iv);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp(argv[0], argv);
+        fail("run: cannot execute %s: %s", argv[0], strerror(errno));
+        _exit(127);
+    }
+    if (pid < 0)
+        return fail("run: cannot start %s: %s", argv[0], strerror(errno));
+    o.child = pid;
+    char *patterns[] = {pattern};
+    int st = 0;
+    live_follow(patterns, 1, &o, &st);
+    if (*dir) {
+        unlink(link);
+        rmdir(dir);
+    }
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
 static int cmd_run(int argc, char **argv)
 {
     /* one option a line, so that each added option is a line of its own */
@@ -509,12 +583,13 @@ static int cmd_run(int argc, char **argv)
         {"stack-depth", required_argument, NULL, 'D'},
         {"audit", no_argument, NULL, 'A'},
         {"torch", no_argument, NULL, 'T'},
+        {"live", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     /* clang-format on */
     int c;
-    bool torch = false;
+    bool torch = false, live = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "+o:f:h", opts, NULL)) != -1) {
         switch (c) {
@@ -556,6 +631,9 @@ static int cmd_run(int argc, char **argv)
         case 'T':
             torch = true;
             break;
+        case 'V':
+            live = true;
+            break;
         case 'h':
             return command_help(find_command("run"));
         default:
@@ -589,6 +667,8 @@ static int cmd_run(int argc, char **argv)
     setenv("NVTX_INJECTION64_PATH", lib, 0);
     if (torch && torch_bootstrap(lib))
         return 2;
+    if (live)
+        return run_live(argv + optind, dir, link);
     if (*dir)
         return run_child(argv + optind, dir, link);
     execvp(argv[optind], argv + optind);
@@ -725,9 +805,19 @@ static void report_one(const struct cuheap_trace *t, const struct trace_summary 
                    human_bytes(st.outside, b2, sizeof(b2)),
                    st.peak_live ? (double)(st.region + st.outside) / (double)st.peak_live : 0.0,
                    human_bytes(st.peak_live, b3, sizeof(b3)));
-        if (d->nr_ooms || d->nr_limit)
+        /* answers the program recovered from (a caching allocator freed and asked again)
+         * are counted apart: the program never saw them */
+        uint64_t rec = cuheap_trace_recovered(t, d->device), ooms = d->nr_ooms, lim = d->nr_limit;
+        uint64_t from_ooms = rec < ooms ? rec : ooms;
+        ooms -= from_ooms;
+        lim -= rec - from_ooms < lim ? rec - from_ooms : lim;
+        if (ooms || lim)
             printf("  OUT OF MEMORY  %s, %" PRIu64 " refused by CUHEAP_LIMIT\n",
-                   count_of(d->nr_ooms, "time", "times", w, sizeof(w)), d->nr_limit);
+                   count_of(ooms, "time", "times", w, sizeof(w)), lim);
+        if (rec)
+            printf("  recovered      %s the program recovered from (it freed and the same "
+                   "request was answered): not out of memory\n",
+                   count_of(rec, "out-of-memory answer", "out-of-memory answers", w, sizeof(w)));
         print_oom_report(t, d->device); /* what the shim told then */
         printf("  still live at the end: %s\n", human_bytes(d->live, b1, sizeof(b1)));
         struct site *sites;
@@ -819,6 +909,44 @@ static int cmd_sites(int argc, char **argv, bool leaks)
     return 0;
 }
 
+/* `top --follow [--interval S] [-n N] [--count N] TRACE...` */
+static int cmd_follow(int argc, char **argv)
+{
+    static const struct option opts[] = {{"follow", no_argument, NULL, 'F'},
+                                         {"interval", required_argument, NULL, 'i'},
+                                         {"count", required_argument, NULL, 'c'},
+                                         {NULL, 0, NULL, 0}};
+    struct live_options o = {.interval_s = 1.0, .nr_sites = 5, .tty = isatty(STDOUT_FILENO)};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 'F':
+            break;
+        case 'n':
+            if (parse_n(optarg, &o.nr_sites))
+                return 2;
+            break;
+        case 'i':
+            o.interval_s = strtod(optarg, &end);
+            if (*end || !(o.interval_s >= 0.01 && o.interval_s <= 3600))
+                return fail("top: --interval %s: expected seconds, 0.01 to 3600", optarg);
+            break;
+        case 'c':
+            o.count = strtol(optarg, &end, 10);
+            if (*end || o.count <= 0)
+                return fail("top: --count %s: expected a positive number", optarg);
+            break;
+        default:
+            return bad_option("top", argv);
+        }
+    }
+    if (optind >= argc)
+        return fail("top: --follow expects one or more traces (paths or quoted glob patterns)");
+    return live_follow(argv + optind, (size_t)(argc - optind), &o, NULL);
+}
+
 /* CUHEAP_AUDIT's verdict and the driver operations no hook saw (src/cupti_audit.c), from a
  * second pass over the events: only for traces of audited runs, so a large ordinary trace is
  * read once. */
@@ -890,18 +1018,24 @@ static int cmd_report(int argc, char **argv)
         return 2;
     if (first >= argc)
         return fail("report: expected one or more trace files");
+    struct ranks rk = {0};
     for (int i = first; i < argc; i++) {
         struct cuheap_trace t;
         struct trace_summary s;
-        if (load_summarized(argv[i], &t, &s))
+        if (load_summarized(argv[i], &t, &s)) {
+            ranks_free(&rk);
             return 2;
+        }
         report_one(&t, &s);
         report_audit(&t);
+        ranks_add(&rk, &t, &s);
         summary_free(&s);
         cuheap_trace_free(&t);
         if (i + 1 < argc)
             printf("\n");
     }
+    ranks_print(stdout, &rk); /* several ranks: which stands out, and where */
+    ranks_free(&rk);
     return 0;
 }
 
@@ -1336,8 +1470,12 @@ int main(int argc, char **argv)
         return cmd_run(argc, argv);
     if (!strcmp(cmd, "report"))
         return cmd_report(argc, argv);
-    if (!strcmp(cmd, "top"))
+    if (!strcmp(cmd, "top")) {
+        for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+            if (!strcmp(argv[i], "--follow"))
+                return cmd_follow(argc, argv);
         return cmd_sites(argc, argv, false);
+    }
     if (!strcmp(cmd, "leaks"))
         return cmd_sites(argc, argv, true);
     if (!strcmp(cmd, "chrome"))

@@ -23,6 +23,7 @@
 
 #include "event.h"
 #include "export.h"
+#include "ranks.h"
 
 #define NR_BUCKETS   3000 /* per GPU: a few times a screen's width */
 #define NR_FINE_PER  16   /* fine buckets per bucket: zooms of up to 16x more stay exact */
@@ -1010,6 +1011,11 @@ int export_html(struct cuheap_trace *traces, const struct trace_summary *sums,
         fputs("<p class=\"note\">These traces were not recorded at the same time: each is drawn "
               "from its own start.</p>\n",
               f);
+    struct ranks rk = {0};
+    for (size_t i = 0; i < nr; i++)
+        ranks_add(&rk, &traces[i], &sums[i]);
+    ranks_print_html(f, &rk, esc); /* several ranks: which stands out, and where */
+    ranks_free(&rk);
     for (size_t i = 0; i < nr; i++) {
         const struct cuheap_trace *t = &traces[i];
         const struct trace_summary *s = &sums[i];
@@ -1041,8 +1047,12 @@ int export_html(struct cuheap_trace *traces, const struct trace_summary *sums,
                     dv->peak_live ? (double)dv->peak_reserved / (double)dv->peak_live : 0.0,
                     count_of(dv->nr_allocs, "allocation", "allocations", w, sizeof(w)),
                     dv->nr_pooled, human_bytes(dv->bytes_allocated, b3, sizeof(b3)));
-            if (dv->nr_ooms)
-                fprintf(f, ", <b>%" PRIu64 " out of memory</b>", dv->nr_ooms);
+            uint64_t rec = cuheap_trace_recovered(t, dv->device);
+            uint64_t real = dv->nr_ooms > rec ? dv->nr_ooms - rec : 0;
+            if (real)
+                fprintf(f, ", <b>%" PRIu64 " out of memory</b>", real);
+            if (rec)
+                fprintf(f, ", %" PRIu64 " out-of-memory answers recovered from", rec);
             if (dv->nr_limit)
                 fprintf(f, ", <b>%" PRIu64 " refused by CUHEAP_LIMIT</b>", dv->nr_limit);
             fputs("</p>\n", f);

@@ -199,18 +199,22 @@ static void symbolize_frame(json_t *fr, json_t *out)
 
 #endif
 
+void symbolize_stack(struct cuheap_trace_stack *s)
+{
+    size_t n = json_array_size(s->frames);
+    json_t *out = json_array();
+    if (!out)
+        return;
+    for (size_t k = 0; k < n; k++)
+        symbolize_frame(json_array_get(s->frames, k), out);
+    for (size_t k = 0; k < json_array_size(out); k++)
+        demangle_frame(json_array_get(out, k));
+    json_decref(s->frames);
+    s->frames = out;
+}
+
 void symbolize_trace(struct cuheap_trace *t)
 {
-    for (size_t i = 0; i < t->nr_stacks; i++) {
-        size_t n = json_array_size(t->stacks[i].frames);
-        json_t *out = json_array();
-        if (!out)
-            continue;
-        for (size_t k = 0; k < n; k++)
-            symbolize_frame(json_array_get(t->stacks[i].frames, k), out);
-        for (size_t k = 0; k < json_array_size(out); k++)
-            demangle_frame(json_array_get(out, k));
-        json_decref(t->stacks[i].frames);
-        t->stacks[i].frames = out;
-    }
+    for (size_t i = 0; i < t->nr_stacks; i++)
+        symbolize_stack(&t->stacks[i]);
 }

@@ -14,5 +14,7 @@
 
 /* Add "function", "file" and "line" to the native frames of every stack in t. */
 void symbolize_trace(struct cuheap_trace *t);
+/* The same for one stack (a followed trace's new ones). */
+void symbolize_stack(struct cuheap_trace_stack *s);
 
 #endif

@@ -613,6 +613,8 @@ struct order_check {
     size_t nr;
     uint64_t last; /* seq of the last event out */
     bool any_out, unsorted;
+    bool follow; /* a trace being written: every event is visited, late ones too */
+    size_t cap;  /* events the heap holds (0: window) */
     cuheap_trace_visit_fn visit;
     void *ctx;
 };
@@ -623,7 +625,7 @@ static void order_out(struct order_check *w, struct cuheap_trace_event e)
         w->unsorted = true;
     w->last = e.seq;
     w->any_out = true;
-    if (w->visit && !w->unsorted)
+    if (w->visit && (!w->unsorted || w->follow))
         w->visit(&e, w->ctx);
     free(e.label);
 }
@@ -631,7 +633,7 @@ static void order_out(struct order_check *w, struct cuheap_trace_event e)
 static void order_in(struct order_check *w, const struct cuheap_trace_event *e)
 {
     heap_push(w->heap, &w->nr, e);
-    while (w->nr == window || (w->nr && in_turn(w->heap, w->any_out, w->last)))
+    while (w->nr == (w->cap ? w->cap : window) || (w->nr && in_turn(w->heap, w->any_out, w->last)))
         order_out(w, heap_pop(w->heap, &w->nr));
 }
 
@@ -663,6 +665,143 @@ static int add_event(struct cuheap_trace *t, size_t *cap, struct order_check *w,
     return 0;
 }
 
+/* What reading keeps between lines: the capacities of the arrays it grows, and the window
+ * events go through (NULL: into t->events). */
+struct line_state {
+    size_t ev_cap, st_cap;
+    struct order_check *w;
+    char scratch[1024]; /* event lines are about 250 bytes */
+};
+
+/* One line of a trace (lineno counts from 1; complete: it ends in a newline). Returns 0, 1
+ * when the reading stops here (a last line cut off), or -1 with the reason in err. */
+static int take_line(const char *path, struct cuheap_trace *t, struct line_state *ls, char *line,
+                     size_t len, size_t lineno, char *err, size_t err_size)
+{
+    bool complete = len > 0 && line[len - 1] == '\n';
+    /* event lines through the scanner, on a copy: the line stays whole for jansson */
+    struct fields flat;
+    if (lineno > 1 && complete && len <= sizeof(ls->scratch)) {
+        memcpy(ls->scratch, line, len);
+        if (scan_flat(ls->scratch, len, &flat)) {
+            struct value type = get(&flat, "type");
+            if (type.kind == V_STR && !strcmp(type.s, "event")) {
+                if (add_event(t, &ls->ev_cap, ls->w, &flat, lineno)) {
+                    snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
+                    return -1;
+                }
+                return 0;
+            }
+        }
+    }
+    json_error_t jerr;
+    json_t *o = json_loadb(line, len, 0, &jerr);
+    if (lineno == 1) {
+        const char *fmt = o ? json_string_value(json_object_get(o, "format")) : NULL;
+        int r = 0;
+        if (!o && line[0] == '[') {
+            snprintf(err, err_size,
+                     "%s: a Chrome trace (CUHEAP_FORMAT=chrome), which "
+                     "Perfetto opens; the cuheap tool reads the JSON Lines format",
+                     path);
+            r = -1;
+        } else if (!o || !fmt || strcmp(fmt, "cuheap-trace")) {
+            snprintf(err, err_size,
+                     "%s: not a cuheap trace (line 1 is not a cuheap "
+                     "header)",
+                     path);
+            r = -1;
+        } else if (json_integer_value(json_object_get(o, "version")) > 1) {
+            snprintf(err, err_size,
+                     "%s: trace format version %lld is newer than this "
+                     "tool understands (1)",
+                     path, (long long)json_integer_value(json_object_get(o, "version")));
+            r = -1;
+        }
+        if (r) {
+            json_decref(o);
+            return r;
+        }
+        t->header = o;
+        t->pid = (long)json_integer_value(json_object_get(o, "pid"));
+        json_t *rank = json_object_get(o, "rank");
+        if (json_is_integer(rank))
+            t->rank = (long)json_integer_value(rank);
+        return 0;
+    }
+    if (!o || !json_is_object(o)) {
+        json_decref(o);
+        if (!complete) {
+            t->truncated = true; /* the run was killed mid-line */
+            return 1;
+        }
+        bad_line(t, lineno, o ? "not a JSON object" : "not JSON");
+        return 0;
+    }
+    int r = 0;
+    const char *type = json_string_value(json_object_get(o, "type"));
+    if (!type) {
+        bad_line(t, lineno, "no \"type\"");
+    } else if (!strcmp(type, "event")) {
+        struct fields fo = {.obj = o};
+        if (add_event(t, &ls->ev_cap, ls->w, &fo, lineno)) {
+            snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
+            r = -1;
+        }
+    } else if (!strcmp(type, "stack")) {
+        json_t *id = json_object_get(o, "id"), *fr = json_object_get(o, "frames"),
+               *py = json_object_get(o, "python");
+        if (!json_is_integer(id) || json_integer_value(id) <= 0 ||
+            json_integer_value(id) > UINT32_MAX || (fr && !json_is_array(fr)) ||
+            (py && !json_is_array(py))) {
+            bad_line(t, lineno, "a stack without a usable id or frames");
+            json_decref(o);
+            return 0;
+        }
+        if (t->nr_stacks == ls->st_cap) {
+            size_t n = ls->st_cap ? ls->st_cap * 2 : 1024;
+            struct cuheap_trace_stack *grown = realloc(t->stacks, n * sizeof(*grown));
+            if (!grown) {
+                snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
+                json_decref(o);
+                return -1;
+            }
+            t->stacks = grown;
+            ls->st_cap = n;
+        }
+        struct cuheap_trace_stack *s = &t->stacks[t->nr_stacks++];
+        s->id = (uint32_t)json_integer_value(json_object_get(o, "id"));
+        s->frames = json_incref(json_object_get(o, "frames"));
+        s->python = json_incref(json_object_get(o, "python"));
+    } else if (!strcmp(type, "device")) {
+        if (t->nr_devices < CUHEAP_TRACE_NR_MAX_DEVICES) {
+            struct cuheap_trace_device *d = &t->devices[t->nr_devices++];
+            d->ordinal = (int)json_integer_value(json_object_get(o, "device"));
+            const char *n = json_string_value(json_object_get(o, "name"));
+            d->name = strdup(n ? n : "?");
+            d->total = (uint64_t)json_integer_value(json_object_get(o, "total"));
+        }
+    } else if (!strcmp(type, "footer")) {
+        json_decref(t->footer);
+        t->footer = json_incref(o);
+    } else if (!strcmp(type, "oom_recovered")) { /* an out-of-memory that was not one */
+        json_int_t dev = json_integer_value(json_object_get(o, "device"));
+        json_int_t tries = json_integer_value(json_object_get(o, "tries"));
+        if (dev >= 0 && dev < CUHEAP_TRACE_NR_MAX_DEVICES) {
+            if (!t->oom_recoveries[dev] && !t->oom_released)
+                t->oom_released = (uint64_t)json_integer_value(json_object_get(o, "released"));
+            t->oom_recovered[dev] += tries > 0 ? (uint64_t)tries : 1;
+            t->oom_recoveries[dev]++;
+        }
+    } else if (!strcmp(type, "oom_report")) { /* what cuheap told at an out-of-memory */
+        if (!t->oom_reports)
+            t->oom_reports = json_array();
+        json_array_append(t->oom_reports, o);
+    }
+    json_decref(o);
+    return r;
+}
+
 static int read_trace(const char *path, struct cuheap_trace *t, char *err, size_t err_size,
                       struct order_check *w)
 {
@@ -674,131 +813,26 @@ static int read_trace(const char *path, struct cuheap_trace *t, char *err, size_
     struct stat st;
     t->path = strdup(path);
     uint64_t total = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
-    char *line = NULL, scratch[1024]; /* event lines are about 250 bytes */
-    size_t line_cap = 0, ev_cap = 0, st_cap = 0, lineno = 0;
+    struct line_state *ls = calloc(1, sizeof(*ls));
+    char *line = NULL;
+    size_t line_cap = 0, lineno = 0;
     ssize_t len;
-    int r = 0;
-    while ((len = getline(&line, &line_cap, f)) >= 0) {
+    int r = ls ? 0 : -1;
+    if (!ls)
+        snprintf(err, err_size, "%s: out of memory", path);
+    else
+        ls->w = w;
+    while (!r && (len = getline(&line, &line_cap, f)) >= 0) {
         lineno++;
         t->nr_lines = lineno;
         if (progress && !(lineno & 0x3fff))
             progress(path, (uint64_t)ftello(f), total, t->nr_events, false);
-        bool complete = len > 0 && line[len - 1] == '\n';
-        /* event lines through the scanner, on a copy: the line stays whole for jansson */
-        struct fields flat;
-        if (lineno > 1 && complete && (size_t)len <= sizeof(scratch)) {
-            memcpy(scratch, line, (size_t)len);
-            if (scan_flat(scratch, (size_t)len, &flat)) {
-                struct value type = get(&flat, "type");
-                if (type.kind == V_STR && !strcmp(type.s, "event")) {
-                    if (add_event(t, &ev_cap, w, &flat, lineno)) {
-                        snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
-                        r = -1;
-                        break;
-                    }
-                    continue;
-                }
-            }
-        }
-        json_error_t jerr;
-        json_t *o = json_loadb(line, (size_t)len, 0, &jerr);
-        if (lineno == 1) {
-            const char *fmt = o ? json_string_value(json_object_get(o, "format")) : NULL;
-            if (!o && line[0] == '[') {
-                snprintf(err, err_size,
-                         "%s: a Chrome trace (CUHEAP_FORMAT=chrome), which "
-                         "Perfetto opens; the cuheap tool reads the JSON Lines format",
-                         path);
-                r = -1;
-            } else if (!o || !fmt || strcmp(fmt, "cuheap-trace")) {
-                snprintf(err, err_size,
-                         "%s: not a cuheap trace (line 1 is not a cuheap "
-                         "header)",
-                         path);
-                r = -1;
-            } else if (json_integer_value(json_object_get(o, "version")) > 1) {
-                snprintf(err, err_size,
-                         "%s: trace format version %lld is newer than this "
-                         "tool understands (1)",
-                         path, (long long)json_integer_value(json_object_get(o, "version")));
-                r = -1;
-            }
-            if (r) {
-                json_decref(o);
-                break;
-            }
-            t->header = o;
-            t->pid = (long)json_integer_value(json_object_get(o, "pid"));
-            json_t *rank = json_object_get(o, "rank");
-            if (json_is_integer(rank))
-                t->rank = (long)json_integer_value(rank);
-            continue;
-        }
-        if (!o || !json_is_object(o)) {
-            json_decref(o);
-            if (!complete) {
-                t->truncated = true; /* the run was killed mid-line */
-                break;
-            }
-            bad_line(t, lineno, o ? "not a JSON object" : "not JSON");
-            continue;
-        }
-        const char *type = json_string_value(json_object_get(o, "type"));
-        if (!type) {
-            bad_line(t, lineno, "no \"type\"");
-        } else if (!strcmp(type, "event")) {
-            struct fields fo = {.obj = o};
-            if (add_event(t, &ev_cap, w, &fo, lineno)) {
-                snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
-                r = -1;
-            }
-        } else if (!strcmp(type, "stack")) {
-            json_t *id = json_object_get(o, "id"), *fr = json_object_get(o, "frames"),
-                   *py = json_object_get(o, "python");
-            if (!json_is_integer(id) || json_integer_value(id) <= 0 ||
-                json_integer_value(id) > UINT32_MAX || (fr && !json_is_array(fr)) ||
-                (py && !json_is_array(py))) {
-                bad_line(t, lineno, "a stack without a usable id or frames");
-                json_decref(o);
-                continue;
-            }
-            if (t->nr_stacks == st_cap) {
-                size_t n = st_cap ? st_cap * 2 : 1024;
-                struct cuheap_trace_stack *grown = realloc(t->stacks, n * sizeof(*grown));
-                if (!grown) {
-                    snprintf(err, err_size, "%s: out of memory at line %zu", path, lineno);
-                    json_decref(o);
-                    r = -1;
-                    break;
-                }
-                t->stacks = grown;
-                st_cap = n;
-            }
-            struct cuheap_trace_stack *s = &t->stacks[t->nr_stacks++];
-            s->id = (uint32_t)json_integer_value(json_object_get(o, "id"));
-            s->frames = json_incref(json_object_get(o, "frames"));
-            s->python = json_incref(json_object_get(o, "python"));
-        } else if (!strcmp(type, "device")) {
-            if (t->nr_devices < CUHEAP_TRACE_NR_MAX_DEVICES) {
-                struct cuheap_trace_device *d = &t->devices[t->nr_devices++];
-                d->ordinal = (int)json_integer_value(json_object_get(o, "device"));
-                const char *n = json_string_value(json_object_get(o, "name"));
-                d->name = strdup(n ? n : "?");
-                d->total = (uint64_t)json_integer_value(json_object_get(o, "total"));
-            }
-        } else if (!strcmp(type, "footer")) {
-            json_decref(t->footer);
-            t->footer = json_incref(o);
-        } else if (!strcmp(type, "oom_report")) { /* what cuheap told at an out-of-memory */
-            if (!t->oom_reports)
-                t->oom_reports = json_array();
-            json_array_append(t->oom_reports, o);
-        }
-        json_decref(o);
-        if (r)
-            break;
+        r = take_line(path, t, ls, line, (size_t)len, lineno, err, err_size);
     }
+    if (r > 0)
+        r = 0;
     free(line);
+    free(ls);
     if (progress)
         progress(path, (uint64_t)ftello(f), total, t->nr_events, true);
     fclose(f);
@@ -958,6 +992,11 @@ void cuheap_trace_free(struct cuheap_trace *t)
     memset(t, 0, sizeof(*t));
 }
 
+uint64_t cuheap_trace_recovered(const struct cuheap_trace *t, int device)
+{
+    return device >= 0 && device < CUHEAP_TRACE_NR_MAX_DEVICES ? t->oom_recovered[device] : 0;
+}
+
 const struct cuheap_trace_stack *cuheap_trace_stack(const struct cuheap_trace *t, uint32_t id)
 {
     struct cuheap_trace_stack key = {.id = id};
@@ -1071,4 +1110,165 @@ const char *cuheap_trace_site(const struct cuheap_trace *t, uint32_t stack, char
     else
         snprintf(buf, size, "(no stack)");
     return buf;
+}
+
+/* ---- following a trace being written ---- */
+
+/* Events a followed trace holds back for one in seq order still to come: the writer drains its
+ * ring nearly in order, so a few thousand are plenty. */
+#define NR_TAIL_WINDOW 8192
+#define TAIL_CHUNK     (1u << 20)
+
+struct cuheap_trace_tail_state {
+    struct line_state ls;
+    struct order_check w;
+    char *partial; /* the start of a line not yet whole */
+    size_t nr_partial, cap_partial;
+    char *chunk;
+};
+
+int cuheap_trace_tail_open(const char *path, struct cuheap_trace_tail *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    ret->fd = -1;
+    ret->t.rank = -1;
+    ret->t.path = strdup(path);
+    ret->st = calloc(1, sizeof(*ret->st));
+    if (ret->st) {
+        ret->st->w.heap = malloc(NR_TAIL_WINDOW * sizeof(*ret->st->w.heap));
+        ret->st->chunk = malloc(TAIL_CHUNK);
+    }
+    if (!ret->t.path || !ret->st || !ret->st->w.heap || !ret->st->chunk) {
+        cuheap_trace_tail_close(ret);
+        return -ENOMEM;
+    }
+    ret->st->w.cap = NR_TAIL_WINDOW;
+    ret->st->w.follow = true;
+    ret->st->ls.w = &ret->st->w;
+    return 0;
+}
+
+/* One whole line (or the last, cut-off piece when final). Returns take_line's answer. */
+static int tail_line(struct cuheap_trace_tail *tt, char *line, size_t len, char *err,
+                     size_t err_size)
+{
+    tt->lineno++;
+    tt->t.nr_lines = tt->lineno;
+    int r = take_line(tt->t.path, &tt->t, &tt->st->ls, line, len, tt->lineno, err, err_size);
+    if (r == 0 && tt->t.footer)
+        tt->ended = true;
+    return r;
+}
+
+int cuheap_trace_tail_poll(struct cuheap_trace_tail *tt, cuheap_trace_visit_fn visit, void *ctx,
+                           char *err, size_t err_size)
+{
+    struct cuheap_trace_tail_state *st = tt->st;
+    st->w.visit = visit;
+    st->w.ctx = ctx;
+    /* events held back since the last poll: what they waited for is not coming */
+    while (st->w.nr && tt->held)
+        order_out(&st->w, heap_pop(st->w.heap, &st->w.nr));
+    if (tt->fd < 0) {
+        tt->fd = open(tt->t.path, O_RDONLY | O_CLOEXEC);
+        if (tt->fd < 0) {
+            if (errno == ENOENT)
+                return 0; /* not written yet */
+            snprintf(err, err_size, "%s: cannot open: %s", tt->t.path, strerror(errno));
+            return -1;
+        }
+        struct stat sb;
+        if (fstat(tt->fd, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            snprintf(err, err_size, "%s: is a folder, not a cuheap trace", tt->t.path);
+            return -1;
+        }
+    }
+    size_t got = 0;
+    for (;;) {
+        ssize_t n = pread(tt->fd, st->chunk, TAIL_CHUNK, (off_t)tt->offset);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            snprintf(err, err_size, "%s: cannot read: %s", tt->t.path, strerror(errno));
+            return -1;
+        }
+        if (n == 0)
+            break;
+        if (tt->offset == 0 && n >= 2 && (unsigned char)st->chunk[0] == 0x1f &&
+            (unsigned char)st->chunk[1] == 0x8b) {
+            snprintf(err, err_size,
+                     "%s: a gzip-compressed trace, which cannot grow: `cuheap report` reads it",
+                     tt->t.path);
+            return -1;
+        }
+        tt->offset += (uint64_t)n;
+        got += (size_t)n;
+        char *p = st->chunk, *end = st->chunk + n;
+        while (p < end) {
+            char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t piece = (size_t)((nl ? nl + 1 : end) - p);
+            if (!nl || st->nr_partial) { /* keep it, or finish the line kept */
+                if (st->nr_partial + piece > st->cap_partial) {
+                    size_t cap = (st->nr_partial + piece) * 2;
+                    char *grown = realloc(st->partial, cap);
+                    if (!grown) {
+                        snprintf(err, err_size, "%s: out of memory", tt->t.path);
+                        return -1;
+                    }
+                    st->partial = grown;
+                    st->cap_partial = cap;
+                }
+                memcpy(st->partial + st->nr_partial, p, piece);
+                st->nr_partial += piece;
+                if (nl) {
+                    int r = tail_line(tt, st->partial, st->nr_partial, err, err_size);
+                    st->nr_partial = 0;
+                    if (r < 0)
+                        return -1;
+                }
+            } else if (tail_line(tt, p, piece, err, err_size) < 0) {
+                return -1;
+            }
+            p += piece;
+        }
+        if ((size_t)n < TAIL_CHUNK)
+            break;
+    }
+    /* a first line that cannot become a header, said before it ends (a binary file may never
+     * hold a newline); JSON may start with blanks */
+    size_t lead = 0;
+    while (lead < st->nr_partial &&
+           (st->partial[lead] == ' ' || st->partial[lead] == '\t' || st->partial[lead] == '\r'))
+        lead++;
+    if (tt->lineno == 0 && lead < st->nr_partial && st->partial[lead] != '{' &&
+        st->partial[lead] != '[') {
+        snprintf(err, err_size, "%s: not a cuheap trace (line 1 is not a cuheap header)",
+                 tt->t.path);
+        return -1;
+    }
+    if (tt->ended) /* nothing more is coming: the rest, in order */
+        while (st->w.nr)
+            order_out(&st->w, heap_pop(st->w.heap, &st->w.nr));
+    tt->held = st->w.nr > 0;
+    if (tt->t.nr_stacks > 1 &&
+        tt->t.stacks[tt->t.nr_stacks - 1].id < tt->t.stacks[tt->t.nr_stacks - 2].id)
+        qsort(tt->t.stacks, tt->t.nr_stacks, sizeof(*tt->t.stacks), cmp_stack);
+    return got > 0;
+}
+
+void cuheap_trace_tail_close(struct cuheap_trace_tail *tt)
+{
+    if (tt->st) {
+        while (tt->st->w.nr)
+            free(heap_pop(tt->st->w.heap, &tt->st->w.nr).label);
+        free(tt->st->w.heap);
+        free(tt->st->partial);
+        free(tt->st->chunk);
+        free(tt->st);
+    }
+    if (tt->fd >= 0)
+        close(tt->fd);
+    cuheap_trace_free(&tt->t);
+    memset(tt, 0, sizeof(*tt));
+    tt->fd = -1;
 }

@@ -68,7 +68,15 @@ struct cuheap_trace {
     char bad_field[40];       /* name of the first */
     size_t nr_unknown_events; /* event kinds this tool does not know (a newer cuheap) */
     json_t *oom_reports;      /* the "oom_report" lines, in file order (an array; NULL: none) */
+    /* "oom_recovered" lines by device ordinal: out-of-memory answers the program recovered
+     * from (freed, and the same request was then answered), and the requests they were */
+    uint64_t oom_recovered[CUHEAP_TRACE_NR_MAX_DEVICES];
+    uint64_t oom_recoveries[CUHEAP_TRACE_NR_MAX_DEVICES];
+    uint64_t oom_released; /* bytes the program released before the first recovery */
 };
+
+/* Out-of-memory answers (and limit refusals) on device the program recovered from. */
+uint64_t cuheap_trace_recovered(const struct cuheap_trace *t, int device);
 
 /* Read a trace, its events into t->events. Returns 0, or -1 with a one-line reason in err
  * ("PATH: ..."). Warnings (truncation, skipped lines) are left in the struct for the caller
@@ -136,5 +144,27 @@ const char *cuheap_trace_site(const struct cuheap_trace *t, uint32_t stack, char
 /* Render one frame of a stack as text: Python frames first, then native. Returns false past
  * the last frame. */
 bool cuheap_trace_frame(const struct cuheap_trace_stack *s, size_t i, char *buf, size_t size);
+
+/* Following a trace while it is written: each poll reads only what was appended since the
+ * last (the offset and a line not yet whole are kept), hands its events in seq order to visit
+ * and keeps the header, devices, stacks, out-of-memory reports and footer in t. Memory grows
+ * with stacks, not with events. */
+struct cuheap_trace_tail_state; /* tracereader.c */
+struct cuheap_trace_tail {
+    struct cuheap_trace t; /* no events: they went to visit */
+    int fd;                /* -1 until the file is there */
+    uint64_t offset;       /* bytes read */
+    size_t lineno;         /* whole lines read */
+    bool ended;            /* its footer was read: the writer closed it */
+    bool held;             /* events wait in the window for an earlier one */
+    struct cuheap_trace_tail_state *st;
+};
+/* 0 or -ENOMEM; the file need not exist yet. */
+int cuheap_trace_tail_open(const char *path, struct cuheap_trace_tail *ret);
+/* Read what was appended. Returns 1 when something was, 0 when not (or the file is not there
+ * yet), -1 with a one-line reason in err (not a cuheap trace, compressed, unreadable). */
+int cuheap_trace_tail_poll(struct cuheap_trace_tail *tt, cuheap_trace_visit_fn visit, void *ctx,
+                           char *err, size_t err_size);
+void cuheap_trace_tail_close(struct cuheap_trace_tail *tt);
 
 #endif

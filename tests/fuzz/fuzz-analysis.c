@@ -29,6 +29,11 @@ void symbolize_trace(struct cuheap_trace *t)
     (void)t; /* see the top of the file */
 }
 
+void symbolize_stack(struct cuheap_trace_stack *s)
+{
+    (void)s; /* the same, for a followed trace */
+}
+
 static FILE *devnull;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

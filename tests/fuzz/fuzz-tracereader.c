@@ -36,6 +36,35 @@ static void check_stack_text(const struct cuheap_trace *t, uint32_t id)
         check_text(buf, sizeof(buf));
 }
 
+static void count_event(const struct cuheap_trace_event *e, void *ctx)
+{
+    fuzz_check(e->type >= CUHEAP_EV_ALLOC && e->type < CUHEAP_NR_EVENT_TYPES);
+    (*(size_t *)ctx)++;
+}
+
+/* Following the same bytes, written in two pieces cut at any byte (polled between), hands
+ * over as many events as reading them at once. */
+static void check_tail(const uint8_t *data, size_t size, size_t nr_events)
+{
+    size_t cut = size > 1 ? data[size / 2] % size : 0;
+    const char *path = fuzz_file(data, cut);
+    struct cuheap_trace_tail tt;
+    char err[600];
+    size_t n = 0;
+    if (cuheap_trace_tail_open(path, &tt))
+        return;
+    int r = cuheap_trace_tail_poll(&tt, count_event, &n, err, sizeof(err));
+    if (r >= 0) {
+        fuzz_file(data, size); /* the same file, grown */
+        r = cuheap_trace_tail_poll(&tt, count_event, &n, err, sizeof(err));
+    }
+    if (r >= 0)
+        r = cuheap_trace_tail_poll(&tt, count_event, &n, err, sizeof(err)); /* held ones */
+    fuzz_check(r >= 0);
+    fuzz_check(n == nr_events);
+    cuheap_trace_tail_close(&tt);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *path = fuzz_file(data, size);
@@ -72,7 +101,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (i < 64)
             check_stack_text(&t, t.stacks[i].id);
     }
+    size_t nr_events = t.nr_events;
     cuheap_trace_free(&t);
     fuzz_check(!t.events && !t.stacks && !t.header);
+    /* a whole trace, plain: the follower reads it as the reader does */
+    if (size && data[size - 1] == '\n' && !(size >= 2 && data[0] == 0x1f && data[1] == 0x8b))
+        check_tail(data, size, nr_events);
     return 0;
 }

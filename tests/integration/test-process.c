@@ -1972,7 +1972,7 @@ static void test_rec_summary_says_own_time_and_driver_calls(void **state)
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     struct result r =
-        run(FAKE " " PRELOAD " CUHEAP_VERBOSE=1 FAKECUDA_VMM_US=500 "
+        run(FAKE " " PRELOAD " CUHEAP_VERBOSE=1 FAKECUDA_VMM_US=4000 "
                  "CUHEAP_OUTPUT=o.jsonl %s/tests/programs/cuheap-demo 20 12 >/dev/null",
             build, build, build);
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -1988,9 +1988,10 @@ static void test_rec_summary_says_own_time_and_driver_calls(void **state)
     double record_ms = m ? figure_after(strstr(m, "event record "), " (") : -1;
     double query_ms = m ? figure_after(strstr(m, "query "), " (") : -1;
     double sync_ms = m ? figure_after(strstr(m, "synchronize "), " (") : -1;
-    /* each chunk the pool took is a create, a map and a set-access, 500 us each here */
+    /* each chunk the pool took is a create, a map and a set-access, 4 ms each here: far more
+     * than what a loaded machine's preemption adds to own time (which is time on the thread) */
     if (r.status || own_alloc <= 0 || own_free <= 0 || timed <= 0 || chunks <= 0 ||
-        maps < 3 * chunks || map_ms < 3 * 0.5 * (double)chunks || record_ms < 0 || query_ms < 0 ||
+        maps < 3 * chunks || map_ms < 3 * 4.0 * (double)chunks || record_ms < 0 || query_ms < 0 ||
         sync_ms < 0 || record_ms + query_ms + sync_ms >= map_ms / 2 ||
         own_alloc + own_free >= wall_ms || own_alloc + own_free >= map_ms)
         fail_msg("wall %.1f ms, own %.3f + %.3f ms, map %.3f ms\n%s", wall_ms, own_alloc, own_free,

@@ -193,6 +193,28 @@ static void test_driver_time_is_taken_off_own_time(void **state)
     assert_true(own_ns < 20000000);
 }
 
+/* A timed call standing for 32 that the OS took the CPU from (a sleep here) counts once: the
+ * calls it stood for did not wait; a short one counts for all of them. */
+static void test_long_timed_call_counts_once(void **state)
+{
+    (void)state;
+    struct cuheap_counters *c = cuheap_counters_mine();
+    assert_non_null(c);
+    int64_t own0 = cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC);
+    struct cuheap_own_span span;
+    cuheap_own_begin(c, &span);
+    sleep_ms(20);
+    cuheap_own_end(c, &span, CUHEAP_OWN_ALLOC, 32);
+    uint64_t ns = cuheap_ticks_ns(cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC) - own0);
+    print_message("# a 20 ms call standing for 32: %llu ns\n", (unsigned long long)ns);
+    assert_true(ns >= 19000000 && ns < 200000000);
+    own0 = cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC);
+    cuheap_own_begin(c, &span);
+    cuheap_own_end(c, &span, CUHEAP_OWN_ALLOC, 32);
+    int64_t short_ticks = cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC) - own0;
+    assert_true(short_ticks > 0 && short_ticks % 32 == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -202,6 +224,7 @@ int main(void)
         cmocka_unit_test(test_fork_child_starts_over),
         cmocka_unit_test(test_ticks_read_as_nanoseconds),
         cmocka_unit_test(test_driver_time_is_taken_off_own_time),
+        cmocka_unit_test(test_long_timed_call_counts_once),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -291,6 +291,103 @@ static void test_streaming_gives_the_same_events(void **state)
     unlink(path);
 }
 
+/* ---- following a trace as it is written ---- */
+
+struct seen {
+    uint64_t seqs[16];
+    size_t nr;
+};
+
+static void collect(const struct cuheap_trace_event *e, void *ctx)
+{
+    struct seen *s = ctx;
+    if (s->nr < 16)
+        s->seqs[s->nr++] = e->seq;
+}
+
+static void append(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "a");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+#define EV(seq, kind)                                                                              \
+    "{\"type\":\"event\",\"seq\":" #seq ",\"t\":" #seq ",\"event\":\"" kind                        \
+    "\",\"api\":\"cuMemAlloc\",\"device\":0,\"tid\":1,\"ptr\":\"0x1000\",\"size\":100}\n"
+
+/* Each poll hands over only what was appended, a line cut between writes once it is whole,
+ * events in seq order (one held back for an earlier one still to come), and the footer ends it. */
+static void test_tail_reads_only_what_was_appended(void **state)
+{
+    (void)state;
+    char *path = write_tmp(HEADER);
+    struct cuheap_trace_tail tt;
+    struct seen s = {.nr = 0};
+    char err[256];
+    assert_int_equal(cuheap_trace_tail_open(path, &tt), 0);
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), 1);
+    assert_int_equal(tt.t.rank, 3);
+    assert_int_equal(s.nr, 0);
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), 0);
+    /* a line cut in two, the second event before the first */
+    const char *two = EV(2, "free");
+    char half[256];
+    snprintf(half, sizeof(half), "%.*s", 40, two);
+    append(path, half);
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), 1);
+    assert_int_equal(s.nr, 0);
+    char rest[512];
+    snprintf(rest, sizeof(rest), "%s%s%s", two + 40, EV(1, "alloc"), EV(3, "alloc"));
+    append(path, rest);
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), 1);
+    assert_int_equal(s.nr, 3);
+    assert_int_equal(s.seqs[0], 1);
+    assert_int_equal(s.seqs[1], 2);
+    assert_int_equal(s.seqs[2], 3);
+    /* after a gap (4 never written) an event waits one poll, then comes anyway */
+    append(path, EV(5, "free"));
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), 1);
+    assert_int_equal(s.nr, 3);
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), 0);
+    assert_int_equal(s.nr, 4);
+    assert_int_equal(s.seqs[3], 5);
+    assert_int_equal(tt.t.nr_bad_lines, 0);
+    assert_false(tt.ended);
+    append(path, "{\"type\":\"footer\",\"events\":3,\"dropped\":0}\n");
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), 1);
+    assert_true(tt.ended);
+    assert_int_equal(s.nr, 4); /* nothing read twice */
+    cuheap_trace_tail_close(&tt);
+    unlink(path);
+}
+
+/* A file that is not a trace, or is compressed, is named as such; one not there yet is waited
+ * for. */
+static void test_tail_names_what_it_cannot_follow(void **state)
+{
+    (void)state;
+    struct cuheap_trace_tail tt;
+    struct seen s = {.nr = 0};
+    char err[256];
+    assert_int_equal(cuheap_trace_tail_open("/tmp/cuheap-test-not-there-yet.jsonl", &tt), 0);
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), 0);
+    cuheap_trace_tail_close(&tt);
+    char *path = write_tmp("hello\n");
+    assert_int_equal(cuheap_trace_tail_open(path, &tt), 0);
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "not a cuheap trace"));
+    cuheap_trace_tail_close(&tt);
+    unlink(path);
+    path = write_tmp("\x1f\x8b\x08rest");
+    assert_int_equal(cuheap_trace_tail_open(path, &tt), 0);
+    assert_int_equal(cuheap_trace_tail_poll(&tt, collect, &s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "gzip-compressed"));
+    cuheap_trace_tail_close(&tt);
+    unlink(path);
+}
+
 static void test_not_a_trace(void **state)
 {
     (void)state;
@@ -327,6 +424,8 @@ int main(void)
         cmocka_unit_test(test_fast_scanner_reads_as_jansson_does),
         cmocka_unit_test(test_streaming_gives_the_same_events),
         cmocka_unit_test(test_not_a_trace),
+        cmocka_unit_test(test_tail_reads_only_what_was_appended),
+        cmocka_unit_test(test_tail_names_what_it_cannot_follow),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
