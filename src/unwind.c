@@ -358,8 +358,15 @@ __attribute__((noinline)) static int walk_way(struct stack_way *w, unsigned max)
         rbp = (struct stack_word){0, 0};
         if (cacheable && !cur.get_save_loc(cursor, UNW_X86_64_RBP, &loc) &&
             !cur.get_reg(cursor, UNW_X86_64_RBP, &rbp.value) && loc.type == UNW_SLT_MEMORY &&
-            loc.addr >= sp1)
-            rbp.addr = (uintptr_t)loc.addr;
+            loc.addr >= sp1) {
+            /* a slot in a frame inside this one that holds the value: anything else (another
+             * libunwind's layout of the answer) is not a word to check later */
+            if (loc.addr < sp && !(loc.addr & 7) &&
+                *(const uint64_t *)(uintptr_t)loc.addr == rbp.value)
+                rbp.addr = (uintptr_t)loc.addr;
+            else
+                cacheable = false;
+        }
         if (leading && is_self(ip))
             continue;
         leading = false;
