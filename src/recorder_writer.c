@@ -318,6 +318,10 @@ static void write_event(struct cuheap_event *ev, uint64_t pos)
     bool is_new = false;
     unsigned nr_frames = ev->nr_frames, nr_py = ev->nr_py;
     ev->time_ns = cuheap_ticks_to_ns(ev->time_ns);
+    /* the scale's error (tens of ns) must not put an event taken just after the trace's start
+     * before it: t is unsigned */
+    if (ev->time_ns < cuheap_recorder.t0_ns)
+        ev->time_ns = cuheap_recorder.t0_ns;
     if (ev->type == CUHEAP_EV_MARK || ev->type == CUHEAP_EV_AUDIT)
         nr_frames = nr_py = 0; /* the frames union holds the label */
     uint64_t t0 = cuheap_recorder.timing ? cuheap_recorder_now() : 0;

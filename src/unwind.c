@@ -180,15 +180,16 @@ __attribute__((noinline)) unsigned cuheap_unwind_capture(uint64_t *out, unsigned
  *
  * A walk costs the unwinder tens of nanoseconds a frame, and a hook is usually reached from a
  * handful of call paths. What the unwinder computes for a frame (where its caller's frame
- * starts, the CFA) depends on the frame's instruction pointer, its stack pointer and its frame
- * pointer (rbp) alone, and the caller's instruction pointer is the word just below the CFA
- * (the x86-64 ABI). So a walk is a function of the capture's own frame (fixed: the capturing
- * function keeps a frame pointer) and of the stack words it read: each return address and
- * each saved rbp. The slow walk (libunwind's cursor, once per new stack) notes those words'
- * addresses and values; a later capture at the same stack pointer whose words all hold the
- * same values has the same stack, checked innermost first, so that only words of frames
- * already proven live are read. A signal frame (its caller's state is in a saved context),
- * or a frame pointer the unwinder cannot place, is never cached. */
+ * starts, the CFA) depends on the frame's instruction pointer and its stack pointer, or, in a
+ * frame that keeps a frame pointer (CFA = rbp + 16), its rbp; the caller's instruction pointer
+ * is the word just below the CFA (the x86-64 ABI). So a walk is a function of the capture's
+ * own frame (fixed: the capturing function keeps a frame pointer) and of the stack words it
+ * read: each return address, and the saved rbp of each frame placed by its rbp. A cursor walk
+ * (libunwind's, which says where each register was saved) notes those words' addresses and
+ * values; a later capture at the same stack pointer whose words all hold the same values has
+ * the same stack, checked innermost first, so that only words of frames already proven live
+ * are read. A stack with a signal frame (its caller's state is in a saved context) is never
+ * cached; x86-64 only (the cursor's symbols), elsewhere every capture walks. */
 #define NR_STACK_WAYS 16  /* stacks a thread keeps */
 #define NR_MAX_CHECKS 128 /* stack words checked: a return address and a saved rbp a frame */
 #define NR_RECENT     64  /* stacks a thread missed lately, by hash */
@@ -357,8 +358,15 @@ __attribute__((noinline)) static int walk_way(struct stack_way *w, unsigned max)
         rbp = (struct stack_word){0, 0};
         if (cacheable && !cur.get_save_loc(cursor, UNW_X86_64_RBP, &loc) &&
             !cur.get_reg(cursor, UNW_X86_64_RBP, &rbp.value) && loc.type == UNW_SLT_MEMORY &&
-            loc.addr >= sp1)
-            rbp.addr = (uintptr_t)loc.addr;
+            loc.addr >= sp1) {
+            /* a slot in a frame inside this one that holds the value: anything else (another
+             * libunwind's layout of the answer) is not a word to check later */
+            if (loc.addr < sp && !(loc.addr & 7) &&
+                *(const uint64_t *)(uintptr_t)loc.addr == rbp.value)
+                rbp.addr = (uintptr_t)loc.addr;
+            else
+                cacheable = false;
+        }
         if (leading && is_self(ip))
             continue;
         leading = false;

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Stack capture on the hooked thread: return addresses only, everything else later on the
- * writer thread. Uses nongnu libunwind's unw_backtrace (about 12 ns a frame) opened with
- * dlopen(RTLD_LOCAL) so its _Unwind_* never reach the global scope; falls back to glibc's
- * backtrace() when libunwind.so.8 cannot be opened.
+ * writer thread. Uses nongnu libunwind's unw_backtrace (tens of ns a frame) opened with
+ * dlopen(RTLD_LOCAL) so its _Unwind_* never reach the global scope, and its cursor to fill a
+ * per-thread cache of stacks a thread had before (cuheap_unwind_capture_cached); falls back
+ * to glibc's backtrace() when libunwind.so.8 cannot be opened.
  */
 #ifndef CUHEAP_UNWIND_H
 #define CUHEAP_UNWIND_H
