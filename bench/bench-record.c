@@ -11,9 +11,21 @@
  *                                 frames deep, then its free) for SECONDS, through the real
  *                                 writer into a file: events a second, written, dropped,
  *                                 and the writer's CPU share
+ *   bench-record cost repeated|varied|many [python]
+ *                                 under LD_PRELOAD=libcuheap.so over the simulated driver
+ *                                 (tests/fakecuda): cuMemAlloc + cuMemFree pairs of 512 B made
+ *                                 24 calls deep, from one call path (repeated) or eight taken
+ *                                 in turn (varied) or 64 (many: more than a thread's stack
+ *                                 cache holds), paced so the writer keeps up; prints the
+ *                                 allocating thread's CPU ns an event, best of 3 rounds
+ *                                 (BENCH_ROUNDS) of 100,000 pairs after a lap of the ring. With
+ * "python", from 12 Python frames (the interpreter from BENCH_LIBPYTHON, reached through ctypes,
+ * which lets go of the GIL as PyTorch does). bench/run-record-cost.sh runs it under each setting.
  * Python frames need an interpreter: bench/run-cpu.sh times them through the simulated
  * driver (tests/programs/py_alloc.py with CUHEAP_RECORD_TIMING=1).
  */
+#include <cuda.h>
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -24,6 +36,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "cuheap/cuheap.h"
 #include "recorder.h"
 #include "ring.h"
 #include "stacktab.h"
@@ -251,9 +264,139 @@ static void report(const char *what, double wall)
         unlink(s.path);
 }
 
+/* ---- the allocating thread's cost, through the hooks ---- */
+
+static struct {
+    CUresult (*alloc)(CUdeviceptr *, size_t);
+    CUresult (*free)(CUdeviceptr);
+} cu;
+
+static uint64_t thread_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static unsigned driver_pair(void *arg)
+{
+    (void)arg;
+    CUdeviceptr p;
+    if (cu.alloc(&p, 512) == CUDA_SUCCESS)
+        cu.free(p);
+    return 0;
+}
+
+static int driver_open(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h)
+        return -1;
+    CUresult (*init)(unsigned) = NULL, (*get)(CUdevice *, int) = NULL,
+             (*retain)(CUcontext *, CUdevice) = NULL, (*set)(CUcontext) = NULL;
+    *(void **)&init = dlsym(h, "cuInit");
+    *(void **)&get = dlsym(h, "cuDeviceGet");
+    *(void **)&retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+    *(void **)&set = dlsym(h, "cuCtxSetCurrent");
+    *(void **)&cu.alloc = dlsym(h, "cuMemAlloc_v2");
+    *(void **)&cu.free = dlsym(h, "cuMemFree_v2");
+    CUdevice dev;
+    CUcontext ctx;
+    if (!init || !get || !retain || !set || !cu.alloc || !cu.free || init(0) || get(&dev, 0) ||
+        retain(&ctx, dev) || set(ctx))
+        return -1;
+    return 0;
+}
+
+/* pairs pairs 24 calls deep, in batches of 256 with a pause after each (untimed) so that the
+ * writer, which shares this machine's cores, keeps up: the thread's CPU ns a pair */
+static double cost_round(int pairs, unsigned paths)
+{
+    enum { BATCH = 256 };
+    uint64_t busy = 0;
+    for (int done = 0; done < pairs; done += BATCH) {
+        uint64_t t0 = thread_ns();
+        for (int i = 0; i < BATCH; i++)
+            prog_descend(23, 1 + (unsigned)(i % paths) * 3, driver_pair, NULL);
+        busy += thread_ns() - t0;
+        struct timespec ts = {0, 2000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return (double)busy / (double)((pairs + BATCH - 1) / BATCH * BATCH);
+}
+
+/* Exported for the Python side of "cost ... python" (ctypes). */
+__attribute__((visibility("default"))) int bench_record_cost(unsigned paths);
+
+int bench_record_cost(unsigned paths)
+{
+    if (driver_open()) {
+        fprintf(stderr, "bench-record: no simulated driver (LD_LIBRARY_PATH=tests/fakecuda)\n");
+        return 1;
+    }
+    int (*stats)(struct cuheap_stats *, size_t) = NULL;
+    *(void **)&stats = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
+    /* a lap of the default ring first: its pages resident (BENCH_PAIRS: fewer, for callgrind) */
+    int pairs = getenv("BENCH_PAIRS") ? atoi(getenv("BENCH_PAIRS")) : 100000;
+    cost_round(pairs < 40000 ? pairs : 40000, paths);
+    double best = 0;
+    int rounds = getenv("BENCH_ROUNDS") ? atoi(getenv("BENCH_ROUNDS")) : 3;
+    for (int r = 0; r < rounds; r++) {
+        double ns = cost_round(pairs, paths);
+        if (r == 0 || ns < best)
+            best = ns;
+    }
+    struct cuheap_stats s = {0};
+    if (stats)
+        stats(&s, sizeof(s));
+    const char *label = getenv("BENCH_LABEL");
+    printf("config=%s stack=%s ns_per_event=%.1f ns_per_pair=%.1f events=%" PRIu64
+           " dropped=%" PRIu64 "\n",
+           label ? label : "-",
+           paths == 1   ? "repeated"
+           : paths == 8 ? "varied"
+                        : "many",
+           best / 2, best, s.nr_events, s.nr_dropped);
+    fflush(stdout);
+    return 0;
+}
+
+/* Twelve Python frames, then the C loop through ctypes. */
+static int cost_python(unsigned paths)
+{
+    const char *lib = getenv("BENCH_LIBPYTHON");
+    void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_GLOBAL) : NULL;
+    void (*init)(int) = NULL;
+    int (*run)(const char *) = NULL;
+    if (h) {
+        *(void **)&init = dlsym(h, "Py_InitializeEx");
+        *(void **)&run = dlsym(h, "PyRun_SimpleString");
+    }
+    if (!init || !run) {
+        fprintf(stderr, "bench-record: BENCH_LIBPYTHON=%s: no interpreter\n", lib ? lib : "");
+        return 1;
+    }
+    init(0);
+    char code[512];
+    snprintf(code, sizeof(code),
+             "import ctypes, sys\n"
+             "f = ctypes.CDLL(None).bench_record_cost\n"
+             "def down(n):\n"
+             "    return down(n - 1) if n > 1 else f(%u)\n"
+             "sys.exit(down(12))\n",
+             paths);
+    return run(code) ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "parts";
+    if (!strcmp(mode, "cost") && argc > 2) {
+        unsigned paths = !strcmp(argv[2], "varied") ? 8 : !strcmp(argv[2], "many") ? 64 : 1;
+        if (argc > 3 && !strcmp(argv[3], "python"))
+            return cost_python(paths);
+        return bench_record_cost(paths);
+    }
     if (!strcmp(mode, "parts")) {
         unwind_parts();
         stacktab_parts();
@@ -261,7 +404,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc < 5 || strcmp(mode, "record")) {
-        fprintf(stderr, "usage: bench-record parts | record THREADS EVENTS_PER_S SECONDS\n");
+        fprintf(stderr, "usage: bench-record parts | record THREADS EVENTS_PER_S SECONDS | cost "
+                        "repeated|varied|many [python]\n");
         return 2;
     }
     int nr = atoi(argv[2]);

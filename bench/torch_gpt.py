@@ -155,9 +155,29 @@ def cuheap_lib():
 
 
 def cuheap_stats(lib):
-    """struct cuheap_stats as a list: 13 fields, then chunks created, moved, released, map_ns."""
-    stats = (ctypes.c_uint64 * 17)()
+    """struct cuheap_stats as a list: 13 fields, then chunks created, moved, released, map_ns,
+    then cuheap's own time and its driver calls (OWN_FIELDS, at 17 on; zeros from an older
+    library)."""
+    stats = (ctypes.c_uint64 * (17 + len(OWN_FIELDS)))()
     return list(stats) if lib and lib.cuheap_get_stats(stats, ctypes.sizeof(stats)) == 0 else None
+
+
+OWN_FIELDS = ("own_alloc_ns", "own_free_ns", "nr_own_timed", "nr_program_calls", "program_ns",
+              "nr_map_calls", "map_calls_ns", "nr_record_calls", "record_ns", "nr_query_calls",
+              "query_ns", "nr_sync_calls", "sync_ns", "nr_other_calls", "other_ns")
+
+
+def own_per_step(now, before, n, step_ms):
+    """cuheap's own time and its driver calls a step over n steps, as key=value words."""
+    d = {k: (now[17 + i] - before[17 + i]) / n for i, k in enumerate(OWN_FIELDS)}
+    own_ms = (d["own_alloc_ns"] + d["own_free_ns"]) / 1e6
+    words = " own_ms_per_step=%.4f own_pct_of_step=%.2f" % (
+        own_ms, 100 * own_ms / step_ms if step_ms else 0)
+    for kind in ("program", "map", "record", "query", "sync"):
+        calls = d["nr_%s_calls" % kind]
+        ms = d[("map_calls_ns" if kind == "map" else kind + "_ns")] / 1e6
+        words += " %s_calls_per_step=%.1f %s_ms_per_step=%.4f" % (kind, calls, kind, ms)
+    return words
 
 
 # The second half of the run is the warm part: cuheap's mapping operations (chunks taken, moved
@@ -218,6 +238,9 @@ if stats and warm_stats:
     n = STEPS - warm_from
     warm = " warm_map_ops_per_step=%.1f warm_map_ms_per_step=%.3f" % (
         sum(stats[i] - warm_stats[i] for i in (13, 14, 15)) / n, (stats[16] - warm_stats[16]) / 1e6 / n)
+    # cuheap's own time in the warm steps against the median step (not measured before the
+    # library had the fields: zeros)
+    warm += own_per_step(stats, warm_stats, n, 1000 * statistics.median(times[warm_from:]))
 if source == "cuheap" and torch_reserved:
     warm += " torch_reserved=%d" % torch_reserved
 skip = 5 if len(times) > 10 else 0

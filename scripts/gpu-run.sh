@@ -54,6 +54,11 @@
 #                                bench-churn's shapes, and the loop recorded (record-varlen)
 #   scripts/gpu-run.sh record-varlen  the varying-length loop's allocations recorded for
 #                                bench-replay (OUT/gpt-seq-varlen.jsonl.gz)
+#   scripts/gpu-run.sh own       issue 54's own time: OWN_ROUNDS (5) interleaved rounds of the
+#                                GPT loop and the mixture-of-experts loop (bench/jobs/moe_train.py)
+#                                under the caching allocator and under cuheap (caching off, no
+#                                recording): the step, cuheap's own time a warm step (and its
+#                                share of the step) and its driver calls a step by kind, losses
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -763,7 +768,38 @@ record_varlen() {
     say "recorded gpt-seq-varlen: $(zcat "$OUT/gpt-seq-varlen.jsonl.gz" | grep -c '"event":"alloc"') allocations"
 }
 
+# cuheap's own time in situ: the step under the caching allocator and under cuheap, in turn,
+# OWN_ROUNDS times, for the GPT loop and the mixture-of-experts loop; under cuheap its own time a
+# warm step and its driver calls by kind (torch_gpt.py's and jobcommon.py's own_* words) and the
+# verbose summary's lines; the losses must match the caching allocator's
+run_own() {
+    local r name job out
+    for ((r = 0; r < ${OWN_ROUNDS:-5}; r++)); do
+        for job in gpt moe; do
+            for name in caching cuheap; do
+                case $name in
+                caching) set -- ;;
+                cuheap) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE ;;
+                esac
+                if [ $job = gpt ]; then
+                    out=$(env "$@" CUHEAP_RECORD=0 CUHEAP_VERBOSE=1 timeout 300 \
+                        python3 bench/torch_gpt.py "${OWN_STEPS:-60}" 2>&1)
+                else
+                    out=$(env "$@" CUHEAP_RECORD=0 CUHEAP_VERBOSE=1 JOB_STEPS=${OWN_STEPS:-60} \
+                        timeout 300 python3 bench/jobs/moe_train.py 2>&1)
+                fi
+                say "round=$r job=$job config=$name $(grep -E '^(step_ms|job)=' <<<"$out")"
+                grep -E "cuheap: (own time|the pool's driver calls)" <<<"$out" |
+                    sed "s/^/round=$r job=$job config=$name /" | tee -a "$OUT/summary.txt"
+                say "round=$r job=$job config=$name losses_md5=$(grep -E '^(losses|outputs)' <<<"$out" |
+                    md5sum | cut -c1-12)"
+            done
+        done
+    done
+}
+
 case $what in
+own) run_own ;;
 shapes) run_shapes ;;
 record-varlen) record_varlen ;;
 sites) run_sites ;;
@@ -791,7 +827,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh shapes|record-varlen|sites|warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
+    echo "usage: gpu-run.sh own|shapes|record-varlen|sites|warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
     exit 2
     ;;
 esac

@@ -92,19 +92,71 @@ bool cuheap_reclaim_for_driver(struct cuheap_device *d)
     return d && cuheap_cfg.release != CUHEAP_RELEASE_NEVER && cuheap_pool_trim(d->pool, false);
 }
 
+/* ---- the pooled path, timed (the calls cuheap_own_due() picks) ---- */
+
+/* How many calls a timed one stands for, by the thread's count in `slot` before it: each
+ * CUHEAP_OWN_EVERY calls, but the thread's first call for itself alone (it sets up what the
+ * thread and the pool make once, which its followers do not pay). */
+static int64_t own_weight(struct cuheap_counters *ctr, unsigned slot)
+{
+    return atomic_load_explicit(&ctr->v[slot], memory_order_relaxed) ? CUHEAP_OWN_EVERY : 1;
+}
+
+int cuheap_alloc_pooled_timed(struct cuheap_counters *ctr, struct cuheap_device *d, int api,
+                              uint64_t size, uint64_t stream, CUdeviceptr *ret)
+{
+    int64_t weight = own_weight(ctr, CUHEAP_CTR_ALLOCS);
+    struct cuheap_own_span span;
+    cuheap_own_begin(ctr, &span);
+    int r = cuheap_alloc_pooled_untimed(ctr, d, api, size, stream, ret);
+    cuheap_own_end(ctr, &span, CUHEAP_OWN_ALLOC, weight);
+    return r;
+}
+
+int cuheap_free_pooled_timed(struct cuheap_counters *ctr, uint64_t ptr, uint64_t stream, int api)
+{
+    int64_t weight = own_weight(ctr, CUHEAP_CTR_FREES);
+    struct cuheap_own_span span;
+    cuheap_own_begin(ctr, &span);
+    int r = cuheap_free_pooled_untimed(ctr, ptr, stream, api);
+    cuheap_own_end(ctr, &span, CUHEAP_OWN_FREE, weight);
+    return r;
+}
+
+/* ---- pass-through allocations: each timed whole (the driver's call takes far longer) ---- */
+
+/* The program's driver call, counted and timed as such. */
+static CUresult program_call(const struct cuheap_driver_call *call, void *out, uint64_t size,
+                             uint64_t *ret_key, uint64_t *ret_size)
+{
+    uint64_t t0 = cuheap_drv_start(CUHEAP_DRV_PROGRAM);
+    CUresult r = call->fn(call, out, size, ret_key, ret_size);
+    cuheap_drv_done(CUHEAP_DRV_PROGRAM, t0);
+    return r;
+}
+
 CUresult cuheap_alloc_passthru(struct cuheap_device *d, int api, uint64_t size, uint64_t actual,
                                uint64_t stream, bool device_mem,
                                const struct cuheap_driver_call *call, void *out)
 {
+    struct cuheap_counters *ctr = cuheap_counters_mine();
+    struct cuheap_own_span span;
+    if (ctr)
+        cuheap_own_begin(ctr, &span);
+    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
     if (!cuheap_admit(d, actual)) {
         cuheap_record_oom(d, api, size, true);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        uint64_t key = 0, got = size;
+        r = program_call(call, out, size, &key, &got);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY && cuheap_reclaim_for_driver(d))
+            r = program_call(call, out, size, &key, &got);
+        r = cuheap_passthru_done(d, r, api, r ? 0 : key, r ? size : got, actual, stream,
+                                 device_mem);
     }
-    uint64_t key = 0, got = size;
-    CUresult r = call->fn(call, out, size, &key, &got);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && cuheap_reclaim_for_driver(d))
-        r = call->fn(call, out, size, &key, &got);
-    return cuheap_passthru_done(d, r, api, r ? 0 : key, r ? size : got, actual, stream, device_mem);
+    if (ctr)
+        cuheap_own_end(ctr, &span, CUHEAP_OWN_ALLOC, 1);
+    return r;
 }
 
 CUresult cuheap_alloc_pitch(struct cuheap_counters *ctr, struct cuheap_device *d, size_t width,
@@ -153,17 +205,45 @@ CUresult cuheap_passthru_done(struct cuheap_device *d, CUresult r, int api, uint
     return r;
 }
 
+/* A pass-through free is timed from begin to end, less the driver's call between them (the
+ * hook's: the program's, timed from begin's end to end's start). */
 void cuheap_passthru_free_begin(struct cuheap_passthru_free *f, uint64_t key)
 {
     if (cuheap_defer_pending()) /* the map in this thread's order (defer.h) */
         cuheap_defer_settle_now();
     memset(f, 0, sizeof(*f));
+    struct cuheap_counters *ctr = cuheap_counters_mine();
+    if (ctr) {
+        cuheap_own_begin(ctr, &f->span);
+        f->timed = true;
+    }
     f->known = cuheap_addrmap_take(&cuheap_passthru, key, &f->entry) == 0;
     f->seq = cuheap_event_seq();
+    f->t = cuheap_ticks();
 }
+
+static CUresult free_end(struct cuheap_passthru_free *f, CUresult r, uint64_t key, int api,
+                         uint64_t stream);
 
 CUresult cuheap_passthru_free_end(struct cuheap_passthru_free *f, CUresult r, uint64_t key, int api,
                                   uint64_t stream)
+{
+    uint64_t t1 = cuheap_ticks();
+    struct cuheap_counters *ctr = cuheap_counters_mine();
+    /* the driver's call, as cuheap_drv_done() counts one */
+    int64_t drv = (int64_t)(t1 - f->t);
+    cuheap_count_in(ctr, CUHEAP_CTR_DRV_CALLS + CUHEAP_DRV_PROGRAM, 1);
+    cuheap_count_in(ctr, CUHEAP_CTR_DRV_TIMED + CUHEAP_DRV_PROGRAM, 1);
+    cuheap_count_in(ctr, CUHEAP_CTR_DRV_TICKS + CUHEAP_DRV_PROGRAM, drv > 0 ? drv : 0);
+    cuheap_count_in(ctr, CUHEAP_CTR_DRV_ALL, drv > 0 ? drv : 0);
+    r = free_end(f, r, key, api, stream);
+    if (f->timed && ctr)
+        cuheap_own_end(ctr, &f->span, CUHEAP_OWN_FREE, 1);
+    return r;
+}
+
+static CUresult free_end(struct cuheap_passthru_free *f, CUresult r, uint64_t key, int api,
+                         uint64_t stream)
 {
     if (r != CUDA_SUCCESS) {
         if (f->known)

@@ -136,6 +136,9 @@ struct cuheap_passthru_free {
     struct cuheap_addr_entry entry; /* the map's entry for the key, when known */
     bool known;                     /* the key was in the pass-through map */
     uint64_t seq;                   /* the free event's sequence number (0: not recording) */
+    struct cuheap_own_span span;    /* cuheap's own time, from begin to end */
+    uint64_t t;                     /* ticks when begin returned: the driver's call starts */
+    bool timed;                     /* span was begun */
 };
 
 void cuheap_passthru_free_begin(struct cuheap_passthru_free *f, uint64_t key);
@@ -143,6 +146,38 @@ CUresult cuheap_passthru_free_end(struct cuheap_passthru_free *f, CUresult r, ui
                                   uint64_t stream);
 
 /* ---- the pool's doors ---- */
+
+/* cuheap_alloc_pooled() without its own time measured; d and the pool are on. */
+static inline __attribute__((always_inline)) int
+cuheap_alloc_pooled_untimed(struct cuheap_counters *ctr, struct cuheap_device *d, int api,
+                            uint64_t size, uint64_t stream, CUdeviceptr *ret)
+{
+    uint64_t ptr, block, seq = 0; /* a sequence number only for an event recorded */
+    int r =
+        cuheap_pool_alloc(d->pool, size, stream, &ptr, &block, cuheap_recording() ? &seq : NULL);
+    if (r == CUHEAP_POOL_PASS || r < 0)
+        return 0;
+    *ret = (CUdeviceptr)ptr;
+    cuheap_account_in(ctr, d, (int64_t)size, 0);
+    cuheap_count_in(ctr, CUHEAP_CTR_ALLOCS, 1);
+    if (__builtin_expect(cuheap_recording(), 0))
+        cuheap_record_alloc_event(d, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
+    return 1;
+}
+
+/* Whether this call is the one in CUHEAP_OWN_EVERY of the thread's (by its count in `slot`)
+ * whose own time is measured: a load and a test on the pooled path. */
+static inline bool cuheap_own_due(struct cuheap_counters *ctr, unsigned slot)
+{
+    return ctr &&
+           !(atomic_load_explicit(&ctr->v[slot], memory_order_relaxed) & (CUHEAP_OWN_EVERY - 1));
+}
+
+/* cuheap_alloc_pooled(), timed (alloc.c). */
+__attribute__((noinline, cold)) int cuheap_alloc_pooled_timed(struct cuheap_counters *ctr,
+                                                              struct cuheap_device *d, int api,
+                                                              uint64_t size, uint64_t stream,
+                                                              CUdeviceptr *ret);
 
 /* Serve from the pool. Returns 1 when served (*ret set), 0 to pass through: also when the pool
  * is out of memory after every reclaim, since the driver may still grant the exact size (a
@@ -155,17 +190,9 @@ cuheap_alloc_pooled(struct cuheap_counters *ctr, struct cuheap_device *d, int ap
 {
     if (!d || !cuheap_cfg.pool)
         return 0;
-    uint64_t ptr, block, seq = 0; /* a sequence number only for an event recorded */
-    int r =
-        cuheap_pool_alloc(d->pool, size, stream, &ptr, &block, cuheap_recording() ? &seq : NULL);
-    if (r == CUHEAP_POOL_PASS || r < 0)
-        return 0;
-    *ret = (CUdeviceptr)ptr;
-    cuheap_account_in(ctr, d, (int64_t)size, 0);
-    cuheap_count_in(ctr, CUHEAP_CTR_ALLOCS, 1);
-    if (__builtin_expect(cuheap_recording(), 0))
-        cuheap_record_alloc_event(d, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
-    return 1;
+    if (__builtin_expect(cuheap_own_due(ctr, CUHEAP_CTR_ALLOCS), 0))
+        return cuheap_alloc_pooled_timed(ctr, d, api, size, stream, ret);
+    return cuheap_alloc_pooled_untimed(ctr, d, api, size, stream, ret);
 }
 
 /* Device memory for `size` bytes: from the pool when it serves the request, else through
@@ -181,9 +208,9 @@ cuheap_alloc_device(struct cuheap_counters *ctr, struct cuheap_device *d, int ap
                                  ret);
 }
 
-/* Free a pooled pointer. Returns 1 when freed, 0 when not ours, -1 for an invalid free. */
+/* cuheap_free_pooled() without its own time measured. */
 static inline __attribute__((always_inline)) int
-cuheap_free_pooled(struct cuheap_counters *ctr, uint64_t ptr, uint64_t stream, int api)
+cuheap_free_pooled_untimed(struct cuheap_counters *ctr, uint64_t ptr, uint64_t stream, int api)
 {
     void *owner = NULL;            /* the device record whose pool held ptr */
     uint64_t size, block, seq = 0; /* a sequence number only for an event recorded */
@@ -199,6 +226,19 @@ cuheap_free_pooled(struct cuheap_counters *ctr, uint64_t ptr, uint64_t stream, i
     if (__builtin_expect(cuheap_recording(), 0))
         cuheap_record_free_event(d->ordinal, api, CUHEAP_EVF_POOLED, ptr, size, block, stream, seq);
     return 1;
+}
+
+/* cuheap_free_pooled(), timed (alloc.c). */
+__attribute__((noinline, cold)) int
+cuheap_free_pooled_timed(struct cuheap_counters *ctr, uint64_t ptr, uint64_t stream, int api);
+
+/* Free a pooled pointer. Returns 1 when freed, 0 when not ours, -1 for an invalid free. */
+static inline __attribute__((always_inline)) int
+cuheap_free_pooled(struct cuheap_counters *ctr, uint64_t ptr, uint64_t stream, int api)
+{
+    if (__builtin_expect(cuheap_own_due(ctr, CUHEAP_CTR_FREES), 0))
+        return cuheap_free_pooled_timed(ctr, ptr, stream, api);
+    return cuheap_free_pooled_untimed(ctr, ptr, stream, api);
 }
 
 #endif /* CUHEAP_ALLOC_H */

@@ -8,14 +8,27 @@
  * Fence slots live in struct cuheap_cuda_device. A slot is taken with a compare-and-swap and
  * let go when its last holder lets go: the pool takes them under its lock, and the timeline
  * of threads' large blocks under its own (pool.c).
+ *
+ * Every driver call made here for the pool is counted by kind, and timed (DRV, counters.h);
+ * the context switches around them are cheap and count as cuheap's own time.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
 #include "backend_cuda.h"
+#include "counters.h"
 #include "driver.h"
 #include "log.h"
+
+/* r = call, a driver call of the given kind: counted and timed (counters.h) as cuheap's own
+ * calls, by kind, for the summary and cuheap_get_stats. */
+#define DRV(kind, r, call)                                                                         \
+    do {                                                                                           \
+        uint64_t t0_ = cuheap_drv_start(kind);                                                     \
+        (r) = (call);                                                                              \
+        cuheap_drv_done((kind), t0_);                                                              \
+    } while (0)
 
 #define NR_MAX_STREAMS 4096
 
@@ -96,7 +109,8 @@ static int mem_alloc(void *ctx, uint64_t size, uint64_t *ret_ptr)
     struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
     CUdeviceptr p = 0;
-    CUresult r = cuheap_drv.cuMemAlloc_v2(&p, size);
+    CUresult r;
+    DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemAlloc_v2(&p, size));
     leave_ctx(pushed);
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
         return CUHEAP_BE_OOM;
@@ -110,7 +124,8 @@ static int mem_free(void *ctx, uint64_t ptr)
 {
     struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
-    CUresult r = cuheap_drv.cuMemFree_v2(ptr);
+    CUresult r;
+    DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemFree_v2(ptr));
     leave_ctx(pushed);
     return r == CUDA_SUCCESS ? 0 : -5;
 }
@@ -120,11 +135,15 @@ static int record_on(struct cuheap_fence *f, CUstream s)
     if (f->nr == CUHEAP_NR_MAX_FENCE_STREAMS)
         return -1;
     CUevent *ev = &f->events[f->nr];
-    if (!*ev && cuheap_drv.cuEventCreate(ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    CUresult r = CUDA_SUCCESS;
+    if (!*ev)
+        DRV(CUHEAP_DRV_OTHER, r, cuheap_drv.cuEventCreate(ev, CU_EVENT_DISABLE_TIMING));
+    if (r != CUDA_SUCCESS) {
         *ev = NULL;
         return -1;
     }
-    if (cuheap_drv.cuEventRecord(*ev, s) != CUDA_SUCCESS)
+    DRV(CUHEAP_DRV_RECORD, r, cuheap_drv.cuEventRecord(*ev, s));
+    if (r != CUDA_SUCCESS)
         return -1;
     f->nr++;
     return 0;
@@ -181,7 +200,9 @@ static int streams_idle(void *ctx)
     if (!cuheap_drv.cuStreamQuery)
         return 0;
     bool pushed = enter_ctx(d);
-    bool idle = cuheap_drv.cuStreamQuery(CU_STREAM_LEGACY) == CUDA_SUCCESS;
+    CUresult r;
+    DRV(CUHEAP_DRV_QUERY, r, cuheap_drv.cuStreamQuery(CU_STREAM_LEGACY));
+    bool idle = r == CUDA_SUCCESS;
     CUcontext want = d->ctx;
     pthread_mutex_lock(&streams_lock);
     /* where a fence could not be recorded, no answer either: the list is incomplete, or the
@@ -190,9 +211,12 @@ static int streams_idle(void *ctx)
     unsigned asked = 1;
     idle = idle && !streams_unlisted;
     for (unsigned i = 0; i < nr_streams && idle; i++)
-        if (streams[i].ctx == want)
-            idle = ++asked <= CUHEAP_NR_MAX_FENCE_STREAMS &&
-                   cuheap_drv.cuStreamQuery(streams[i].stream) == CUDA_SUCCESS;
+        if (streams[i].ctx == want) {
+            idle = ++asked <= CUHEAP_NR_MAX_FENCE_STREAMS;
+            if (idle)
+                DRV(CUHEAP_DRV_QUERY, r, cuheap_drv.cuStreamQuery(streams[i].stream));
+            idle = idle && r == CUDA_SUCCESS;
+        }
     pthread_mutex_unlock(&streams_lock);
     leave_ctx(pushed);
     return idle;
@@ -203,7 +227,8 @@ static int fence_query(void *ctx, void *fence)
     struct cuheap_cuda_device *d = ctx;
     struct cuheap_fence *f = fence;
     for (unsigned i = 0; i < f->nr; i++) {
-        CUresult r = cuheap_drv.cuEventQuery(f->events[i]);
+        CUresult r;
+        DRV(CUHEAP_DRV_QUERY, r, cuheap_drv.cuEventQuery(f->events[i]));
         if (r == CUDA_ERROR_NOT_READY)
             return 0;
         /* a query refused because a stream captures (or an event caught in a capture) says
@@ -222,9 +247,12 @@ static int fence_wait(void *ctx, void *fence)
     (void)ctx;
     struct cuheap_fence *f = fence;
     int r = 0;
-    for (unsigned i = 0; i < f->nr; i++)
-        if (cuheap_drv.cuEventSynchronize(f->events[i]) != CUDA_SUCCESS)
+    for (unsigned i = 0; i < f->nr; i++) {
+        CUresult e;
+        DRV(CUHEAP_DRV_SYNC, e, cuheap_drv.cuEventSynchronize(f->events[i]));
+        if (e != CUDA_SUCCESS)
             r = -1;
+    }
     return r;
 }
 
@@ -264,7 +292,8 @@ static int device_sync(void *ctx)
 {
     struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
-    CUresult r = cuheap_drv.cuCtxSynchronize();
+    CUresult r;
+    DRV(CUHEAP_DRV_SYNC, r, cuheap_drv.cuCtxSynchronize());
     leave_ctx(pushed);
     return r == CUDA_SUCCESS ? 0 : -5;
 }
@@ -274,7 +303,8 @@ static int mem_info(void *ctx, uint64_t *ret_free, uint64_t *ret_total)
     struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
     size_t f = 0, t = 0;
-    CUresult r = cuheap_drv.cuMemGetInfo_v2(&f, &t);
+    CUresult r;
+    DRV(CUHEAP_DRV_OTHER, r, cuheap_drv.cuMemGetInfo_v2(&f, &t));
     leave_ctx(pushed);
     if (r != CUDA_SUCCESS)
         return -5;
@@ -323,7 +353,8 @@ static int va_reserve(void *ctx, uint64_t size, uint64_t *ret_va)
     struct cuheap_cuda_device *d = ctx;
     bool pushed = enter_ctx(d);
     CUdeviceptr va = 0;
-    CUresult r = cuheap_drv.cuMemAddressReserve(&va, size, d->granule, 0, 0);
+    CUresult r;
+    DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemAddressReserve(&va, size, d->granule, 0, 0));
     leave_ctx(pushed);
     if (r != CUDA_SUCCESS)
         vmm_failed(d, "cuMemAddressReserve", r);
@@ -336,7 +367,9 @@ static int va_reserve(void *ctx, uint64_t size, uint64_t *ret_va)
 static void va_free(void *ctx, uint64_t va, uint64_t size)
 {
     (void)ctx;
-    cuheap_drv.cuMemAddressFree(va, size);
+    CUresult r;
+    DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemAddressFree(va, size));
+    (void)r;
 }
 
 /* Physical memory is created exportable as a POSIX file descriptor, so that a pooled block
@@ -350,13 +383,13 @@ static int phys_create(void *ctx, uint64_t size, uint64_t *ret_handle)
     CUresult r = CUDA_ERROR_NOT_SUPPORTED;
     if (!atomic_load(&d->not_shareable)) {
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        r = cuheap_drv.cuMemCreate(&h, size, &prop, 0);
+        DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemCreate(&h, size, &prop, 0));
         if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED)
             atomic_store(&d->not_shareable, true);
     }
     if (atomic_load(&d->not_shareable)) {
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-        r = cuheap_drv.cuMemCreate(&h, size, &prop, 0);
+        DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemCreate(&h, size, &prop, 0));
     }
     if (r != CUDA_SUCCESS)
         vmm_failed(d, "cuMemCreate", r);
@@ -371,7 +404,9 @@ static int phys_create(void *ctx, uint64_t size, uint64_t *ret_handle)
 static int phys_release(void *ctx, uint64_t handle)
 {
     (void)ctx;
-    return cuheap_drv.cuMemRelease((CUmemGenericAllocationHandle)handle) == CUDA_SUCCESS ? 0 : -5;
+    CUresult r;
+    DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemRelease((CUmemGenericAllocationHandle)handle));
+    return r == CUDA_SUCCESS ? 0 : -5;
 }
 
 /* Devices that may access each device's pooled memory besides itself, one bit per ordinal
@@ -399,7 +434,8 @@ static int phys_access(void *ctx, uint64_t va, uint64_t size)
             access[n].location.id = dev;
             access[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         }
-    CUresult r = cuheap_drv.cuMemSetAccess(va, size, access, n);
+    CUresult r;
+    DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemSetAccess(va, size, access, n));
     if (r != CUDA_SUCCESS)
         vmm_failed(d, "cuMemSetAccess", r);
     return r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_OUT_OF_MEMORY ? CUHEAP_BE_OOM : -5;
@@ -409,14 +445,19 @@ static int phys_access(void *ctx, uint64_t va, uint64_t size)
  * stays mapped (the unmap is tried twice: a range left mapped would refuse every later map). */
 static int phys_map(void *ctx, uint64_t va, uint64_t size, uint64_t handle)
 {
-    CUresult r = cuheap_drv.cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)handle, 0);
+    CUresult r;
+    DRV(CUHEAP_DRV_MAP, r,
+        cuheap_drv.cuMemMap(va, size, 0, (CUmemGenericAllocationHandle)handle, 0));
     if (r != CUDA_SUCCESS) {
         vmm_failed(ctx, "cuMemMap", r);
         return r == CUDA_ERROR_OUT_OF_MEMORY ? CUHEAP_BE_OOM : -5;
     }
     int a = phys_access(ctx, va, size);
-    if (a && cuheap_drv.cuMemUnmap(va, size) != CUDA_SUCCESS)
-        cuheap_drv.cuMemUnmap(va, size);
+    if (a) {
+        DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemUnmap(va, size));
+        if (r != CUDA_SUCCESS)
+            DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemUnmap(va, size));
+    }
     return a;
 }
 
@@ -425,17 +466,19 @@ static int phys_export(void *ctx, uint64_t handle, int *ret_fd)
     struct cuheap_cuda_device *d = ctx;
     if (atomic_load(&d->not_shareable) || !cuheap_drv.cuMemExportToShareableHandle)
         return -5;
-    return cuheap_drv.cuMemExportToShareableHandle(ret_fd, (CUmemGenericAllocationHandle)handle,
-                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                                   0) == CUDA_SUCCESS
-               ? 0
-               : -5;
+    CUresult r;
+    DRV(CUHEAP_DRV_OTHER, r,
+        cuheap_drv.cuMemExportToShareableHandle(ret_fd, (CUmemGenericAllocationHandle)handle,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    return r == CUDA_SUCCESS ? 0 : -5;
 }
 
 static int phys_unmap(void *ctx, uint64_t va, uint64_t size)
 {
     (void)ctx;
-    return cuheap_drv.cuMemUnmap(va, size) == CUDA_SUCCESS ? 0 : -5;
+    CUresult r;
+    DRV(CUHEAP_DRV_MAP, r, cuheap_drv.cuMemUnmap(va, size));
+    return r == CUDA_SUCCESS ? 0 : -5;
 }
 
 /* The device's granularity when it and the driver support virtual memory management, else 0
@@ -448,9 +491,10 @@ static uint64_t vmm_granule(struct cuheap_cuda_device *d)
         return 0;
     CUmemAllocationProp prop = granule_prop(d);
     size_t g = 0;
-    if (cuheap_drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
-            CUDA_SUCCESS ||
-        !g || (g & (g - 1)))
+    CUresult r;
+    DRV(CUHEAP_DRV_OTHER, r,
+        cuheap_drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    if (r != CUDA_SUCCESS || !g || (g & (g - 1)))
         return 0;
     return g;
 }

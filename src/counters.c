@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Per-thread counters (see counters.h): a lock-free, append-only list of blocks, one owned by
- * each live thread; a pthread key's destructor hands a block back when its thread exits.
+ * each live thread; a pthread key's destructor hands a block back when its thread exits. Also
+ * the ticks' clock, calibrated against CLOCK_MONOTONIC when read.
  */
 #include "counters.h"
 
@@ -140,4 +141,53 @@ void cuheap_counters_atfork_child(unsigned first, unsigned n)
         if (c != &shared && c != cuheap_counters_self)
             atomic_store_explicit(&c->owned, false, memory_order_release);
     }
+}
+
+/* ---- the ticks' clock ---- */
+
+__thread bool cuheap_own_timing __attribute__((tls_model("initial-exec")));
+
+/* The first reading: ticks and monotonic nanoseconds taken together; 0 until taken. */
+static _Atomic uint64_t anchor_ticks, anchor_ns;
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void cuheap_clock_start(void)
+{
+    if (atomic_load_explicit(&anchor_ns, memory_order_acquire))
+        return;
+    uint64_t expected = 0, t = cuheap_ticks(), ns = mono_ns();
+    atomic_store_explicit(&anchor_ticks, t, memory_order_relaxed);
+    /* release: a reader that sees anchor_ns sees the ticks taken with it (a racing second
+     * start may store its ticks after; both readings are a few nanoseconds apart) */
+    atomic_compare_exchange_strong_explicit(&anchor_ns, &expected, ns, memory_order_release,
+                                            memory_order_relaxed);
+}
+
+uint64_t cuheap_ticks_ns(int64_t ticks)
+{
+    if (ticks <= 0)
+        return 0;
+#if defined(__x86_64__) || defined(__i386__)
+    cuheap_clock_start();
+    uint64_t ns0 = atomic_load_explicit(&anchor_ns, memory_order_acquire);
+    uint64_t t0 = atomic_load_explicit(&anchor_ticks, memory_order_relaxed);
+    uint64_t ns, t;
+    do { /* a millisecond at least, so that the two clocks' read times do not matter */
+        t = cuheap_ticks();
+        ns = mono_ns();
+    } while (ns - ns0 < 1000000);
+    return t > t0 ? (uint64_t)((double)ticks * (double)(ns - ns0) / (double)(t - t0)) : 0;
+#elif defined(__aarch64__)
+    uint64_t hz;
+    __asm__ __volatile__("mrs %0, cntfrq_el0" : "=r"(hz));
+    return hz ? (uint64_t)((double)ticks * 1e9 / (double)hz) : 0;
+#else
+    return (uint64_t)ticks;
+#endif
 }

@@ -45,6 +45,9 @@ enum cuheap_event_flags {
     CUHEAP_EVF_POOLED = 1 << 0,  /* served by / returned to cuheap's pool */
     CUHEAP_EVF_CAPTURE = 1 << 1, /* during stream capture */
     CUHEAP_EVF_SUMMARY = 1 << 2, /* an audit event holding the verdict (else one missed op) */
+    /* the stack (native and Python) of this thread's event at ring position stack_ref, whose
+     * frames the writer has seen: the frames were not copied into this one */
+    CUHEAP_EVF_SAME_STACK = 1 << 3,
 };
 
 enum cuheap_unwinder {
@@ -60,7 +63,8 @@ struct cuheap_py_frame {
 
 struct cuheap_event {
     uint64_t seq;     /* global order of events, taken where the operation took effect */
-    uint64_t time_ns; /* CLOCK_MONOTONIC */
+    uint64_t time_ns; /* a stamp (ticks.h) from the hook; CLOCK_MONOTONIC once the writer has
+                         the event */
     uint64_t ptr;     /* address the event is about; OOM/LIMIT: the device's live bytes */
     uint64_t size;    /* bytes requested by the program (arena bytes for arena events) */
     uint64_t actual;  /* bytes reserved for it (block size, rounded driver size); OOM/LIMIT:
@@ -80,6 +84,7 @@ struct cuheap_event {
     uint8_t unwinder; /* enum cuheap_unwinder */
     uint8_t nr_frames;
     uint8_t nr_py;
+    uint64_t stack_ref; /* CUHEAP_EVF_SAME_STACK: ring position of the event it repeats */
     union {
         uint64_t frames[CUHEAP_MAX_STACK_DEPTH]; /* return addresses, innermost first */
         char label[CUHEAP_LABEL_MAX];            /* CUHEAP_EV_MARK, CUHEAP_EV_AUDIT */

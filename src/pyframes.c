@@ -120,6 +120,16 @@ struct memo_slot {
 struct thread_memo {
     _Atomic pid_t owner; /* kernel thread id of the thread using it, 0: free */
     struct memo_slot slot[NR_MEMO_SLOTS];
+    /* The thread's last capture, frame by frame: a frame running the same code object at the
+     * same instruction as the frame at its depth last time is that frame again (its code and
+     * line are a function of the two, as the memo's are), taken without the code object's
+     * fields or the memo. nr_last: frames kept last time. */
+    unsigned nr_last;
+    struct {
+        uintptr_t code;
+        int32_t offset;
+        struct cuheap_py_frame frame;
+    } last[CUHEAP_MAX_PY_DEPTH];
 };
 
 static struct thread_memo *memos; /* NR_THREAD_MEMOS of them, mapped by init() */
@@ -353,6 +363,7 @@ static bool claim_memo(struct thread_memo *m, pid_t expected, pid_t tid)
     if (!atomic_compare_exchange_strong(&m->owner, &expected, tid))
         return false;
     memset(m->slot, 0, sizeof(m->slot));
+    m->nr_last = 0;
     return true;
 }
 
@@ -419,8 +430,29 @@ void cuheap_py_set_memo(bool on)
     use_memo = on;
 }
 
+/* The last capture of this thread found no frames (it runs no Python, or none now). */
+static __thread bool tls_py_empty __attribute__((tls_model("initial-exec")));
+
+static unsigned capture(struct cuheap_py_frame *out, unsigned max, bool *ret_same);
+
 unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max)
 {
+    bool same;
+    return cuheap_py_capture_same(out, max, &same);
+}
+
+unsigned cuheap_py_capture_same(struct cuheap_py_frame *out, unsigned max, bool *ret_same)
+{
+    bool same = false;
+    unsigned n = capture(out, max, &same);
+    *ret_same = n ? same : tls_py_empty;
+    tls_py_empty = n == 0;
+    return n;
+}
+
+static unsigned capture(struct cuheap_py_frame *out, unsigned max, bool *ret_same)
+{
+    *ret_same = false;
     if (!py_ok || !max || atomic_load_explicit(&broken, memory_order_relaxed) ||
         !py.Py_IsInitialized())
         return 0;
@@ -439,6 +471,9 @@ unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max)
         goto bad;
     }
     unsigned n = 0;
+    bool same = memo && !checking; /* every frame as last time, so far */
+    if (max > CUHEAP_MAX_PY_DEPTH)
+        max = CUHEAP_MAX_PY_DEPTH;
     for (unsigned guard = 0; frame && n < max && guard < 256; guard++) {
         uintptr_t code = 0, previous = 0;
         if (!peek_ptr(frame + layout->frame_code, &code) ||
@@ -451,12 +486,22 @@ unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max)
                 goto bad;
             shim = owner == layout->owner_cstack;
         }
-        if (!shim && code) {
+        if (!shim && code && memo && !checking && n < memo->nr_last && memo->last[n].code == code &&
+            memo->last[n].offset == frame_offset(frame, code)) {
+            out[n] = memo->last[n].frame;
+            n++;
+        } else if (!shim && code) {
+            same = false;
             if (!has_type(code, py.PyCode_Type)) {
                 /* 3.13 frames can run non-code executables; elsewhere it means a bad layout */
                 if (layout->minor < 13)
                     goto bad;
             } else if (frame_info(memo, frame, code, &out[n])) {
+                if (memo) {
+                    memo->last[n].code = code;
+                    memo->last[n].offset = frame_offset(frame, code);
+                    memo->last[n].frame = out[n];
+                }
                 n++;
             }
         }
@@ -464,6 +509,10 @@ unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max)
     }
     if (checking)
         atomic_fetch_add_explicit(&nr_checked, 1, memory_order_relaxed);
+    if (memo) {
+        *ret_same = same && n == memo->nr_last;
+        memo->nr_last = n;
+    }
     return n;
 bad:
     if (checking) {

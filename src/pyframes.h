@@ -27,6 +27,10 @@ bool cuheap_py_init(void);
  * thread does not hold the GIL or Python is absent. */
 unsigned cuheap_py_capture(struct cuheap_py_frame *out, unsigned max);
 
+/* The same, and *ret_same: whether the frames are those of this thread's previous capture (the
+ * same code at the same instruction at every depth: read once per change of frame). */
+unsigned cuheap_py_capture_same(struct cuheap_py_frame *out, unsigned max, bool *ret_same);
+
 /* Turn the per-thread memo of frames on (the default) or off (CUHEAP_STACK_CACHE=0: every
  * frame looked up in the shared tables). The frames captured are the same either way. */
 void cuheap_py_set_memo(bool on);

@@ -6,7 +6,8 @@
  * reads. The writer thread is in recorder_writer.c, the trace file in recorder_trace.c, the
  * state they share in recorder_internal.h.
  *
- * Locking: capture_lock is read-held by a hooked thread while it takes a stack;
+ * Locking: capture_lock is read-held by a hooked thread while it walks a stack or reads its
+ * Python frames (a stack found in the thread's cache needs neither the unwinder nor it);
  * child_start_lock is held while a forked child opens its trace at its first event. Fork takes
  * both and io_lock (recorder_internal.h) so that the child inherits them, the unwinder and the
  * trace consistent. Nothing here takes io_lock on a hook's way: only stop and fork do.
@@ -30,11 +31,16 @@
 #include "unwind.h"
 
 atomic_bool cuheap_recorder_on;
-/* cuheap_set_recording(0): events other than marks stop at the door, before their stacks. */
-static atomic_bool paused;
 static bool writer_running;
 static pthread_t writer;
 static __thread pid_t tls_tid __attribute__((tls_model("initial-exec")));
+/* Counts the changes of this thread's Python frames: a stack named again (CUHEAP_EVF_SAME_STACK)
+ * must have the Python frames of the event it names. */
+static __thread uint32_t tls_py_changes __attribute__((tls_model("initial-exec")));
+/* A cached stack's note (unwind.h): the ring position + 1 of this thread's last event with
+ * those native frames, and above it the count of Python changes then. */
+#define NOTE_POS_BITS 40
+#define NOTE_POS_MASK ((1ull << NOTE_POS_BITS) - 1)
 
 static void add(_Atomic uint64_t *c, uint64_t v)
 {
@@ -50,7 +56,6 @@ static pid_t current_tid(void)
 
 /* A child after fork opens its trace with its first event, not at fork: DataLoader-style
  * workers that never use CUDA leave no file. */
-static atomic_bool child_pending;
 static pthread_mutex_t child_start_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Stacks are taken on the hooked threads, inside libunwind (or libgcc) and the Python frame
@@ -70,20 +75,20 @@ static void child_start(void)
      * hook on this thread goes to the driver and never waits for child_start_lock. */
     pthread_mutex_lock(&child_start_lock);
     /* not once recording stopped at exit: the process's end would cut the trace short */
-    if (atomic_load(&child_pending) && atomic_load(&cuheap_recorder.accepting)) {
+    if (atomic_load(&cuheap_recorder.child_pending) && atomic_load(&cuheap_recorder.accepting)) {
         cuheap_recorder_open_trace();
         if (!start_writer()) {
             atomic_store(&cuheap_recorder_on, false);
             cuheap_recorder_close_trace();
         }
-        atomic_store(&child_pending, false);
+        atomic_store(&cuheap_recorder.child_pending, false);
     }
     pthread_mutex_unlock(&child_start_lock);
 }
 
 bool cuheap_recorder_idle_child(void)
 {
-    return atomic_load(&child_pending);
+    return atomic_load(&cuheap_recorder.child_pending);
 }
 
 static bool is_oom(const struct cuheap_rec *r)
@@ -112,32 +117,31 @@ void cuheap_record(const struct cuheap_rec *r)
                                               : "recording is off (it could not start)");
         return;
     }
-    if (atomic_load_explicit(&paused, memory_order_relaxed) && r->type != CUHEAP_EV_MARK) {
+    if (atomic_load_explicit(&cuheap_recorder.paused, memory_order_relaxed) &&
+        r->type != CUHEAP_EV_MARK) {
         if (is_oom(r))
             cuheap_recorder_oom_unseen(r, "recording is paused (cuheap_set_recording; while "
                                           "it records, the three holding the most are named)");
         return;
     }
     if (!atomic_load_explicit(&cuheap_recorder.accepting, memory_order_relaxed)) {
-        atomic_fetch_add_explicit(&cuheap_recorder.nr_events, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&cuheap_recorder.nr_late, 1, memory_order_relaxed);
         if (is_oom(r))
             cuheap_recorder_oom_unseen(r, "recording has stopped (the program is ending)");
         return;
     }
-    if (atomic_load_explicit(&child_pending, memory_order_relaxed))
+    if (atomic_load_explicit(&cuheap_recorder.child_pending, memory_order_relaxed))
         child_start();
     uint64_t t_start = cuheap_recorder.timing ? cuheap_recorder_now() : 0, t_stacks = 0,
-             t_native = 0, t_python = 0;
-    struct cuheap_event *ev = cuheap_ring_claim(&cuheap_recorder.ring);
-    atomic_fetch_add_explicit(&cuheap_recorder.nr_events, 1, memory_order_relaxed);
+             t_native = 0, t_python = 0, pos = 0;
+    struct cuheap_event *ev = cuheap_ring_claim_pos(&cuheap_recorder.ring, &pos);
     if (!ev) {
         if (is_oom(r))
             cuheap_recorder_oom_unseen(r, "its event was lost to a full ring (raise CUHEAP_RING)");
         return;
     }
     ev->seq = r->seq ? r->seq : cuheap_seq_next();
-    ev->time_ns = cuheap_recorder_now();
+    ev->time_ns = cuheap_ticks_now();
     ev->ptr = r->ptr;
     ev->size = r->size;
     ev->actual = r->actual;
@@ -165,16 +169,35 @@ void cuheap_record(const struct cuheap_rec *r)
                r->type == CUHEAP_EV_LIMIT) {
         /* Allocation sites are what users ask about; frees carry no stack to halve the cost. */
         t_stacks = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
-        bool walk = cuheap_recorder.stack_depth || cuheap_recorder.python;
-        if (walk)
-            pthread_rwlock_rdlock(&capture_lock);
+        const uint64_t *frames = ev->frames;
+        uint32_t tag = 0;
+        uint64_t *note = NULL; /* the ring position + 1 of this thread's last event with them */
         if (cuheap_recorder.stack_depth)
-            ev->nr_frames = (uint8_t)cuheap_unwind_capture(ev->frames, cuheap_recorder.stack_depth);
+            ev->nr_frames = (uint8_t)cuheap_unwind_capture_cached(
+                ev->frames, cuheap_recorder.stack_depth, &frames, &tag, &note, &capture_lock);
         t_native = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
-        if (cuheap_recorder.python)
-            ev->nr_py = (uint8_t)cuheap_py_capture(ev->py, CUHEAP_MAX_PY_DEPTH);
-        if (walk)
+        if (cuheap_recorder.python) {
+            bool same_py;
+            pthread_rwlock_rdlock(&capture_lock);
+            ev->nr_py = (uint8_t)cuheap_py_capture_same(ev->py, CUHEAP_MAX_PY_DEPTH, &same_py);
             pthread_rwlock_unlock(&capture_lock);
+            if (!same_py)
+                tls_py_changes++;
+        }
+        /* Native frames this thread sent before, in an event the writer has seen (it came
+         * first) and whose slot it still knows (less than a lap ago), with the Python frames
+         * it has now (none changed since; a lap is fewer events than the count takes to come
+         * round): named, not copied. */
+        uint64_t changes = tls_py_changes & ((1u << (64 - NOTE_POS_BITS)) - 1);
+        if (note && *note && *note >> NOTE_POS_BITS == changes &&
+            pos - ((*note & NOTE_POS_MASK) - 1) <= cuheap_recorder.ring.mask) {
+            ev->flags |= CUHEAP_EVF_SAME_STACK;
+            ev->stack_ref = (*note & NOTE_POS_MASK) - 1;
+        } else if (frames != ev->frames) {
+            memcpy(ev->frames, frames, ev->nr_frames * sizeof(ev->frames[0]));
+        }
+        if (note)
+            *note = changes << NOTE_POS_BITS | ((pos + 1) & NOTE_POS_MASK);
         t_python = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
     }
     unsigned nr_frames = ev->nr_frames,
@@ -239,6 +262,14 @@ void cuheap_recorder_start(const struct cuheap_config *config)
                    cuheap_recorder.cfg->ring_slots);
         return;
     }
+    cuheap_recorder.slot_stack = calloc(cuheap_recorder.cfg->ring_slots, sizeof(uint32_t));
+    if (!cuheap_recorder.slot_stack) {
+        cuheap_log("cannot allocate the writer's table of %u slots; recording is off",
+                   cuheap_recorder.cfg->ring_slots);
+        cuheap_ring_destroy(&cuheap_recorder.ring);
+        return;
+    }
+    cuheap_ticks_init();
     cuheap_recorder.python = cuheap_recorder.cfg->python && cuheap_py_init();
     cuheap_recorder.timing = cuheap_recorder.cfg->record_timing;
     if (cuheap_recorder.timing) {
@@ -269,7 +300,7 @@ bool cuheap_recorder_pause(bool pause)
 {
     if (pause)
         atomic_store(&cuheap_recorder.was_paused, true);
-    return atomic_exchange(&paused, pause);
+    return atomic_exchange(&cuheap_recorder.paused, pause);
 }
 
 void cuheap_recorder_stop(void)
@@ -279,7 +310,7 @@ void cuheap_recorder_stop(void)
     /* A child's trace that another thread is opening is waited for, header and writer; none
      * opens after this (child_start looks at accepting). */
     pthread_mutex_lock(&child_start_lock);
-    bool idle_child = atomic_load(&child_pending);
+    bool idle_child = atomic_load(&cuheap_recorder.child_pending);
     pthread_mutex_unlock(&child_start_lock);
     if (idle_child) {
         /* a child that recorded nothing: no writer, no file, and none opened later */
@@ -322,12 +353,13 @@ void cuheap_recorder_atfork_parent(void)
 void cuheap_recorder_atfork_child(void)
 {
     tls_tid = 0;
+    cuheap_unwind_atfork_child(); /* the child's ring starts empty */
     pthread_mutex_init(&cuheap_recorder.io_lock, NULL);
     pthread_mutex_init(&child_start_lock, NULL);
     /* held by this thread for writing: made anew, as the static one (writers first) */
     capture_lock = (pthread_rwlock_t)PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
     cuheap_recorder_oom_atfork_child(); /* the child's own first out-of-memory is told */
-    atomic_store(&cuheap_recorder.was_paused, atomic_load(&paused));
+    atomic_store(&cuheap_recorder.was_paused, atomic_load(&cuheap_recorder.paused));
     if (!atomic_load(&cuheap_recorder_on))
         return;
     /* The parent's writer thread does not exist here. Start over with our own file. */
@@ -337,22 +369,21 @@ void cuheap_recorder_atfork_child(void)
         cuheap_recorder.out = NULL;
     }
     cuheap_ring_reset(&cuheap_recorder.ring);
-    atomic_store(&cuheap_recorder.nr_events, 0);
     atomic_store(&cuheap_recorder.nr_late, 0);
     atomic_store(&cuheap_recorder.nr_consumed, 0);
     atomic_store(&cuheap_recorder.ring.nr_dropped, 0);
-    atomic_store(&cuheap_recorder.ring.nr_pushed, 0);
     cuheap_stacktab_destroy(&cuheap_recorder.stacks);
     cuheap_stacktab_init(&cuheap_recorder.stacks);
     for (int i = 0; i < NR_MAX_DEVICES; i++)
         if (atomic_load(&cuheap_recorder.devices[i].state) == 2)
             atomic_store(&cuheap_recorder.devices[i].state, 1);
-    atomic_store(&child_pending, true); /* the trace opens with the child's first event */
+    atomic_store(&cuheap_recorder.child_pending,
+                 true); /* the trace opens with the child's first event */
 }
 
 void cuheap_recorder_get_stats(struct cuheap_recorder_stats *ret)
 {
-    ret->nr_events = atomic_load(&cuheap_recorder.nr_events);
+    ret->nr_events = cuheap_recorder.ring.slots ? cuheap_recorder_nr_events() : 0;
     ret->nr_dropped = cuheap_recorder.ring.slots ? cuheap_recorder_nr_dropped() : 0;
     ret->nr_full = cuheap_recorder.ring.slots ? atomic_load(&cuheap_recorder.ring.nr_dropped) : 0;
     if (cuheap_recorder.open_failed)

@@ -25,6 +25,7 @@
 #include "recorder.h"
 #include "ring.h"
 #include "stacktab.h"
+#include "ticks.h"
 #include "tracefile.h"
 
 #define NR_MAX_DEVICES 64
@@ -38,14 +39,25 @@ struct device_info {
 struct cuheap_recorder_state {
     const struct cuheap_config *cfg;
     struct cuheap_ring ring;
-    /* Events go into the ring. Cleared at stop while cuheap_recorder_on stays set, so what
-     * threads still running at exit record is counted (nr_late) instead of vanishing unseen. */
-    atomic_bool accepting;
-    _Atomic uint64_t nr_late;     /* events made after recording stopped */
-    _Atomic uint64_t nr_consumed; /* events the writer took from the ring */
-    _Atomic uint64_t nr_events;   /* events recorded, dropped ones included */
-    atomic_bool stopping;         /* the writer thread is to end */
-    atomic_bool was_paused;       /* cuheap_set_recording(0) was called: the trace has gaps */
+    /* What every hook reads and nothing writes while recording, on a line of its own: a
+     * counter the writer bumps at every event beside it made each hook wait for the line. */
+    _Alignas(64) atomic_bool accepting; /* Events go into the ring. Cleared at stop while
+                                         * cuheap_recorder_on stays set, so what threads still
+                                         * running at exit record is counted (nr_late) instead
+                                         * of vanishing unseen. */
+    atomic_bool paused;        /* cuheap_set_recording(0): events other than marks stop at the door,
+                                * before their stacks (beside the writer's live set, a line every
+                                * event's hook read while the writer wrote it) */
+    atomic_bool child_pending; /* a child after fork: its trace opens with its first event */
+    bool python;               /* Python frames are taken */
+    bool timing;               /* CUHEAP_RECORD_TIMING */
+    enum cuheap_unwinder unwinder;
+    unsigned stack_depth;                      /* native frames per event in this process */
+    uint32_t *slot_stack;                      /* writer: stack id of the event at each ring slot */
+    _Alignas(64) _Atomic uint64_t nr_late;     /* events made after recording stopped */
+    _Alignas(64) _Atomic uint64_t nr_consumed; /* events the writer took from the ring */
+    atomic_bool stopping;                      /* the writer thread is to end */
+    atomic_bool was_paused; /* cuheap_set_recording(0) was called: the trace has gaps */
     pthread_mutex_t io_lock;
     /* the trace file (io_lock held) */
     FILE *out;
@@ -64,13 +76,9 @@ struct cuheap_recorder_state {
     uintptr_t exe_base;
     struct cuheap_stacktab stacks; /* the writer's (io_lock held) */
     struct cuheap_chrome chrome;   /* CUHEAP_FORMAT=chrome: the writer's */
-    enum cuheap_unwinder unwinder;
-    unsigned stack_depth; /* native frames per event in this process */
-    bool python;          /* Python frames are taken */
     struct device_info devices[NR_MAX_DEVICES];
     /* CUHEAP_RECORD_TIMING: where an event's time goes. Hook side: all threads add to these
      * (relaxed atomics, so only when timing). Writer side: the writer thread alone. */
-    bool timing;
     struct {
         _Atomic uint64_t nr_events;    /* events timed on the hook side */
         _Atomic uint64_t ring_ns;      /* claiming, filling and committing a slot */
@@ -104,6 +112,10 @@ static inline uint64_t cuheap_recorder_now(void)
 /* Events that will never be written: a full ring, made after recording stopped, or left in
  * the ring by a producer that raced with the last drain. */
 uint64_t cuheap_recorder_nr_dropped(void);
+
+/* Events recorded, dropped ones included: made late, pushed into the ring or lost to it full
+ * (three counts kept anyway, where a fourth cost every event an atomic add). */
+uint64_t cuheap_recorder_nr_events(void);
 
 /* ---- recorder_writer.c (io_lock held) ---- */
 

@@ -32,9 +32,15 @@ uint64_t cuheap_recorder_nr_dropped(void)
     uint64_t n =
         atomic_load(&cuheap_recorder.ring.nr_dropped) + atomic_load(&cuheap_recorder.nr_late);
     if (!atomic_load(&cuheap_recorder.accepting))
-        n += atomic_load(&cuheap_recorder.ring.nr_pushed) -
+        n += cuheap_ring_nr_pushed(&cuheap_recorder.ring) -
              atomic_load(&cuheap_recorder.nr_consumed);
     return n;
+}
+
+uint64_t cuheap_recorder_nr_events(void)
+{
+    return atomic_load(&cuheap_recorder.nr_late) + cuheap_ring_nr_pushed(&cuheap_recorder.ring) +
+           atomic_load(&cuheap_recorder.ring.nr_dropped);
 }
 
 void cuheap_recorder_put_line(json_t *obj)
@@ -268,7 +274,7 @@ void cuheap_recorder_close_trace(void)
     } else {
         cuheap_recorder_put_line(
             json_pack("{s:s, s:I, s:I, s:I, s:I, s:I}", "type", "footer", "events",
-                      (json_int_t)atomic_load(&cuheap_recorder.nr_events), "written",
+                      (json_int_t)cuheap_recorder_nr_events(), "written",
                       (json_int_t)cuheap_recorder.nr_written, "dropped",
                       (json_int_t)cuheap_recorder_nr_dropped(), "stacks",
                       (json_int_t)cuheap_recorder.stacks.nr_stacks, "t",

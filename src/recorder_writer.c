@@ -309,16 +309,29 @@ static void write_event_jsonl(const struct cuheap_event *ev, uint32_t stack_id)
 
 static void write_event_chrome(const struct cuheap_event *ev, uint32_t stack_id);
 
-static void write_event(const struct cuheap_event *ev)
+/* The event at ring position pos: its stamp made CLOCK_MONOTONIC, its stack interned (or
+ * taken from the earlier event it repeats, which this writer has written: it came first from
+ * the same thread, within a lap of the ring, cuheap_record makes sure), its line written. */
+static void write_event(struct cuheap_event *ev, uint64_t pos)
 {
     uint32_t stack_id = 0;
     bool is_new = false;
     unsigned nr_frames = ev->nr_frames, nr_py = ev->nr_py;
+    ev->time_ns = cuheap_ticks_to_ns(ev->time_ns);
+    /* the scale's error (tens of ns) must not put an event taken just after the trace's start
+     * before it: t is unsigned */
+    if (ev->time_ns < cuheap_recorder.t0_ns)
+        ev->time_ns = cuheap_recorder.t0_ns;
     if (ev->type == CUHEAP_EV_MARK || ev->type == CUHEAP_EV_AUDIT)
         nr_frames = nr_py = 0; /* the frames union holds the label */
     uint64_t t0 = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
-    int r = cuheap_stacktab_intern(&cuheap_recorder.stacks, ev->frames, nr_frames, ev->py, nr_py,
+    int r = 0;
+    if (ev->flags & CUHEAP_EVF_SAME_STACK)
+        stack_id = cuheap_recorder.slot_stack[ev->stack_ref & cuheap_recorder.ring.mask];
+    else
+        r = cuheap_stacktab_intern(&cuheap_recorder.stacks, ev->frames, nr_frames, ev->py, nr_py,
                                    &stack_id, &is_new);
+    cuheap_recorder.slot_stack[pos & cuheap_recorder.ring.mask] = stack_id;
     if (cuheap_recorder.timing)
         cuheap_recorder.tm.intern_ns += cuheap_recorder_now() - t0;
     if (r == 0 && is_new)
@@ -383,7 +396,7 @@ unsigned cuheap_recorder_drain(void)
         if (n % 1024 == 1023)
             populate_ahead();
         uint64_t t0 = cuheap_recorder.timing ? cuheap_recorder_now() : 0;
-        write_event(ev);
+        write_event(ev, cuheap_ring_peek_pos(&cuheap_recorder.ring));
         if (cuheap_recorder.timing) {
             cuheap_recorder.tm.write_ns += cuheap_recorder_now() - t0;
             cuheap_recorder.tm.nr_written++;
@@ -407,6 +420,7 @@ void *cuheap_recorder_writer_main(void *arg)
         uint64_t now = cuheap_recorder_now();
         if (now - last_flush >= (uint64_t)cuheap_recorder.cfg->flush_ms * 1000000ull) {
             cuheap_recorder_check_write();
+            cuheap_ticks_recalibrate();
             last_flush = now;
         }
         pthread_mutex_unlock(&cuheap_recorder.io_lock);

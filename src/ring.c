@@ -92,6 +92,12 @@ static void prefetch_slot(struct cuheap_ring_slot *next)
 
 struct cuheap_event *cuheap_ring_claim(struct cuheap_ring *r)
 {
+    uint64_t pos;
+    return cuheap_ring_claim_pos(r, &pos);
+}
+
+struct cuheap_event *cuheap_ring_claim_pos(struct cuheap_ring *r, uint64_t *ret_pos)
+{
     uint64_t pos = atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);
     for (;;) {
         struct cuheap_ring_slot *slot = &r->slots[pos & r->mask];
@@ -101,6 +107,7 @@ struct cuheap_event *cuheap_ring_claim(struct cuheap_ring *r)
             if (atomic_compare_exchange_weak_explicit(&r->enqueue_pos, &pos, pos + 1,
                                                       memory_order_relaxed, memory_order_relaxed)) {
                 prefetch_slot(&r->slots[(pos + 1) & r->mask]);
+                *ret_pos = pos;
                 return &slot->event;
             }
         } else if (diff < 0) {
@@ -117,7 +124,6 @@ void cuheap_ring_commit(struct cuheap_ring *r, struct cuheap_event *ev)
     struct cuheap_ring_slot *slot =
         (struct cuheap_ring_slot *)((char *)ev - offsetof(struct cuheap_ring_slot, event));
     uint64_t pos = turn_of(r, slot, memory_order_relaxed);
-    atomic_fetch_add_explicit(&r->nr_pushed, 1, memory_order_relaxed);
     set_turn(r, slot, pos + 1);
 }
 

@@ -28,7 +28,6 @@ struct cuheap_ring {
     _Alignas(64) _Atomic uint64_t enqueue_pos; /* next position producers claim */
     _Alignas(64) uint64_t dequeue_pos;         /* consumer only */
     _Alignas(64) _Atomic uint64_t nr_dropped;  /* events lost to a full ring */
-    _Atomic uint64_t nr_pushed;                /* events that made it in */
     size_t map_bytes;
     size_t populated; /* bytes from the start made resident by the consumer (populate) */
 };
@@ -41,6 +40,8 @@ void cuheap_ring_destroy(struct cuheap_ring *r);
 /* Producer: claim a slot and get the event to fill, or NULL when full (counted as a drop).
  * Fill it, then cuheap_ring_commit() with the same pointer. Never blocks. */
 struct cuheap_event *cuheap_ring_claim(struct cuheap_ring *r);
+/* The same, with the slot's position (the count of claims before it) in *ret_pos. */
+struct cuheap_event *cuheap_ring_claim_pos(struct cuheap_ring *r, uint64_t *ret_pos);
 void cuheap_ring_commit(struct cuheap_ring *r, struct cuheap_event *ev);
 
 /* Consumer, from its own thread: make the ring resident up to `ahead` bytes beyond the slot
@@ -50,9 +51,21 @@ void cuheap_ring_commit(struct cuheap_ring *r, struct cuheap_event *ev);
  * once the whole ring is resident (nothing more to do). */
 bool cuheap_ring_populate(struct cuheap_ring *r, size_t ahead);
 
+/* Events that made it in: slots claimed since start or reset (enqueue_pos: a count a producer
+ * keeps anyway, where one of its own cost each event an atomic add). */
+static inline uint64_t cuheap_ring_nr_pushed(struct cuheap_ring *r)
+{
+    return atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);
+}
+
 /* Consumer: the oldest committed event, or NULL when none is ready. Call
  * cuheap_ring_consume() when done with it. Only one thread may consume. */
 struct cuheap_event *cuheap_ring_peek(struct cuheap_ring *r);
+/* Consumer: the position of the event cuheap_ring_peek() gives. */
+static inline uint64_t cuheap_ring_peek_pos(const struct cuheap_ring *r)
+{
+    return r->dequeue_pos;
+}
 void cuheap_ring_consume(struct cuheap_ring *r);
 
 /* Drop everything in flight and start empty; for a child after fork (single-threaded). */

@@ -201,8 +201,9 @@ static void fork_child(void)
     pthread_mutex_init(&cuheap_streams_gate, NULL); /* pool locks: cuheap_pool_forget() */
     cuheap_streams_atfork_child();
     pthread_mutex_init(&cuheap_passthru.lock, NULL);
-    /* the allocation and free counts and every thread's pending live bytes start over */
-    cuheap_counters_atfork_child(CUHEAP_CTR_ALLOCS, CUHEAP_CTR_LIVE + CUHEAP_NR_COUNTED_DEVICES);
+    /* the allocation and free counts, every thread's pending live bytes and cuheap's own time
+     * and driver calls start over */
+    cuheap_counters_atfork_child(CUHEAP_CTR_ALLOCS, CUHEAP_CTR_CALLS - CUHEAP_CTR_ALLOCS);
     atomic_store(&cuheap_nr_passthrough, 0);
     atomic_store(&cuheap_nr_ooms, 0);
     cuheap_audit_atfork_child();
@@ -256,6 +257,7 @@ __attribute__((constructor)) static void boot_guard_register(void)
 static void boot(void)
 {
     atexit(at_exit);
+    cuheap_clock_start(); /* own time's clock: its rate is measured from here */
     if (cuheap_driver_load() != 0)
         return;
     cuheap_config_parse(&cuheap_cfg, env, warn_line, NULL);
@@ -566,6 +568,31 @@ bool cuheap_capturing(void)
 
 /* ---- public API ---- */
 
+/* The time in driver calls of a kind: those measured, scaled to all (record and query are
+ * measured only inside a timed call). */
+static uint64_t driver_ns(unsigned kind, uint64_t *ret_calls)
+{
+    int64_t calls = cuheap_counters_sum(CUHEAP_CTR_DRV_CALLS + kind);
+    int64_t timed = cuheap_counters_sum(CUHEAP_CTR_DRV_TIMED + kind);
+    uint64_t ns = cuheap_ticks_ns(cuheap_counters_sum(CUHEAP_CTR_DRV_TICKS + kind));
+    *ret_calls = calls > 0 ? (uint64_t)calls : 0;
+    return timed > 0 && calls > timed ? (uint64_t)((double)ns * (double)calls / (double)timed) : ns;
+}
+
+/* cuheap's own time and its driver calls by kind, summed over threads. */
+static void own_time(struct cuheap_stats *s)
+{
+    s->own_alloc_ns = cuheap_ticks_ns(cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC));
+    s->own_free_ns = cuheap_ticks_ns(cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_FREE));
+    s->nr_own_timed = (uint64_t)cuheap_counters_sum(CUHEAP_CTR_OWN_TIMED);
+    s->program_ns = driver_ns(CUHEAP_DRV_PROGRAM, &s->nr_program_calls);
+    s->map_calls_ns = driver_ns(CUHEAP_DRV_MAP, &s->nr_map_calls);
+    s->record_ns = driver_ns(CUHEAP_DRV_RECORD, &s->nr_record_calls);
+    s->query_ns = driver_ns(CUHEAP_DRV_QUERY, &s->nr_query_calls);
+    s->sync_ns = driver_ns(CUHEAP_DRV_SYNC, &s->nr_sync_calls);
+    s->other_ns = driver_ns(CUHEAP_DRV_OTHER, &s->nr_other_calls);
+}
+
 CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
 {
     if (!ret || size == 0)
@@ -596,6 +623,7 @@ CUHEAP_API int cuheap_get_stats(struct cuheap_stats *ret, size_t size)
     cuheap_recorder_get_stats(&rs);
     s.nr_events = rs.nr_events;
     s.nr_dropped = rs.nr_dropped;
+    own_time(&s);
     memcpy(ret, &s, size < sizeof(s) ? size : sizeof(s));
     return 0;
 }
@@ -856,6 +884,19 @@ static void summary_details(const struct cuheap_stats *s, const struct cuheap_re
                               d->ordinal, ps.nr_plans, ps.nr_planned, ps.nr_plan_missed,
                               ps.nr_plan_waits, ps.nr_plan_replans, ps.nr_plan_borrowed);
     }
+    cuheap_log_always("own time: %.3f ms in allocations, %.3f ms in frees, the driver's calls "
+                      "left out (%" PRIu64 " calls timed; those the pool served one in %d a "
+                      "thread, scaled); the program's calls passed to the driver: %" PRIu64
+                      ", %.3f ms",
+                      (double)s->own_alloc_ns / 1e6, (double)s->own_free_ns / 1e6, s->nr_own_timed,
+                      CUHEAP_OWN_EVERY, s->nr_program_calls, (double)s->program_ns / 1e6);
+    cuheap_log_always("the pool's driver calls: mapping %" PRIu64
+                      " (%.3f ms), event record %" PRIu64 " (%.3f ms), query %" PRIu64
+                      " (%.3f ms), synchronize %" PRIu64 " (%.3f ms), other %" PRIu64 " (%.3f ms)",
+                      s->nr_map_calls, (double)s->map_calls_ns / 1e6, s->nr_record_calls,
+                      (double)s->record_ns / 1e6, s->nr_query_calls, (double)s->query_ns / 1e6,
+                      s->nr_sync_calls, (double)s->sync_ns / 1e6, s->nr_other_calls,
+                      (double)s->other_ns / 1e6);
     cuheap_log_always("counts: %" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64
                       " passed to the driver, %" PRIu64 " out-of-memory; %" PRIu64
                       " events, %" PRIu64 " dropped; stacks: %s",

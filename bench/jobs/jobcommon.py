@@ -4,11 +4,13 @@ machine without a GPU), the number of steps (JOB_STEPS, else the job's own defau
 the step marks cuheap's replay cuts the recorded sequence at (cuheap_mark("step") at the end of
 every step, a no-op without cuheap), and the lines a job prints:
 
-  job=NAME device=DEV steps=N step_ms=MEDIAN first_ms=FIRST total_s=S
+  job=NAME device=DEV steps=N step_ms=MEDIAN first_ms=FIRST total_s=S [own_ms_per_step=...]
   step_ms_all 12.345 ...
   outputs 0x1.8p+3 ...
 
-step_ms is the median step after the first few (the first compile or warm up); outputs are the
+step_ms is the median step after the first few (the first compile or warm up); under cuheap the
+first line also says cuheap's own time a step over those steps (own_ms_per_step, and as a share
+of the median step, own_pct_of_step) and its driver calls a step by kind; outputs are the
 job's losses or outputs as exact hex floats, the same under every allocator. On the CPU a job
 runs at the small sizes it names with pick(), in float32: a check of its paths, not a figure.
 """
@@ -29,6 +31,43 @@ try:
     _mark.restype = None
 except AttributeError:  # cuheap not loaded
     _mark = None
+
+
+try:
+    _lib = ctypes.CDLL(os.environ.get("CUHEAP_PLUGGABLE") or None)
+    _get_stats = _lib.cuheap_get_stats
+except (AttributeError, OSError):  # cuheap not loaded
+    _get_stats = None
+
+# struct cuheap_stats from its 18th field: cuheap's own time and its driver calls by kind
+_OWN_FIELDS = ("own_alloc_ns", "own_free_ns", "nr_own_timed", "nr_program_calls", "program_ns",
+               "nr_map_calls", "map_calls_ns", "nr_record_calls", "record_ns", "nr_query_calls",
+               "query_ns", "nr_sync_calls", "sync_ns", "nr_other_calls", "other_ns")
+
+
+def cuheap_own():
+    """cuheap's own time and driver calls so far, as a dict, or None without cuheap."""
+    if not _get_stats:
+        return None
+    s = (ctypes.c_uint64 * (17 + len(_OWN_FIELDS)))()
+    if _get_stats(s, ctypes.sizeof(s)) != 0:
+        return None
+    return dict(zip(_OWN_FIELDS, s[17:]))
+
+
+def own_words(before, after, n, step_ms):
+    """cuheap's own time and its driver calls a step over n steps, as key=value words."""
+    if not before or not after or n <= 0:
+        return ""
+    d = {k: (after[k] - before[k]) / n for k in _OWN_FIELDS}
+    own_ms = (d["own_alloc_ns"] + d["own_free_ns"]) / 1e6
+    words = "own_ms_per_step=%.4f own_pct_of_step=%.2f" % (
+        own_ms, 100 * own_ms / step_ms if step_ms else 0)
+    for kind in ("program", "map", "record", "query", "sync"):
+        ms = d["map_calls_ns" if kind == "map" else kind + "_ns"] / 1e6
+        words += " %s_calls_per_step=%.1f %s_ms_per_step=%.4f" % (
+            kind, d["nr_%s_calls" % kind], kind, ms)
+    return words
 
 
 def steps(default):
@@ -95,6 +134,7 @@ class Job:
     def __init__(self, name, sync=lambda: None, skip=3):
         self.name, self.sync, self.skip = name, sync, skip
         self.times, self.outputs = [], []
+        self.own_before = None
         self.t_start = time.perf_counter()
 
     class _Step:
@@ -103,6 +143,8 @@ class Job:
 
         def __enter__(self):
             self.job.sync()
+            if len(self.job.times) == self.job.skip:  # the first step the median counts
+                self.job.own_before = cuheap_own()
             self.t0 = time.perf_counter()
 
         def __exit__(self, *exc):
@@ -120,6 +162,10 @@ class Job:
 
     def report(self, extra=""):
         t = self.times[self.skip:] if len(self.times) > 2 * self.skip else self.times
+        own = own_words(self.own_before, cuheap_own(), len(self.times) - self.skip,
+                        1000 * statistics.median(self.times[self.skip:]) if
+                        len(self.times) > self.skip else 0)
+        extra = " ".join(w for w in (extra, own) if w)
         print("job=%s device=%s steps=%d step_ms=%.3f first_ms=%.3f total_s=%.1f%s" % (
             self.name, DEVICE, len(self.times), 1000 * statistics.median(t) if t else 0.0,
             1000 * self.times[0] if self.times else 0.0, time.perf_counter() - self.t_start,

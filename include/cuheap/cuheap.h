@@ -46,6 +46,32 @@ struct cuheap_stats {
                                     one (not those a trim or out-of-memory gives back) */
     uint64_t map_ns;             /* nanoseconds in the driver's create, map, set-access, unmap
                                     and release calls */
+    /* cuheap's own time in the allocation path and the driver calls it makes, by kind, counted
+     * since start: a step's cost to read without the host program's noise. Own time is the
+     * time a thread spent in cuheap's allocation layer and the pool, less the driver calls
+     * made meanwhile (counted below); it is the clock's, so a thread the OS takes the CPU from
+     * meanwhile counts that too. Calls the pool serves are timed one in 32 on each thread and
+     * the time scaled up (the clock costs more than a small pair), the rest (passed to the
+     * driver) each. Appended as above. */
+    uint64_t own_alloc_ns;     /* cuheap's own time in allocations */
+    uint64_t own_free_ns;      /* cuheap's own time in frees */
+    uint64_t nr_own_timed;     /* calls timed for the two figures above */
+    uint64_t nr_program_calls; /* the program's allocations and frees cuheap passed to the
+                                  driver (device memory; frees of any kind) */
+    uint64_t program_ns;       /* time in them */
+    uint64_t nr_map_calls;     /* the pool's memory and mapping calls: cuMemCreate, cuMemRelease,
+                                  cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemAddressReserve,
+                                  cuMemAddressFree; cuMemAlloc and cuMemFree of legacy arenas */
+    uint64_t map_calls_ns;     /* time in them */
+    uint64_t nr_record_calls;  /* the pool's cuEventRecord calls (fences) */
+    uint64_t record_ns;        /* time in them: measured on those inside a timed call, scaled */
+    uint64_t nr_query_calls;   /* the pool's cuEventQuery and cuStreamQuery calls */
+    uint64_t query_ns;         /* time in them, as record_ns */
+    uint64_t nr_sync_calls;    /* the pool's cuEventSynchronize and cuCtxSynchronize calls */
+    uint64_t sync_ns;          /* time in them */
+    uint64_t nr_other_calls;   /* the pool's cuEventCreate, cuMemGetInfo,
+                                  cuMemExportToShareableHandle and granularity calls */
+    uint64_t other_ns;         /* time in them */
 };
 
 /* Fill *ret with the current figures. size is sizeof(struct cuheap_stats) as the caller knows

@@ -24,7 +24,9 @@ class _Stats(ctypes.Structure):
         "live_bytes", "peak_live_bytes", "reserved_bytes", "peak_reserved_bytes", "nr_allocs",
         "nr_frees", "nr_pool_hits", "nr_pool_misses", "nr_passthrough", "nr_ooms", "nr_events",
         "nr_dropped", "nr_arenas", "nr_chunks_created", "nr_chunks_moved", "nr_chunks_released",
-        "map_ns")]
+        "map_ns", "own_alloc_ns", "own_free_ns", "nr_own_timed", "nr_program_calls", "program_ns",
+        "nr_map_calls", "map_calls_ns", "nr_record_calls", "record_ns", "nr_query_calls",
+        "query_ns", "nr_sync_calls", "sync_ns", "nr_other_calls", "other_ns")]
 
 
 def _loaded_path():
@@ -113,8 +115,11 @@ class paused:
 
 
 def stats():
-    """Live and reserved bytes now and at their peaks, call counts and the pool's mapping
-    work, summed over GPUs, as a dict (struct cuheap_stats); None without cuheap."""
+    """Live and reserved bytes now and at their peaks, call counts, the pool's mapping work,
+    cuheap's own time in the allocation path (own_alloc_ns, own_free_ns) and the driver calls
+    it made by kind (nr_map_calls and map_calls_ns, record, query, sync, other; program: the
+    program's calls passed to the driver), summed over GPUs, as a dict (struct cuheap_stats);
+    None without cuheap. Read it before and after a step for the step's figures."""
     lib = _handle()
     if lib is None:
         return None

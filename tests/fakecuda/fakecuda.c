@@ -1076,6 +1076,7 @@ FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 
 FAKE_EXPORT CUresult cuCtxSynchronize(void)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_SYNC], 1);
     FAULT("cuCtxSynchronize", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     pthread_mutex_lock(&g_lock);
@@ -1598,6 +1599,7 @@ FAKE_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocat
 FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
                                          CUdeviceptr addr, unsigned long long flags)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_VMM], 1);
     FAULT("cuMemAddressReserve", CUDA_ERROR_OUT_OF_MEMORY);
     (void)align;
     (void)addr;
@@ -1614,6 +1616,7 @@ FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t a
 
 FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_VMM], 1);
     FAULT("cuMemAddressFree", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     if (!ptr || munmap((void *)ptr, size))
@@ -1624,6 +1627,7 @@ FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_VMM], 1);
     FAULT("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
     spin_us(g_vmm_us);
@@ -1654,6 +1658,7 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 
 FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_VMM], 1);
     FAULT("cuMemRelease", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     spin_us(g_vmm_us);
@@ -1670,6 +1675,7 @@ FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                               CUmemGenericAllocationHandle h, unsigned long long flags)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_VMM], 1);
     FAULT("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
     spin_us(g_vmm_us);
@@ -1707,6 +1713,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                     size_t count)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_VMM], 1);
     FAULT("cuMemSetAccess", CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_INIT();
     spin_us(g_vmm_us);
@@ -1770,6 +1777,7 @@ FAKE_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocati
 
 FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_VMM], 1);
     FAULT("cuMemUnmap", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     spin_us(g_vmm_us);
@@ -1883,6 +1891,7 @@ FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *arg)
 
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_SYNC], 1);
     FAULT("cuStreamSynchronize", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     struct work *w = calloc(1, sizeof(*w));
@@ -1901,6 +1910,7 @@ FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
 
 FAKE_EXPORT CUresult cuStreamQuery(CUstream h)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_QUERY], 1);
     CHECK_CTX();
     pthread_mutex_lock(&g_lock);
     struct fake_stream *s;
@@ -1948,6 +1958,7 @@ FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent h)
 
 FAKE_EXPORT CUresult cuEventRecord(CUevent h, CUstream st)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_EVENT_RECORD], 1);
     FAULT("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_CTX();
     struct fake_event *e = (struct fake_event *)h;
@@ -1990,6 +2001,7 @@ FAKE_EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream st)
 
 FAKE_EXPORT CUresult cuEventQuery(CUevent h)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_QUERY], 1);
     FAULT("cuEventQuery", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     struct fake_event *e = (struct fake_event *)h;
@@ -2003,6 +2015,7 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent h)
 
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent h)
 {
+    atomic_fetch_add(&g_calls[FAKECUDA_CALL_SYNC], 1);
     FAULT("cuEventSynchronize", CUDA_ERROR_LAUNCH_FAILED);
     CHECK_INIT();
     struct fake_event *e = (struct fake_event *)h;

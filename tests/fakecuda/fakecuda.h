@@ -15,6 +15,12 @@ enum fakecuda_counter {
     FAKECUDA_CALL_MEM_ALLOC,        /* cuMemAlloc_v2 calls that reached the driver */
     FAKECUDA_CALL_MEM_FREE,         /* cuMemFree_v2 calls that reached the driver */
     FAKECUDA_CALL_GET_PROC_ADDRESS, /* cuGetProcAddress lookups */
+    /* cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemAddressReserve and
+     * cuMemAddressFree calls */
+    FAKECUDA_CALL_VMM,
+    FAKECUDA_CALL_EVENT_RECORD, /* cuEventRecord calls (and _ptsz) */
+    FAKECUDA_CALL_QUERY,        /* cuEventQuery and cuStreamQuery calls */
+    FAKECUDA_CALL_SYNC,         /* cuEventSynchronize, cuStreamSynchronize, cuCtxSynchronize */
     FAKECUDA_NR_COUNTERS
 };
 

@@ -773,6 +773,82 @@ static void test_stats_count_mapping_ops(void **state)
     assert_int_equal(cu.cuMemFree_v2(p), CUDA_SUCCESS);
 }
 
+/* What the simulated driver counted of each kind of call, as cuheap_get_stats() sorts them. */
+struct driver_counts {
+    unsigned long memory, vmm, record, query, sync;
+};
+
+static struct driver_counts driver_counts(void)
+{
+    return (struct driver_counts){
+        fake_calls(FAKECUDA_CALL_MEM_ALLOC) + fake_calls(FAKECUDA_CALL_MEM_FREE),
+        fake_calls(FAKECUDA_CALL_VMM), fake_calls(FAKECUDA_CALL_EVENT_RECORD),
+        fake_calls(FAKECUDA_CALL_QUERY), fake_calls(FAKECUDA_CALL_SYNC)};
+}
+
+/* cuheap's own time and the driver calls it makes, by kind (cuheap_get_stats): the pool's
+ * allocations and frees both have own time; each kind's count is what the driver counted of
+ * those calls (the program itself makes none of them here), the program's own calls passed to
+ * the driver apart. */
+static void test_stats_own_time_and_driver_calls_by_kind(void **state)
+{
+    (void)state;
+    enum { N = 64 };
+    CUstream st;
+    assert_int_equal(cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    struct cuheap_stats s0 = stats();
+    struct driver_counts d0 = driver_counts();
+    CUdeviceptr p[N];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++)
+            assert_int_equal(cu.cuMemAlloc_v2(&p[i], (uint64_t)(i % 8 + 1) * 96 * 1024 + 4096u * i),
+                             CUDA_SUCCESS);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(i % 2 ? cu.cuMemFreeAsync(p[i], st) : cu.cuMemFree_v2(p[i]),
+                             CUDA_SUCCESS);
+    }
+    struct cuheap_stats s1 = stats();
+    /* the pool's (or, without it, the driver's) allocations and frees: cuheap's own time */
+    assert_true(s1.own_alloc_ns > s0.own_alloc_ns);
+    assert_true(s1.own_free_ns > s0.own_free_ns);
+    assert_true(s1.nr_own_timed >= s0.nr_own_timed + 2);
+    CUdeviceptr big;
+    assert_int_equal(cu.cuMemAlloc_v2(&big, big_size()), CUDA_SUCCESS);
+    assert_int_equal(cu.cuMemFree_v2(big), CUDA_SUCCESS);
+    struct cuheap_stats s = stats();
+    struct driver_counts d = driver_counts();
+    print_message("# own %llu + %llu ns (%llu timed); program %llu (%llu ns); map %llu (%llu ns), "
+                  "record %llu, query %llu, sync %llu, other %llu; driver: memory %lu vmm %lu "
+                  "record %lu query %lu sync %lu\n",
+                  (unsigned long long)(s.own_alloc_ns - s0.own_alloc_ns),
+                  (unsigned long long)(s.own_free_ns - s0.own_free_ns),
+                  (unsigned long long)(s.nr_own_timed - s0.nr_own_timed),
+                  (unsigned long long)(s.nr_program_calls - s0.nr_program_calls),
+                  (unsigned long long)(s.program_ns - s0.program_ns),
+                  (unsigned long long)(s.nr_map_calls - s0.nr_map_calls),
+                  (unsigned long long)(s.map_calls_ns - s0.map_calls_ns),
+                  (unsigned long long)(s.nr_record_calls - s0.nr_record_calls),
+                  (unsigned long long)(s.nr_query_calls - s0.nr_query_calls),
+                  (unsigned long long)(s.nr_sync_calls - s0.nr_sync_calls),
+                  (unsigned long long)(s.nr_other_calls - s0.nr_other_calls), d.memory - d0.memory,
+                  d.vmm - d0.vmm, d.record - d0.record, d.query - d0.query, d.sync - d0.sync);
+    /* the big pair went to the driver (and, without the pool, every pair) */
+    assert_int_equal(s.nr_program_calls - s0.nr_program_calls, pool_on ? 2 : 4 * N + 2);
+    assert_true(s.program_ns > s0.program_ns);
+    if (pool_on) /* arenas are cuMemAlloc's (the program's frees: async ones too, without it) */
+        assert_int_equal(s.nr_map_calls - s0.nr_map_calls + 2,
+                         d.memory - d0.memory + d.vmm - d0.vmm);
+    else
+        assert_int_equal(s.nr_map_calls, s0.nr_map_calls);
+    if (vmm)
+        assert_int_equal(s.nr_map_calls - s0.nr_map_calls, d.vmm - d0.vmm);
+    assert_int_equal(s.nr_record_calls - s0.nr_record_calls, d.record - d0.record);
+    assert_int_equal(s.nr_query_calls - s0.nr_query_calls, d.query - d0.query);
+    assert_int_equal(s.nr_sync_calls - s0.nr_sync_calls, d.sync - d0.sync);
+    assert_true(s.nr_map_calls == s0.nr_map_calls || s.map_calls_ns > s0.map_calls_ns);
+    assert_int_equal(cu.cuStreamDestroy_v2(st), CUDA_SUCCESS);
+}
+
 /* A job whose step repeats, as a training loop's does: once warm, the default makes no mapping
  * call in a step (the step plan serves it from one region mapped once; the pool alone, on this
  * very step, still moved memory now and then). The step is shaped like a model's: activations kept
@@ -946,6 +1022,7 @@ int main(void)
         cmocka_unit_test(test_signal_frees_many_inside_hook),
         cmocka_unit_test(test_signal_allocates_inside_hook),
         cmocka_unit_test(test_stats_count_mapping_ops),
+        cmocka_unit_test(test_stats_own_time_and_driver_calls_by_kind),
         cmocka_unit_test(test_repeating_step_warm_makes_no_mapping_call),
         cmocka_unit_test(test_capture_passes_to_driver),
         cmocka_unit_test(test_pluggable_allocator),

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -967,15 +968,16 @@ static void test_run_torch_makes_cuheap_the_allocator(void **state)
 }
 
 /* The Python module over the C API: under cuheap run, a mark, a paused block (its marks in the
- * trace), the figures and the library's path; without cuheap every call does nothing and says
- * so. */
+ * trace), the figures (to the last, cuheap's driver calls) and the library's path; without cuheap
+ * every call does nothing and says so. */
 static void test_python_module(void **state)
 {
     (void)state;
     static const char code[] =
         "import cuheap; cuheap.mark('hello'); w = cuheap.paused(); w.__enter__(); "
         "w.__exit__(None, None, None); s = cuheap.stats(); "
-        "print(cuheap.loaded(), s is not None and 'peak_live_bytes' in s, cuheap.pause(), "
+        "print(cuheap.loaded(), s is not None and 'peak_live_bytes' in s and 'other_ns' in s, "
+        "cuheap.pause(), "
         "cuheap.resume(), cuheap.library_path()); print(callable(cuheap.torch.use))";
     struct result r = run(FAKE " PYTHONPATH=%s/python %s/tools/cuheap run -o p.jsonl -- %s -c "
                                "\"%s\" && grep -o '\"label\":\"[^\"]*\"' p.jsonl",
@@ -1953,6 +1955,65 @@ static void test_rec_summary_is_one_line(void **state)
     done(&r);
 }
 
+/* The figure after `key` in s, -1 when absent. */
+static double figure_after(const char *s, const char *key)
+{
+    const char *p = s ? strstr(s, key) : NULL;
+    return p ? strtod(p + strlen(key), NULL) : -1;
+}
+
+/* CUHEAP_VERBOSE=1 says cuheap's own time in the allocation path and the driver calls it made
+ * for the pool by kind, each with its time: with the driver's mapping calls made slow, their
+ * time is the mapping calls' (at least what the slow ones took), neither cuheap's own nor
+ * another kind's; own time is there and under the run's wall time. */
+static void test_rec_summary_says_own_time_and_driver_calls(void **state)
+{
+    (void)state;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct result r =
+        run(FAKE " " PRELOAD " CUHEAP_VERBOSE=1 FAKECUDA_VMM_US=4000 "
+                 "CUHEAP_OUTPUT=o.jsonl %s/tests/programs/cuheap-demo 20 12 >/dev/null",
+            build, build, build);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double wall_ms =
+        (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    double own_alloc = figure_after(r.err, "cuheap: own time: ");
+    double own_free = figure_after(r.err, " ms in allocations, ");
+    long timed = number_after(r.err, "the driver's calls left out (");
+    long chunks = number_after(r.err, "GPU 0: vmm: ");
+    long maps = number_after(r.err, "the pool's driver calls: mapping ");
+    const char *m = strstr(r.err, "the pool's driver calls: mapping ");
+    double map_ms = m ? figure_after(m, " (") : -1;
+    double record_ms = m ? figure_after(strstr(m, "event record "), " (") : -1;
+    double query_ms = m ? figure_after(strstr(m, "query "), " (") : -1;
+    double sync_ms = m ? figure_after(strstr(m, "synchronize "), " (") : -1;
+    /* each chunk the pool took is a create, a map and a set-access, 4 ms each here: far more
+     * than what a loaded machine's preemption adds to own time (which is time on the thread) */
+    if (r.status || own_alloc <= 0 || own_free <= 0 || timed <= 0 || chunks <= 0 ||
+        maps < 3 * chunks || map_ms < 3 * 4.0 * (double)chunks || record_ms < 0 || query_ms < 0 ||
+        sync_ms < 0 || record_ms + query_ms + sync_ms >= map_ms / 2 ||
+        own_alloc + own_free >= wall_ms || own_alloc + own_free >= map_ms)
+        fail_msg("wall %.1f ms, own %.3f + %.3f ms, map %.3f ms\n%s", wall_ms, own_alloc, own_free,
+                 map_ms, r.err);
+    done(&r);
+    /* without the pool, the program's own calls to the driver, made slow: theirs, not cuheap's */
+    r = run(FAKE " " PRELOAD " CUHEAP_VERBOSE=1 CUHEAP_POOL=0 FAKECUDA_ALLOC_US=1000 "
+                 "FAKECUDA_FREE_US=1000 CUHEAP_OUTPUT=p.jsonl %s/tests/programs/cuheap-demo 4 4 "
+                 ">/dev/null",
+            build, build, build);
+    own_alloc = figure_after(r.err, "cuheap: own time: ");
+    own_free = figure_after(r.err, " ms in allocations, ");
+    const char *p = strstr(r.err, "the program's calls passed to the driver: ");
+    long calls = p ? number_after(p, "driver: ") : -1;
+    double program_ms = p ? figure_after(strstr(p, ", "), ", ") : -1;
+    if (r.status || own_alloc <= 0 || own_free <= 0 || calls < 10 ||
+        program_ms < (double)calls * 0.5 || own_alloc + own_free >= program_ms / 4)
+        fail_msg("own %.3f + %.3f ms, %ld program calls, %.3f ms\n%s", own_alloc, own_free, calls,
+                 program_ms, r.err);
+    done(&r);
+}
+
 static void test_rec_marks_do_not_grow_memory(void **state)
 {
     (void)state;
@@ -2373,6 +2434,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rec_chrome_name_with_a_rank, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_marks_do_not_grow_memory, fresh_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_summary_is_one_line, fresh_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_rec_summary_says_own_time_and_driver_calls, fresh_dir,
+                                        remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_summary_peak_live_of_small_allocations, fresh_dir,
                                         remove_dir),
         cmocka_unit_test_setup_teardown(test_rec_text_that_is_not_utf8, fresh_dir, remove_dir),

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -135,6 +136,85 @@ static void test_fork_child_starts_over(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts))
+        ;
+}
+
+/* The ticks' clock reads as nanoseconds: a sleep of 30 ms measures as about that. */
+static void test_ticks_read_as_nanoseconds(void **state)
+{
+    (void)state;
+    cuheap_clock_start();
+    uint64_t t0 = cuheap_ticks();
+    sleep_ms(30);
+    uint64_t ns = cuheap_ticks_ns((int64_t)(cuheap_ticks() - t0));
+    print_message("# 30 ms slept: %llu ns\n", (unsigned long long)ns);
+    assert_true(ns >= 29000000 && ns < 1000000000);
+    assert_int_equal(cuheap_ticks_ns(0), 0);
+    assert_int_equal(cuheap_ticks_ns(-5), 0);
+}
+
+/* A timed call's driver calls are counted by kind with their time and taken off its own time;
+ * record and query are timed only inside a timed call, the other kinds always. */
+static void test_driver_time_is_taken_off_own_time(void **state)
+{
+    (void)state;
+    struct cuheap_counters *c = cuheap_counters_mine();
+    assert_non_null(c);
+    int64_t own0 = cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_FREE);
+    int64_t map0 = cuheap_counters_sum(CUHEAP_CTR_DRV_TICKS + CUHEAP_DRV_MAP);
+    int64_t q0 = cuheap_counters_sum(CUHEAP_CTR_DRV_CALLS + CUHEAP_DRV_QUERY);
+    int64_t qt0 = cuheap_counters_sum(CUHEAP_CTR_DRV_TIMED + CUHEAP_DRV_QUERY);
+    int64_t mapn0 = cuheap_counters_sum(CUHEAP_CTR_DRV_CALLS + CUHEAP_DRV_MAP);
+    uint64_t t = cuheap_drv_start(CUHEAP_DRV_QUERY); /* outside a timed call: counted only */
+    cuheap_drv_done(CUHEAP_DRV_QUERY, t);
+    assert_int_equal(t, 0);
+    struct cuheap_own_span span;
+    cuheap_own_begin(c, &span);
+    t = cuheap_drv_start(CUHEAP_DRV_QUERY);
+    cuheap_drv_done(CUHEAP_DRV_QUERY, t);
+    t = cuheap_drv_start(CUHEAP_DRV_MAP);
+    sleep_ms(40); /* a slow mapping call */
+    cuheap_drv_done(CUHEAP_DRV_MAP, t);
+    cuheap_own_end(c, &span, CUHEAP_OWN_FREE, 1);
+    assert_false(cuheap_own_timing);
+    assert_int_equal(cuheap_counters_sum(CUHEAP_CTR_DRV_CALLS + CUHEAP_DRV_QUERY), q0 + 2);
+    assert_int_equal(cuheap_counters_sum(CUHEAP_CTR_DRV_TIMED + CUHEAP_DRV_QUERY), qt0 + 1);
+    assert_int_equal(cuheap_counters_sum(CUHEAP_CTR_DRV_CALLS + CUHEAP_DRV_MAP), mapn0 + 1);
+    uint64_t map_ns =
+        cuheap_ticks_ns(cuheap_counters_sum(CUHEAP_CTR_DRV_TICKS + CUHEAP_DRV_MAP) - map0);
+    uint64_t own_ns = cuheap_ticks_ns(cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_FREE) - own0);
+    print_message("# map %llu ns, own %llu ns\n", (unsigned long long)map_ns,
+                  (unsigned long long)own_ns);
+    assert_true(map_ns >= 39000000);
+    assert_true(own_ns < 20000000);
+}
+
+/* A timed call standing for 32 that the OS took the CPU from (a sleep here) counts once: the
+ * calls it stood for did not wait; a short one counts for all of them. */
+static void test_long_timed_call_counts_once(void **state)
+{
+    (void)state;
+    struct cuheap_counters *c = cuheap_counters_mine();
+    assert_non_null(c);
+    int64_t own0 = cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC);
+    struct cuheap_own_span span;
+    cuheap_own_begin(c, &span);
+    sleep_ms(20);
+    cuheap_own_end(c, &span, CUHEAP_OWN_ALLOC, 32);
+    uint64_t ns = cuheap_ticks_ns(cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC) - own0);
+    print_message("# a 20 ms call standing for 32: %llu ns\n", (unsigned long long)ns);
+    assert_true(ns >= 19000000 && ns < 200000000);
+    own0 = cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC);
+    cuheap_own_begin(c, &span);
+    cuheap_own_end(c, &span, CUHEAP_OWN_ALLOC, 32);
+    int64_t short_ticks = cuheap_counters_sum(CUHEAP_CTR_OWN + CUHEAP_OWN_ALLOC) - own0;
+    assert_true(short_ticks > 0 && short_ticks % 32 == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -142,6 +222,9 @@ int main(void)
         cmocka_unit_test(test_sums_only_grow_while_threads_count),
         cmocka_unit_test(test_counts_after_the_block_went_back),
         cmocka_unit_test(test_fork_child_starts_over),
+        cmocka_unit_test(test_ticks_read_as_nanoseconds),
+        cmocka_unit_test(test_driver_time_is_taken_off_own_time),
+        cmocka_unit_test(test_long_timed_call_counts_once),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,12 +21,17 @@
 
 typedef unsigned (*prog_cb_fn)(void *arg);
 unsigned prog_descend(int depth, unsigned shape, prog_cb_fn cb, void *arg);
+unsigned prog_padded(int big, unsigned pad, uint64_t fill, prog_cb_fn cb, void *arg);
 
 struct probe {
-    unsigned max; /* frames kept */
-    int inner;    /* cuheap-side frames above the capture (0 to 6) */
-    unsigned nr;  /* frames recorded */
-    bool differ;  /* shortcut and full walk disagreed */
+    unsigned max;                            /* frames kept */
+    int inner;                               /* cuheap-side frames above the capture (0 to 6) */
+    unsigned nr;                             /* frames recorded */
+    bool differ;                             /* shortcut or cache and full walk disagreed */
+    uint32_t tag;                            /* the cached capture's tag */
+    uint64_t sum;                            /* of the full walk's frames */
+    uint64_t frames[CUHEAP_MAX_STACK_DEPTH]; /* the full walk's */
+    uintptr_t sp;                            /* where the capture was made */
     char why[256];
 };
 
@@ -34,9 +39,32 @@ struct probe {
 __attribute__((noinline)) static void both(struct probe *p)
 {
     uint64_t fast[CUHEAP_MAX_STACK_DEPTH], full[CUHEAP_MAX_STACK_DEPTH];
+    uint64_t scratch[CUHEAP_MAX_STACK_DEPTH];
+    const uint64_t *cached;
+    uint32_t tag;
+    static pthread_rwlock_t walk_lock = PTHREAD_RWLOCK_INITIALIZER;
+    uint64_t *note;
+    unsigned c = cuheap_unwind_capture_cached(scratch, p->max, &cached, &tag, &note, &walk_lock);
     unsigned a = cuheap_unwind_capture(fast, p->max);
     unsigned b = cuheap_unwind_capture_full(full, p->max);
     p->nr = b;
+    p->tag = tag;
+    p->sum = 0;
+    p->sp = (uintptr_t)__builtin_frame_address(0);
+    memcpy(p->frames, full, b * sizeof(full[0]));
+    for (unsigned i = 0; i < b; i++)
+        p->sum = p->sum * 31 + full[i];
+    if (c != b || memcmp(cached, full, c * sizeof(full[0]))) {
+        p->differ = true;
+        unsigned i = 0;
+        while (i < c && i < b && cached[i] == full[i])
+            i++;
+        snprintf(p->why, sizeof(p->why),
+                 "max %u, %d cuheap frames: cached %u frames, full walk %u, first difference "
+                 "at frame %u",
+                 p->max, p->inner, c, b, i);
+        return;
+    }
     if (a != b || memcmp(fast, full, a * sizeof(fast[0]))) {
         p->differ = true;
         unsigned i = 0;
@@ -139,12 +167,89 @@ static void test_shortcut_off(void **state)
     assert_int_equal(cuheap_unwind_nr_rewalks(), before);
 }
 
+/* Stacks seen before come from the cache (few walks), and a stack that changed under the same
+ * stack pointer (another call site at the same depth) is recorded as changed: every capture
+ * equals the full walk, the two call paths give different frames and different tags. */
+static void __attribute__((unused)) test_cache_sees_changed_stacks(void **state)
+{
+    (void)state;
+    unsigned nr[2] = {0, 0};
+    uint32_t tags[2] = {0, 0};
+    uint64_t sums[2] = {0, 0};
+    uint64_t walks = cuheap_unwind_nr_stack_walks();
+    for (int i = 0; i < 3000; i++) {
+        struct probe p = {.max = 12, .inner = 2};
+        /* shapes 19 and 2 (unwind-prog.c): the outermost level calls from one call site or
+         * the other, and every level below goes the same way (shape 11): the same frames at
+         * the same stack pointers but for one return address */
+        prog_descend(6, i % 2 ? 2 : 19, at_bottom, &p);
+        if (p.differ)
+            fail_msg("capture %d: %s", i, p.why);
+        nr[i % 2] = p.nr;
+        sums[i % 2] = p.sum;
+        /* both cached once seen twice and the walks' budget allowed (unwind.c) */
+        if (i >= 2500 && p.tag != tags[i % 2])
+            fail_msg("capture %d: the same stack got a new tag (walked again)", i);
+        tags[i % 2] = p.tag;
+    }
+    assert_int_equal(nr[0], 12);
+    assert_int_equal(nr[1], 12);
+    assert_int_not_equal(tags[0], 0);
+    assert_int_not_equal(tags[0], tags[1]);
+    assert_true(sums[0] != sums[1]);
+    assert_true(cuheap_unwind_nr_stack_walks() - walks <= 4);
+}
+
+/* A frame that keeps a frame pointer and sizes itself at run time (alloca) is placed by its
+ * rbp, not by the words below it: reached from a small frame, or from a large one through a
+ * smaller alloca, at the same stack pointer, its caller's return address lies at another
+ * place. The large frame's words all hold the small one's return address (where the small
+ * path's return address lay, the large path holds the same value), so only the saved rbp
+ * tells the two stacks apart. */
+static void __attribute__((unused)) test_cache_places_frame_pointer_frames(void **state)
+{
+    (void)state;
+    struct probe a = {.max = 5, .inner = 2};
+    enum { PAD = 2048 };
+    prog_padded(0, PAD, 0, at_bottom, &a);
+    assert_false(a.differ);
+    assert_int_equal(a.nr, 5);
+    uint64_t small_ra = a.frames[4]; /* the return address into the small frame */
+    unsigned pad = 0;
+    for (; pad <= PAD; pad += 16) {
+        struct probe b = {.max = 5, .inner = 2};
+        prog_padded(1, pad, small_ra, at_bottom, &b);
+        if (b.sp == a.sp)
+            break;
+    }
+    assert_true(pad <= PAD); /* found the pad that puts both at one stack pointer */
+    uint64_t sums[2] = {0, 0};
+    for (int i = 0; i < 5000; i++) {
+        struct probe p = {.max = 5, .inner = 2};
+        prog_padded(i % 2, i % 2 ? pad : PAD, small_ra, at_bottom, &p);
+        if (p.differ)
+            fail_msg("capture %d (%s frame): %s", i, i % 2 ? "large" : "small", p.why);
+        if (p.sp != a.sp)
+            fail_msg("capture %d: not at the same stack pointer", i);
+        sums[i % 2] = p.sum;
+    }
+    assert_true(sums[0] != sums[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shortcut_records_the_full_walk),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_shortcut_off),
+    /* left out of sanitizer builds rather than skipped (a skip reads as a failure in meson's
+     * TAP): many_events says why for TSan; ASan moves frames with alloca */
+#if !defined(__SANITIZE_THREAD__)
+        cmocka_unit_test(test_cache_sees_changed_stacks),
+#endif
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+        cmocka_unit_test(test_cache_places_frame_pointer_frames),
+#endif
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

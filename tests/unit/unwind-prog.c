@@ -34,3 +34,44 @@ __attribute__((noinline, visibility("default"))) unsigned prog_descend(int depth
     __asm__ volatile("" ::: "memory");
     return r;
 }
+
+/* A frame that keeps a frame pointer (alloca: its size is known only at run time), pad bytes
+ * below it, then two levels of prog_descend and cb(arg). */
+__attribute__((noinline)) static unsigned with_pad(unsigned pad, prog_cb_fn cb, void *arg)
+{
+    volatile char *p = __builtin_alloca(pad + 1);
+    p[0] = 0;
+    unsigned r = prog_descend(2, 1, cb, arg);
+    __asm__ volatile("" ::"r"(p) : "memory");
+    return r + 1;
+}
+
+unsigned prog_padded(int big, unsigned pad, uint64_t fill, prog_cb_fn cb, void *arg);
+
+/* with_pad from a small frame, or from a large one whose words all hold fill. */
+__attribute__((noinline)) static unsigned from_small(unsigned pad, prog_cb_fn cb, void *arg)
+{
+    volatile uint64_t local[2] = {0, 0};
+    unsigned r = with_pad(pad, cb, arg);
+    __asm__ volatile("" ::"r"(local) : "memory");
+    return r + 1;
+}
+
+__attribute__((noinline)) static unsigned from_big(unsigned pad, uint64_t fill, prog_cb_fn cb,
+                                                   void *arg)
+{
+    volatile uint64_t local[128];
+    for (int i = 0; i < 128; i++)
+        local[i] = fill;
+    unsigned r = with_pad(pad, cb, arg);
+    __asm__ volatile("" ::"r"(local) : "memory");
+    return r + 1;
+}
+
+__attribute__((noinline, visibility("default"))) unsigned
+prog_padded(int big, unsigned pad, uint64_t fill, prog_cb_fn cb, void *arg)
+{
+    unsigned r = big ? from_big(pad, fill, cb, arg) : from_small(pad, cb, arg);
+    __asm__ volatile("" ::: "memory");
+    return r;
+}
