@@ -62,6 +62,32 @@ static bool same_config(const struct cuheap_config *a, const struct cuheap_confi
            a->flush_ms == b->flush_ms;
 }
 
+/* The dump names only the settings in force (a part that does not run has none): those it left
+ * out are taken from what was parsed, as cuheap_config_dump() decides. */
+static void not_in_force(struct cuheap_config *again, const struct cuheap_config *c)
+{
+    bool pool = c->pool, vmm = pool && c->backing == CUHEAP_BACKING_VMM;
+    if (!pool) {
+        again->pool_init = c->pool_init;
+        again->min_block = c->min_block;
+        again->pool_max = c->pool_max;
+        again->release = c->release;
+        again->reuse = c->reuse;
+    }
+    if (!pool || vmm)
+        again->arena_size = c->arena_size;
+    if (!pool || c->reuse != CUHEAP_REUSE_FENCE)
+        again->fence_batch = c->fence_batch;
+    if (!c->record) {
+        again->stack_depth = c->stack_depth;
+        again->python = c->python;
+        again->ring_slots = c->ring_slots;
+        again->format = c->format;
+        again->flush_ms = c->flush_ms;
+        memcpy(again->output, c->output, sizeof(again->output));
+    }
+}
+
 /* Split "NAME=value\n..." in place (buf is a NUL-terminated copy of the input). */
 static void split(char *buf, struct env *e)
 {
@@ -185,6 +211,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_check(cuheap_config_parse(&again, get, warn, &d->env) == 0);
     again.stack_depth_set = c.stack_depth_set; /* the dump always names the depth */
     again.verbose = c.verbose;                 /* and never CUHEAP_VERBOSE itself */
+    not_in_force(&again, &c);
     fuzz_check(same_config(&again, &c));
     free(d);
     free(buf);
