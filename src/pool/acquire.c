@@ -55,7 +55,7 @@ uint64_t release_unused_locked(struct cuheap_pool *p)
  * refusal (its idle chunks given back first), every request does (p->to_driver), its address
  * space given back. Not a legacy pool: its arenas held far more of the device than the driver
  * alone, and failed jobs near the device's capacity that the driver alone ran
- * (bench/RESULTS.md, issue 31); CUHEAP_BACKING=legacy still asks for one. May drop p->lock. */
+ * (bench/RESULTS.md); CUHEAP_BACKING=legacy still asks for one. May drop p->lock. */
 void vmm_refused_locked(struct cuheap_pool *p)
 {
     if (!p->vmm || p->to_driver)

@@ -506,7 +506,7 @@ uint64_t cuheap_pool_claimed_pop(_Atomic uint64_t *head, int *ret_api)
  * mapped, so a request of another order maps new memory while the cache's sits unused, and one
  * of the same order may need more granules than the cached block has; behind a fence the
  * block merges back into its arena, where placement finds its memory (the GPT replay through
- * the pluggable allocator: bench/RESULTS.md, issue 31). */
+ * the pluggable allocator: bench/RESULTS.md). */
 static bool stream_cacheable(const struct cuheap_pool *p, uint64_t block)
 {
     return !p->vmm || block < granule_bytes(p) / 2;
