@@ -41,7 +41,7 @@ free, total = torch.cuda.mem_get_info()
 keep = torch.empty(int(free * 0.6), dtype=torch.uint8, device="cuda")
 try:
     too_much = torch.empty(int(free * 0.6), dtype=torch.uint8, device="cuda")  # LINE-OOM
-except torch.cuda.OutOfMemoryError:
+except (torch.cuda.OutOfMemoryError, torch.AcceleratorError):  # caching off: cudaMalloc error
     print("real: out of memory, as wanted")
     raise SystemExit(3)
 PY

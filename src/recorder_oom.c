@@ -23,6 +23,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -435,6 +436,14 @@ uint64_t cuheap_recorder_oom_recovered(void)
     return nr_recovered;
 }
 
+/* Whether PyTorch was told to keep no cache (PYTORCH_NO_CUDA_MEMORY_CACHING set, and not to
+ * 0): each tensor is then one cudaMalloc, and its live bytes are tensors. */
+static bool torch_uncached(void)
+{
+    const char *v = getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 /* Whether a caching allocator sits between the program and cuheap: its live bytes are its
  * segments, cache included. */
 static bool caching_allocator(int api)
@@ -443,6 +452,8 @@ static bool caching_allocator(int api)
         return false;
     static const char *const libs[] = {"libc10_cuda.so", "libcupy_backends", NULL};
     for (int i = 0; libs[i]; i++) {
+        if (i == 0 && torch_uncached())
+            continue;
         void *h = dlopen(libs[i], RTLD_NOLOAD | RTLD_LAZY);
         if (h) {
             dlclose(h);

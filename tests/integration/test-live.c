@@ -258,6 +258,17 @@ static void test_oom_given_up_gets_the_block(void **state)
                        "are its segments, its cache included"))
         fail_msg("the block does not say live bytes are the allocator's segments:\n%s", r.err);
     done(&r);
+    /* PyTorch with its cache turned off: every tensor is a cudaMalloc, so the live bytes are
+     * tensors and the block must not say they are a cache's */
+    r = run(ENV
+            " PYTORCH_NO_CUDA_MEMORY_CACHING=1 FAKECUDA_DEVICE_MEM=256M CUHEAP_OUTPUT=c.jsonl " PROG
+            " oom-caching 64 %s/tests/programs/libc10_cuda.so",
+            build, build, build, build);
+    assert_int_equal(r.status, 3);
+    if (!strstr(r.err, "call sites holding the most:\n") || strstr(r.err, "caching allocator"))
+        fail_msg("caching off, yet the block says a caching allocator holds the memory:\n%s",
+                 r.err);
+    done(&r);
     /* refused, then a smaller request: not a retry, so the block is told then, before the
      * program goes on (not only at its exit) */
     r = run(ENV " FAKECUDA_DEVICE_MEM=256M CUHEAP_OUTPUT=o.jsonl " PROG " oom-other 64", build,
