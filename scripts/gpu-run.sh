@@ -59,6 +59,8 @@
 #                                under the caching allocator and under cuheap (caching off, no
 #                                recording): the step, cuheap's own time a warm step (and its
 #                                share of the step) and its driver calls a step by kind, losses
+#   scripts/gpu-run.sh layouts   the GPT and MoE loops under the caching allocator, expandable
+#                                segments and cuheap's tight and aligned layouts (run_layouts)
 #   scripts/gpu-run.sh all       tests, clients and bench
 set -u
 cd "$(dirname "$0")/.."
@@ -798,8 +800,44 @@ run_own() {
     done
 }
 
+# The pool's two layouts against PyTorch's allocators, in LAYOUT_ROUNDS (3) interleaved rounds
+# (each round starts one configuration later): the GPT loop and the MoE loop (LAYOUT_STEPS
+# steps, 60) under the caching allocator, expandable segments, and cuheap (caching off) with its
+# tight layout (the default), the aligned one (8 MiB pieces) and aligned 16 MiB pieces. Each
+# line: the step, peak reserved, mapping operations and cuheap's own time a step, the losses'
+# md5 (the same everywhere).
+run_layouts() {
+    local r i k name job out configs=(caching expandable tight aligned8 aligned16)
+    for ((r = 0; r < ${LAYOUT_ROUNDS:-3}; r++)); do
+        for job in gpt moe; do
+            for ((k = 0; k < ${#configs[@]}; k++)); do
+                i=$(((k + r) % ${#configs[@]}))
+                name=${configs[$i]}
+                case $name in
+                caching) set -- ;;
+                expandable) set -- PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
+                tight) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE ;;
+                aligned8) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_VMM_LAYOUT=aligned ;;
+                aligned16) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE \
+                    CUHEAP_VMM_LAYOUT=aligned CUHEAP_VMM_CHUNK=16M ;;
+                esac
+                if [ $job = gpt ]; then
+                    out=$(env "$@" CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 timeout 200 \
+                        python3 bench/torch_gpt.py "${LAYOUT_STEPS:-60}" 2>&1)
+                else
+                    out=$(env "$@" CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 JOB_STEPS=${LAYOUT_STEPS:-60} \
+                        timeout 200 python3 bench/jobs/moe_train.py 2>&1)
+                fi
+                say "layouts round=$r job=$job config=$name $(grep -E '^(step_ms|job)=' <<<"$out" |
+                    head -1) losses_md5=$(grep -E '^(losses|outputs)' <<<"$out" | md5sum | cut -c1-12)"
+            done
+        done
+    done
+}
+
 case $what in
 own) run_own ;;
+layouts) run_layouts ;;
 shapes) run_shapes ;;
 record-varlen) record_varlen ;;
 sites) run_sites ;;
@@ -827,7 +865,7 @@ all)
     bash bench/run-gpu.sh "$B" "$OUT" "$T"
     ;;
 *)
-    echo "usage: gpu-run.sh own|shapes|record-varlen|sites|warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
+    echo "usage: gpu-run.sh own|layouts|shapes|record-varlen|sites|warm|tests|clients|bench|record|audit|viewers|ipc|soak|quick|side|profile|toggle|hot|settings|steady|eval|churn|all" >&2
     exit 2
     ;;
 esac

@@ -70,6 +70,22 @@ def own_words(before, after, n, step_ms):
     return words
 
 
+def mem_words():
+    """The job's peak reserved device bytes as key=value words: cuheap's (its statistics) where
+    it serves the job, else PyTorch's caching allocator's (expandable segments included)."""
+    reserved, source = 0, "none"
+    if _get_stats:
+        s = (ctypes.c_uint64 * 17)()
+        if _get_stats(s, ctypes.sizeof(s)) == 0 and s[3]:
+            reserved, source = s[3], "cuheap"
+    if not reserved and CUDA and "torch" in sys.modules:
+        try:
+            reserved, source = sys.modules["torch"].cuda.max_memory_reserved(), "torch"
+        except RuntimeError:  # a pluggable allocator keeps no PyTorch statistics
+            pass
+    return "peak_reserved=%d reserved_from=%s" % (reserved, source)
+
+
 def steps(default):
     return int(os.environ.get("JOB_STEPS", default))
 
@@ -165,7 +181,7 @@ class Job:
         own = own_words(self.own_before, cuheap_own(), len(self.times) - self.skip,
                         1000 * statistics.median(self.times[self.skip:]) if
                         len(self.times) > self.skip else 0)
-        extra = " ".join(w for w in (extra, own) if w)
+        extra = " ".join(w for w in (extra, mem_words(), own) if w)
         print("job=%s device=%s steps=%d step_ms=%.3f first_ms=%.3f total_s=%.1f%s" % (
             self.name, DEVICE, len(self.times), 1000 * statistics.median(t) if t else 0.0,
             1000 * self.times[0] if self.times else 0.0, time.perf_counter() - self.t_start,
