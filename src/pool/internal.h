@@ -2,9 +2,7 @@
 /*
  * The pool's private header: its structs, the small helpers every part uses, the inline fast
  * path of the thread caches, and the functions the parts call in each other. Only the files of
- * src/pool/ (and the pool's own unit test) include it; everyone else sees pool.h. The step
- * plan's three parts (watch.c, plan.c, region.c) share plan.h besides; the rest of the pool
- * knows the plan only by its entry points, below.
+ * src/pool/ (and the pool's own unit test) include it; everyone else sees pool.h.
  *
  * The parts, each one concern (docs/HACKING.md has the map and the call order):
  *   map.c       the global address map: granule -> arena, read without locks
@@ -16,9 +14,6 @@
  *   acquire.c   where a vmm block gets its memory: mapped, moved, new, or waited for
  *   tcache.c    per-thread caches of small blocks
  *   timeline.c  the shared fences of threads that keep a large block of their own
- *   watch.c     the step plan's watching: a period found, one step measured, placed, indexed
- *   plan.c      the step plan: a repeating step's large blocks from one region mapped once
- *   region.c    the step plan's region: addresses reserved once, pieces mapped as first served
  *   check.c     the invariant checker (tests, debug builds)
  *   pool.c      the public entry points for set-up, allocation and free (pool.h)
  *   life.c      the rest of a pool's life: trim, reserve, captures, stats, a context's end
@@ -119,7 +114,6 @@ struct cuheap_arena {
     _Alignas(64) uint64_t nr_live; /* allocated blocks, pending ones included */
     uint32_t nr_mapped;            /* granules with physical memory mapped */
     uint32_t nr_used;              /* granules some live or pending block uses */
-    bool planned;                  /* the step plan's region (plan.c): no buddy, no unit records */
 };
 
 /* A batch of freed blocks waiting behind one fence. */
@@ -243,7 +237,6 @@ struct cuheap_pool {
     /* live blocks whose free a signal handler took over (cuheap_pool_claim_free), their size
      * cleared until the thread finishes the free: bytes and block bytes, for pool_check */
     _Atomic uint64_t claimed, claimed_blocks;
-    struct cuheap_plan *plan;    /* CUHEAP_STEP_PLAN under vmm (plan.c), else NULL */
     struct cuheap_pool_stats st; /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };
 
@@ -606,27 +599,6 @@ static inline uint64_t quick_pop_locked(struct cuheap_pool *p, unsigned order,
     return ptr;
 }
 
-/* plan.c: the step plan's entry points (its own parts share plan.h) */
-#define PLAN_MIN_ORDER 18u /* blocks above 128 KiB, which thread caches never serve */
-struct cuheap_plan;
-int plan_create(struct cuheap_pool *p);
-int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
-                      int64_t *ret_track);
-void plan_track_locked(struct cuheap_pool *p, uint64_t ptr, int64_t slot);
-void plan_untrack_locked(struct cuheap_pool *p, uint64_t ptr); /* a large block freed */
-unsigned plan_nr_tried(struct cuheap_pool *p);                 /* plans made (each one a region) */
-int plan_free_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
-                     uint64_t *ret_size, uint64_t *ret_block);
-int plan_block_range_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
-                            uint64_t *ret_base, uint64_t *ret_size, uint64_t *ret_buffer_id);
-int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t block,
-                      uint64_t buffer_id, struct cuheap_share *pieces, unsigned max);
-int plan_grant_access_locked(struct cuheap_pool *p);
-uint64_t plan_trim_locked(struct cuheap_pool *p);
-uint64_t plan_forget_locked(struct cuheap_pool *p, bool context);
-int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *ret_live,
-                      uint64_t *ret_live_blocks, char *why, size_t why_size);
-
 /* map.c */
 void map_atfork_child(void);
 int map_update(struct cuheap_arena *a, bool add);
@@ -727,7 +699,6 @@ void close_if_due_locked(struct cuheap_pool *p);
 
 /* acquire.c */
 void vmm_refused_locked(struct cuheap_pool *p);
-uint64_t release_unused_locked(struct cuheap_pool *p);
 int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
                         struct acquire *acq);
 int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes);
@@ -757,10 +728,6 @@ void tc_forget_all_locked(struct cuheap_pool *p, bool held);
 void tl_enter(struct cuheap_timeline *tl);
 void tl_leave(struct cuheap_timeline *tl);
 void tl_settle(struct cuheap_pool *p);
-uint64_t tl_ticket_now(struct cuheap_timeline *tl);
-bool tl_try_pass(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded);
-bool tl_ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket);
-bool tl_wait_for(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded);
 void tl_forget(struct cuheap_timeline *tl, bool fork_child);
 __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct cuheap_tcache *tc,
                                             struct cuheap_arena *a, uint64_t ptr,
