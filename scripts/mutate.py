@@ -317,7 +317,7 @@ MUTATIONS = [
      "    release_unused_locked(p);\n"),
     ("step-plan-ignores-wrap",
      "a step's block that lives past the step's end is placed as if it ended there",
-     "blocks that live at once never share memory", "src/stepplan.c",
+     "blocks that live at once never share memory", "tools/stepplan.c",
      "    if (x->end > period) {",
      "    if (x->end > period && 0) {"),
     ("range-answers-arena",
