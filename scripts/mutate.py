@@ -159,7 +159,7 @@ MUTATIONS = [
      "        while (end < last && end + 1 - g < p->chunk_max)"),
     ("tc-free-straight-to-ready",
      "a free into a thread cache under the fence policy makes its block ready at once",
-     "reuse waits for the fence", "src/pool/internal.h",
+     "reuse waits for the fence", "src/pool/tcache.h",
      "    if (p->cfg->reuse != CUHEAP_REUSE_IMMEDIATE || (p->vmm && a->extent[u] < size) ||",
      "    if ((p->vmm && a->extent[u] < size) ||"),
     ("fence-frees-at-once",
@@ -521,7 +521,7 @@ MUTATIONS = [
      "    if (skip < n && (n < want || n - skip >= (int)max)) {", "    if (skip < n) {"),
     ("tc-owner-ignores-drainer",
      "a thread enters its own cache while a drainer (trim, a check, out of memory) holds it",
-     "a thread's cache is held still while drained", "src/pool/internal.h",
+     "a thread's cache is held still while drained", "src/pool/tcache.h",
      "        if (__builtin_expect(!atomic_load_explicit(&tc->held, memory_order_acquire), 1))\n"
      "            return;",
      "        if (1)\n            return;"),

@@ -6,7 +6,7 @@
  *
  * Lock rule: takes p->lock and holds every thread cache while it looks.
  */
-#include "internal.h"
+#include "tcache.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * Lock rule: p->lock is taken here and dropped around every wait and driver call, as in
  * pool.c.
  */
-#include "internal.h"
+#include "tcache.h"
 
 uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
 {

@@ -8,7 +8,7 @@
  * Lock rule: p->lock is taken here for the slow paths and dropped around every wait and every
  * driver call that the parts below make.
  */
-#include "internal.h"
+#include "tcache.h"
 
 #include <unistd.h>
 #include <sys/mman.h>

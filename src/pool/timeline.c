@@ -11,7 +11,7 @@
  * Lock rule: no pool lock; one thread at a time records or asks the driver (tl->busy, taken by
  * tl_try_enter, never slept on), the others read tl->passed.
  */
-#include "internal.h"
+#include "tcache.h"
 
 /* The fences of the threads' large blocks form one timeline per pool, shared: a block freed
  * takes a ticket, the number of fences whose recording has begun, and may be used again once a
