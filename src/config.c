@@ -452,8 +452,8 @@ static const struct option options[] = {
 static const struct {
     const char *name, *why;
 } removed[] = {
-    {"CUHEAP_STEP_PLAN",
-     "the step plan was removed (it held more than the pool alone on every recorded job)"},
+    {"CUHEAP_STEP_PLAN", "the step plan was removed (it held more than the pool alone on every "
+                         "recorded job it served)"},
 };
 
 static bool is_off(const char *v)
