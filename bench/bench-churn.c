@@ -26,8 +26,7 @@
  *   shapes       alternate's loop with the shapes of a job whose batches vary in length (text
  *                of every length, not padded to a few): each step's activations are their
  *                sizes at a sequence length drawn from 64 to 512 in steps of 8, so nearly every
- *                step asks for sizes the one before did not. --steps (200), long enough for
- *                the step plan (CUHEAP_STEP_PLAN) to have watched.
+ *                step asks for sizes the one before did not. --steps (200).
  *
  * Host and streams: after each allocation a kernel of --work-us (20) microseconds is queued on
  * the thread's stream; the host runs ahead of its stream by at most --depth (1024) kernels, as the

@@ -40,8 +40,8 @@
  * the pass past its first N steps go on each pass line as " settled_held_over_live=R
  * settled_ops_per_step=X", and over passes 2 to N on the last line. A pass's first steps
  * re-make the first step's state (an optimizer's, freed at the trace's end), which a job does
- * once, and the step plan, which sees its step change there, is made again: the settled
- * figures are the long run's steady state, the pass's own include that boundary.
+ * once: the settled figures are the long run's steady state, the pass's own include that
+ * boundary.
  *
  * --from-step S (default 0) replays, in passes after the first, only the allocations of the
  * trace's steps from S on: a long run's steady steps again and again, without the first steps'
@@ -54,7 +54,7 @@
  * evaluation (its output), then a sync. A phase of another shape, and a block kept for K steps.
  *
  * --stray 1 adds, half way through every step, one block of a size no step asked for before
- * (seeded, 256 KiB to 64 MiB, log-uniform: sizes the step plan watches), freed at the step's
+ * (seeded, 256 KiB to 64 MiB, log-uniform: above what thread caches keep), freed at the step's
  * end: a job whose step repeats but for one block of a new size each time (a buffer sized by
  * the batch's data).
  *

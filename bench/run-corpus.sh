@@ -23,7 +23,7 @@
 #   OLD=lib.so           a second one beside it (e.g. main's, built in a git worktree:
 #                        git worktree add --detach /tmp/main-tree main &&
 #                        (cd /tmp/main-tree && meson setup build && ninja -C build src/libcuheap.so))
-#   CONFIGS="default plan-off=CUHEAP_STEP_PLAN=0 notc=CUHEAP_THREAD_CACHE=0,CUHEAP_IDLE_CHECK=0"
+#   CONFIGS="default aligned=CUHEAP_VMM_LAYOUT=aligned notc=CUHEAP_THREAD_CACHE=0,CUHEAP_IDLE_CHECK=0"
 #                        settings each library runs under: LABEL[=VAR=VALUE,...] (default: default)
 #   SEQS="a.jsonl.gz ..."  the sequences (default: bench/sequences/*.jsonl.gz)
 #   WORK_US=20           the replay's kernel after each allocation (0: none, a run repeats exactly)

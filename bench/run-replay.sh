@@ -6,10 +6,9 @@
 # (--passes 3) and prints the mapping operations per warm step (chunks taken + moved + given
 # back in passes 2-3, over their steps: issue 31's goal is at most 1) and held/live over those
 # passes, worst and best of RUNS, then the same settled: past each pass's first 8 steps, where
-# the pass re-makes the first step's state and the step plan is made again (bench-replay
-# --settle). pluggable-fence replays through the pluggable allocator's entry
-# points (bench-replay --pluggable 1: frees on the replay's stream); noplan-fence is vmm-fence
-# without the step plan (CUHEAP_STEP_PLAN=0). Each recorded thread (the GPT job's autograd
+# the pass re-makes the first step's state (bench-replay --settle). pluggable-fence replays
+# through the pluggable allocator's entry points (bench-replay --pluggable 1: frees on the
+# replay's stream). Each recorded thread (the GPT job's autograd
 # thread frees what the main thread allocated) replays on a thread of its own, in the recorded
 # order; THREADS=1 replays every event on one thread, as the figures before that did. The
 # whole corpus, side by side for two libraries: bench/run-corpus.sh. Run from the repository
@@ -36,16 +35,14 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
     sh=$(sed -n 's/^replay=.*settled_held_over_live=\([0-9.]*\).*/\1/p' <<<"$out")
     printf '%-10s %-28s %8s %8s %8s %-20s %s\n' "${name#gpt-seq-}" "driver alone" "$r" "$r" 1 - \
         "no mapping calls, $h; settled $sh"
-    for cfg in ${CONFIGS:-fence sync immediate vmm-fence noplan-fence vmm-sync aligned-fence fit200-fence pluggable-fence}; do
+    for cfg in ${CONFIGS:-fence sync immediate vmm-fence vmm-sync aligned-fence fit200-fence pluggable-fence}; do
         backing=legacy
         reuse=$cfg
         layout=tight
         fit=125
-        plan=1 # CUHEAP_STEP_PLAN
         args=("${steps[@]}")
         plug=
         case $cfg in
-        noplan-*) backing=vmm reuse=${cfg#noplan-} plan=0 ;;
         pluggable-*) backing=vmm reuse=${cfg#pluggable-} args+=(--pluggable 1) plug=1 ;;
         vmm-*) backing=vmm reuse=${cfg#vmm-} ;;
         aligned-*) backing=vmm reuse=${cfg#aligned-} layout=aligned ;; # CUHEAP_VMM_LAYOUT
@@ -55,7 +52,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
         for ((i = 0; i < RUNS; i++)); do
             out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=1 CUHEAP_VERBOSE=1 CUHEAP_RECORD=0 \
                 CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing CUHEAP_VMM_LAYOUT=$layout \
-                CUHEAP_VMM_IDLE_FIT=$fit CUHEAP_STEP_PLAN=$plan \
+                CUHEAP_VMM_IDLE_FIT=$fit \
                 "$B/bench/bench-replay" "${args[@]}" "$T/$name.jsonl" 2>&1)
             ratios+=("$(sed -n 's/.* held_over_live=\([0-9.]*\).*/\1/p' <<<"$out")")
             # the summary's vmm line: each chunk made, moved or given back is two driver calls
@@ -66,7 +63,6 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
         label="cuheap $backing $reuse"
         [ "$layout" = tight ] || label="$label $layout"
         [ "$fit" = 125 ] || label="$label fit $fit"
-        [ "$plan" = 1 ] || label="$label plan off"
         [ -z "$plug" ] || label="$label pluggable"
         called=$(printf '%s\n' "${calls[@]}" | sort -n | sed -n '1p;$p' | paste -sd-)
         warm=""
@@ -75,7 +71,7 @@ for seq in bench/sequences/gpt-seq-*.jsonl.gz; do
             for ((i = 0; i < RUNS; i++)); do
                 out=$(LD_PRELOAD=$B/src/libcuheap.so CUHEAP_SUMMARY=0 CUHEAP_RECORD=0 \
                     CUHEAP_REUSE=$reuse CUHEAP_BACKING=$backing CUHEAP_VMM_LAYOUT=$layout \
-                    CUHEAP_VMM_IDLE_FIT=$fit CUHEAP_STEP_PLAN=$plan \
+                    CUHEAP_VMM_IDLE_FIT=$fit \
                     "$B/bench/bench-replay" "${args[@]}" --passes 3 "$T/$name.jsonl")
                 ops+=("$(sed -n 's/^replay=.*warm_ops_per_step=\([0-9.]*\).*/\1/p' <<<"$out")")
                 # the higher of passes 2 and 3

@@ -31,26 +31,25 @@
 #                                caching allocator, caching off under both builds and
 #                                backings, caching on + cuheap, cuheap as pluggable
 #   scripts/gpu-run.sh eval      the GPT loop with an evaluation every GPT_EVAL steps: caching
-#                                allocator, cuheap with and without the step plan, pluggable
+#                                allocator, cuheap, pluggable
 #   scripts/gpu-run.sh churn     issue 31 in one short call: the churn workloads under the driver,
 #                                gpu-bundle/old/ and this build; the GPT loop's settings (old
-#                                default, this build's default, plan, pluggable plan); the loop
+#                                default, this build's default, pluggable); the loop
 #                                with an evaluation every 10 steps; a GPT trace with evaluations
 #                                recorded (gpt-seq-eval.jsonl.gz) for bench-replay
-#   scripts/gpu-run.sh warm      issue 31's per-step figures: the gpu suite with and without the
-#                                step plan; the GPT loop (WARM_STEPS, 60) with each step's
-#                                mapping operations and milliseconds in mapping calls over the
-#                                run's second half: caching allocator, expandable segments,
-#                                caching off + cuheap with and without the plan, caching on +
-#                                cuheap, pluggable with and without the plan; the loop with an
-#                                evaluation every 10 steps; the churn workloads under the plan
+#   scripts/gpu-run.sh warm      issue 31's per-step figures: the gpu suite; the GPT loop
+#                                (WARM_STEPS, 60) with each step's mapping operations and
+#                                milliseconds in mapping calls over the run's second half:
+#                                caching allocator, expandable segments, caching off + cuheap,
+#                                caching on + cuheap, pluggable; the loop with an evaluation
+#                                every 10 steps; the churn workloads under cuheap
 #   scripts/gpu-run.sh sites     caching on: the GPT loop recorded, and the sites holding the
 #                                most at its peak (what cuheap counts beyond PyTorch's reserved);
-#                                pairs of 512 B, 2 and 20 MiB with and without the step plan
-#                                beside the driver alone, three rounds
+#                                pairs of 512 B, 2 and 20 MiB under cuheap beside the driver
+#                                alone, three rounds
 #   scripts/gpu-run.sh shapes    the GPT loop with batches of varying length (GPT_VARLEN=1) under
 #                                the caching allocator, expandable segments, the driver alone,
-#                                cuheap with and without the plan, caching on, pluggable; then
+#                                cuheap, caching on, pluggable; then
 #                                bench-churn's shapes, and the loop recorded (record-varlen)
 #   scripts/gpu-run.sh record-varlen  the varying-length loop's allocations recorded for
 #                                bench-replay (OUT/gpt-seq-varlen.jsonl.gz)
@@ -642,23 +641,21 @@ run_settings() {
 }
 
 # the GPT loop with an evaluation every GPT_EVAL steps (default 10; its logits kept until the
-# next), EVAL_ROUNDS rounds of: the caching allocator, caching off + cuheap with and without
-# the step plan, cuheap as the pluggable allocator with the plan; losses and evaluation losses
-# must be the same everywhere
+# next), EVAL_ROUNDS rounds of: the caching allocator, caching off + cuheap, cuheap as the
+# pluggable allocator; losses and evaluation losses must be the same everywhere
 run_eval() {
     local r name out
     for ((r = 0; r < ${EVAL_ROUNDS:-2}; r++)); do
-        for name in caching noplan plan plug-plan; do
+        for name in caching cuheap pluggable; do
             case $name in
             caching) set -- ;;
-            noplan) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=0 ;;
-            plan) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=1 ;;
-            plug-plan) set -- CUHEAP_PLUGGABLE=$PRE CUHEAP_STEP_PLAN=1 ;;
+            cuheap) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE ;;
+            pluggable) set -- CUHEAP_PLUGGABLE=$PRE ;;
             esac
             out=$(env "$@" GPT_EVAL=${GPT_EVAL:-10} CUHEAP_RECORD=0 timeout 300 \
                 python3 bench/torch_gpt.py "${EVAL_STEPS:-80}" 2>&1)
             say "round=$r config=$name $(grep step_ms <<<"$out")"
-            grep -E "cuheap: GPU 0: (vmm|step plan)" <<<"$out" | sed "s/^/round=$r config=$name /" |
+            grep -E "cuheap: GPU 0: vmm" <<<"$out" | sed "s/^/round=$r config=$name /" |
                 tee -a "$OUT/summary.txt"
             say "round=$r config=$name losses_md5=$(grep '^losses' <<<"$out" | md5sum | cut -c1-12)" \
                 "eval_md5=$(grep '^eval_losses' <<<"$out" | md5sum | cut -c1-12)"
@@ -677,8 +674,9 @@ run_churn() {
                 sed 's/threads=[0-9]* allocs=[0-9]* //')"
         done
     done
-    GPT_SETTINGS="new=CUHEAP_STEP_PLAN=0 plan=CUHEAP_STEP_PLAN=1 plug-plan=CUHEAP_STEP_PLAN=1,CUHEAP_PLUGGABLE=$PRE" \
-        SETTINGS_LIBS="old=$B/old/libcuheap.so,CUHEAP_STEP_PLAN=0" SETTINGS_ROUNDS=${SETTINGS_ROUNDS:-2} \
+    # an old build may have a step plan: off, as this build has none
+    GPT_SETTINGS="plug=CUHEAP_PLUGGABLE=$PRE" \
+        SETTINGS_LIBS="new=$PRE old=$B/old/libcuheap.so,CUHEAP_STEP_PLAN=0" SETTINGS_ROUNDS=${SETTINGS_ROUNDS:-2} \
         SETTINGS_STEPS=${SETTINGS_STEPS:-40} run_settings
     EVAL_ROUNDS=${EVAL_ROUNDS:-1} EVAL_STEPS=${EVAL_STEPS:-60} run_eval
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 GPT_EVAL=10 LD_PRELOAD=$PRE CUHEAP_POOL=0 CUHEAP_STACK_DEPTH=0 \
@@ -690,19 +688,16 @@ run_churn() {
 }
 
 run_warm() {
-    local plan r w out
-    for plan in 0 1; do
-        CUHEAP_STEP_PLAN=$plan LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/gpu-warm-%p.jsonl" timeout 120 \
-            "$B/test-gpu" >"$OUT/gpu-suite-plan$plan.log" 2>&1
-        say "gpu suite CUHEAP_STEP_PLAN=$plan: exit $?, $(grep -c '^ok' "$OUT/gpu-suite-plan$plan.log") ok," \
-            "$(grep -c '^not ok' "$OUT/gpu-suite-plan$plan.log") not ok"
-    done
-    local libs="noplan=$PRE,CUHEAP_STEP_PLAN=0 plan=$PRE,CUHEAP_STEP_PLAN=1"
+    local r w out
+    LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/gpu-warm-%p.jsonl" timeout 120 \
+        "$B/test-gpu" >"$OUT/gpu-suite-warm.log" 2>&1
+    say "gpu suite: exit $?, $(grep -c '^ok' "$OUT/gpu-suite-warm.log") ok," \
+        "$(grep -c '^not ok' "$OUT/gpu-suite-warm.log") not ok"
+    local libs="cuheap=$PRE"
     libs="$libs cachingon=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
-    libs="$libs plug-noplan=,CUHEAP_PLUGGABLE=$PRE,CUHEAP_STEP_PLAN=0,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
-    libs="$libs plug-plan=,CUHEAP_PLUGGABLE=$PRE,CUHEAP_STEP_PLAN=1,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
+    libs="$libs pluggable=,CUHEAP_PLUGGABLE=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
     ROUNDS=${WARM_ROUNDS:-2} STEPS=${WARM_STEPS:-60} FULL=0 bash bench/compare-gpt.sh "$OUT" "$libs"
-    grep -E 'step_ms|vmm:|step plan:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
+    grep -E 'step_ms|vmm:|losses_md5' "$OUT/compare.log" | tee -a "$OUT/summary.txt"
     for ((r = 0; r < ${WARM_ROUNDS:-2}; r++)); do
         out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 300 \
             python3 bench/torch_gpt.py "${WARM_STEPS:-60}" 2>&1)
@@ -711,16 +706,13 @@ run_warm() {
     done
     EVAL_ROUNDS=1 EVAL_STEPS=${WARM_STEPS:-60} run_eval
     for w in streams alternate grow-shrink; do
-        say "churn $w plan $(LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=1 CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
+        say "churn $w cuheap $(LD_PRELOAD=$PRE CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
             timeout 120 "$B/bench-churn" "$w" | sed 's/threads=[0-9]* allocs=[0-9]* //')"
-        say "churn $w noplan $(LD_PRELOAD=$PRE CUHEAP_STEP_PLAN=0 CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 \
-            timeout 120 "$B/bench-churn" "$w" |
-            sed 's/threads=[0-9]* allocs=[0-9]* //')"
     done
 }
 
 run_sites() {
-    local out r plan
+    local out r
     out=$(PYTORCH_NO_CUDA_MEMORY_CACHING=0 LD_PRELOAD=$PRE CUHEAP_OUTPUT="$T/cachingon.jsonl" \
         timeout 200 python3 bench/torch_gpt.py "${SITES_STEPS:-20}" 2>&1)
     say "cachingon recorded $(grep step_ms <<<"$out")"
@@ -730,22 +722,20 @@ run_sites() {
     for ((r = 0; r < ${PAIR_ROUNDS:-3}; r++)); do
         say "pairs round=$r driver $(timeout 60 "$B/bench-alloc" sync 512 2097152 20971520 2>&1 |
             grep '^config' | tr '\n' ' ')"
-        for plan in 0 1; do
-            say "pairs round=$r plan=$plan $(CUHEAP_STEP_PLAN=$plan LD_PRELOAD=$PRE CUHEAP_RECORD=0 \
-                CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" sync 512 2097152 20971520 2>&1 |
-                grep '^config' | tr '\n' ' ')"
-        done
+        say "pairs round=$r cuheap $(LD_PRELOAD=$PRE CUHEAP_RECORD=0 \
+            CUHEAP_SUMMARY=0 timeout 60 "$B/bench-alloc" sync 512 2097152 20971520 2>&1 |
+            grep '^config' | tr '\n' ' ')"
     done
 }
 
 # A GPT loop whose batches vary in length (GPT_VARLEN=1: sizes change nearly every step), as
 # compare-gpt.sh runs it, interleaved: the caching allocator, expandable segments, the driver
-# alone (caching off), caching off + cuheap with and without the step plan, caching on + cuheap,
+# alone (caching off), caching off + cuheap, caching on + cuheap,
 # cuheap as the pluggable allocator; then bench-churn's shapes under the driver, vmm, legacy.
 run_shapes() {
     local cfg="driver=,PYTORCH_NO_CUDA_MEMORY_CACHING=1"
     cfg="$cfg expandable=,PYTORCH_NO_CUDA_MEMORY_CACHING=0,PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-    cfg="$cfg plan=$PRE,CUHEAP_STEP_PLAN=1 noplan=$PRE,CUHEAP_STEP_PLAN=0"
+    cfg="$cfg cuheap=$PRE"
     cfg="$cfg cachingon=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
     cfg="$cfg pluggable=,CUHEAP_PLUGGABLE=$PRE,PYTORCH_NO_CUDA_MEMORY_CACHING=0"
     ROUNDS=${SHAPES_ROUNDS:-2} STEPS=${SHAPES_STEPS:-60} FULL=0 bash bench/compare-gpt.sh "$OUT" \

@@ -12,9 +12,8 @@
 # everything, would let it through), and under TSan the race that CUHEAP_REUSE=immediate
 # allows on purpose (suite provokes-race) must be reported.
 # Suite long (the promises stress's long form) runs in the plain run only.
-# The vmm configurations and the pool's step-plan cases (suite vmm) run under ASan+UBSan only:
-# their 4 GiB arenas make the debug invariant walks too slow under TSan. The plan's case beside
-# other threads (pool-plan-threads, suite unit) runs under both.
+# The vmm configurations (suite vmm) run under ASan+UBSan only: their 4 GiB arenas make the
+# debug invariant walks too slow under TSan.
 # Ends with "sanitizers: ok" or "sanitizers: FAILED (...)", and a matching exit status.
 set -uo pipefail
 cd "$(dirname "$0")/.."

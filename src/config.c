@@ -397,11 +397,6 @@ static const struct option options[] = {
      "granules it needs (100 to 10000) rather than have memory mapped for it (higher: fewer "
      "driver calls, more memory held)",
      parse_uint, FIELD(vmm_idle_fit), 100, 10000, NULL, 0},
-    {"CUHEAP_STEP_PLAN", "0",
-     "vmm: once the job's large allocations repeat step after step, serve them from one region "
-     "planned for the step and mapped once (no driver calls in a steady step; off by default: "
-     "it holds more memory where the step changes shape or the job starts again)",
-     parse_bool, FIELD(step_plan), 0, 0, NULL, 0},
     {"CUHEAP_THREAD_CACHE", "16M",
      "per thread and device: bytes of ready blocks kept for that thread alone, served without a "
      "lock (0: every allocation takes the pool's lock)",
@@ -451,6 +446,21 @@ static const struct option options[] = {
 };
 
 #define NR_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+/* Settings of parts that were taken out: still read, so that an old script keeps running; set
+ * to anything but off, each costs one warning that says why its part went. */
+static const struct {
+    const char *name, *why;
+} removed[] = {
+    {"CUHEAP_STEP_PLAN", "the step plan was removed (it held more than the pool alone on every "
+                         "recorded job it served)"},
+};
+
+static bool is_off(const char *v)
+{
+    return !strcmp(v, "0") || !strcasecmp(v, "off") || !strcasecmp(v, "no") ||
+           !strcasecmp(v, "false");
+}
 
 static void set_defaults(struct cuheap_config *cfg)
 {
@@ -519,6 +529,16 @@ int cuheap_config_parse(struct cuheap_config *cfg, cuheap_getenv_fn get, cuheap_
         warn(line, arg);
         nr_warnings++;
     }
+    for (size_t i = 0; i < sizeof(removed) / sizeof(removed[0]); i++) {
+        const char *v = get(removed[i].name, arg);
+        if (!v || is_off(v))
+            continue;
+        char shown[4 * NR_SHOWN + 32], line[CUHEAP_LOG_MAX_LINE];
+        show_value(v, shown, sizeof(shown));
+        snprintf(line, sizeof(line), "ignoring %s=%s: %s", removed[i].name, shown, removed[i].why);
+        warn(line, arg);
+        nr_warnings++;
+    }
     if (cfg->pool_max > cfg->arena_size) {
         char line[160];
         snprintf(line, sizeof(line),
@@ -561,7 +581,6 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
         EMIT("CUHEAP_VMM_LAYOUT=%s", vmm_layout_names[cfg->vmm_layout]);
         if (cfg->vmm_layout == CUHEAP_VMM_TIGHT)
             EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
-        EMIT("CUHEAP_STEP_PLAN=%d", cfg->step_plan);
     }
     if (pool && cfg->release != CUHEAP_RELEASE_EMPTY)
         EMIT("CUHEAP_THREAD_CACHE=%" PRIu64, cfg->thread_cache);

@@ -59,13 +59,12 @@ struct cuheap_config {
     uint64_t vmm_chunk;   /* vmm: most bytes mapped as one piece (rounded to granules) */
     uint64_t vmm_cushion; /* vmm: idle bytes kept beyond the most blocks used at once */
     enum cuheap_vmm_layout vmm_layout; /* vmm: where chunks start and end */
-    bool step_plan;        /* vmm: a repeating step's large blocks from one region planned for it */
-    unsigned vmm_idle_fit; /* vmm, tight: largest idle chunk a block goes into, in percent of
-                              the granules it needs */
-    uint64_t thread_cache; /* per thread and pool: bytes of ready blocks held lock-free */
-    unsigned fence_batch;  /* frees per fence epoch */
-    bool idle_check;       /* fence: freed blocks back at once while every stream is idle */
-    uint64_t limit_bytes;  /* per-device limit in bytes, 0 = none */
+    unsigned vmm_idle_fit;        /* vmm, tight: largest idle chunk a block goes into, in percent of
+                                     the granules it needs */
+    uint64_t thread_cache;        /* per thread and pool: bytes of ready blocks held lock-free */
+    unsigned fence_batch;         /* frees per fence epoch */
+    bool idle_check;              /* fence: freed blocks back at once while every stream is idle */
+    uint64_t limit_bytes;         /* per-device limit in bytes, 0 = none */
     unsigned limit_permille;      /* per-device limit as a share of the device, 0 = none */
     bool record;                  /* record events at all */
     unsigned stack_depth;         /* native frames per event, 0 = no stacks */

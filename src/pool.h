@@ -35,29 +35,19 @@ struct cuheap_pool_stats {
     uint64_t nr_hits;
     uint64_t nr_misses;
     uint64_t nr_arenas;
-    uint64_t nr_fences;        /* fences recorded */
-    uint64_t nr_idle;          /* freed blocks returned with no fence: every stream was found
-                                  idle (CUHEAP_IDLE_CHECK) */
-    uint64_t nr_waits;         /* times an allocation waited for a fence */
-    uint64_t nr_moves;         /* vmm: idle chunks moved whole to where a block needed them */
-    uint64_t nr_creates;       /* vmm: chunks taken from the driver */
-    uint64_t nr_releases;      /* vmm: idle chunks given back to make room for a new one (and step
-                                  plans' regions given back) */
-    uint64_t nr_planned;       /* allocations served from a step plan's region (CUHEAP_STEP_PLAN) */
-    uint64_t nr_plan_missed;   /* allocations a step plan had a place for and could not serve
-                                  there: a block still on its bytes, or their fence not passed */
-    uint64_t nr_plan_waits;    /* times a step plan waited for the fence of its bytes */
-    uint64_t nr_plan_borrowed; /* allocations of a phase of another shape a step plan served
-                                  at places of its region free at the time */
-    uint64_t nr_plan_replans;  /* times a step plan was made again around blocks kept past
-                                  their step, in the region it had */
-    unsigned nr_plans;         /* step plans tried (each one mapped is a region) */
-    uint64_t map_ns;           /* vmm: time in the driver's create, map (with access), unmap and
-                                  release calls */
-    uint64_t fence_ns;         /* time the pool's threads spent polling (up to 50 us at a time) and
-                                  waiting for fences, and waiting for another thread's device sync,
-                                  the lock dropped; not the device syncs themselves (no fence to be
-                                  had, CUHEAP_REUSE=sync) */
+    uint64_t nr_fences;   /* fences recorded */
+    uint64_t nr_idle;     /* freed blocks returned with no fence: every stream was found
+                             idle (CUHEAP_IDLE_CHECK) */
+    uint64_t nr_waits;    /* times an allocation waited for a fence */
+    uint64_t nr_moves;    /* vmm: idle chunks moved whole to where a block needed them */
+    uint64_t nr_creates;  /* vmm: chunks taken from the driver */
+    uint64_t nr_releases; /* vmm: idle chunks given back to make room for a new one */
+    uint64_t map_ns;      /* vmm: time in the driver's create, map (with access), unmap and
+                             release calls */
+    uint64_t fence_ns;    /* time the pool's threads spent polling (up to 50 us at a time) and
+                             waiting for fences, and waiting for another thread's device sync,
+                             the lock dropped; not the device syncs themselves (no fence to be
+                             had, CUHEAP_REUSE=sync) */
     uint64_t lost;   /* bytes the driver would not take back and the pool could not keep track of
                         (counted in reserved for good) */
     int vmm_refused; /* CUHEAP_VMM_TO_DRIVER: the driver refused the backing; _ABSENT: none */
@@ -143,7 +133,7 @@ struct cuheap_pool *cuheap_pool_of(uint64_t ptr);
  * clears a block's size frees it, as a thread cache's free does) and chain it onto *head, a
  * list through the block's own unit records, so that any number of them can wait, with api
  * (enum cuheap_api) kept for its event. Returns 0, or -EINVAL: no live block starts at ptr in
- * a pool's arenas (a step plan's region has no unit records: its blocks are never taken so). */
+ * a pool's arenas. */
 int cuheap_pool_claim_free(uint64_t ptr, int api, _Atomic uint64_t *head);
 
 /* The first block cuheap_pool_claim_free chained onto *head, live again as it was, for its

@@ -845,7 +845,7 @@ static void summary(void)
     }
 }
 
-/* CUHEAP_VERBOSE=1: per GPU the pool's figures (hits, fences, mapping work, the step plan),
+/* CUHEAP_VERBOSE=1: per GPU the pool's figures (hits, fences, mapping work),
  * then the process's counts and how stacks were taken; one line each, labelled, so that a
  * part of the pool with figures of its own adds a line here. */
 static void summary_details(const struct cuheap_stats *s, const struct cuheap_recorder_stats *rs)
@@ -875,14 +875,6 @@ static void summary_details(const struct cuheap_stats *s, const struct cuheap_re
                               "in mapping calls",
                               d->ordinal, ps.nr_creates, ps.nr_moves, ps.nr_releases, ps.nr_waits,
                               (double)ps.fence_ns / 1e6, (double)ps.map_ns / 1e6);
-        if (ps.nr_plans)
-            cuheap_log_always("GPU %d: step plan: %u tried, %" PRIu64 " allocations served from "
-                              "a plan, %" PRIu64 " it had a place for and missed, %" PRIu64
-                              " waits for its fences, %" PRIu64 " times planned again around "
-                              "blocks kept past their step, %" PRIu64 " served at free places "
-                              "out of the step's order (CUHEAP_STEP_PLAN)",
-                              d->ordinal, ps.nr_plans, ps.nr_planned, ps.nr_plan_missed,
-                              ps.nr_plan_waits, ps.nr_plan_replans, ps.nr_plan_borrowed);
     }
     cuheap_log_always("own time: %.3f ms in allocations, %.3f ms in frees, the driver's calls "
                       "left out (%" PRIu64 " calls timed; those the pool served one in %d a "

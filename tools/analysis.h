@@ -109,7 +109,7 @@ size_t collect_sites(const struct cuheap_trace *t, const struct trace_summary *s
                      enum site_measure m, int device, struct site **ret);
 
 /* A device's repeating step and what a placement planned once from it would hold
- * (src/stepplan.h): the step taken from the middle of the trace, its blocks placed on a circle
+ * (stepplan.h): the step taken from the middle of the trace, its blocks placed on a circle
  * of its events, beside the blocks that live a step or longer (or are never freed), counted
  * at their most during the step. */
 struct step_estimate {

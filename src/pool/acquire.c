@@ -35,9 +35,9 @@ static bool fence_pending_once_locked(struct cuheap_pool *p, struct acquire *acq
 
 /* Everything the pool holds for nobody back to the driver: the open batch of frees closed
  * (returned at once while every stream is idle), the batches whose fences passed reclaimed, the
- * quick lists merged, then the idle chunks. What the driver must see before a region of its
- * own, or before the pool stops mapping. May drop p->lock. Returns the bytes released. */
-uint64_t release_unused_locked(struct cuheap_pool *p)
+ * quick lists merged, then the idle chunks. What the driver must see before the pool stops
+ * mapping. May drop p->lock. Returns the bytes released. */
+static uint64_t release_unused_locked(struct cuheap_pool *p)
 {
     close_epoch_locked(p);
     reclaim_locked(p);

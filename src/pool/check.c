@@ -6,7 +6,7 @@
  *
  * Lock rule: takes p->lock and holds every thread cache while it looks.
  */
-#include "internal.h"
+#include "tcache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,14 +308,6 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
         reserved += p->stuck[i].bytes;
     reserved += p->st.lost;
     reserved += p->inflight_bytes; /* a mapping call in flight (phys.c) */
-    if (p->plan) {
-        uint64_t plan_reserved, plan_live, plan_blocks;
-        if (plan_check_locked(p, &plan_reserved, &plan_live, &plan_blocks, why, why_size))
-            return -EFAULT;
-        reserved += plan_reserved;
-        live += plan_live;
-        live_blocks += plan_blocks;
-    }
     if (reserved != p->st.reserved)
         FAIL("reserved %lu, arenas add up to %lu", (unsigned long)p->st.reserved,
              (unsigned long)reserved);

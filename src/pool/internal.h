@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The pool's private header: its structs, the small helpers every part uses, the inline fast
- * path of the thread caches, and the functions the parts call in each other. Only the files of
- * src/pool/ (and the pool's own unit test) include it; everyone else sees pool.h. The step
- * plan's three parts (watch.c, plan.c, region.c) share plan.h besides; the rest of the pool
- * knows the plan only by its entry points, below.
+ * The pool's private header: its structs, the small helpers every part uses, and the functions
+ * the parts call in each other. Only the files of src/pool/ (and the pool's own unit test)
+ * include it; everyone else sees pool.h. The thread caches' structs and inline fast path are in
+ * tcache.h, built on this one, which the parts that touch a cache include instead.
  *
  * The parts, each one concern (docs/HACKING.md has the map and the call order):
  *   map.c       the global address map: granule -> arena, read without locks
@@ -14,11 +13,8 @@
  *   place.c     blocks: where one goes (the scored buddy), quick lists, merging, metadata purge
  *   fence.c     epochs of freed blocks behind fences, reclaim, the idle check, stream caches
  *   acquire.c   where a vmm block gets its memory: mapped, moved, new, or waited for
- *   tcache.c    per-thread caches of small blocks
+ *   tcache.c    per-thread caches of small blocks (tcache.h: their structs and fast path)
  *   timeline.c  the shared fences of threads that keep a large block of their own
- *   watch.c     the step plan's watching: a period found, one step measured, placed, indexed
- *   plan.c      the step plan: a repeating step's large blocks from one region mapped once
- *   region.c    the step plan's region: addresses reserved once, pieces mapped as first served
  *   check.c     the invariant checker (tests, debug builds)
  *   pool.c      the public entry points for set-up, allocation and free (pool.h)
  *   life.c      the rest of a pool's life: trim, reserve, captures, stats, a context's end
@@ -119,7 +115,6 @@ struct cuheap_arena {
     _Alignas(64) uint64_t nr_live; /* allocated blocks, pending ones included */
     uint32_t nr_mapped;            /* granules with physical memory mapped */
     uint32_t nr_used;              /* granules some live or pending block uses */
-    bool planned;                  /* the step plan's region (plan.c): no buddy, no unit records */
 };
 
 /* A batch of freed blocks waiting behind one fence. */
@@ -243,11 +238,8 @@ struct cuheap_pool {
     /* live blocks whose free a signal handler took over (cuheap_pool_claim_free), their size
      * cleared until the thread finishes the free: bytes and block bytes, for pool_check */
     _Atomic uint64_t claimed, claimed_blocks;
-    struct cuheap_plan *plan;    /* CUHEAP_STEP_PLAN under vmm (plan.c), else NULL */
     struct cuheap_pool_stats st; /* thread caches' shares folded in by cuheap_pool_get_stats() */
 };
-
-#define TC_NR_ORDERS 18 /* orders a thread cache may keep: up to 128 KiB (see tc_max_order) */
 
 /* ---- global address map: 2 MiB granule -> arena, read without locks ---- */
 
@@ -443,85 +435,6 @@ static inline uint64_t size_at(const struct cuheap_arena *a, uint32_t u)
     return __atomic_load_n(&a->block_size[u], __ATOMIC_RELAXED);
 }
 
-/* A thread's small blocks go round its own cache: freed into a batch, the batch closed behind
- * one fence of the thread's own, back to ready once the fence has passed. Every close takes the
- * pool's lock and asks the driver to record an event, so a batch is large in count (the fewer
- * frees a batch, the dearer contending threads' pairs), and an order's ready blocks may number
- * two batches (TC_PER_ORDER), so that a closed batch's fence has a batch's time to pass before
- * the thread needs its blocks (in bytes they are bounded by tc_share_locked). In bytes a batch
- * is small (a sixteenth of CUHEAP_THREAD_CACHE, in tc_free): what waits in it is memory the pool
- * holds for nobody. */
-#define TC_PER_ORDER  2048 /* ready blocks of one order at most (tc_caps) */
-#define TC_BATCH      1024 /* frees behind one fence of the thread's own */
-#define TC_NR_CLOSED  2    /* batches of a thread waiting for their fence */
-#define TC_NR_BATCHES 4    /* the closed ones and the open one, in a ring of a power of two */
-#define TC_REFILL     16   /* ready blocks taken at once from the pool */
-#define TC_IDS        256
-#define TC_SLOTS      4 /* pools (devices) a thread keeps a cache for */
-/* A batch closes once its bytes reach CUHEAP_THREAD_CACHE over this (tc_free). */
-#define TC_BATCH_PART 16
-/* What all threads' ready blocks may hold together: a hundred-and-twenty-eighth of the live
- * bytes (tc_share_locked). */
-#define TC_LIVE_SHARE 128
-
-struct tc_block {
-    uint64_t ptr;
-    struct cuheap_arena *arena;
-};
-
-/* Blocks a thread freed, behind one fence once closed. A block's order rides in the low bits
- * of its address (blocks are at least 256-byte aligned). */
-struct tc_batch {
-    void *fence; /* closed batches: from backend->fence_record */
-    bool passed; /* its fence has passed (blocks may have become ready already) */
-    uint32_t nr;
-    uint64_t bytes;
-    struct tc_block blocks[TC_BATCH];
-};
-
-struct cuheap_tcache {
-    /* whole cache lines: no other thread's data shares them */
-    _Alignas(64) _Atomic int busy; /* the owner is inside (tc_enter) */
-    _Atomic int held;              /* a drainer has it or wants it (tc_hold_all, under p->lock) */
-    struct cuheap_pool *pool;
-    uint64_t gen;               /* pool->gen when made: a pool set up again is another pool */
-    struct cuheap_tcache *next; /* on pool->tcaches (p->lock) */
-    struct tc_block ready[TC_NR_ORDERS][TC_PER_ORDER]; /* fence passed, memory held */
-    uint16_t nr_ready[TC_NR_ORDERS];
-    uint64_t ready_bytes;
-    uint64_t ready_cap; /* ready bytes at most: the thread's share (tc_share_locked) */
-    /* a ring: [closed_head, closed_tail) closed, oldest first, then the open one (tc_open):
-     * a close only moves closed_tail on, where copying the 16 KiB batch was a large part of a
-     * small pair */
-    struct tc_batch batch[TC_NR_BATCHES];
-    unsigned closed_head, closed_tail;
-    int64_t live, live_blocks; /* not yet folded into pool->st */
-    uint64_t nr_hits;
-    uint64_t next_id, end_id; /* buffer ids this thread may hand out */
-    /* One large block (above tc_max_order) the thread freed, kept only while the thread keeps
-     * finding the pool's lock taken (large_on, pool_lock_noting): reusable once a fence of the
-     * pool's timeline numbered above its ticket has passed */
-    struct tc_block large; /* the order in the low bits; ptr 0: none */
-    uint64_t large_ticket;
-    bool large_on;
-    uint8_t nr_locks, nr_contended; /* the owner's pool-lock takings, and those that waited */
-    uint64_t nr_fences, fence_ns;   /* the large block's, not yet folded into pool->st */
-};
-
-_Static_assert(TC_NR_CLOSED < TC_NR_BATCHES && !(TC_NR_BATCHES & (TC_NR_BATCHES - 1)),
-               "room for the open batch; a ring index by mask");
-
-/* Batch c of the ring; the open batch is the one at closed_tail. */
-static inline struct tc_batch *tc_batch_at(struct cuheap_tcache *tc, unsigned c)
-{
-    return &tc->batch[c % TC_NR_BATCHES];
-}
-
-static inline struct tc_batch *tc_open(struct cuheap_tcache *tc)
-{
-    return tc_batch_at(tc, tc->closed_tail);
-}
-
 /* Buffer ids: the top bit, the device, then a count per pool. */
 static inline uint64_t buffer_id_prefix(const struct cuheap_pool *p)
 {
@@ -541,11 +454,6 @@ static inline uint64_t busy_bytes_locked(const struct cuheap_pool *p)
     uint64_t held = p->st.reserved - p->idle_bytes; /* busy chunks, pending blocks' included */
     return held > p->pending_mapped ? held - p->pending_mapped : 0;
 }
-
-/* tcache.c: this thread's caches, one per pool it uses; membarrier registered */
-extern __thread struct cuheap_tcache *tc_slot[TC_SLOTS] __attribute__((tls_model("initial-exec")));
-extern atomic_bool tc_asym;
-extern const uint16_t tc_caps[TC_NR_ORDERS];
 
 /* Pool locks the calling thread holds (device.c): the backend's calls that may take long are
  * made with none (device.c checks it in debug builds, and the pool's unit test in every
@@ -605,27 +513,6 @@ static inline uint64_t quick_pop_locked(struct cuheap_pool *p, unsigned order,
     *ret = a;
     return ptr;
 }
-
-/* plan.c: the step plan's entry points (its own parts share plan.h) */
-#define PLAN_MIN_ORDER 18u /* blocks above 128 KiB, which thread caches never serve */
-struct cuheap_plan;
-int plan_create(struct cuheap_pool *p);
-int plan_alloc_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
-                      int64_t *ret_track);
-void plan_track_locked(struct cuheap_pool *p, uint64_t ptr, int64_t slot);
-void plan_untrack_locked(struct cuheap_pool *p, uint64_t ptr); /* a large block freed */
-unsigned plan_nr_tried(struct cuheap_pool *p);                 /* plans made (each one a region) */
-int plan_free_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
-                     uint64_t *ret_size, uint64_t *ret_block);
-int plan_block_range_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr,
-                            uint64_t *ret_base, uint64_t *ret_size, uint64_t *ret_buffer_id);
-int plan_share_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t block,
-                      uint64_t buffer_id, struct cuheap_share *pieces, unsigned max);
-int plan_grant_access_locked(struct cuheap_pool *p);
-uint64_t plan_trim_locked(struct cuheap_pool *p);
-uint64_t plan_forget_locked(struct cuheap_pool *p, bool context);
-int plan_check_locked(struct cuheap_pool *p, uint64_t *ret_reserved, uint64_t *ret_live,
-                      uint64_t *ret_live_blocks, char *why, size_t why_size);
 
 /* map.c */
 void map_atfork_child(void);
@@ -727,7 +614,6 @@ void close_if_due_locked(struct cuheap_pool *p);
 
 /* acquire.c */
 void vmm_refused_locked(struct cuheap_pool *p);
-uint64_t release_unused_locked(struct cuheap_pool *p);
 int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
                         struct acquire *acq);
 int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes);
@@ -757,10 +643,6 @@ void tc_forget_all_locked(struct cuheap_pool *p, bool held);
 void tl_enter(struct cuheap_timeline *tl);
 void tl_leave(struct cuheap_timeline *tl);
 void tl_settle(struct cuheap_pool *p);
-uint64_t tl_ticket_now(struct cuheap_timeline *tl);
-bool tl_try_pass(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded);
-bool tl_ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket);
-bool tl_wait_for(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded);
 void tl_forget(struct cuheap_timeline *tl, bool fork_child);
 __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct cuheap_tcache *tc,
                                             struct cuheap_arena *a, uint64_t ptr,
@@ -772,179 +654,6 @@ __attribute__((noinline)) int tc_large_alloc(struct cuheap_pool *p, struct cuhea
 
 /* check.c */
 void debug_check(struct cuheap_pool *p);
-
-static inline __attribute__((always_inline)) void tc_enter(struct cuheap_tcache *tc)
-{
-    for (;;) {
-        atomic_store_explicit(&tc->busy, 1, memory_order_relaxed);
-        if (__builtin_expect(atomic_load_explicit(&tc_asym, memory_order_relaxed), 1))
-            atomic_signal_fence(memory_order_seq_cst); /* the store stays before the load */
-        else
-            atomic_thread_fence(memory_order_seq_cst);
-        if (__builtin_expect(!atomic_load_explicit(&tc->held, memory_order_acquire), 1))
-            return;
-        atomic_store_explicit(&tc->busy, 0, memory_order_release);
-        while (atomic_load_explicit(&tc->held, memory_order_acquire))
-            sched_yield(); /* a drainer has it */
-    }
-}
-
-static inline __attribute__((always_inline)) void tc_leave(struct cuheap_tcache *tc)
-{
-    atomic_store_explicit(&tc->busy, 0, memory_order_release);
-}
-
-static inline __attribute__((always_inline)) struct cuheap_tcache *
-tc_find(const struct cuheap_pool *p)
-{
-    struct cuheap_tcache *last = tc_slot[0]; /* a thread mostly uses one device */
-    if (last && last->pool == p && last->gen == p->gen)
-        return last;
-    for (unsigned i = 1; i < TC_SLOTS; i++)
-        if (tc_slot[i] && tc_slot[i]->pool == p && tc_slot[i]->gen == p->gen)
-            return tc_slot[i];
-    return NULL;
-}
-
-static inline uint64_t tc_ptr(const struct tc_block *b)
-{
-    return b->ptr & ~(uint64_t)0xff;
-}
-
-static inline unsigned tc_order(const struct tc_block *b)
-{
-    return (unsigned)(b->ptr & 0xff);
-}
-
-/* Whether a thread's kept large block b can serve a request of size bytes and this order that
- * is not stream-ordered: the same order, and under vmm its granules mapped that far. */
-static inline bool tc_large_serves(const struct cuheap_pool *p, const struct tc_block *b,
-                                   uint64_t size, unsigned order)
-{
-    return b->ptr && tc_order(b) == order &&
-           (!p->vmm || b->arena->extent[unit_of(b->arena, tc_ptr(b))] >= size);
-}
-
-/* Whether a block freed with this ticket (tl_ticket) may be used again: a fence whose recording
- * began after its free has passed. */
-static inline bool tl_passed(struct cuheap_timeline *tl, uint64_t ticket)
-{
-    return atomic_load_explicit(&tl->passed, memory_order_acquire) > ticket;
-}
-
-/* Ready blocks of one order a cache keeps at most: TC_PER_ORDER of the smallest, whose batches
- * close by count, then half as many an order up to 512 KiB of them, and no more than 64 (as
- * many as a batch of them when batches were 64) from 8 KiB on: a large count of larger blocks
- * keeps memory from every other size. */
-#define TC_CAP(o) ((o) <= 10 ? TC_PER_ORDER : (o) == 11 ? 256 : (o) == 12 ? 128 : 64)
-
-/* Put a block into the cache's ready lists if there is room (inside the cache: tc_enter). */
-static inline bool tc_keep_ready(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t ptr,
-                                 struct cuheap_arena *a, unsigned order)
-{
-    if (order > p->tc_max_order || tc->nr_ready[order] >= tc_caps[order] ||
-        tc->ready_bytes + (1ull << order) > tc->ready_cap)
-        return false;
-    tc->ready[order][tc->nr_ready[order]++] = (struct tc_block){ptr, a};
-    tc->ready_bytes += 1ull << order;
-    return true;
-}
-
-/* Hand out a block the thread's cache took (inside it, tc_enter): its size and buffer id set,
- * the thread's counts, the event's sequence number; leaves the cache. Returns 0. */
-static inline __attribute__((always_inline)) int
-tc_hand_out(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a, uint64_t ptr,
-            uint64_t size, unsigned order, uint64_t *ret_ptr, uint64_t *ret_block,
-            uint64_t *ret_seq)
-{
-    uint32_t u = unit_of(a, ptr);
-    if (tc->next_id == tc->end_id) {
-        tc->next_id = buffer_id_prefix(p) | next_buffer_ids(p, TC_IDS);
-        tc->end_id = tc->next_id + TC_IDS;
-    }
-    __atomic_store_n(&a->block_size[u], size, __ATOMIC_RELAXED);
-    __atomic_store_n(&a->buffer_id[u], tc->next_id++, __ATOMIC_RELAXED);
-    tc->live += (int64_t)size;
-    tc->live_blocks += (int64_t)(1ull << order);
-    tc->nr_hits++;
-    if (ret_seq)
-        *ret_seq = cuheap_seq_next();
-    tc_leave(tc);
-    *ret_ptr = ptr;
-    *ret_block = 1ull << order;
-    return 0;
-}
-
-/* The fast allocation: a ready block of order (that of size, at most tc_max_order) from the
- * thread's own cache. Returns 0, or -EAGAIN for the pool's path. */
-static inline __attribute__((always_inline)) int tc_alloc(struct cuheap_pool *p,
-                                                          struct cuheap_tcache *tc, uint64_t size,
-                                                          unsigned order, uint64_t *ret_ptr,
-                                                          uint64_t *ret_block, uint64_t *ret_seq)
-{
-    tc_enter(tc);
-    uint16_t nr = tc->nr_ready[order];
-    if (!nr) {
-        tc_leave(tc);
-        return -EAGAIN;
-    }
-    struct tc_block b = tc->ready[order][nr - 1];
-    uint32_t u = unit_of(b.arena, b.ptr);
-    if (p->vmm && b.arena->extent[u] < size) {
-        tc_leave(tc); /* its memory is held for a smaller request: the pool maps the rest */
-        return -EAGAIN;
-    }
-    tc->nr_ready[order] = nr - 1;
-    tc->ready_bytes -= 1ull << order;
-    return tc_hand_out(p, tc, b.arena, b.ptr, size, order, ret_ptr, ret_block, ret_seq);
-}
-
-/* The fast free: the block joins the thread's open batch (or, under CUHEAP_REUSE=immediate,
- * its ready blocks). Returns 0, or -EAGAIN for the pool's path (which also answers double
- * frees). */
-static inline __attribute__((always_inline)) int
-tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a, uint64_t ptr,
-        uint64_t *ret_size, uint64_t *ret_block, uint64_t *ret_seq)
-{
-    if (!a || a->pool != p || ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
-        return -EAGAIN;
-    uint32_t u = unit_of(a, ptr);
-    if (u >= a->buddy.nr_units) /* retired since the lookup: its size went to 0 */
-        return -EAGAIN;
-    uint64_t asked = size_at(a, u); /* a block's order is that of the size it was asked for */
-    if (!asked || order_of_size(p, asked) > p->tc_max_order)
-        return -EAGAIN;
-    /* Whoever clears the size frees the block: a double free racing on two threads frees once.
-     * Cleared inside the cache, with the live count: a check sees both or neither. */
-    tc_enter(tc);
-    uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
-    if (!size) { /* a double free, or its arena died with its context meanwhile */
-        tc_leave(tc);
-        return -EAGAIN;
-    }
-    unsigned order = order_of_size(p, size); /* a block's order is its request's */
-    uint64_t block = 1ull << order;
-    tc->live -= (int64_t)size;
-    tc->live_blocks -= (int64_t)block;
-    if (ret_seq)
-        *ret_seq = cuheap_seq_next();
-    bool full = false;
-    if (p->cfg->reuse != CUHEAP_REUSE_IMMEDIATE || (p->vmm && a->extent[u] < size) ||
-        !tc_keep_ready(p, tc, ptr, a, order)) {
-        struct tc_batch *o = tc_open(tc);
-        o->blocks[o->nr++] = (struct tc_block){ptr | order, a};
-        o->bytes += block;
-        /* a sixteenth of the cache's bytes at most (1 MiB by default): batches of more bytes
-         * made the pool hold more memory for the same live bytes */
-        full = o->nr == TC_BATCH || o->bytes >= p->tc_bytes / TC_BATCH_PART;
-    }
-    tc_leave(tc);
-    *ret_size = size;
-    *ret_block = block;
-    if (full)
-        tc_close(p, tc);
-    return 0;
-}
 
 #pragma GCC visibility pop
 

@@ -8,7 +8,7 @@
  * Lock rule: p->lock is taken here and dropped around every wait and driver call, as in
  * pool.c.
  */
-#include "internal.h"
+#include "tcache.h"
 
 uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
 {
@@ -24,8 +24,6 @@ uint64_t cuheap_pool_trim(struct cuheap_pool *p, bool keep_init)
     if (p->vmm) {
         /* the address space stays: it costs no device memory */
         uint64_t released = release_idle_locked(p, keep_init ? p->cfg->pool_init : 0);
-        if (p->plan)
-            released += plan_trim_locked(p);
         pool_unlock(p);
         return released;
     }
@@ -101,8 +99,6 @@ int cuheap_pool_grant_access(struct cuheap_pool *p)
 {
     pool_lock(p);
     int r = p->vmm && dev_has_access(p) ? grant_access_locked(p) : 0;
-    if (p->vmm && dev_has_access(p) && p->plan && plan_grant_access_locked(p))
-        r = -EIO;
     pool_unlock(p);
     return r;
 }
@@ -119,7 +115,6 @@ void cuheap_pool_get_stats(struct cuheap_pool *p, struct cuheap_pool_stats *ret)
     ret->vmm_refused = p->vmm_refused;
     ret->to_driver = __atomic_load_n(&p->to_driver, __ATOMIC_ACQUIRE);
     ret->fences_refused = atomic_load_explicit(&p->fences_refused, memory_order_relaxed);
-    ret->nr_plans = p->plan ? plan_nr_tried(p) : 0;
     pool_unlock(p);
 }
 
@@ -149,8 +144,6 @@ uint64_t cuheap_pool_abandon(struct cuheap_pool *p)
     tl_enter(&p->tl);
     tl_forget(&p->tl, false);
     uint64_t live = p->st.live;
-    if (p->plan)
-        plan_forget_locked(p, true);
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
         uint64_t base = a->buddy.base, size = a->buddy.size;
@@ -203,8 +196,6 @@ void cuheap_pool_forget(struct cuheap_pool *p)
      * thread-local pointers are gone with them, the forking thread's are still in use. */
     tc_forget_all_locked(p, false);
     tl_forget(&p->tl, true);
-    if (p->plan)
-        plan_forget_locked(p, false);
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         map_update(p->arenas[i], false);
         arena_retire(p->arenas[i]);

@@ -8,7 +8,7 @@
  * Lock rule: p->lock is taken here for the slow paths and dropped around every wait and every
  * driver call that the parts below make.
  */
-#include "internal.h"
+#include "tcache.h"
 
 #include <unistd.h>
 #include <sys/mman.h>
@@ -77,9 +77,7 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
                      const struct cuheap_backend *be, int device, uint64_t limit,
                      _Atomic uint64_t *device_reserved, cuheap_pool_note_fn note_fn, void *owner)
 {
-    struct cuheap_plan *plan = p->plan; /* its regions are never reused */
     memset(p, 0, sizeof(*p));
-    p->plan = plan;
     p->owner = owner;
     pool_lock_init(p);
     pthread_cond_init(&p->synced, NULL);
@@ -123,13 +121,6 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
     p->tc_max_order = p->vmm ? p->granule_shift - 4 : TC_LEGACY_MAX_ORDER;
     if (p->tc_max_order >= TC_NR_ORDERS) /* a device with granules over 2 MiB */
         p->tc_max_order = TC_NR_ORDERS - 1;
-    /* the step plan maps its region as one piece: vmm only; without its memory, no plan */
-    if (!cfg->step_plan || !p->vmm)
-        p->plan = NULL;
-    else if (p->plan)
-        plan_forget_locked(p, false);
-    else
-        plan_create(p);
     return 0;
 }
 
@@ -227,21 +218,6 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
     struct cuheap_arena *arena = NULL;
     int r = -ENOMEM, g = 0;
     bool from_tc = false;
-    int64_t track = -1; /* the step plan measures this block's life */
-    if (p->plan && order >= PLAN_MIN_ORDER && !p->nr_capturing) {
-        if (plan_alloc_locked(p, size, &ptr, &block, &track) == 0) {
-            if (ret_seq)
-                *ret_seq = cuheap_seq_next();
-            pool_unlock(p);
-            *ret_ptr = ptr;
-            *ret_block = block;
-            return 0;
-        }
-        if (p->to_driver) { /* the plan's mapping dropped the lock */
-            pool_unlock(p);
-            return CUHEAP_POOL_PASS;
-        }
-    }
     if (cached) {
         /* the thread's own batch whose fence has passed, before anything of the pool's */
         struct cuheap_tcache *tc = tc_find(p);
@@ -377,8 +353,6 @@ again:;
     else
         p->st.nr_hits++;
     mark_live_locked(p, arena, ptr, size, block);
-    if (track >= 0)
-        plan_track_locked(p, ptr, track);
     if (ret_seq)
         *ret_seq = cuheap_seq_next();
     if (cached)
@@ -392,8 +366,7 @@ out_of_memory:
     /* Ready and freed blocks in every thread's cache go back before the answer is no. */
     if (!drained) {
         drained = true;
-        /* and the step plan's region, when none of its blocks is live */
-        if (tc_drain_all_locked(p, false) | (p->plan && plan_trim_locked(p)))
+        if (tc_drain_all_locked(p, false))
             goto again;
     }
     pool_note_event(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved,
@@ -452,7 +425,7 @@ int cuheap_pool_free_any(uint64_t ptr, uint64_t stream, void **ret_owner, uint64
 int cuheap_pool_claim_free(uint64_t ptr, int api, _Atomic uint64_t *head)
 {
     struct cuheap_arena *a = map_lookup(ptr);
-    if (!a || a->planned || ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
+    if (!a || ((ptr - a->buddy.base) & ((1ull << a->buddy.min_order) - 1)))
         return -EINVAL;
     uint32_t u = unit_of(a, ptr);
     if (u >= a->buddy.nr_units)
@@ -521,13 +494,6 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
         return 0;
     pool_lock_noting(p, mine);
     struct cuheap_arena *a = map_lookup(ptr);
-    if (a && a->planned && a->pool == p) {
-        int r = plan_free_locked(p, a, ptr, ret_size, ret_block);
-        if (r == 0 && ret_seq)
-            *ret_seq = cuheap_seq_next();
-        pool_unlock(p);
-        return r;
-    }
     int found = a && a->pool == p ? cuheap_buddy_order_at(&a->buddy, ptr) : -EINVAL;
     uint32_t u = found < 0 ? 0 : unit_of(a, ptr);
     uint64_t size = found < 0 ? 0 : __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
@@ -537,8 +503,6 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
     }
     unsigned order = (unsigned)found;
     uint64_t block = 1ull << order;
-    if (p->plan && order >= PLAN_MIN_ORDER)
-        plan_untrack_locked(p, ptr); /* a block of the step being measured: its life ends */
     p->st.live -= size;
     p->st.live_blocks -= block;
     if (ret_seq)
@@ -595,11 +559,7 @@ int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_b
     unsigned order;
     bool allocated;
     int r = -EINVAL;
-    if (a && a->planned) {
-        r = plan_block_range_locked(p, a, ptr, ret_base, ret_size, ret_buffer_id);
-        *ret_arena = a->buddy.base;
-    } else if (a && cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) == 0 &&
-               allocated) {
+    if (a && cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) == 0 && allocated) {
         uint32_t u = unit_of(a, start);
         uint64_t size = size_at(a, u);
         if (size && ptr < start + size) {
@@ -618,10 +578,8 @@ int cuheap_pool_share(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
                       struct cuheap_share *pieces, unsigned max)
 {
     pool_lock(p);
-    struct cuheap_arena *a = map_lookup(block);
-    int r = !p->vmm || !dev_has_export(p) ? -EINVAL
-            : a && a->planned             ? plan_share_locked(p, a, block, buffer_id, pieces, max)
-                                          : share_locked(p, block, buffer_id, pieces, max);
+    int r =
+        !p->vmm || !dev_has_export(p) ? -EINVAL : share_locked(p, block, buffer_id, pieces, max);
     pool_unlock(p);
     return r;
 }

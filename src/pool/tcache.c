@@ -8,7 +8,7 @@
  * Lock rule: a cache is its owner's; a drainer holds p->lock and the cache (tc_hold_all).
  * Order: p->lock, then a cache; a thread never takes p->lock inside its own cache.
  */
-#include "internal.h"
+#include "tcache.h"
 
 #include <stdlib.h>
 #include <unistd.h>

@@ -11,7 +11,7 @@
  * Lock rule: no pool lock; one thread at a time records or asks the driver (tl->busy, taken by
  * tl_try_enter, never slept on), the others read tl->passed.
  */
-#include "internal.h"
+#include "tcache.h"
 
 /* The fences of the threads' large blocks form one timeline per pool, shared: a block freed
  * takes a ticket, the number of fences whose recording has begun, and may be used again once a
@@ -103,47 +103,6 @@ static bool tl_record_inside(struct cuheap_pool *p, struct cuheap_timeline *tl, 
     if (tc)
         tc->nr_fences++;
     return true;
-}
-
-uint64_t tl_ticket_now(struct cuheap_timeline *tl)
-{
-    return tl_ticket(tl);
-}
-
-/* For the step plan, with p->lock held or not (the event calls of fences may be made under it,
- * as the epochs' are): whether a fence after ticket has passed, once a fence is recorded for
- * it (counted in *nr_recorded) or the driver asked, when no other thread is doing either;
- * never a wait. No stream may be capturing (the caller looks). */
-bool tl_try_pass(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded)
-{
-    struct cuheap_timeline *tl = &p->tl;
-    if (tl_passed(tl, ticket))
-        return true;
-    if (tl_try_enter(tl)) {
-        uint64_t before = atomic_load_explicit(&tl->recorded, memory_order_acquire);
-        if (before <= ticket)
-            tl_record_inside(p, tl, ticket + 1, NULL);
-        *nr_recorded += atomic_load_explicit(&tl->recorded, memory_order_relaxed) != before;
-        tl_pass_inside(p, tl, false);
-        tl_leave(tl);
-    }
-    return tl_passed(tl, ticket);
-}
-
-/* For the step plan, p->lock not held: wait until a fence after ticket has passed, recording
- * one if none is (counted in *nr_recorded). Returns whether one did (not when the driver
- * refuses fences, or a stream captures). */
-bool tl_wait_for(struct cuheap_pool *p, uint64_t ticket, unsigned *nr_recorded)
-{
-    struct cuheap_timeline *tl = &p->tl;
-    tl_enter(tl);
-    if (atomic_load_explicit(&tl->recorded, memory_order_acquire) <= ticket &&
-        !__atomic_load_n(&p->nr_capturing, __ATOMIC_RELAXED))
-        *nr_recorded += tl_record_inside(p, tl, ticket + 1, NULL);
-    if (atomic_load_explicit(&tl->recorded, memory_order_relaxed) > ticket)
-        tl_pass_inside(p, tl, true);
-    tl_leave(tl);
-    return tl_passed(tl, ticket);
 }
 
 /* Every recorded fence waited for and let go (trim, with p->lock not held): nothing of the
@@ -275,20 +234,4 @@ __attribute__((noinline)) int tc_large_alloc(struct cuheap_pool *p, struct cuhea
     }
     tc->large = (struct tc_block){0, NULL};
     return tc_hand_out(p, tc, b.arena, ptr, size, order, ret_ptr, ret_block, ret_seq);
-}
-
-/* For the step plan, p->lock held: whether a fence after ticket has passed; records one, or
- * asks the driver, when no other thread is doing so (no wait). */
-bool tl_ticket_passed_locked(struct cuheap_pool *p, uint64_t ticket)
-{
-    if (ticket == UINT64_MAX)
-        return false; /* a device sync under way (CUHEAP_REUSE=sync) */
-    if (tl_passed(&p->tl, ticket))
-        return true;
-    if (p->nr_capturing)
-        return false;
-    unsigned fences = 0;
-    bool passed = tl_try_pass(p, ticket, &fences);
-    p->st.nr_fences += fences;
-    return passed;
 }

@@ -849,62 +849,6 @@ static void test_stats_own_time_and_driver_calls_by_kind(void **state)
     assert_int_equal(cu.cuStreamDestroy_v2(st), CUDA_SUCCESS);
 }
 
-/* A job whose step repeats, as a training loop's does: once warm, the default makes no mapping
- * call in a step (the step plan serves it from one region mapped once; the pool alone, on this
- * very step, still moved memory now and then). The step is shaped like a model's: activations kept
- * through the forward pass with a temporary beside each (larger every other step), then the
- * last step's weight gradients freed, and gradients made in reverse as the activations go, the
- * weights' kept until the next step; a loss kept from one step's end into the next; sizes no
- * power of two; the host waits for the device at the step's end. */
-static void test_repeating_step_warm_makes_no_mapping_call(void **state)
-{
-    (void)state;
-    enum { NR_LAYERS = 16, NR_STEPS = 260, NR_WARM = 40 };
-    uint64_t size[NR_LAYERS];
-    for (int i = 0; i < NR_LAYERS; i++)
-        size[i] = (uint64_t)((i * 37) % 13 + 3) * 192 * 1024 + 4096 * (uint64_t)i;
-    uint64_t warm_ops = 0;
-    CUdeviceptr loss = 0, wgrad[NR_LAYERS];
-    for (int step = 0; step < NR_STEPS; step++) {
-        if (step == NR_STEPS - NR_WARM) {
-            struct cuheap_stats s = stats();
-            warm_ops = s.nr_chunks_created + s.nr_chunks_moved + s.nr_chunks_released;
-        }
-        CUdeviceptr act[NR_LAYERS], grad[NR_LAYERS], tmp;
-        for (int i = 0; i < NR_LAYERS; i++) {
-            assert_int_equal(cu.cuMemAlloc_v2(&act[i], size[i]), CUDA_SUCCESS);
-            assert_int_equal(cu.cuMemAlloc_v2(&tmp, size[i] * 5 / 2 + (uint64_t)(step % 2) * MIB),
-                             CUDA_SUCCESS);
-            assert_int_equal(cu.cuMemFree_v2(tmp), CUDA_SUCCESS);
-        }
-        /* the weights' gradients of the step before go just before the backward pass */
-        for (int i = 0; i < NR_LAYERS && step; i++)
-            assert_int_equal(cu.cuMemFree_v2(wgrad[i]), CUDA_SUCCESS);
-        for (int i = NR_LAYERS - 1; i >= 0; i--) {
-            assert_int_equal(cu.cuMemAlloc_v2(&grad[i], size[i]), CUDA_SUCCESS);
-            assert_int_equal(cu.cuMemAlloc_v2(&wgrad[i], MIB + MIB / 2 + (uint64_t)i * 65536),
-                             CUDA_SUCCESS);
-            assert_int_equal(cu.cuMemFree_v2(act[i]), CUDA_SUCCESS);
-            if (i + 1 < NR_LAYERS)
-                assert_int_equal(cu.cuMemFree_v2(grad[i + 1]), CUDA_SUCCESS);
-        }
-        assert_int_equal(cu.cuMemFree_v2(grad[0]), CUDA_SUCCESS);
-        /* the loss: made at the step's end, freed in the next step's forward pass */
-        if (step)
-            assert_int_equal(cu.cuMemFree_v2(loss), CUDA_SUCCESS);
-        assert_int_equal(cu.cuMemAlloc_v2(&loss, 3 * MIB + 12345), CUDA_SUCCESS);
-        assert_int_equal(cu.cuCtxSynchronize(), CUDA_SUCCESS);
-    }
-    struct cuheap_stats s = stats();
-    uint64_t ops = s.nr_chunks_created + s.nr_chunks_moved + s.nr_chunks_released - warm_ops;
-    for (int i = 0; i < NR_LAYERS; i++)
-        assert_int_equal(cu.cuMemFree_v2(wgrad[i]), CUDA_SUCCESS);
-    assert_int_equal(cu.cuMemFree_v2(loss), CUDA_SUCCESS);
-    print_message("# %llu mapping operations in the last %d of %d steps\n", (unsigned long long)ops,
-                  NR_WARM, NR_STEPS);
-    assert_int_equal(ops, 0);
-}
-
 /* ---- capture, pluggable allocator ---- */
 
 static void test_capture_passes_to_driver(void **state)
@@ -993,10 +937,6 @@ int main(void)
     /* Each configuration runs what applies to it (cmocka's TAP skips read as failures). */
     bool small = getenv("FAKECUDA_DEVICE_MEM") != NULL, limited = getenv("CUHEAP_LIMIT") != NULL;
     bool pool = strcmp(env_or("CUHEAP_POOL", "1"), "0") != 0;
-    /* the step plan serves a repeating step where the pool is vmm, the plan turned on (it is
-     * off by default) and no limit too tight for its region */
-    bool planned = pool && !strcmp(env_or("CUHEAP_BACKING", "vmm"), "vmm") && !limited &&
-                   strcmp(env_or("CUHEAP_STEP_PLAN", "0"), "0");
     struct CMUnitTest tests[] = {
         cmocka_unit_test(test_door_linked),
         cmocka_unit_test(test_door_dlsym),
@@ -1023,7 +963,6 @@ int main(void)
         cmocka_unit_test(test_signal_allocates_inside_hook),
         cmocka_unit_test(test_stats_count_mapping_ops),
         cmocka_unit_test(test_stats_own_time_and_driver_calls_by_kind),
-        cmocka_unit_test(test_repeating_step_warm_makes_no_mapping_call),
         cmocka_unit_test(test_capture_passes_to_driver),
         cmocka_unit_test(test_pluggable_allocator),
         cmocka_unit_test(test_pool_off_goes_to_driver),
@@ -1035,7 +974,6 @@ int main(void)
               tests[i].test_func == test_out_of_memory_every_pass_through_door) &&
              !small) ||
             (tests[i].test_func == test_limit && !limited) ||
-            (tests[i].test_func == test_repeating_step_warm_makes_no_mapping_call && !planned) ||
             (tests[i].test_func == test_pool_off_goes_to_driver && pool))
             continue;
         tests[n++] = tests[i];

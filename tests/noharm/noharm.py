@@ -7,8 +7,6 @@ Each row is replayed by bench-replay (two passes, no simulated kernels, so that 
 exactly) with libcuheap.so preloaded on the simulated driver, once under the defaults and once
 per setting turned off. Prints TAP, one line a setting and row; a loss listed as known in
 defaults.txt is a skip, and a known loss that no longer loses fails (the list must shrink).
-Settings listed there as opt-in (off by default because they lose) must be off by default, and
-still lose where listed.
 
   noharm.py --replay bench-replay --lib libcuheap.so --fakecuda DIR --sequences DIR
             [--defaults FILE] [--rows FILE] [--only SETTING,...] [--verbose]"""
@@ -70,15 +68,7 @@ def main():
     args = ap.parse_args()
 
     settings = []  # (name, off, known rows)
-    opt_ins = []  # (name, on, off, rows where on loses)
     for line in table(args.defaults):
-        if line[0] == "opt-in":
-            if len(line) < 4:
-                sys.exit("noharm: %s: an opt-in line needs a setting, its on and off values: %s"
-                         % (args.defaults, " ".join(line)))
-            if not args.only or line[1] in args.only.split(","):
-                opt_ins.append((line[1], line[2], line[3], set(line[4:])))
-            continue
         if len(line) < 2:
             sys.exit("noharm: %s: a line needs a setting and its off value: %s" % (
                 args.defaults, " ".join(line)))
@@ -93,13 +83,13 @@ def main():
     env.update({"LD_LIBRARY_PATH": args.fakecuda, "FAKECUDA_DEVICE_MEM": "32G",
                 "CUHEAP_RECORD": "0", "CUHEAP_SUMMARY": "0"})
     tmp = tempfile.mkdtemp(prefix="cuheap-noharm-")
-    print("1..%d" % ((len(settings) + 2 * len(opt_ins)) * len(rows)))
+    print("1..%d" % (len(settings) * len(rows)))
     n, failed = 0, 0
     try:
         for name, steps, of in rows:
             path = os.path.join(args.sequences, name + ".jsonl.gz")
             if not os.path.exists(path):  # named before its recording landed
-                for setting in [s[0] for s in settings] + [o[0] for o in opt_ins for _ in (0, 1)]:
+                for setting in [s[0] for s in settings]:
                     n += 1
                     print("ok %d - %s on %s # SKIP %s not recorded" % (n, setting, name, path))
                 continue
@@ -135,35 +125,6 @@ def main():
                           "off its line in %s" % (n, what, name, args.defaults))
                 else:
                     print("ok %d - %s" % (n, what))
-                sys.stdout.flush()
-            for setting, on, off, loses in opt_ins:
-                n += 1
-                alt = replay(args, dict(env, LD_PRELOAD=args.lib, **{setting: off}), trace,
-                             steps, of)
-                if alt != base:
-                    failed += 1
-                    print("not ok %d - %s is not off by default on %s: the defaults held %d and "
-                          "made %d warm mapping ops, %s=%s %d and %d; an opt-in setting that "
-                          "loses stays off" % (n, setting, name, base[0], base[2], setting, off,
-                                               alt[0], alt[2]))
-                else:
-                    print("ok %d - %s off by default on %s" % (n, setting, name))
-                n += 1
-                alt = replay(args, dict(env, LD_PRELOAD=args.lib, **{setting: on}), trace,
-                             steps, of)
-                held_loss = alt[0] > base[0] * HELD_SLACK
-                ops_loss = alt[2] > base[2] * OPS_SLACK
-                what = "%s=%s on %s: held %.3f of live (default %.3f, %+.1f%%), warm mapping " \
-                    "ops %d (default %d)" % (setting, on, name, alt[0] / alt[1], base[0] / base[1],
-                                             100.0 * (alt[0] - base[0]) / base[0], alt[2], base[2])
-                if name in loses and not (held_loss or ops_loss):
-                    failed += 1
-                    print("not ok %d - %s: listed as losing but no longer loses: take %s off its "
-                          "line in %s" % (n, what, name, args.defaults))
-                else:
-                    why = " and ".join(w for w, x in (("holds more", held_loss),
-                                                      ("maps more", ops_loss)) if x)
-                    print("ok %d - %s%s" % (n, what, " (loses: %s)" % why if why else ""))
                 sys.stdout.flush()
             os.unlink(trace)
             print("# %s: %.1f s" % (name, time.monotonic() - t0))

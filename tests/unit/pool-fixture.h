@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The pool's test fixture, shared by its test files (test-pool.c, test-pool-plan.c): a host
- * backend standing in for the driver, whose fences the test completes by hand and which
- * fails a test that calls it under the pool's lock, and a pool set up over it. Each test file
- * uses part of it.
+ * The pool's test fixture (test-pool.c): a host backend standing in for the driver, whose
+ * fences the test completes by hand and which fails a test that calls it under the pool's
+ * lock, and a pool set up over it.
  */
 #ifndef CUHEAP_TEST_POOL_FIXTURE_H
 #define CUHEAP_TEST_POOL_FIXTURE_H
@@ -402,7 +401,6 @@ static uint64_t fixture_thread_cache; /* CUHEAP_THREAD_CACHE of the next fixture
 static enum cuheap_vmm_layout fixture_layout = CUHEAP_VMM_TIGHT;
 static unsigned fixture_idle_fit = 125;      /* CUHEAP_VMM_IDLE_FIT of the next fixture */
 static uint64_t fixture_vmm_chunk = 8 * MIB; /* CUHEAP_VMM_CHUNK of the next fixture */
-static bool fixture_step_plan;               /* CUHEAP_STEP_PLAN of the next fixture */
 
 static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
 {
@@ -444,7 +442,6 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
     f->cfg.thread_cache = fixture_thread_cache;
     f->cfg.vmm_layout = fixture_layout;
     f->cfg.vmm_idle_fit = fixture_idle_fit;
-    f->cfg.step_plan = fixture_step_plan;
     f->dev.next_va = 1ull << 46;
     struct cuheap_backend be = {
         .ctx = &f->dev,
@@ -538,8 +535,8 @@ static void check_invariants(struct fixture *f)
 }
 
 /* The cases of tests[0..n) this process runs: all, or with POOL_TEST_SHARD=i/n every n-th from
- * the i-th, so that n processes share them (tests/meson.build runs the pool's and the step
- * plan's cases as two processes each: minutes under the sanitizers, the runs' longest),
+ * the i-th, so that n processes share them (tests/meson.build runs the pool's cases as two
+ * processes: minutes under the sanitizers, the runs' longest),
  * POOL_TEST_FILTER picks cases by name (a pattern), when chasing one or for a test of its own,
  * and POOL_TEST_SKIP leaves cases out by name. */
 static int run_pool_tests(const struct CMUnitTest *tests, size_t n)

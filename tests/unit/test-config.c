@@ -408,16 +408,16 @@ static void test_bare_small_sizes_refused(void **state)
     assert_int_equal(c.min_block, 512);
 }
 
-/* CUHEAP_VERBOSE lists the settings in force only: no step plan under the legacy backing, no
- * pool settings with the pool off, no trace settings without recording. */
+/* CUHEAP_VERBOSE lists the settings in force only: no vmm settings under the legacy backing,
+ * no pool settings with the pool off, no trace settings without recording. */
 static void test_dump_shows_what_is_in_force(void **state)
 {
     (void)state;
     struct {
         const char *var, *value, *absent, *present;
     } cases[] = {
-        {"CUHEAP_BACKING", "legacy", "CUHEAP_STEP_PLAN", "CUHEAP_ARENA_SIZE"},
-        {"CUHEAP_BACKING", "vmm", "CUHEAP_ARENA_SIZE", "CUHEAP_STEP_PLAN"},
+        {"CUHEAP_BACKING", "legacy", "CUHEAP_VMM_CHUNK", "CUHEAP_ARENA_SIZE"},
+        {"CUHEAP_BACKING", "vmm", "CUHEAP_ARENA_SIZE", "CUHEAP_VMM_CHUNK"},
         {"CUHEAP_POOL", "0", "CUHEAP_THREAD_CACHE", "CUHEAP_RECORD"},
         {"CUHEAP_RECORD", "0", "CUHEAP_OUTPUT", "CUHEAP_POOL_MAX"},
         {"CUHEAP_REUSE", "sync", "CUHEAP_IDLE_CHECK", "CUHEAP_REUSE"},
@@ -437,6 +437,52 @@ static void test_dump_shows_what_is_in_force(void **state)
             fail_msg("%s=%s: %s listed %d, %s listed %d", cases[i].var, cases[i].value,
                      cases[i].absent, !absent, cases[i].present, present);
     }
+}
+
+/* A setting of a part that was taken out (CUHEAP_STEP_PLAN): an old script that turns it on
+ * gets one warning naming it and why, and the settings it would have had without it; turned
+ * off, nothing. CUHEAP_VERBOSE does not list it. */
+static void test_removed_setting_warns_once(void **state)
+{
+    (void)state;
+    struct fake_env none = {0};
+    struct cuheap_config dflt, c;
+    assert_int_equal(cuheap_config_parse(&dflt, get, warn, &none), 0);
+    const char *on[] = {"1", "on", "yes", "TRUE", "2"};
+    for (size_t i = 0; i < sizeof(on) / sizeof(on[0]); i++) {
+        struct fake_env e = {.vars = {{"CUHEAP_STEP_PLAN", on[i]}}};
+        assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 1);
+        assert_int_equal(e.nr_warnings, 1);
+        char want[64];
+        snprintf(want, sizeof(want), "ignoring CUHEAP_STEP_PLAN=\"%s\": ", on[i]);
+        if (strncmp(e.warnings[0], want, strlen(want)) ||
+            !strstr(e.warnings[0], "the step plan was removed") || strchr(e.warnings[0], '\n'))
+            fail_msg("CUHEAP_STEP_PLAN=%s: %s", on[i], e.warnings[0]);
+        assert_memory_equal(&c, &dflt, sizeof(c));
+    }
+    const char *off[] = {"0", "off", "no", "False"};
+    for (size_t i = 0; i < sizeof(off) / sizeof(off[0]); i++) {
+        struct fake_env e = {.vars = {{"CUHEAP_STEP_PLAN", off[i]}}};
+        assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 0);
+        assert_int_equal(e.nr_warnings, 0);
+        assert_memory_equal(&c, &dflt, sizeof(c));
+    }
+    /* beside other settings, good and bad: still one warning of its own */
+    struct fake_env mixed = {.vars = {{"CUHEAP_STEP_PLAN", "1"},
+                                      {"CUHEAP_FENCE_BATCH", "32"},
+                                      {"CUHEAP_REUSE", "sometimes"}}};
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &mixed), 2);
+    assert_int_equal(c.fence_batch, 32);
+    int named = 0;
+    for (int i = 0; i < mixed.nr_warnings; i++)
+        named += strstr(mixed.warnings[i], "CUHEAP_STEP_PLAN") != NULL;
+    assert_int_equal(named, 1);
+    struct fake_env verbose = {.vars = {{"CUHEAP_STEP_PLAN", "1"}, {"CUHEAP_VERBOSE", "1"}}};
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &verbose), 1);
+    char names[64][64] = {{0}};
+    cuheap_config_dump(&c, last_name, names);
+    for (int n = 0; names[n][0]; n++)
+        assert_string_not_equal(names[n], "CUHEAP_STEP_PLAN");
 }
 
 /* A name that does not fit is refused whole: cut, it names another file (…-11404.js). */
@@ -508,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_sizes_are_whole_numbers),
         cmocka_unit_test(test_loose_values_are_refused),
         cmocka_unit_test(test_warnings_are_one_whole_line),
+        cmocka_unit_test(test_removed_setting_warns_once),
         cmocka_unit_test(test_expanded_name_never_cut),
         cmocka_unit_test(test_bare_small_sizes_refused),
         cmocka_unit_test(test_dump_shows_what_is_in_force),

@@ -21,7 +21,7 @@
 #include <cmocka.h>
 
 #include "event.h"
-#include "pool/internal.h" /* the pool's own test: its private state too */
+#include "pool/tcache.h" /* the pool's own test: its private state too */
 
 #include "pool-fixture.h"
 

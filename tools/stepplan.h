@@ -3,8 +3,7 @@
  * A job's repeating step, and a placement planned once for it: the blocks of one step put on
  * a circle one step long, so that every later step can reuse the same places. Pure: it knows
  * nothing of CUDA or of the pool. `cuheap report` uses it to say what a layout planned from
- * one step would hold; the pool's step plan (src/pool/plan.c, CUHEAP_STEP_PLAN) serves one
- * (the _in variants: in the caller's memory, no malloc).
+ * one step would hold (the _in variants: in the caller's memory, no malloc).
  */
 #ifndef CUHEAP_STEPPLAN_H
 #define CUHEAP_STEPPLAN_H
@@ -20,8 +19,7 @@
  * when no period up to n/4 does. Linear in n. */
 size_t cuheap_step_period(const uint64_t *keys, size_t n);
 
-/* The same in caller's memory of cuheap_step_period_work(n) bytes (8-byte aligned): no malloc,
- * for the pool, which plans inside an allocation. */
+/* The same in caller's memory of cuheap_step_period_work(n) bytes (8-byte aligned): no malloc. */
 size_t cuheap_step_period_work(size_t n);
 size_t cuheap_step_period_in(const uint64_t *keys, size_t n, void *work);
 

@@ -99,8 +99,7 @@ static bool ranked_before(const struct ranked *p, const struct ranked *q)
     return p->size != q->size ? p->size > q->size : p->i < q->i;
 }
 
-/* Heap sorts of our own: the pool plans inside an allocation, where nothing may call malloc,
- * and qsort may. */
+/* Heap sorts of our own: the _in variants call no malloc, and qsort may. */
 static void sift_ranked(struct ranked *a, size_t i, size_t n)
 {
     for (size_t c; (c = 2 * i + 1) < n; i = c) {
