@@ -78,7 +78,7 @@ static void set_turn(const struct cuheap_ring *r, struct cuheap_ring_slot *slot,
 
 /* The lines the next event will most likely write (its header and first native frames, and its
  * first Python frames), asked for ahead: a slot was last touched a lap ago, and filling it
- * from cold memory cost the producer about 300 ns an event on the H200. */
+ * from cold memory made the producer wait on cache misses at every event (bench/RESULTS.md). */
 static void prefetch_slot(struct cuheap_ring_slot *next)
 {
     const char *c = (const char *)next;

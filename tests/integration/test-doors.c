@@ -24,9 +24,10 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "slurp.h"
+#define SHELLTEST_PREFIX "cuheap-doors-XXXXXX"
+#include "shelltest.h"
 
-static char build[PATH_MAX], tmp[PATH_MAX];
+static char build[PATH_MAX];
 
 /* One expected event: ptr 0 and api "-" match anything. */
 struct expected {
@@ -213,21 +214,6 @@ static void test_peer_access(void **state)
             assert_non_null(strstr(out, "check cuCtxEnablePeerAccess ok"));
             free(out);
         }
-}
-
-static int fresh_dir(void **state)
-{
-    (void)state;
-    snprintf(tmp, sizeof(tmp), "/tmp/cuheap-doors-XXXXXX");
-    return mkdtemp(tmp) ? 0 : -1;
-}
-
-static int remove_dir(void **state)
-{
-    (void)state;
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-    return system(cmd);
 }
 
 int main(void)

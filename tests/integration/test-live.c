@@ -23,64 +23,11 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "slurp.h"
+#define SHELLTEST_PREFIX "cuheap-live-XXXXXX"
+#include "shelltest.h"
 
-static char build[PATH_MAX], source[PATH_MAX], tmp[PATH_MAX];
+static char build[PATH_MAX], source[PATH_MAX];
 static const char *python;
-
-struct result {
-    int status;
-    char *out;
-    char *err;
-};
-
-/* Run a shell command in the test's directory; stdout and stderr are kept. */
-static struct result run(const char *fmt, ...)
-{
-    char cmd[8192], full[8192 + 3 * PATH_MAX + 64];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof(full), "cd '%s' && (%s) >'%s/out' 2>'%s/err'", tmp, cmd, tmp, tmp);
-    int st = system(full);
-    char p[PATH_MAX + 8];
-    struct result r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), NULL, NULL};
-    snprintf(p, sizeof(p), "%s/out", tmp);
-    r.out = slurp(p);
-    snprintf(p, sizeof(p), "%s/err", tmp);
-    r.err = slurp(p);
-    return r;
-}
-
-static void done(struct result *r)
-{
-    free(r->out);
-    free(r->err);
-}
-
-static int count(const char *s, const char *needle)
-{
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
-        n++;
-    return n;
-}
-
-static int fresh_dir(void **state)
-{
-    (void)state;
-    snprintf(tmp, sizeof(tmp), "/tmp/cuheap-live-XXXXXX");
-    return mkdtemp(tmp) ? 0 : -1;
-}
-
-static int remove_dir(void **state)
-{
-    (void)state;
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-    return system(cmd);
-}
 
 #define ENV  "LD_LIBRARY_PATH=%s/tests/fakecuda LD_PRELOAD=%s/src/libcuheap.so"
 #define PROG "%s/tests/programs/liveprog"

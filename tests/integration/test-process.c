@@ -25,9 +25,10 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "slurp.h"
+#define SHELLTEST_PREFIX "cuheap-proc-XXXXXX"
+#include "shelltest.h"
 
-static char build[PATH_MAX], source[PATH_MAX], tmp[PATH_MAX], env_base[4 * PATH_MAX];
+static char build[PATH_MAX], source[PATH_MAX], env_base[4 * PATH_MAX];
 static const char *python;
 
 /* A file of the test's folder, for failure messages (never freed: the test ends). */
@@ -36,45 +37,6 @@ static char *slurp_in_tmp(const char *name)
     char p[PATH_MAX + 64];
     snprintf(p, sizeof(p), "%s/%s", tmp, name);
     return slurp(p);
-}
-
-struct result {
-    int status;
-    char *out;
-    char *err;
-};
-
-/* Run a shell command in the test's directory; stdout and stderr are kept. */
-static struct result run(const char *fmt, ...)
-{
-    char cmd[8192], full[8192 + 3 * PATH_MAX + 64];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof(full), "cd '%s' && (%s) >'%s/out' 2>'%s/err'", tmp, cmd, tmp, tmp);
-    int st = system(full);
-    char p[PATH_MAX + 8];
-    struct result r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), NULL, NULL};
-    snprintf(p, sizeof(p), "%s/out", tmp);
-    r.out = slurp(p);
-    snprintf(p, sizeof(p), "%s/err", tmp);
-    r.err = slurp(p);
-    return r;
-}
-
-static void done(struct result *r)
-{
-    free(r->out);
-    free(r->err);
-}
-
-static int count_lines(const char *s, const char *needle)
-{
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
-        n++;
-    return n;
 }
 
 static int count_files(const char *prefix)
@@ -86,21 +48,6 @@ static int count_files(const char *prefix)
         n += !strncmp(e->d_name, prefix, strlen(prefix));
     closedir(d);
     return n;
-}
-
-static int fresh_dir(void **state)
-{
-    (void)state;
-    snprintf(tmp, sizeof(tmp), "/tmp/cuheap-proc-XXXXXX");
-    return mkdtemp(tmp) ? 0 : -1;
-}
-
-static int remove_dir(void **state)
-{
-    (void)state;
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-    return system(cmd);
 }
 
 #define PRELOAD "LD_PRELOAD=%s/src/libcuheap.so"
@@ -186,7 +133,7 @@ static void test_unwritable_trace_path(void **state)
                           build, build, build);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.out, plain.out);
-    assert_int_equal(count_lines(r.err, "cannot open trace /nonexistent/dir/t.jsonl"), 1);
+    assert_int_equal(count(r.err, "cannot open trace /nonexistent/dir/t.jsonl"), 1);
     assert_non_null(strstr(r.err, "GPU 0: peak live ")); /* the summary still comes */
     done(&plain);
     done(&r);
@@ -202,7 +149,7 @@ static void test_full_disk(void **state)
                           build, build, build);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.out, plain.out);
-    assert_int_equal(count_lines(r.err, "cannot write trace /dev/full"), 1);
+    assert_int_equal(count(r.err, "cannot write trace /dev/full"), 1);
     assert_non_null(strstr(r.err, "GPU 0: peak live ")); /* the summary still comes */
     done(&plain);
     done(&r);
@@ -217,7 +164,7 @@ static void test_bad_setting_warns_once_and_runs(void **state)
                           build, build, build);
     assert_int_equal(r.status, 0);
     assert_string_equal(r.out, plain.out);
-    assert_int_equal(count_lines(r.err, "CUHEAP_REUSE=\"sometimes\""), 1);
+    assert_int_equal(count(r.err, "CUHEAP_REUSE=\"sometimes\""), 1);
     done(&plain);
     done(&r);
 }
@@ -755,9 +702,9 @@ static void test_chrome_merge_keeps_ranks_apart(void **state)
         python, source);
     if (r.status)
         fail_msg("%s%s", r.out, r.err);
-    assert_int_equal(count_lines(r.out, "cuheap-demo 3 (rank 0, pid "), 1);
-    assert_int_equal(count_lines(r.out, "cuheap-demo 3 (rank 1, pid "), 1);
-    assert_int_equal(count_lines(r.out, "'GPU 0 memory (bytes) live'"), 3);
+    assert_int_equal(count(r.out, "cuheap-demo 3 (rank 0, pid "), 1);
+    assert_int_equal(count(r.out, "cuheap-demo 3 (rank 1, pid "), 1);
+    assert_int_equal(count(r.out, "'GPU 0 memory (bytes) live'"), 3);
     done(&r);
 }
 
@@ -837,7 +784,7 @@ static void test_help_matches_readme(void **state)
     /* and the tool has no command README leaves out */
     struct result r = run("%s/tools/cuheap help", build);
     assert_int_equal(r.status, 0);
-    assert_int_equal(count_lines(r.out, "\n  cuheap "), rows);
+    assert_int_equal(count(r.out, "\n  cuheap "), rows);
     done(&r);
     free(readme);
 }
@@ -952,8 +899,7 @@ static void test_run_torch_makes_cuheap_the_allocator(void **state)
                 cases[i].env, source, build, python, cases[i].code);
         char want[PATH_MAX + 128];
         snprintf(want, sizeof(want), cases[i].out, build);
-        if (r.status || strcmp(r.out, want) ||
-            count_lines(r.err, "\n") != (cases[i].warning ? 1 : 0) ||
+        if (r.status || strcmp(r.out, want) || count(r.err, "\n") != (cases[i].warning ? 1 : 0) ||
             (cases[i].warning && strncmp(r.err, cases[i].warning, strlen(cases[i].warning))))
             fail_msg("case %zu: exit %d\n%s%s(want: %s%s)", i, r.status, r.out, r.err, want,
                      cases[i].warning ? cases[i].warning : "");
@@ -1009,8 +955,8 @@ static void test_top_prints_what_it_is_asked(void **state)
     for (int n = 1; n <= 3; n++) {
         r = run("%s/tools/cuheap top --by total -n %d d.jsonl", build, n);
         assert_int_equal(r.status, 0);
-        assert_int_equal(count_lines(r.out, " block"), n);
-        assert_int_equal(count_lines(r.out, "full stack:"), n);
+        assert_int_equal(count(r.out, " block"), n);
+        assert_int_equal(count(r.out, "full stack:"), n);
         done(&r);
     }
 }
@@ -1161,7 +1107,7 @@ static void test_memviz_page_check_names_what_is_missing(void **state)
     done(&w);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct result r = run("%s %s/scripts/check-memviz-page.py %s", python, source, cases[i][0]);
-        if (r.status != 2 || count_lines(r.err, "\n") != 1 || !strstr(r.err, cases[i][1]))
+        if (r.status != 2 || count(r.err, "\n") != 1 || !strstr(r.err, cases[i][1]))
             fail_msg("check-memviz-page.py %s: exit %d, said: %s%s(want: %s)", cases[i][0],
                      r.status, r.out, r.err, cases[i][1]);
         done(&r);
@@ -1453,7 +1399,7 @@ static void test_diff_two_runs(void **state)
             fail_msg("no\n%sin\n%s", want[i], r.out);
     done(&r);
     r = run("%s/tools/cuheap diff -n 1 a.jsonl b.jsonl", build);
-    assert_int_equal(count_lines(r.out, "train.py:"), 2); /* one row at the peak, one leak */
+    assert_int_equal(count(r.out, "train.py:"), 2); /* one row at the peak, one leak */
     done(&r);
 }
 
@@ -1545,7 +1491,7 @@ static void test_tool_rejects_bad_input(void **state)
         struct result r = run("%s/tools/cuheap %s", build, bad[i]);
         assert_int_equal(r.status, 2);
         /* one line, naming what was wrong */
-        assert_int_equal(count_lines(r.err, "\n"), 1);
+        assert_int_equal(count(r.err, "\n"), 1);
         assert_int_equal(strncmp(r.err, "cuheap: ", 8), 0);
         done(&r);
     }
@@ -1571,7 +1517,7 @@ static void test_tool_says_what_was_wrong(void **state)
     };
     for (size_t i = 0; i < sizeof(said) / sizeof(said[0]); i++) {
         struct result r = run("%s/tools/cuheap %s", build, said[i][0]);
-        if (r.status != 2 || count_lines(r.err, "\n") != 1 ||
+        if (r.status != 2 || count(r.err, "\n") != 1 ||
             strncmp(r.err, said[i][1], strlen(said[i][1])))
             fail_msg("cuheap %s: exit %d, said: %s(want: %s ...)", said[i][0], r.status, r.err,
                      said[i][1]);
@@ -1692,13 +1638,13 @@ static void test_oom_told_when_it_happens(void **state)
     line_after(strstr(r.err, first) ? strstr(r.err, first) : "", "\n", second, sizeof(second));
     line_after(r.err, "cuheap:   asked for at ", asked, sizeof(asked));
     if (r.status || !strstr(r.out, "results 2 2 2 2\n") ||
-        count_lines(r.err, "cuheap: out of memory on GPU 0: cuMemAlloc of 40.00 MiB") != 1 ||
+        count(r.err, "cuheap: out of memory on GPU 0: cuMemAlloc of 40.00 MiB") != 1 ||
         !strstr(asked, "py_oom.py:") || !strstr(asked, " in alloc") ||
         !strstr(r.err, "cuheap:   live 81.00 MiB; cuheap holds 128.00 MiB;") ||
         !strstr(r.err, "largest free piece in the pool: 32.00 MiB: fragmentation") ||
         !strstr(first, "48.00 MiB in 3 blocks") || !strstr(first, forward) ||
         !strstr(second, "32.00 MiB in 1 block") || !strstr(second, backward) ||
-        count_lines(r.err, "call sites holding the most") != 1 ||
+        count(r.err, "call sites holding the most") != 1 ||
         !strstr(r.err, "out of memory again on GPU 0 (cuMemAlloc of 40.00 MiB): 2 in all so far") ||
         strstr(r.err, ": 3 in all so far") || !strstr(r.err, ": 4 in all so far"))
         fail_msg("exit %d, want %s first and %s second\n%s%s", r.status, forward, backward, r.out,
@@ -1728,7 +1674,7 @@ static void test_oom_told_without_recording(void **state)
         struct result r = run(OOM_RUN "%s %s %s/tests/programs/py_oom.py 2%s", build, build,
                               runs[i][0], python, source, i ? " pause" : "");
         if (r.status || !strstr(r.out, "results 2 2\n") ||
-            count_lines(r.err, "cuheap: out of memory on GPU 0: cuMemAlloc of 40.00 MiB") != 1 ||
+            count(r.err, "cuheap: out of memory on GPU 0: cuMemAlloc of 40.00 MiB") != 1 ||
             !strstr(r.err, "largest free piece in the pool: 32.00 MiB: fragmentation") ||
             !strstr(r.err, runs[i][1]) || strstr(r.err, "in forward") ||
             !strstr(r.err, "2 in all so far"))
@@ -1941,7 +1887,7 @@ static void test_rec_summary_is_one_line(void **state)
     assert_non_null(res);
     snprintf(want, sizeof(want), "cuheap: GPU 0: peak live %.*s, peak reserved %.*s, ",
              (int)strcspn(rep + 15, " ") + 4, rep + 15, (int)strcspn(res + 15, " ") + 4, res + 15);
-    if (r.status || count_lines(r.err, "\n") != 1 || strncmp(r.err, want, strlen(want)) ||
+    if (r.status || count(r.err, "\n") != 1 || strncmp(r.err, want, strlen(want)) ||
         !strstr(r.err, " never freed, 0 out-of-memory errors; trace: d.jsonl\n"))
         fail_msg("want one line starting\n%s\n%s%s", want, r.out, r.err);
     done(&r);
@@ -2096,13 +2042,13 @@ static void test_rec_trace_file_is_created_safely(void **state)
             build, build, build, build);
     if (!strstr(r.out, "precious\nvictim\n") || strstr(r.out, "\nmade-through\n") ||
         !strstr(r.err, "trace: t.jsonl.1\n") || !strstr(r.err, "trace: s.jsonl.1\n") ||
-        !strstr(r.err, "trace: d.jsonl.1\n") || count_lines(r.out, ": ok, ") != 3)
+        !strstr(r.err, "trace: d.jsonl.1\n") || count(r.out, ": ok, ") != 3)
         fail_msg("%s%s", r.out, r.err);
     done(&r);
     /* a second run to the same name gets the next suffix, and says so without a summary */
     r = run(FAKE " " PRELOAD " CUHEAP_OUTPUT=t.jsonl CUHEAP_SUMMARY=0 " RECPROG " rss", build,
             build, build);
-    assert_int_equal(count_lines(r.err, "the trace goes to t.jsonl.2\n"), 1);
+    assert_int_equal(count(r.err, "the trace goes to t.jsonl.2\n"), 1);
     done(&r);
 }
 
@@ -2171,8 +2117,7 @@ static void test_rec_fifo_never_blocks_or_kills(void **state)
                 "%s/tests/programs/cuheap-demo %d; st=$?; kill $rpid 2>/dev/null; wait; exit $st",
                 cases[i].reader, build, build, build, cases[i].steps);
         if (r.status || strcmp(r.out, plain.out) ||
-            count_lines(r.err, "refused p as the trace: a FIFO") != 1 ||
-            !strstr(r.err, "trace: p.1\n"))
+            count(r.err, "refused p as the trace: a FIFO") != 1 || !strstr(r.err, "trace: p.1\n"))
             fail_msg("reader '%s': exit %d (124: it hung, 141: SIGPIPE)\n%s", cases[i].reader,
                      r.status, r.err);
         done(&r);
@@ -2204,9 +2149,8 @@ static void test_rec_trace_owned_by_another_user(void **state)
             "stat -c '%%u %%a' q.1 f.jsonl.1",
             build, build, build, build, build, build);
     if (!strstr(r.out, "exits 0 0, the FIFO got 0 bytes\ntheirs\n0 600\n0 600\n") ||
-        count_lines(r.err, "refused q as the trace: a FIFO owned by uid 65534") != 1 ||
-        count_lines(r.err, "refused f.jsonl as the trace: an existing file owned by uid 65534") !=
-            1 ||
+        count(r.err, "refused q as the trace: a FIFO owned by uid 65534") != 1 ||
+        count(r.err, "refused f.jsonl as the trace: an existing file owned by uid 65534") != 1 ||
         !strstr(r.err, "trace: q.1\n") || !strstr(r.err, "trace: f.jsonl.1\n"))
         fail_msg("%s%s", r.out, r.err);
     done(&r);
@@ -2239,9 +2183,9 @@ static void test_rec_long_trace_name(void **state)
             "CUHEAP_OUTPUT=%s/%s/t-%%r%%r%%r%%r.jsonl " RECPROG " rss && find %s -type f | wc -l",
             a, a, b, build, build, c, a, b, build, a);
     if (r.status || !strstr(r.out, "\n0\n") ||
-        count_lines(r.err, "expands to more than 511 bytes; the trace goes to cuheap-r") != 1 ||
-        count_lines(r.err, "refused CUHEAP_OUTPUT as the trace's name: it expands to more than "
-                           "511 bytes") != 1 ||
+        count(r.err, "expands to more than 511 bytes; the trace goes to cuheap-r") != 1 ||
+        count(r.err, "refused CUHEAP_OUTPUT as the trace's name: it expands to more than "
+                     "511 bytes") != 1 ||
         !strstr(r.err, "; trace: cuheap-r") || count_files("cuheap-r") != 1)
         fail_msg("%s%s", r.out, r.err);
     done(&r);
@@ -2332,7 +2276,7 @@ static void test_vmm_refused_by_the_driver(void **state)
                                    "%s/tests/programs/stress vmm-refused",
                               build, build, cases[i].fail, build);
         if (r.status || !strstr(r.out, "granted 20 of 20, 20 intact") ||
-            count_lines(r.err, "refused") != (cases[i].line != NULL) ||
+            count(r.err, "refused") != (cases[i].line != NULL) ||
             (cases[i].line && !strstr(r.err, cases[i].line)))
             fail_msg("FAKECUDA_FAIL=%s: exit %d\n%s%s", cases[i].fail, r.status, r.out, r.err);
         done(&r);
@@ -2350,8 +2294,8 @@ static void test_pool_init_refused_is_said(void **state)
                  "timeout 60 %s/tests/programs/stress vmm-refused",
             build, build, build);
     if (r.status || !strstr(r.out, "granted 20 of 20, 20 intact") ||
-        count_lines(r.err, "CUHEAP_POOL_INIT: nothing reserved on device 0: every request goes "
-                           "to the driver (the driver refused the vmm backing)") != 1)
+        count(r.err, "CUHEAP_POOL_INIT: nothing reserved on device 0: every request goes "
+                     "to the driver (the driver refused the vmm backing)") != 1)
         fail_msg("exit %d\n%s%s", r.status, r.out, r.err);
     done(&r);
 }
@@ -2373,8 +2317,8 @@ static void test_fence_query_refused_does_not_hang(void **state)
                                        "%s/tests/programs/cuheap-demo 20 12",
                                   build, build, vmm ? "vmm" : "legacy", codes[i], build);
             if (r.status || !strstr(r.out, "20 steps") ||
-                count_lines(r.err, "GPU 0: fence queries refused by the driver (cuEventQuery: "
-                                   "CUDA_ERROR_") != 1)
+                count(r.err, "GPU 0: fence queries refused by the driver (cuEventQuery: "
+                             "CUDA_ERROR_") != 1)
                 fail_msg("%s, cuEventQuery:@1+=%s: exit %d\n%s%s", vmm ? "vmm" : "legacy", codes[i],
                          r.status, r.out, r.err);
             done(&r);
