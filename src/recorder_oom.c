@@ -436,25 +436,28 @@ uint64_t cuheap_recorder_oom_recovered(void)
     return nr_recovered;
 }
 
-/* Whether PyTorch was told to keep no cache (PYTORCH_NO_CUDA_MEMORY_CACHING set, and not to
- * 0): each tensor is then one cudaMalloc, and its live bytes are tensors. */
-static bool torch_uncached(void)
+/* Whether an environment variable is set to something other than off ("" or "0"). */
+static bool set_on(const char *name)
 {
-    const char *v = getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+    const char *v = name ? getenv(name) : NULL;
     return v && *v && strcmp(v, "0") != 0;
 }
 
 /* Whether a caching allocator sits between the program and cuheap: its live bytes are its
- * segments, cache included. */
+ * segments, cache included. A library loaded with its cache turned off (PyTorch's
+ * PYTORCH_NO_CUDA_MEMORY_CACHING: each tensor one cudaMalloc) counts as none. */
 static bool caching_allocator(int api)
 {
     if (api == CUHEAP_API_TORCH) /* cuheap is PyTorch's allocator: live bytes are tensors */
         return false;
-    static const char *const libs[] = {"libc10_cuda.so", "libcupy_backends", NULL};
-    for (int i = 0; libs[i]; i++) {
-        if (i == 0 && torch_uncached())
+    static const struct {
+        const char *lib, *cache_off;
+    } cachers[] = {{"libc10_cuda.so", "PYTORCH_NO_CUDA_MEMORY_CACHING"},
+                   {"libcupy_backends", NULL}};
+    for (size_t i = 0; i < sizeof(cachers) / sizeof(cachers[0]); i++) {
+        if (set_on(cachers[i].cache_off))
             continue;
-        void *h = dlopen(libs[i], RTLD_NOLOAD | RTLD_LAZY);
+        void *h = dlopen(cachers[i].lib, RTLD_NOLOAD | RTLD_LAZY);
         if (h) {
             dlclose(h);
             return true;
