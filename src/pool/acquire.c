@@ -88,6 +88,45 @@ void vmm_refused_locked(struct cuheap_pool *p)
     pool_lock(p);
 }
 
+/* The device was full for a request the pool could not place even after giving back what it
+ * holds idle and waiting for what is pending (pool_alloc_slow). From now on a request that the
+ * pool's mapped memory cannot hold goes to the driver at its own size (device_full_locked)
+ * rather than to a new chunk or an idle one moved. Near the device's capacity a chunk costs the
+ * program more of the device than the driver's own allocations would (it rounds to granules,
+ * and blocks keep partly used chunks busy), while a block in the holes of busy chunks costs it
+ * nothing. So the pool stops growing, and as its blocks are freed its chunks go idle and back
+ * to the driver when it needs room (cuheap_reclaim_for_driver). Sending every request to the
+ * driver, those the holes would hold too, did worse: the driver took device memory for them
+ * that the holes would have spared. The state ends once the busy chunks hold half of what they
+ * held here: that much of the device went back to the program, so growing is worth trying
+ * again, within what the device has free (new_chunk_locked). Ending only once the pool is
+ * empty would keep a long job that touched the ceiling once off the pool for good; ending at
+ * the first chunk given back would ask the full device again at once. */
+void device_full_begin_locked(struct cuheap_pool *p)
+{
+    if (p->device_full)
+        return;
+    p->device_full = true;
+    p->full_until = busy_bytes_locked(p) / 2;
+}
+
+/* Whether a request the pool's mapped memory cannot hold goes to the driver at its own size
+ * (device_full_begin_locked), with p->lock held: not once the busy chunks shrank enough; nor
+ * while freed blocks wait for a fence, which the pool's own path waits for and serves from
+ * (passed to the driver instead, the request would find the device full of the very memory
+ * the wait gives back); nor while the busy chunks hold nothing beyond the live bytes, since
+ * the pool then costs the device no more than the driver's own allocations would. */
+bool device_full_locked(struct cuheap_pool *p)
+{
+    if (!p->device_full)
+        return false;
+    reclaim_locked(p); /* blocks whose fence passed: their chunks may be idle now */
+    return_if_idle_locked(p);
+    if (busy_bytes_locked(p) <= p->full_until)
+        p->device_full = false;
+    return p->device_full && !p->st.pending && held_unused_locked(p);
+}
+
 /* Physical memory for the unmapped granules [first, first + nr) of arena a, as one chunk:
  * an idle chunk of that size moved here (one unmap, one map); else a new chunk, within the
  * pool's budget: the most memory its blocks have used at once so far, plus a small cushion.
@@ -212,6 +251,17 @@ static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena 
     *ret_end = end;
 }
 
+/* The bytes of the mapped granules from the block at ptr up to its granule last: those it
+ * holds while the rest are mapped (use_granules_locked), at most its own bytes. */
+static uint64_t held_bytes(const struct cuheap_pool *p, const struct cuheap_arena *a, uint64_t ptr,
+                           uint32_t last)
+{
+    uint64_t n = 0;
+    for (uint32_t g = (uint32_t)((ptr - a->buddy.base) >> p->granule_shift); g <= last; g++)
+        n += a->granules[g].chunk != NULL;
+    return n << p->granule_shift;
+}
+
 /* The block at ptr is about to hold size bytes: hold the granules they reach into, beyond
  * those it holds already (a block reused on the same stream keeps its granules), mapping
  * the unmapped ones in chunks (chunk_bounds). On failure nothing new is held. Returns 0,
@@ -245,6 +295,7 @@ again:
             p->granting = a;
             p->granting_ptr = ptr;
             p->granting_size = size;
+            p->granting_held = held_bytes(p, a, ptr, last);
         }
         int r = map_run_locked(p, a, start, end - start + 1, acq);
         if (mapper)

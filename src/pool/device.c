@@ -50,6 +50,18 @@ void dev_va_free(struct cuheap_pool *p, uint64_t va, uint64_t size)
     p->be.va_free(p->be.ctx, va, size);
 }
 
+/* What the driver says is free on the device (asked before a new chunk while the pool holds
+ * memory for no allocation: new_chunk_locked). Returns false where the backend cannot say. */
+bool dev_mem_free_bytes(struct cuheap_pool *p, uint64_t *ret_free)
+{
+    unlocked();
+    uint64_t free_b, total;
+    if (!p->be.mem_info || p->be.mem_info(p->be.ctx, &free_b, &total))
+        return false;
+    *ret_free = free_b;
+    return true;
+}
+
 /* The mapping calls add their time to *ns, which the caller folds into st.map_ns under the
  * lock (the summary's time in mapping calls): each costs tens of microseconds, the clock tens
  * of nanoseconds. */

@@ -213,6 +213,11 @@ struct cuheap_pool {
     uint64_t pending_mapped; /* vmm: bytes the extents of pending blocks reach */
     int vmm_refused;         /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _ABSENT */
     bool to_driver;          /* every request goes to the driver (vmm_refused_locked) */
+    /* vmm: the device was full for a request the pool could not place, with nothing to wait
+     * for: requests that need more memory mapped go to the driver at their size until busy
+     * chunks hold full_until bytes or fewer (device_full_locked, acquire.c) */
+    bool device_full;
+    uint64_t full_until;
     /* one thread at a time makes mapping calls (vmm: phys.c, the mapper) or takes an arena
      * (legacy: arena.c), with p->lock dropped */
     bool mapping;            /* a thread is the mapper */
@@ -223,6 +228,7 @@ struct cuheap_pool {
      * mapped granules of its range past its extent are held by it already (pool_check) */
     struct cuheap_arena *granting;
     uint64_t granting_ptr, granting_size;
+    uint64_t granting_held;        /* bytes of the mapped granules it holds meanwhile */
     uint64_t nr_resets;            /* contexts abandoned: a mapper that finds it changed publishes
                                       nothing */
     _Atomic bool fences_refused;   /* a fence query was refused outside any capture (fence_passed):
@@ -455,6 +461,19 @@ static inline uint64_t busy_bytes_locked(const struct cuheap_pool *p)
     return held > p->pending_mapped ? held - p->pending_mapped : 0;
 }
 
+/* vmm: what the pool keeps from the device for no allocation and cannot give back, now or
+ * after a wait: its busy chunks' bytes beyond the live bytes (granules partly used, holes
+ * between blocks). Idle chunks go back at once (release_idle_locked) and the granules of blocks
+ * waiting for a fence once it passes, so neither counts; nor what the block being mapped for
+ * holds already (p->granting), which is about to be live. */
+static inline uint64_t held_unused_locked(const struct cuheap_pool *p)
+{
+    uint64_t busy = busy_bytes_locked(p), used = p->st.live;
+    if (p->granting)
+        used += p->granting_held;
+    return busy > used ? busy - used : 0;
+}
+
 /* Pool locks the calling thread holds (device.c): the backend's calls that may take long are
  * made with none (device.c checks it in debug builds, and the pool's unit test in every
  * build), and cuheap_pool_lock_held() answers for other layers. */
@@ -533,6 +552,7 @@ int dev_mem_alloc(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr);
 int dev_mem_free(struct cuheap_pool *p, uint64_t ptr);
 int dev_va_reserve(struct cuheap_pool *p, uint64_t size, uint64_t *ret_va);
 void dev_va_free(struct cuheap_pool *p, uint64_t va, uint64_t size);
+bool dev_mem_free_bytes(struct cuheap_pool *p, uint64_t *ret_free);
 int dev_phys_create(struct cuheap_pool *p, uint64_t bytes, uint64_t *ret_handle, uint64_t *ns);
 int dev_phys_release(struct cuheap_pool *p, uint64_t handle, uint64_t *ns);
 int dev_phys_map(struct cuheap_pool *p, uint64_t va, uint64_t bytes, uint64_t handle, uint64_t *ns);
@@ -614,6 +634,8 @@ void close_if_due_locked(struct cuheap_pool *p);
 
 /* acquire.c */
 void vmm_refused_locked(struct cuheap_pool *p);
+void device_full_begin_locked(struct cuheap_pool *p);
+bool device_full_locked(struct cuheap_pool *p);
 int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
                         struct acquire *acq);
 int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes);

@@ -367,6 +367,19 @@ int grow_va_locked(struct cuheap_pool *p, uint64_t need)
     return 0;
 }
 
+/* Whether a new chunk of `bytes` leaves the device at least `unused` bytes free, the bytes the
+ * pool's busy chunks hold for no allocation (held_unused_locked); p->lock not held. Near the
+ * device's capacity a chunk that leaves less lets the program meet a full driver while the
+ * pool sits on more than the program then asks for, where the driver alone would have had it;
+ * refused, the request goes to the driver at its own size (pool_alloc_slow). With nothing
+ * unused the create itself says whether there is room, so the driver is not asked. A backend
+ * that cannot say leaves the answer to the create. */
+static bool leaves_room(struct cuheap_pool *p, uint64_t bytes, uint64_t unused)
+{
+    uint64_t free_b;
+    return !unused || !dev_mem_free_bytes(p, &free_b) || free_b >= bytes + unused;
+}
+
 /* New physical memory from the driver, within the limit, mapped at the unmapped granules
  * [first, first + nr) of arena a as one (idle) chunk; p->lock dropped around the calls. A
  * failure that is not for want of memory is tried once more: one failed call must not cost the
@@ -381,12 +394,12 @@ int new_chunk_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint32_t fir
         return -EDQUOT;
     if (!mapper_enter_locked(p))
         return -EBUSY;
-    uint64_t resets = p->nr_resets;
+    uint64_t resets = p->nr_resets, unused = held_unused_locked(p);
     p->st.reserved += bytes;
     atomic_fetch_add(p->device_reserved, bytes);
     p->inflight_bytes += bytes;
     pool_unlock(p);
-    int r = dev_phys_create(p, bytes, &h, &ns);
+    int r = leaves_room(p, bytes, unused) ? dev_phys_create(p, bytes, &h, &ns) : CUHEAP_BE_OOM;
     if (r && r != CUHEAP_BE_OOM)
         r = dev_phys_create(p, bytes, &h, &ns);
     if (r)

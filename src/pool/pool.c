@@ -334,7 +334,10 @@ again:;
     if (p->vmm) {
         uint64_t before = p->st.nr_creates + p->st.nr_moves;
         struct acquire acq = {.fenced = false};
-        g = use_granules_locked(p, arena, ptr, size, &acq);
+        /* near a full device, what needs more of it goes to the driver at the request's size
+         * (device_full_locked); a block in memory the pool has mapped costs it nothing more */
+        bool to_device = !block_mapped_locked(p, arena, ptr, size) && device_full_locked(p);
+        g = to_device ? CUHEAP_POOL_PASS : use_granules_locked(p, arena, ptr, size, &acq);
         if (g) {
             if (from_cache)
                 pend_locked(p, arena, ptr, block); /* reusable on its stream only: fence it */
@@ -344,6 +347,10 @@ again:;
             r = -ENOMEM;
             if (g == -EIO)
                 goto refused;
+            if (g == CUHEAP_POOL_PASS) {
+                pool_unlock(p);
+                return CUHEAP_POOL_PASS;
+            }
             goto out_of_memory;
         }
         missed = p->st.nr_creates + p->st.nr_moves != before; /* the driver was needed */
@@ -369,6 +376,8 @@ out_of_memory:
         if (tc_drain_all_locked(p, false))
             goto again;
     }
+    if (p->vmm && g == CUHEAP_BE_OOM)
+        device_full_begin_locked(p); /* the device, not the limit: the driver's from now on */
     pool_note_event(p, g == -EDQUOT ? CUHEAP_EV_LIMIT : CUHEAP_EV_OOM, 0, size, p->st.reserved,
                     p->limit);
     pool_unlock(p);
