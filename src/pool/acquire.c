@@ -95,36 +95,47 @@ void vmm_refused_locked(struct cuheap_pool *p)
  * program more of the device than the driver's own allocations would (it rounds to granules,
  * and blocks keep partly used chunks busy), while a block in the holes of busy chunks costs it
  * nothing. So the pool stops growing, and as its blocks are freed its chunks go idle and back
- * to the driver when it needs room (cuheap_reclaim_for_driver). Sending every request to the
- * driver, those the holes would hold too, did worse: the driver took device memory for them
- * that the holes would have spared. The state ends once the busy chunks hold half of what they
- * held here: that much of the device went back to the program, so growing is worth trying
- * again, within what the device has free (new_chunk_locked). Ending only once the pool is
- * empty would keep a long job that touched the ceiling once off the pool for good; ending at
- * the first chunk given back would ask the full device again at once. */
+ * to the driver when it needs room (cuheap_reclaim_for_driver). The state ends once the busy
+ * chunks hold half of what they held here: that much of the device went back to the program,
+ * so growing is worth trying again, within what the device has free (new_chunk_locked).
+ * Ending only once the pool is empty would keep a long job that touched the ceiling once off
+ * the pool for good; ending at the first chunk given back would ask the full device again at
+ * once. */
 void device_full_begin_locked(struct cuheap_pool *p)
 {
     if (p->device_full)
         return;
-    p->device_full = true;
+    __atomic_store_n(&p->device_full, true, __ATOMIC_RELAXED); /* read unlocked too */
     p->full_until = busy_bytes_locked(p) / 2;
 }
 
-/* Whether a request the pool's mapped memory cannot hold goes to the driver at its own size
- * (device_full_begin_locked), with p->lock held: not once the busy chunks shrank enough; nor
- * while freed blocks wait for a fence, which the pool's own path waits for and serves from
- * (passed to the driver instead, the request would find the device full of the very memory
- * the wait gives back); nor while the busy chunks hold nothing beyond the live bytes, since
- * the pool then costs the device no more than the driver's own allocations would. */
-bool device_full_locked(struct cuheap_pool *p)
+/* Whether the request for size bytes at the block ptr of arena a goes to the driver at its
+ * own size (device_full_begin_locked), with p->lock held; free_b: what the driver said was
+ * free just before (UINT64_MAX: not asked). Not once the busy chunks shrank enough; nor while
+ * freed blocks wait for a fence, which the pool's own path waits for and serves from (passed
+ * to the driver instead, the request would find the device full of the very memory the wait
+ * gives back); nor while the busy chunks hold nothing beyond the live bytes, since the pool
+ * then costs the device no more than the driver's own allocations would. A block in memory
+ * the pool has mapped is served there, at no cost to the device, unless the pool holds more
+ * for no allocation than the device has free and the driver has room for the request: then
+ * the holes, kept filled, would keep their chunks busy for good, and the next request larger
+ * than the device's free would find the driver full where the driver alone had room; passed
+ * to the driver, such requests let the chunks drain. Sending every request to the driver,
+ * those the holes would hold while the driver has room to spare too, did worse: the driver
+ * took device memory for them that the holes would have spared (bench/RESULTS.md). */
+bool device_full_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
+                        uint64_t free_b)
 {
     if (!p->device_full)
         return false;
     reclaim_locked(p); /* blocks whose fence passed: their chunks may be idle now */
     return_if_idle_locked(p);
     if (busy_bytes_locked(p) <= p->full_until)
-        p->device_full = false;
-    return p->device_full && !p->st.pending && held_unused_locked(p);
+        __atomic_store_n(&p->device_full, false, __ATOMIC_RELAXED);
+    uint64_t unused = held_unused_locked(p);
+    if (!p->device_full || p->st.pending || !unused)
+        return false;
+    return !block_mapped_locked(p, a, ptr, size) || (unused > free_b && free_b >= size);
 }
 
 /* Physical memory for the unmapped granules [first, first + nr) of arena a, as one chunk:

@@ -214,8 +214,9 @@ struct cuheap_pool {
     int vmm_refused;         /* 0, CUHEAP_VMM_TO_DRIVER (no more mapping calls) or _ABSENT */
     bool to_driver;          /* every request goes to the driver (vmm_refused_locked) */
     /* vmm: the device was full for a request the pool could not place, with nothing to wait
-     * for: requests that need more memory mapped go to the driver at their size until busy
-     * chunks hold full_until bytes or fewer (device_full_locked, acquire.c) */
+     * for: requests go to the driver at their size (device_full_locked, acquire.c, says which)
+     * until busy chunks hold full_until bytes or fewer; read without p->lock by
+     * pool_alloc_slow, so written atomically */
     bool device_full;
     uint64_t full_until;
     /* one thread at a time makes mapping calls (vmm: phys.c, the mapper) or takes an arena
@@ -635,7 +636,8 @@ void close_if_due_locked(struct cuheap_pool *p);
 /* acquire.c */
 void vmm_refused_locked(struct cuheap_pool *p);
 void device_full_begin_locked(struct cuheap_pool *p);
-bool device_full_locked(struct cuheap_pool *p);
+bool device_full_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
+                        uint64_t free_b);
 int use_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
                         struct acquire *acq);
 int reserve_granules_locked(struct cuheap_pool *p, uint64_t bytes);

@@ -201,6 +201,12 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
     if (mine && mine->large_on && !stream && order > p->tc_max_order &&
         tc_large_alloc(p, mine, size, order, ret_ptr, ret_block, ret_seq) == 0)
         return 0;
+    /* near a full device, what the driver has free, asked before the lock is taken
+     * (device_full_locked); the flag read without it: at worst asked once for nothing, or not
+     * asked once and the request served as if the driver had room */
+    uint64_t free_b = UINT64_MAX;
+    if (p->vmm && __atomic_load_n(&p->device_full, __ATOMIC_RELAXED))
+        dev_mem_free_bytes(p, &free_b);
     pool_lock_noting(p, mine);
     if (mine && order > p->tc_max_order)
         tc_large_unfit_locked(p, mine, size, order, stream != 0);
@@ -334,9 +340,8 @@ again:;
     if (p->vmm) {
         uint64_t before = p->st.nr_creates + p->st.nr_moves;
         struct acquire acq = {.fenced = false};
-        /* near a full device, what needs more of it goes to the driver at the request's size
-         * (device_full_locked); a block in memory the pool has mapped costs it nothing more */
-        bool to_device = !block_mapped_locked(p, arena, ptr, size) && device_full_locked(p);
+        /* near a full device, to the driver at the request's size (device_full_locked) */
+        bool to_device = device_full_locked(p, arena, ptr, size, free_b);
         g = to_device ? CUHEAP_POOL_PASS : use_granules_locked(p, arena, ptr, size, &acq);
         if (g) {
             if (from_cache)
