@@ -415,8 +415,8 @@ MUTATIONS = [
      "vmm: a new chunk is created and mapped with the pool's lock held, so every other thread's "
      "allocation and free waits behind the driver's mapping calls",
      "no lock held across a driver call", "src/pool/phys.c",
-     "    p->inflight_bytes += bytes;\n    pool_unlock(p);\n    int r = dev_phys_create(",
-     "    p->inflight_bytes += bytes;\n    int r = dev_phys_create("),
+     "    p->inflight_bytes += bytes;\n    pool_unlock(p);\n    int r = leaves_room(",
+     "    p->inflight_bytes += bytes;\n    int r = leaves_room("),
     ("mapping-call-relock-skipped",
      "vmm: the lock taken again after a new chunk's calls is left out of the count of locks held "
      "(pool_locks_held), so the lock rule's check misses later calls",
@@ -923,6 +923,24 @@ MUTATIONS = [
      "several ranks: the one that peaked lowest is called the one that peaked highest",
      "report and html single out the rank that stands out", "tools/ranks.c",
      "            if (rk->r[i].peak > who->peak)", "            if (rk->r[i].peak < who->peak)"),
+    ("chunk-ignores-device-free",
+     "vmm: a new chunk is taken whenever the device has room for it, though it leaves the device "
+     "less free than the pool's busy chunks hold for no allocation, so near capacity the program "
+     "meets a full driver while the pool sits on more than it asks for",
+     "out of memory only when the driver alone would say so", "src/pool/phys.c",
+     "|| free_b >= bytes + unused;", "|| free_b + unused >= bytes + unused;"),
+    ("device-full-never",
+     "vmm: a device found full with nothing left to give back or wait for sends no later request "
+     "to the driver: the pool keeps taking chunks on the full device, and near capacity the "
+     "program is refused what the driver alone grants",
+     "out of memory only when the driver alone would say so", "src/pool/pool.c",
+     "    if (p->vmm && g == CUHEAP_BE_OOM)\n", "    if (p->vmm && g == CUHEAP_BE_OOM && 0)\n"),
+    ("device-full-keeps-holes-filled",
+     "vmm: on a full device, blocks keep going into the holes of busy chunks while the pool holds "
+     "more for no allocation than the device has free, so its chunks never drain and a larger "
+     "request finds the driver full",
+     "out of memory only when the driver alone would say so", "src/pool/acquire.c",
+     "|| (unused > free_b && free_b >= size);", "|| (0 && unused > free_b && free_b >= size);"),
 ]
 
 
