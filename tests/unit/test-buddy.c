@@ -294,7 +294,8 @@ static void test_scored_alloc_goes_where_liked(void **state)
     liked_lo = base + (512u << 20) + (256u << 20);
     liked_hi = liked_lo + (64u << 20);
     uintptr_t got;
-    assert_int_equal(cuheap_buddy_alloc_scored(&b, 48 << 20, like_range, NULL, 8, 0, &got, &order), 0);
+    assert_int_equal(cuheap_buddy_alloc_scored(&b, 48 << 20, like_range, NULL, 8, 0, &got, &order),
+                     0);
     assert_int_equal(order, 26);
     assert_int_equal(got, liked_lo); /* not the free 64 MiB block the plain alloc would give */
     char why[256];
@@ -303,8 +304,8 @@ static void test_scored_alloc_goes_where_liked(void **state)
     /* nothing liked: the same block the plain allocation gives */
     liked_lo = liked_hi = 0;
     uintptr_t head = base + ((uintptr_t)b.free_area[26].head << b.min_order), plain;
-    assert_int_equal(cuheap_buddy_alloc_scored(&b, 64 << 20, like_range, NULL, 8, 0, &plain, &order),
-                     0);
+    assert_int_equal(
+        cuheap_buddy_alloc_scored(&b, 64 << 20, like_range, NULL, 8, 0, &plain, &order), 0);
     assert_int_equal(plain, head);
     assert_int_equal(cuheap_buddy_free(&b, plain), 26);
     assert_int_equal(cuheap_buddy_free(&b, got), 26);
