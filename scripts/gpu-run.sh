@@ -795,9 +795,11 @@ run_own() {
 # steps, 60) under the caching allocator, expandable segments, and cuheap (caching off) with its
 # tight layout (the default), the aligned one (8 MiB pieces) and aligned 16 MiB pieces. Each
 # line: the step, peak reserved, mapping operations and cuheap's own time a step, the losses'
-# md5 (the same everywhere).
+# md5 (the same everywhere). LAYOUT_CONFIGS picks and orders them; tight-old is the tight layout
+# of a build to compare, put in gpu-bundle/old/.
 run_layouts() {
-    local r i k name job out configs=(caching expandable tight aligned8 aligned16)
+    local r i k name job out configs
+    read -r -a configs <<<"${LAYOUT_CONFIGS:-caching expandable tight aligned8 aligned16}"
     for ((r = 0; r < ${LAYOUT_ROUNDS:-3}; r++)); do
         for job in gpt moe; do
             for ((k = 0; k < ${#configs[@]}; k++)); do
@@ -807,6 +809,7 @@ run_layouts() {
                 caching) set -- ;;
                 expandable) set -- PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
                 tight) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE ;;
+                tight-old) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$B/old/libcuheap.so ;;
                 aligned8) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_VMM_LAYOUT=aligned ;;
                 aligned16) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE \
                     CUHEAP_VMM_LAYOUT=aligned CUHEAP_VMM_CHUNK=16M ;;

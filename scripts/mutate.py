@@ -779,6 +779,11 @@ MUTATIONS = [
      "an out-of-memory names the largest free piece", "src/buddy.c",
      "    return 1ull << (63 - __builtin_clzll(b->free_bitmap));",
      "    return 1ull << __builtin_ctzll(b->free_bitmap);"),
+    ("scored-split-upper-misjudged",
+     "a scored split takes the upper half whenever the region scores more than its lower half, "
+     "not only when the upper half scores more: blocks go where no memory is mapped",
+     "a block goes where memory is mapped (no driver call)", "src/buddy.c",
+     "        if (whole - lower > lower) {", "        if (whole > lower) {"),
     ("default-cushion-holds",
      "the vmm cushion's default keeps 256 MiB of idle memory mapped beyond the most the job's "
      "blocks have used at once, so the default holds more than the same replay with "

@@ -159,33 +159,63 @@ static int64_t judge(cuheap_buddy_score_fn score, void *arg, uintptr_t addr, uin
 }
 
 /* The unit where the greedy split of the free block at unit (order high) ends for a block of
- * order (the better scored half at each level, the lower one on a tie): with nothing to score
- * anywhere in it, every tie goes to the lower half. With add, the halves left behind go onto
- * their free lists. */
+ * order (the better scored half at each level, the lower one on a tie), and that place's score
+ * in *ret_score: with nothing to score anywhere in it, or inside a block of uniform_order or
+ * less, every tie goes to the lower half. Above the place itself a region scores what its two
+ * halves do together (cuheap_buddy_score_fn), so only the lower half is asked: the upper one
+ * scores the rest. */
 static uint32_t split_scored(struct cuheap_buddy *b, uint32_t unit, unsigned high, unsigned order,
-                             uint64_t want, cuheap_buddy_score_fn score, void *arg, bool add)
+                             uint64_t want, cuheap_buddy_score_fn score, void *arg,
+                             unsigned uniform_order, int64_t *ret_score)
 {
-    bool nothing = high > order &&
-                   score(arg, addr_of(b, unit), 1ull << high, want) == CUHEAP_BUDDY_SCORE_NOTHING;
+    int64_t whole = high > order && high > uniform_order
+                        ? score(arg, addr_of(b, unit), 1ull << high, want)
+                        : CUHEAP_BUDDY_SCORE_NOTHING;
+    bool compare = whole != CUHEAP_BUDDY_SCORE_NOTHING;
     while (high > order) {
         high--;
         uint32_t upper = unit + units_of(b, high);
-        uint64_t half = high == order ? want : 1ull << high;
-        if (!nothing && judge(score, arg, addr_of(b, upper), half, want) >
-                            judge(score, arg, addr_of(b, unit), half, want)) {
-            if (add)
-                list_add(b, unit, high);
+        if (!compare || high < uniform_order)
+            continue;
+        if (high == order) { /* the place itself: scored on its own */
+            int64_t lower = judge(score, arg, addr_of(b, unit), want, want);
+            int64_t up = judge(score, arg, addr_of(b, upper), want, want);
+            unit = up > lower ? upper : unit;
+            *ret_score = up > lower ? up : lower;
+            return unit;
+        }
+        int64_t lower = judge(score, arg, addr_of(b, unit), 1ull << high, want);
+        if (whole - lower > lower) {
             unit = upper;
-        } else if (add) {
-            list_add(b, upper, high);
+            whole -= lower;
+        } else {
+            whole = lower;
         }
     }
+    *ret_score = judge(score, arg, addr_of(b, unit), want, want);
     return unit;
 }
 
+/* Split the free block at unit (order high, off its list) down to order, towards target (a
+ * unit inside it): the halves left behind go onto their free lists. */
+static void split_towards(struct cuheap_buddy *b, uint32_t unit, unsigned high, unsigned order,
+                          uint32_t target)
+{
+    while (high > order) {
+        high--;
+        uint32_t upper = unit + units_of(b, high);
+        if (target >= upper) {
+            list_add(b, unit, high);
+            unit = upper;
+        } else {
+            list_add(b, upper, high);
+        }
+    }
+}
+
 int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_buddy_score_fn score,
-                              void *arg, unsigned max_candidates, uintptr_t *ret_addr,
-                              unsigned *ret_order)
+                              void *arg, unsigned max_candidates, unsigned uniform_order,
+                              uintptr_t *ret_addr, unsigned *ret_order)
 {
     unsigned order = cuheap_buddy_order_for(b, size ? size : 1);
     if (order > b->max_order)
@@ -195,7 +225,7 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
         return -ENOMEM;
     unsigned found = (unsigned)__builtin_ctzll(candidates);
     uint64_t want = size ? size : 1;
-    uint32_t best = b->free_area[found].head;
+    uint32_t best = b->free_area[found].head, best_unit = best;
     unsigned best_order = found;
     int64_t best_score = 0;
     bool have = false;
@@ -207,11 +237,12 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
         unsigned n = 0;
         for (uint32_t u = b->free_area[o].head; u != CUHEAP_BUDDY_NIL && n < max_candidates;
              u = b->next[u], n++) {
-            uint32_t unit = split_scored(b, u, o, order, want, score, arg, false);
-            int64_t s = judge(score, arg, addr_of(b, unit), want, want);
+            int64_t s;
+            uint32_t unit = split_scored(b, u, o, order, want, score, arg, uniform_order, &s);
             if (!have || s > best_score) {
                 have = true;
                 best = u;
+                best_unit = unit;
                 best_order = o;
                 best_score = s;
             }
@@ -219,11 +250,10 @@ int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_budd
                 break;
         }
     }
-    found = best_order;
-    list_del(b, best, found);
-    uint32_t unit = split_scored(b, best, found, order, want, score, arg, true);
-    b->unit_state[unit] = (uint8_t)(UNIT_HEAD | order);
-    *ret_addr = addr_of(b, unit);
+    list_del(b, best, best_order);
+    split_towards(b, best, best_order, order, best_unit);
+    b->unit_state[best_unit] = (uint8_t)(UNIT_HEAD | order);
+    *ret_addr = addr_of(b, best_unit);
     *ret_order = order;
     return 0;
 }

@@ -67,7 +67,8 @@ int cuheap_buddy_alloc(struct cuheap_buddy *b, uint64_t size, uintptr_t *ret_add
 /* How much the caller likes the len bytes at addr as a place, or a region to look for a place,
  * for a block of size bytes (for vmm pools: how many of them have memory mapped that such a
  * block should use). Higher is better; len or more is as good as it gets; below 0 is worse
- * than a place the caller does not care about. */
+ * than a place the caller does not care about. A region larger than size must score what its
+ * two halves score together (the place itself, len == size, may score as it likes). */
 typedef int64_t (*cuheap_buddy_score_fn)(void *arg, uintptr_t addr, uint64_t len, uint64_t size);
 
 /* What a score function may answer instead of 0 for a region that has nothing it cares about
@@ -78,10 +79,12 @@ typedef int64_t (*cuheap_buddy_score_fn)(void *arg, uintptr_t addr, uint64_t len
 /* Like cuheap_buddy_alloc, but where the block comes from is chosen by score: the first
  * max_candidates free blocks of every order that fits are each split greedily (at each level
  * the better scored half) and the best place wins; the first that scores full ends the search.
- * Same results and errors as cuheap_buddy_alloc. */
+ * uniform_order: the score tells no two places apart inside one block of that order (a vmm
+ * pool's granule), so halves of such a block are not compared: the lower one is taken, as on a
+ * tie. Same results and errors as cuheap_buddy_alloc. */
 int cuheap_buddy_alloc_scored(struct cuheap_buddy *b, uint64_t size, cuheap_buddy_score_fn score,
-                              void *arg, unsigned max_candidates, uintptr_t *ret_addr,
-                              unsigned *ret_order);
+                              void *arg, unsigned max_candidates, unsigned uniform_order,
+                              uintptr_t *ret_addr, unsigned *ret_order);
 
 /* Give back the block that starts at addr, merging with free buddies. Returns the freed
  * block's order, or -EINVAL when addr is not the start of an allocated block. */

@@ -4,13 +4,16 @@ machine without a GPU), the number of steps (JOB_STEPS, else the job's own defau
 the step marks cuheap's replay cuts the recorded sequence at (cuheap_mark("step") at the end of
 every step, a no-op without cuheap), and the lines a job prints:
 
-  job=NAME device=DEV steps=N step_ms=MEDIAN first_ms=FIRST total_s=S [own_ms_per_step=...]
+  job=NAME device=DEV steps=N step_ms=MEDIAN first_ms=FIRST total_s=S peak_reserved=B
+      reserved_from=WHO [device_used=B] [own_ms_per_step=...]
   step_ms_all 12.345 ...
   outputs 0x1.8p+3 ...
 
 step_ms is the median step after the first few (the first compile or warm up); under cuheap the
 first line also says cuheap's own time a step over those steps (own_ms_per_step, and as a share
-of the median step, own_pct_of_step) and its driver calls a step by kind; outputs are the
+of the median step, own_pct_of_step) and its driver calls a step by kind; device_used is the
+most the device held for the process at a step's end, less what it held as its steps began (the
+one memory figure that compares every allocator, as it counts every allocation); outputs are the
 job's losses or outputs as exact hex floats, the same under every allocator. On the CPU a job
 runs at the small sizes it names with pick(), in float32: a check of its paths, not a figure.
 """
@@ -86,6 +89,15 @@ def mem_words():
     return "peak_reserved=%d reserved_from=%s" % (reserved, source)
 
 
+def device_used():
+    """What the process holds on the device now as the driver counts it, whatever allocator
+    serves the job (and whatever a library allocated beside it): 0 without torch or a GPU."""
+    if not CUDA or "torch" not in sys.modules:
+        return 0
+    free, total = sys.modules["torch"].cuda.mem_get_info()
+    return total - free
+
+
 def steps(default):
     return int(os.environ.get("JOB_STEPS", default))
 
@@ -151,6 +163,7 @@ class Job:
         self.name, self.sync, self.skip = name, sync, skip
         self.times, self.outputs = [], []
         self.own_before = None
+        self.used_start, self.used_peak = device_used(), 0
         self.t_start = time.perf_counter()
 
     class _Step:
@@ -167,6 +180,7 @@ class Job:
             if exc[0] is None:
                 self.job.sync()
                 self.job.times.append(time.perf_counter() - self.t0)
+                self.job.used_peak = max(self.job.used_peak, device_used())
                 mark()
             return False
 
@@ -181,7 +195,8 @@ class Job:
         own = own_words(self.own_before, cuheap_own(), len(self.times) - self.skip,
                         1000 * statistics.median(self.times[self.skip:]) if
                         len(self.times) > self.skip else 0)
-        extra = " ".join(w for w in (extra, mem_words(), own) if w)
+        used = "device_used=%d" % (self.used_peak - self.used_start) if self.used_peak else ""
+        extra = " ".join(w for w in (extra, mem_words(), used, own) if w)
         print("job=%s device=%s steps=%d step_ms=%.3f first_ms=%.3f total_s=%.1f%s" % (
             self.name, DEVICE, len(self.times), 1000 * statistics.median(t) if t else 0.0,
             1000 * self.times[0] if self.times else 0.0, time.perf_counter() - self.t_start,

@@ -172,9 +172,10 @@ int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         /* a block of a granule or more is well placed only on mapped granules no block uses:
          * where the arena has none, there is nothing to score */
         bool score = p->vmm && (size < granule_bytes(p) || a->nr_mapped > a->nr_used);
-        int r = score ? cuheap_buddy_alloc_scored(&a->buddy, size, place_score, a,
-                                                  CUHEAP_VMM_CANDIDATES, &addr, &got)
-                      : cuheap_buddy_alloc(&a->buddy, size, &addr, &got);
+        int r =
+            score ? cuheap_buddy_alloc_scored(&a->buddy, size, place_score, a,
+                                              CUHEAP_VMM_CANDIDATES, p->granule_shift, &addr, &got)
+                  : cuheap_buddy_alloc(&a->buddy, size, &addr, &got);
         /* a place that needs memory mapped, while blocks kept whole hide mapped memory from
          * placement: merge those and look again (else a block maps memory while mapped
          * memory sits in blocks kept whole) */

@@ -294,7 +294,8 @@ static void test_scored_alloc_goes_where_liked(void **state)
     liked_lo = base + (512u << 20) + (256u << 20);
     liked_hi = liked_lo + (64u << 20);
     uintptr_t got;
-    assert_int_equal(cuheap_buddy_alloc_scored(&b, 48 << 20, like_range, NULL, 8, &got, &order), 0);
+    assert_int_equal(cuheap_buddy_alloc_scored(&b, 48 << 20, like_range, NULL, 8, 0, &got, &order),
+                     0);
     assert_int_equal(order, 26);
     assert_int_equal(got, liked_lo); /* not the free 64 MiB block the plain alloc would give */
     char why[256];
@@ -303,8 +304,8 @@ static void test_scored_alloc_goes_where_liked(void **state)
     /* nothing liked: the same block the plain allocation gives */
     liked_lo = liked_hi = 0;
     uintptr_t head = base + ((uintptr_t)b.free_area[26].head << b.min_order), plain;
-    assert_int_equal(cuheap_buddy_alloc_scored(&b, 64 << 20, like_range, NULL, 8, &plain, &order),
-                     0);
+    assert_int_equal(
+        cuheap_buddy_alloc_scored(&b, 64 << 20, like_range, NULL, 8, 0, &plain, &order), 0);
     assert_int_equal(plain, head);
     assert_int_equal(cuheap_buddy_free(&b, plain), 26);
     assert_int_equal(cuheap_buddy_free(&b, got), 26);
@@ -342,7 +343,7 @@ static void test_scored_alloc_skips_what_scores_nothing(void **state)
         for (int i = 0; i < 64; i++) /* 2 MiB blocks, then smaller ones */
             assert_int_equal(cuheap_buddy_alloc_scored(&b, i < 32 ? 2u << 20 : 4096,
                                                        like_range_counted, nothing ? &b : NULL, 8,
-                                                       &got[nothing][i], &order),
+                                                       0, &got[nothing][i], &order),
                              0);
         calls[nothing] = nr_scores;
         char why[256];
@@ -358,6 +359,46 @@ static void test_scored_alloc_skips_what_scores_nothing(void **state)
         fail_msg("%d score calls with NOTHING against %d without", calls[1], calls[0]);
 }
 
+/* A score that tells no two places of one 2 MiB block apart (a vmm pool's: one verdict per
+ * granule), told so by uniform_order, gets the same places for small blocks among liked and
+ * unliked granules as when every half is compared, with fewer calls. */
+static void test_scored_alloc_uniform_blocks_not_compared(void **state)
+{
+    (void)state;
+    const uintptr_t base = 1ull << 40;
+    enum { NR = 400 };
+    uintptr_t got[2][NR];
+    int calls[2] = {0, 0};
+    for (int uniform = 0; uniform < 2; uniform++) {
+        struct cuheap_buddy b;
+        assert_int_equal(cuheap_buddy_init(&b, base, 1ull << 32, 512), 0);
+        liked_lo = base + (6u << 20); /* granules 3-4 liked, the first ones not */
+        liked_hi = liked_lo + (4u << 20);
+        nr_scores = 0;
+        unsigned order;
+        for (int i = 0; i < NR; i++) {
+            uint64_t size = (512u << (i % 9)) + (uint64_t)(i % 7) * 100;
+            assert_int_equal(cuheap_buddy_alloc_scored(&b, size, like_range_counted, NULL, 8,
+                                                       uniform ? 21 : 0, &got[uniform][i], &order),
+                             0);
+            if (i % 3 == 2) /* frees among them: free blocks of every order to choose from */
+                assert_true(cuheap_buddy_free(&b, got[uniform][i - 1]) >= 0);
+        }
+        calls[uniform] = nr_scores;
+        char why[256];
+        if (cuheap_buddy_check(&b, why, sizeof(why)))
+            fail_msg("%s", why);
+        cuheap_buddy_destroy(&b);
+    }
+    for (int i = 0; i < NR; i++)
+        assert_int_equal(got[1][i], got[0][i]);
+    assert_true(got[0][0] >= liked_lo && got[0][0] < liked_hi); /* the liked granules first */
+    print_message("# score calls: %d uniform inside 2 MiB, %d comparing every half\n", calls[1],
+                  calls[0]);
+    if (calls[1] * 2 > calls[0])
+        fail_msg("%d score calls told uniform against %d", calls[1], calls[0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -368,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_largest_free),
         cmocka_unit_test(test_scored_alloc_goes_where_liked),
         cmocka_unit_test(test_scored_alloc_skips_what_scores_nothing),
+        cmocka_unit_test(test_scored_alloc_uniform_blocks_not_compared),
         cmocka_unit_test(test_purge_gives_metadata_back),
         cmocka_unit_test(test_random_small_arena),
         cmocka_unit_test(test_random_large_arena),
