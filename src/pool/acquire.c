@@ -263,7 +263,7 @@ static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena 
 }
 
 /* The bytes of the mapped granules from the block at ptr up to its granule last: those it
- * holds while the rest are mapped (use_granules_locked), at most its own bytes. */
+ * holds while the rest are mapped (use_granules_locked), about to be live with it. */
 static uint64_t held_bytes(const struct cuheap_pool *p, const struct cuheap_arena *a, uint64_t ptr,
                            uint32_t last)
 {
