@@ -229,7 +229,11 @@ struct cuheap_pool {
      * mapped granules of its range past its extent are held by it already (pool_check) */
     struct cuheap_arena *granting;
     uint64_t granting_ptr, granting_size;
-    uint64_t granting_held;        /* bytes of the mapped granules it holds meanwhile */
+    uint64_t granting_held; /* bytes of the mapped granules it holds meanwhile */
+    /* the mapper's last answer from the driver on the device's free memory, and what this
+     * process held through cuheap then (phys.c, leaves_room): written by the mapper alone */
+    uint64_t free_seen, reserved_seen;
+    unsigned nr_unasked;           /* chunks made since, without asking */
     uint64_t nr_resets;            /* contexts abandoned: a mapper that finds it changed publishes
                                       nothing */
     _Atomic bool fences_refused;   /* a fence query was refused outside any capture (fence_passed):

@@ -367,6 +367,8 @@ int grow_va_locked(struct cuheap_pool *p, uint64_t need)
     return 0;
 }
 
+#define CUHEAP_FREE_ASK_EVERY 64
+
 /* Whether a new chunk of `bytes` leaves the device at least `unused` bytes free, the bytes the
  * pool's busy chunks hold for no allocation (held_unused_locked); p->lock not held. Near the
  * device's capacity a chunk that leaves less lets the program meet a full driver while the
@@ -376,8 +378,26 @@ int grow_va_locked(struct cuheap_pool *p, uint64_t need)
  * that cannot say leaves the answer to the create. */
 static bool leaves_room(struct cuheap_pool *p, uint64_t bytes, uint64_t unused)
 {
-    uint64_t free_b;
-    return !unused || !dev_mem_free_bytes(p, &free_b) || free_b >= bytes + unused;
+    if (!unused)
+        return true;
+    /* Far from the device's capacity the last answer, less what this process took through
+     * cuheap since, still leaves four times the room: not asked again (a question costs a few
+     * microseconds, at times far more), but at least every CUHEAP_FREE_ASK_EVERY chunks, for
+     * what other processes and allocators take meanwhile. */
+    uint64_t held = atomic_load(p->device_reserved), taken = 0, free_b;
+    if (held > p->reserved_seen)
+        taken = held - p->reserved_seen;
+    if (p->free_seen > taken && p->free_seen - taken >= 4 * (bytes + unused) &&
+        p->nr_unasked < CUHEAP_FREE_ASK_EVERY) {
+        p->nr_unasked++;
+        return true;
+    }
+    if (!dev_mem_free_bytes(p, &free_b))
+        return true;
+    p->free_seen = free_b;
+    p->reserved_seen = held - bytes; /* counted already, the new chunk is not on the device yet */
+    p->nr_unasked = 0;
+    return free_b >= bytes + unused;
 }
 
 /* New physical memory from the driver, within the limit, mapped at the unmapped granules

@@ -24,6 +24,7 @@ struct host_device {
     int nr_allocs, nr_frees, nr_syncs, nr_waits;
     int nr_fences;
     int nr_idle_checks;                  /* streams_idle asked */
+    int nr_infos;                        /* mem_info asked */
     void (*_Atomic on_idle_check)(void); /* called as streams_idle is asked (a test's probe) */
     /* called once, at the first fence query made with no pool lock held (a test's probe) */
     void (*_Atomic on_query_unlocked)(void);
@@ -372,8 +373,11 @@ static int hd_sync(void *ctx)
 static int hd_info(void *ctx, uint64_t *f, uint64_t *t)
 {
     struct host_device *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    d->nr_infos++;
     *f = d->capacity - d->used;
     *t = d->capacity;
+    pthread_mutex_unlock(&d->lock);
     return 0;
 }
 

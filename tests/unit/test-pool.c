@@ -1215,6 +1215,34 @@ static void test_vmm_out_of_memory_and_limit(void **state)
     teardown(f);
 }
 
+/* Before each new chunk the pool makes sure the device keeps room for what its busy chunks hold
+ * for no block; far from the device's capacity it does not ask the driver every time (a
+ * question the driver may answer slowly), but close to it, it does. */
+static void test_vmm_device_free_asked_near_capacity_only(void **state)
+{
+    (void)state;
+    for (int near = 0; near < 2; near++) {
+        /* 3 MiB blocks: each maps two granules and keeps 1 MiB of them for no block */
+        struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, near ? 500 * MIB : 64ull << 30, 0);
+        uint64_t p[96];
+        int creates = f->dev.nr_creates;
+        for (int i = 0; i < 96; i++)
+            p[i] = alloc(f, 3 * MIB, 0);
+        creates = f->dev.nr_creates - creates;
+        print_message("# %s capacity: %d chunks made, the device's free asked %d times\n",
+                      near ? "near" : "far from", creates, f->dev.nr_infos);
+        assert_true(creates >= 90);
+        if (near) /* from the 61st on, the device's free is under four times what is asked */
+            assert_true(f->dev.nr_infos >= 30);
+        else
+            assert_true(f->dev.nr_infos <= 3); /* once, then every 64 chunks at most */
+        for (int i = 0; i < 96; i++)
+            release(f, p[i], 0);
+        check_invariants(f);
+        teardown(f);
+    }
+}
+
 /* Trim gives idle granules back; CUHEAP_POOL_INIT reserves granules. */
 static void test_vmm_trim_and_reserve(void **state)
 {
@@ -2809,6 +2837,7 @@ int main(void)
         cmocka_unit_test(test_vmm_idle_chunk_moves),
         cmocka_unit_test(test_vmm_pending_granules_stay),
         cmocka_unit_test(test_vmm_out_of_memory_and_limit),
+        cmocka_unit_test(test_vmm_device_free_asked_near_capacity_only),
         cmocka_unit_test(test_vmm_trim_and_reserve),
         cmocka_unit_test(test_vmm_random_with_invariants),
         cmocka_unit_test(test_threaded_storm),
