@@ -933,7 +933,13 @@ MUTATIONS = [
      "less free than the pool's busy chunks hold for no allocation, so near capacity the program "
      "meets a full driver while the pool sits on more than it asks for",
      "out of memory only when the driver alone would say so", "src/pool/phys.c",
-     "|| free_b >= bytes + unused;", "|| free_b + unused >= bytes + unused;"),
+     "    return free_b >= bytes + unused;", "    return free_b + unused >= bytes + unused;"),
+    ("device-free-asked-every-chunk",
+     "vmm: the device's free memory is asked of the driver before every new chunk, far from its "
+     "capacity too (a question of microseconds, at times milliseconds, on the allocating thread)",
+     "the pool's driver calls are the ones it needs", "src/pool/phys.c",
+     "        p->nr_unasked < CUHEAP_FREE_ASK_EVERY) {",
+     "        p->nr_unasked < (unsigned)p->vmm_refused) {"),
     ("device-full-never",
      "vmm: a device found full with nothing left to give back or wait for sends no later request "
      "to the driver: the pool keeps taking chunks on the full device, and near capacity the "
