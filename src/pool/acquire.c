@@ -120,9 +120,9 @@ void device_full_begin_locked(struct cuheap_pool *p)
  * for no allocation than the device has free and the driver has room for the request: then
  * the holes, kept filled, would keep their chunks busy for good, and the next request larger
  * than the device's free would find the driver full where the driver alone had room; passed
- * to the driver, such requests let the chunks drain. Sending every request to the driver,
- * those the holes would hold while the driver has room to spare too, did worse: the driver
- * took device memory for them that the holes would have spared (bench/RESULTS.md). */
+ * to the driver, such requests let the chunks drain. Not every request: while the driver has
+ * room to spare, one the holes can hold costs the device nothing there, and the driver would
+ * take device memory for it. */
 bool device_full_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,
                         uint64_t free_b)
 {
