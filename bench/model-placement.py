@@ -8,11 +8,13 @@ memory it holds is every granule any block has touched; a warm step that touches
 mapping call. So it bounds what placement alone buys a pool that never remaps: compare its
 held/live with the pool's (bench/run-corpus.sh: held over the driver alone, times drv/lv).
 
-  bench/model-placement.py [--classes 0,4,1] bench/sequences/NAME.jsonl.gz ...
+  bench/model-placement.py [--classes 0,4,1] [--shared] bench/sequences/NAME.jsonl.gz ...
 
 --classes: below a granule, sizes rounded to 512 B (0), to N classes between powers of two
 (4: 1.25, 1.5, 1.75, 2 x), or to powers of two (1: a buddy's rounding). Prints per sequence
 and setting held/live and the granules first touched a step in the sequence's second half.
+--shared: blocks below a granule share one first-fit address space with the larger ones (at
+512 B), as they share a buddy's arena in the pool, instead of granules of their own.
 """
 import argparse
 import bisect
@@ -82,8 +84,10 @@ def rounded_units(size, classes):
     return n
 
 
-def run(evs, classes):
+def run(evs, classes, shared=False):
     large, small = FirstFit(), FirstFit()
+    if shared:
+        small = large
     touched = set()
     live, live_bytes, peak_live = {}, 0, 0
     nr_marks = sum(1 for e in evs if e[0] == "m")
@@ -98,13 +102,13 @@ def run(evs, classes):
                 (large if v[0] == "L" else small).free(v[1], v[2])
                 live_bytes -= v[3]
             continue
-        if size >= GRANULE:
+        if size >= GRANULE and not shared:
             n = (size + GRANULE - 1) // GRANULE
             s = large.alloc(n)
             live[ptr] = ("L", s, n, size)
             granules = [("L", g) for g in range(s, s + n)]
         else:
-            n = rounded_units(size, classes)
+            n = rounded_units(size, classes) if size < GRANULE else (size + UNIT - 1) // UNIT
             s = small.alloc(n)
             live[ptr] = ("S", s, n, size)
             granules = [("S", g) for g in range(s * UNIT // GRANULE, ((s + n) * UNIT - 1) // GRANULE + 1)]
@@ -121,13 +125,14 @@ def run(evs, classes):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--classes", default="0,4,1")
+    ap.add_argument("--shared", action="store_true")
     ap.add_argument("sequences", nargs="+")
     args = ap.parse_args()
     for path in args.sequences:
         evs = events(path)
         words = []
         for c in (int(x) for x in args.classes.split(",")):
-            peak_live, held, late = run(evs, c)
+            peak_live, held, late = run(evs, c, args.shared)
             words.append("classes=%d held_over_live=%.3f late_new_granules_per_step=%.1f"
                          % (c, held / peak_live if peak_live else 0, late))
         print(path.rsplit("/", 1)[-1].split(".")[0], "peak_live_mib=%d" % (peak_live >> 20),
