@@ -2,17 +2,19 @@
 /*
  * Placement alone, on a recorded job's sequence: its allocations and frees, in seq order on one
  * thread with nothing held back behind fences, placed in one address space by first fit by
- * address (src/fit.c) or by the buddy allocator (src/buddy.c, unscored), with device memory
- * under the blocks in 2 MiB granules given back as the pool gives it back: a granule no block
- * uses stays mapped while the mapped ones stay within the most ever busy plus one (the pool's
- * budget and its cushion), and past that the highest idle ones are released. The C twin of
- * `bench/model-placement.py --shared --give-back`, on the allocators themselves, and so also
- * their own cost. One line a placement:
+ * address (src/fit.c) or by the buddy allocator (src/buddy.c, unscored). Device memory lies under
+ * the bytes each block asked for (what the pool maps), in 2 MiB granules, and goes back on a free
+ * as the pool gives it back: a granule no block uses stays mapped while the mapped ones stay
+ * within the most ever busy plus one (the pool's budget and its cushion), past that the highest
+ * idle ones are released. The C twin of `bench/model-placement.py --shared --give-back`, on the
+ * allocators themselves, and so also their own cost. One line a placement:
+ *
  *   held_over_live  the most granules mapped at once over the most live bytes
- *   ops_per_step    in the sequence's second half (by its marks), granules mapped or released a
- *                   step, each run of neighbours counted once (the pool's operations a step)
+ *   ops_per_step    in the sequence's second half (by its marks), granules mapped or released
+ *                   a step, each run of neighbours counted once (the pool's operations a step)
  *   ns_per_alloc    the placement's own time an allocation, its free included (clock reads
- *                   included; compare the lines with each other)
+ *                   included: compare the lines with each other)
+ *
  * Placements: fit (each block its size in 512 B units), fit-classes (blocks from 128 KiB to
  * 2 MiB rounded up to an eighth of the power of two above, smaller ones to a power of two, as
  * thread caches would keep them), buddy (powers of two).
@@ -108,6 +110,8 @@ static void use_granules(uint64_t addr, uint64_t bytes, bool adding, bool late)
         g.busy_peak = g.busy;
     if (g.nr_mapped > g.mapped_peak)
         g.mapped_peak = g.nr_mapped;
+    if (adding)
+        return; /* memory goes back on a free, as the pool gives it back */
     in_run = false;
     for (uint64_t k = NR_GRANULES; k-- > 0 && g.nr_mapped > g.busy_peak + 1;) {
         bool idle = g.mapped[k] && !g.users[k];
@@ -161,7 +165,7 @@ static int run(const struct cuheap_trace *t, enum placement how)
             if (r) {
                 fprintf(stderr, "bench-placement: %s: out of its address space\n",
                         placement_names[how]);
-                return 1;
+                break;
             }
             slots[s] = (struct slot){e->ptr, addr, bytes, e->size};
             nr_live++;
@@ -188,17 +192,18 @@ static int run(const struct cuheap_trace *t, enum placement how)
         }
     }
     uint64_t late_steps = nr_marks - nr_marks / 2;
-    printf("placement=%s allocs=%llu peak_live=%llu held_over_live=%.3f ops_per_step=%.1f "
-           "ns_per_alloc=%.0f\n",
-           placement_names[how], (unsigned long long)nr_allocs, (unsigned long long)live_peak,
-           live_peak ? (double)(g.mapped_peak * GRANULE) / (double)live_peak : 0,
-           late_steps ? (double)g.ops / (double)late_steps : 0,
-           nr_allocs ? (double)ns / (double)nr_allocs : 0);
+    if (!r)
+        printf("placement=%s allocs=%llu peak_live=%llu held_over_live=%.3f ops_per_step=%.1f "
+               "ns_per_alloc=%.0f\n",
+               placement_names[how], (unsigned long long)nr_allocs, (unsigned long long)live_peak,
+               live_peak ? (double)(g.mapped_peak * GRANULE) / (double)live_peak : 0,
+               late_steps ? (double)g.ops / (double)late_steps : 0,
+               nr_allocs ? (double)ns / (double)nr_allocs : 0);
     if (how == BUDDY)
         cuheap_buddy_destroy(&buddy);
     else
         cuheap_fit_destroy(&fit);
-    return 0;
+    return r ? 1 : 0;
 }
 
 int main(int argc, char **argv)

@@ -150,14 +150,16 @@ static void erase(struct cuheap_fit *f, uint32_t i)
 
 static void *map_array(size_t bytes)
 {
-    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* reserved as it is touched: an arena's arrays are mostly never */
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     return m == MAP_FAILED ? NULL : m;
 }
 
 int cuheap_fit_init(struct cuheap_fit *f, uintptr_t base, uint64_t size, uint64_t unit)
 {
     if (!unit || (unit & (unit - 1)) || !size || (size & (unit - 1)) || (base & (unit - 1)) ||
-        size / unit > UINT32_MAX / 2)
+        size / unit > UINT32_MAX / 2 || base + size - 1 < base)
         return -EINVAL;
     memset(f, 0, sizeof(*f));
     f->base = base;
@@ -165,19 +167,18 @@ int cuheap_fit_init(struct cuheap_fit *f, uintptr_t base, uint64_t size, uint64_
     f->unit_shift = (unsigned)__builtin_ctzll(unit);
     f->nr_units = (uint32_t)(size / unit);
     size_t n = f->nr_units, words = (n + 63) / 64, nodes = n / 2 + 2;
-    size_t bytes[] = {n * sizeof(uint32_t), n * sizeof(uint32_t), n * sizeof(uint32_t),
-                      words * sizeof(uint64_t), nodes * sizeof(struct cuheap_fit_range)};
-    for (unsigned k = 0; k < 5; k++)
-        f->meta_bytes += bytes[k];
+    /* the 8-byte words first, then arrays of 4-byte fields: each aligned whatever n is */
+    size_t starts = words * sizeof(uint64_t), ranges = nodes * sizeof(struct cuheap_fit_range);
+    f->meta_bytes = starts + ranges + 3 * n * sizeof(uint32_t);
     char *m = map_array(f->meta_bytes);
     if (!m)
         return -ENOMEM;
-    f->block_units = (uint32_t *)m;
+    f->starts = (uint64_t *)m;
+    f->ranges = (struct cuheap_fit_range *)(m + starts);
+    f->block_units = (uint32_t *)(m + starts + ranges);
     f->range_first = f->block_units + n;
     f->range_last = f->range_first + n;
-    f->starts = (uint64_t *)(m + 3 * bytes[0]);
-    f->ranges = (struct cuheap_fit_range *)(m + 3 * bytes[0] + bytes[3]);
-    f->seed = 0x9e3779b9u ^ (uint32_t)(base >> 12);
+    f->seed = (0x9e3779b9u ^ (uint32_t)(base >> 12)) | 1; /* xorshift stays at 0 from 0 */
     uint32_t i = insert(f, 0, f->nr_units);
     f->range_first[0] = f->range_last[f->nr_units - 1] = i;
     f->free_bytes = size;
@@ -186,13 +187,15 @@ int cuheap_fit_init(struct cuheap_fit *f, uintptr_t base, uint64_t size, uint64_
 
 void cuheap_fit_destroy(struct cuheap_fit *f)
 {
-    if (f->block_units)
-        munmap(f->block_units, f->meta_bytes);
+    if (f->starts)
+        munmap(f->starts, f->meta_bytes);
     memset(f, 0, sizeof(*f));
 }
 
 int cuheap_fit_alloc(struct cuheap_fit *f, uint64_t size, uintptr_t *ret_addr, uint64_t *ret_bytes)
 {
+    if (size > f->size)
+        return -ENOMEM; /* and rounding it up cannot wrap */
     uint64_t want = size ? (size + (1ull << f->unit_shift) - 1) >> f->unit_shift : 1;
     if (want > longest(f, f->root))
         return -ENOMEM;
@@ -286,6 +289,19 @@ int cuheap_fit_block_of(const struct cuheap_fit *f, uintptr_t addr, uintptr_t *r
     if (addr < f->base || addr - f->base >= f->size)
         return -EINVAL;
     uint32_t u = (uint32_t)((addr - f->base) >> f->unit_shift), w = u / 64;
+    /* the free range that starts last at or below u: if it holds u, u is free; else u lies in
+     * a block that starts after it, and the scan below crosses that block only */
+    uint32_t below = 0;
+    for (uint32_t i = f->root; i;) {
+        if (at(f, i)->start <= u) {
+            below = i;
+            i = at(f, i)->right;
+        } else {
+            i = at(f, i)->left;
+        }
+    }
+    if (below && u < at(f, below)->start + at(f, below)->len)
+        return -ENOENT;
     uint64_t bits = f->starts[w] & (~0ull >> (63 - u % 64)); /* starts at or below u */
     while (!bits) {
         if (!w)
@@ -320,7 +336,7 @@ bool cuheap_fit_empty(const struct cuheap_fit *f)
 /* The subtree at i: ordered between lo and hi (units), its links, priorities and longest
  * figures right, each range recorded at its ends. Counts its ranges into *nr. */
 static int check_tree(const struct cuheap_fit *f, uint32_t i, uint32_t parent, uint64_t lo,
-                      uint64_t hi, uint32_t *nr, char *why, size_t why_size)
+                      uint64_t hi, unsigned depth, uint32_t *nr, char *why, size_t why_size)
 {
     if (!i)
         return 0;
@@ -329,6 +345,8 @@ static int check_tree(const struct cuheap_fit *f, uint32_t i, uint32_t parent, u
         FAIL("more ranges in the tree than can be");
     if (r->parent != parent)
         FAIL("range %u: parent %u, linked from %u", i, r->parent, parent);
+    if (depth > 64 + 4 * 32)
+        FAIL("the tree is %u deep: its priorities are not random", depth);
     if (parent && r->prio < at(f, parent)->prio)
         FAIL("range %u: priority above its parent's", i);
     if (!r->len || r->start < lo || (uint64_t)r->start + r->len > hi)
@@ -338,8 +356,8 @@ static int check_tree(const struct cuheap_fit *f, uint32_t i, uint32_t parent, u
     uint32_t m = r->len, l = longest(f, r->left), g = longest(f, r->right);
     if (r->longest != (l > m ? (l > g ? l : g) : (m > g ? m : g)))
         FAIL("range %u: longest %u is wrong", i, r->longest);
-    if (check_tree(f, r->left, i, lo, r->start, nr, why, why_size) ||
-        check_tree(f, r->right, i, (uint64_t)r->start + r->len, hi, nr, why, why_size))
+    if (check_tree(f, r->left, i, lo, r->start, depth + 1, nr, why, why_size) ||
+        check_tree(f, r->right, i, (uint64_t)r->start + r->len, hi, depth + 1, nr, why, why_size))
         return -EFAULT;
     return 0;
 }
@@ -369,10 +387,10 @@ int cuheap_fit_check(const struct cuheap_fit *f, char *why, size_t why_size)
         }
         if ((uint64_t)u + n > f->nr_units)
             FAIL("unit %u: %u units reach past the arena", u, n);
-        for (uint32_t k = 1; k < n; k++)
-            if (f->block_units[u + k] || f->range_first[u + k] ||
-                (k < n - 1 && f->range_last[u + k]) ||
-                ((f->starts[(u + k) / 64] >> ((u + k) % 64)) & 1))
+        for (uint32_t k = 0; k < n; k++)
+            if ((k && (f->block_units[u + k] || f->range_first[u + k] ||
+                       ((f->starts[(u + k) / 64] >> ((u + k) % 64)) & 1))) ||
+                (k < n - 1 && f->range_last[u + k]))
                 FAIL("unit %u inside the %s at unit %u is marked", u + k, i ? "range" : "block", u);
         if (!i && f->range_last[u + n - 1])
             FAIL("the block at unit %u ends where a free range is recorded", u);
@@ -382,7 +400,7 @@ int cuheap_fit_check(const struct cuheap_fit *f, char *why, size_t why_size)
     if (free_units << f->unit_shift != f->free_bytes)
         FAIL("free_bytes %llu, ranges hold %llu", (unsigned long long)f->free_bytes,
              (unsigned long long)(free_units << f->unit_shift));
-    if (check_tree(f, f->root, 0, 0, f->nr_units, &nr_tree, why, why_size))
+    if (check_tree(f, f->root, 0, 0, f->nr_units, 0, &nr_tree, why, why_size))
         return -EFAULT;
     if (nr_tree != nr_free)
         FAIL("%u ranges in the tree, %u in the arena", nr_tree, nr_free);

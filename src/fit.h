@@ -16,8 +16,8 @@
  * Free ranges live in a treap ordered by address in which each node knows the longest free
  * range of its subtree, so the lowest range that fits is one walk down from the root. Records
  * at each free range's first and last unit, and at each block's first, find a freed block's
- * neighbours at once. Every operation is O(log ranges), but cuheap_fit_block_of for a pointer
- * inside a block: O(units of the block / 64).
+ * neighbours at once. Every operation is O(log ranges); cuheap_fit_block_of adds O(units of the
+ * block / 64) for a pointer inside a block.
  *
  * Not thread-safe: the caller holds its lock around every call.
  */

@@ -109,7 +109,7 @@ static void random_run(uint64_t arena, uint64_t unit, unsigned seed, int steps, 
     for (int step = 0; step < steps; step++) {
         if (n == 0 || (n < 65536 && rand() % 100 < 55)) {
             /* log-uniform sizes from 1 B to an eighth of the arena */
-            int bits = rand() % (int)(__builtin_ctzll(arena) - 2);
+            int bits = rand() % (int)(63 - __builtin_clzll(arena) - 2);
             uint64_t size = 1 + ((uint64_t)rand() % ((1ull << bits) + 1));
             uint32_t want = (uint32_t)((size + unit - 1) / unit);
             int64_t expect = model_first_fit(used, nr_units, want);
@@ -137,6 +137,12 @@ static void random_run(uint64_t arena, uint64_t unit, unsigned seed, int steps, 
             memset(used + (l[i].addr - BASE) / unit, 0, l[i].bytes / unit);
             l[i] = l[--n];
         }
+        /* any unit answers as the model says: in a block, or free */
+        uint32_t u = (uint32_t)rand() % nr_units;
+        uintptr_t start;
+        uint64_t bytes;
+        assert_int_equal(cuheap_fit_block_of(&f, BASE + u * unit, &start, &bytes),
+                         used[u] ? 0 : -2);
         if (step % check_every == 0)
             check_ok(&f);
     }
@@ -164,6 +170,26 @@ static void test_random_odd_arena(void **state)
     random_run(3ull << 20, 4096, 2, 20000, 7); /* not a power of two, larger units */
 }
 
+static void test_random_arena_of_odd_units(void **state)
+{
+    (void)state;
+    random_run(2049 * 512, 512, 4, 20000, 3); /* an odd count of units: every array aligned */
+}
+
+static void test_huge_request_refused(void **state)
+{
+    (void)state;
+    struct cuheap_fit f;
+    assert_int_equal(cuheap_fit_init(&f, BASE, 1 << 20, 512), 0);
+    uintptr_t a;
+    uint64_t n;
+    assert_int_equal(cuheap_fit_alloc(&f, UINT64_MAX, &a, &n), -12); /* no wrap to 0 units */
+    assert_int_equal(cuheap_fit_alloc(&f, (1 << 20) + 1, &a, &n), -12);
+    assert_int_equal(cuheap_fit_alloc(&f, 1 << 20, &a, &n), 0);
+    check_ok(&f);
+    cuheap_fit_destroy(&f);
+}
+
 static void test_random_large_arena(void **state)
 {
     (void)state;
@@ -177,6 +203,8 @@ int main(void)
         cmocka_unit_test(test_lowest_place_that_fits),
         cmocka_unit_test(test_random_small_arena),
         cmocka_unit_test(test_random_odd_arena),
+        cmocka_unit_test(test_random_arena_of_odd_units),
+        cmocka_unit_test(test_huge_request_refused),
         cmocka_unit_test(test_random_large_arena),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
