@@ -7,11 +7,9 @@
  *
  * Why, against the buddy allocator: blocks are neither rounded up to a power of two nor
  * aligned to one, so what a block leaves free serves the next block of any size, and the
- * lowest addresses are used again first, so the memory a job touches stays packed. Modelled
- * on the corpus (bench/model-placement.py --shared --give-back, bench/RESULTS.md), such a
- * placement under the pool's chunks makes 2-20 times fewer mapping operations a warm step on
- * the training jobs than the buddy pool, at about its memory, and holds 7-27% less on jobs of
- * many small blocks. This is that placement's core, not yet under the pool.
+ * lowest addresses are used again first, so the memory a job touches stays packed, and the
+ * same granules stay mapped from step to step (bench/run-placement.sh measures it against the
+ * buddy on the corpus). This is that placement's core, not yet under the pool.
  *
  * Free ranges live in a treap ordered by address in which each node knows the longest free
  * range of its subtree, so the lowest range that fits is one walk down from the root. Records
