@@ -353,6 +353,7 @@ static const char *const release_names[] = {"oom", "empty", "never", NULL};
 static const char *const format_names[] = {"jsonl", "chrome", NULL};
 static const char *const backing_names[] = {"legacy", "vmm", NULL};
 static const char *const vmm_layout_names[] = {"tight", "aligned", NULL};
+static const char *const vmm_placement_names[] = {"scored", "first-fit", NULL};
 
 #define FIELD(f) offsetof(struct cuheap_config, f)
 #define KIB      1024ull
@@ -392,6 +393,10 @@ static const struct option options[] = {
      "pieces at aligned addresses, shared by smaller blocks: about half the driver calls, a few "
      "percent more memory)",
      parse_enum, FIELD(vmm_layout), 0, 0, vmm_layout_names, 0},
+    {"CUHEAP_VMM_PLACEMENT", "scored",
+     "vmm: scored (power-of-two blocks where memory is mapped) or first-fit (blocks over 128 KiB "
+     "exact to CUHEAP_MIN_BLOCK, at the lowest address that holds them)",
+     parse_enum, FIELD(vmm_placement), 0, 0, vmm_placement_names, 0},
     {"CUHEAP_VMM_IDLE_FIT", "125",
      "vmm, tight layout: a block goes into an idle chunk of up to this percentage of the "
      "granules it needs (100 to 10000) rather than have memory mapped for it (higher: fewer "
@@ -579,7 +584,8 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
         EMIT("CUHEAP_VMM_CHUNK=%" PRIu64, cfg->vmm_chunk);
         EMIT("CUHEAP_VMM_CUSHION=%" PRIu64, cfg->vmm_cushion);
         EMIT("CUHEAP_VMM_LAYOUT=%s", vmm_layout_names[cfg->vmm_layout]);
-        if (cfg->vmm_layout == CUHEAP_VMM_TIGHT)
+        EMIT("CUHEAP_VMM_PLACEMENT=%s", vmm_placement_names[cfg->vmm_placement]);
+        if (cfg->vmm_layout == CUHEAP_VMM_TIGHT && cfg->vmm_placement == CUHEAP_PLACE_SCORED)
             EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
     }
     if (pool && cfg->release != CUHEAP_RELEASE_EMPTY)

@@ -35,6 +35,13 @@ enum cuheap_vmm_layout {
                            fewer driver calls, a few percent more memory */
 };
 
+enum cuheap_vmm_placement {
+    CUHEAP_PLACE_SCORED, /* the buddy allocator, scored by the memory mapped where a block would
+                            go: blocks are powers of two (default) */
+    CUHEAP_PLACE_FIRST,  /* first fit by address (fit.c): blocks over a thread cache's largest
+                            exact to CUHEAP_MIN_BLOCK, at the lowest address that holds them */
+};
+
 enum cuheap_format {
     CUHEAP_FORMAT_JSONL,  /* JSON Lines, the cuheap trace format (default) */
     CUHEAP_FORMAT_CHROME, /* Chrome Trace Event JSON for Perfetto */
@@ -58,7 +65,8 @@ struct cuheap_config {
     enum cuheap_backing backing;
     uint64_t vmm_chunk;   /* vmm: most bytes mapped as one piece (rounded to granules) */
     uint64_t vmm_cushion; /* vmm: idle bytes kept beyond the most blocks used at once */
-    enum cuheap_vmm_layout vmm_layout; /* vmm: where chunks start and end */
+    enum cuheap_vmm_layout vmm_layout;       /* vmm: where chunks start and end */
+    enum cuheap_vmm_placement vmm_placement; /* vmm: where a block goes in an arena */
     unsigned vmm_idle_fit;        /* vmm, tight: largest idle chunk a block goes into, in percent of
                                      the granules it needs */
     uint64_t thread_cache;        /* per thread and pool: bytes of ready blocks held lock-free */

@@ -316,6 +316,26 @@ int cuheap_fit_block_of(const struct cuheap_fit *f, uintptr_t addr, uintptr_t *r
     return 0;
 }
 
+int cuheap_fit_piece_at(const struct cuheap_fit *f, uintptr_t addr, uint64_t *ret_bytes,
+                        bool *ret_allocated)
+{
+    int64_t u = block_unit(f, addr);
+    if (u >= 0) {
+        *ret_bytes = (uint64_t)f->block_units[u] << f->unit_shift;
+        *ret_allocated = true;
+        return 0;
+    }
+    if (addr < f->base || addr - f->base >= f->size ||
+        (addr - f->base) & ((1ull << f->unit_shift) - 1))
+        return -EINVAL;
+    uint32_t r = f->range_first[(addr - f->base) >> f->unit_shift];
+    if (!r)
+        return -EINVAL;
+    *ret_bytes = (uint64_t)at(f, r)->len << f->unit_shift;
+    *ret_allocated = false;
+    return 0;
+}
+
 uint64_t cuheap_fit_largest_free(const struct cuheap_fit *f)
 {
     return (uint64_t)longest(f, f->root) << f->unit_shift;

@@ -70,6 +70,11 @@ uint64_t cuheap_fit_bytes_at(const struct cuheap_fit *f, uintptr_t addr);
 int cuheap_fit_block_of(const struct cuheap_fit *f, uintptr_t addr, uintptr_t *ret_start,
                         uint64_t *ret_bytes);
 
+/* What starts at addr, a block or a free range (a walk from the arena's base steps by its
+ * bytes): 0 with its bytes and whether it is a block, -EINVAL when nothing starts there. O(1). */
+int cuheap_fit_piece_at(const struct cuheap_fit *f, uintptr_t addr, uint64_t *ret_bytes,
+                        bool *ret_allocated);
+
 /* Bytes of the longest free range: the largest request served without a free. O(1). */
 uint64_t cuheap_fit_largest_free(const struct cuheap_fit *f);
 

@@ -247,8 +247,8 @@ static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena 
         uint32_t piece = g - g % p->chunk_max, piece_end = piece + p->chunk_max - 1;
         if (piece_end >= a->nr_granules)
             piece_end = a->nr_granules - 1;
-        int order = cuheap_buddy_order_at(&a->buddy, ptr);
-        bool owns = order >= 0 && (1ull << order) >= ((uint64_t)p->chunk_max << p->granule_shift);
+        int64_t bytes = block_bytes_at(a, ptr);
+        bool owns = bytes >= (int64_t)((uint64_t)p->chunk_max << p->granule_shift);
         /* near the limit or a full device, the granules the block needs, still inside the
          * piece: a whole piece must not turn the last few MiB into out-of-memory */
         if ((owns || only_needed) && piece_end > last)

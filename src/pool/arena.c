@@ -26,6 +26,12 @@ struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t si
         munmap(a, sizeof(*a));
         return NULL;
     }
+    /* first fit keeps the blocks; the buddy, never split, keeps the range */
+    if (vmm && p->first_fit && cuheap_fit_init(&a->fit, (uintptr_t)base, size, p->cfg->min_block)) {
+        cuheap_buddy_destroy(&a->buddy);
+        munmap(a, sizeof(*a));
+        return NULL;
+    }
     size_t n = a->buddy.nr_units;
     uint32_t nr_granules = vmm ? (uint32_t)(size >> p->granule_shift) : 0;
     size_t nr_words = (nr_granules + 63) / 64, nr_summary = (nr_words + 63) / 64;
@@ -35,6 +41,7 @@ struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t si
     void *m = mmap(NULL, a->meta_bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
+        cuheap_fit_destroy(&a->fit);
         cuheap_buddy_destroy(&a->buddy);
         munmap(a, sizeof(*a));
         return NULL;
@@ -55,6 +62,7 @@ struct cuheap_arena *arena_new(struct cuheap_pool *p, uint64_t base, uint64_t si
 void arena_retire(struct cuheap_arena *a)
 {
     madvise(a->block_size, a->meta_bytes, MADV_DONTNEED); /* reads as zeros from now on */
+    cuheap_fit_destroy(&a->fit);    /* read only under p->lock, where a retired arena is not seen */
     cuheap_buddy_retire(&a->buddy); /* size becomes 0; base and unit size stay for tc_free */
 }
 

@@ -53,15 +53,18 @@ static int check_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, 
         return -EFAULT;
     }
     for (uint32_t u = 0; u < a->buddy.nr_units;) {
-        uintptr_t start;
-        unsigned order;
+        uint64_t bytes;
         bool allocated;
         uintptr_t addr = a->buddy.base + ((uintptr_t)u << a->buddy.min_order);
-        cuheap_buddy_block_of(&a->buddy, addr, &start, &order, &allocated);
+        if (piece_at(a, addr, &bytes, &allocated)) {
+            snprintf(why, why_size, "nothing starts at %#lx", (unsigned long)addr);
+            free(users);
+            return -EFAULT;
+        }
         if (a->extent[u]) {
             uint32_t first, last;
             granule_span(p, a, addr, a->extent[u], &first, &last);
-            if (!allocated || a->extent[u] > (1ull << order)) {
+            if (!allocated || a->extent[u] > bytes) {
                 snprintf(why, why_size, "block %#lx holds granules but is free or too small",
                          (unsigned long)addr);
                 free(users);
@@ -70,7 +73,7 @@ static int check_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, 
             for (uint32_t g = first; g <= last; g++)
                 users[g]++;
         }
-        u += 1u << (order - a->buddy.min_order);
+        u += (uint32_t)(bytes >> a->buddy.min_order);
     }
     if (p->granting == a) {
         /* the mapper's block: its mapped granules past its extent are held before the extent
@@ -138,12 +141,12 @@ static int check_granules_locked(struct cuheap_pool *p, struct cuheap_arena *a, 
 }
 
 /* Whether the block at ptr is allocated in its arena, starts there and is not live: what a
- * block waiting on a list (pending, quick, a thread's cache) must be. Returns its order or -1. */
-static int idle_block_order(struct cuheap_arena *a, uint64_t ptr)
+ * block waiting on a list (pending, quick, a thread's cache) must be. Returns its bytes or -1. */
+static int64_t idle_block_bytes(struct cuheap_arena *a, uint64_t ptr)
 {
     if (!a || size_at(a, unit_of(a, ptr)))
         return -1;
-    return cuheap_buddy_order_at(&a->buddy, ptr);
+    return block_bytes_at(a, ptr);
 }
 
 /* The blocks of a thread's batch: freed, not live, of the order they carry. */
@@ -152,11 +155,11 @@ static int check_batch(const struct tc_batch *b, char *why, size_t why_size)
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < b->nr; i++) {
         const struct tc_block *k = &b->blocks[i];
-        int o = idle_block_order(k->arena, tc_ptr(k));
-        if (map_lookup(tc_ptr(k)) != k->arena || o != (int)tc_order(k))
+        int64_t got = idle_block_bytes(k->arena, tc_ptr(k));
+        if (map_lookup(tc_ptr(k)) != k->arena || got != (int64_t)(1ull << tc_order(k)))
             FAIL("block %#lx freed into a thread cache is live or not a block",
                  (unsigned long)tc_ptr(k));
-        bytes += 1ull << o;
+        bytes += (uint64_t)got;
     }
     if (bytes != b->bytes)
         FAIL("a thread's batch holds %lu bytes, counted %lu", (unsigned long)b->bytes,
@@ -180,7 +183,8 @@ static int check_tcaches_locked(struct cuheap_pool *p, char *why, size_t why_siz
         for (unsigned o = 0; o < TC_NR_ORDERS; o++)
             for (unsigned i = 0; i < tc->nr_ready[o]; i++) {
                 const struct tc_block *b = &tc->ready[o][i];
-                if (map_lookup(b->ptr) != b->arena || idle_block_order(b->arena, b->ptr) != (int)o)
+                if (map_lookup(b->ptr) != b->arena ||
+                    idle_block_bytes(b->arena, b->ptr) != (int64_t)(1ull << o))
                     FAIL("thread-cached block %#lx of order %u is live or not a block",
                          (unsigned long)b->ptr, o);
                 ready += 1ull << o;
@@ -194,10 +198,10 @@ static int check_tcaches_locked(struct cuheap_pool *p, char *why, size_t why_siz
             FAIL("thread cache's open batch has a fence");
         if (check_batch(tc_open(tc), why, why_size))
             return -EFAULT;
-        if (tc->large.ptr &&
-            (map_lookup(tc_ptr(&tc->large)) != tc->large.arena ||
-             idle_block_order(tc->large.arena, tc_ptr(&tc->large)) != (int)tc_order(&tc->large) ||
-             tc->large_ticket > atomic_load(&p->tl.started)))
+        if (tc->large.ptr && (map_lookup(tc_ptr(&tc->large)) != tc->large.arena ||
+                              idle_block_bytes(tc->large.arena, tc_ptr(&tc->large)) !=
+                                  (int64_t)(1ull << tc_order(&tc->large)) ||
+                              tc->large_ticket > atomic_load(&p->tl.started)))
             FAIL("thread's large block %#lx is live, not a block or has a ticket from the future",
                  (unsigned long)tc_ptr(&tc->large));
         for (unsigned c = tc->closed_head; c != tc->closed_tail; c++)
@@ -266,7 +270,8 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
     uint64_t reserved = 0, live = 0, live_blocks = 0;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
-        if (cuheap_buddy_check(&a->buddy, why, why_size))
+        if (arena_first_fit(a) ? cuheap_fit_check(&a->fit, why, why_size)
+                               : cuheap_buddy_check(&a->buddy, why, why_size))
             return -EFAULT;
         if (map_lookup(a->buddy.base) != a)
             FAIL("arena %u missing from the address map", i);
@@ -275,25 +280,26 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
         reserved += p->vmm ? (uint64_t)a->nr_mapped << p->granule_shift : a->buddy.size;
         uint64_t arena_allocated = 0;
         for (uint32_t u = 0; u < a->buddy.nr_units;) {
-            uintptr_t start;
-            unsigned order;
+            uint64_t bytes;
             bool allocated;
             uintptr_t addr = a->buddy.base + ((uintptr_t)u << a->buddy.min_order);
-            cuheap_buddy_block_of(&a->buddy, addr, &start, &order, &allocated);
+            if (piece_at(a, addr, &bytes, &allocated))
+                FAIL("nothing starts at %#lx", (unsigned long)addr);
             if (allocated) {
                 arena_allocated++;
                 uint64_t size = size_at(a, u);
                 if (size) {
                     live += size;
-                    live_blocks += 1ull << order;
-                    if (size > (1ull << order))
-                        FAIL("block at %#lx holds %lu bytes in a %llu byte block",
-                             (unsigned long)addr, (unsigned long)size, 1ull << order);
+                    live_blocks += bytes;
+                    /* what a free without the lock works out from the size (block_of_size) */
+                    if (bytes != block_of_size(p, size))
+                        FAIL("block at %#lx holds %lu bytes in a %lu byte block",
+                             (unsigned long)addr, (unsigned long)size, (unsigned long)bytes);
                 }
             } else if (size_at(a, u)) {
                 FAIL("free block at %#lx still has a size", (unsigned long)addr);
             }
-            u += 1u << (order - a->buddy.min_order);
+            u += (uint32_t)(bytes >> a->buddy.min_order);
         }
         if (arena_allocated != a->nr_live)
             FAIL("arena %u: nr_live %lu, counted %lu", i, (unsigned long)a->nr_live,
@@ -331,13 +337,11 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
             struct cuheap_arena *a = map_lookup(ptr);
             if (!a || size_at(a, unit_of(a, ptr)))
                 FAIL("pending block %#lx is live or outside every arena", (unsigned long)ptr);
-            uintptr_t start;
-            unsigned order;
+            uint64_t start, bytes;
             bool allocated;
-            cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated);
-            if (!allocated || start != ptr)
+            if (block_holding(a, ptr, &start, &bytes, &allocated) || !allocated || start != ptr)
                 FAIL("pending block %#lx is free in its arena", (unsigned long)ptr);
-            pending += 1ull << order;
+            pending += bytes;
             pending_mapped += extent_at(p, a, ptr);
             ptr = a->link[unit_of(a, ptr)];
         }
@@ -359,8 +363,7 @@ static int check_locked(struct cuheap_pool *p, char *why, size_t why_size)
         uint32_t nr = 0;
         for (uint64_t ptr = p->quick[o].head; ptr; nr++) {
             struct cuheap_arena *a = map_lookup(ptr);
-            if (!a || size_at(a, unit_of(a, ptr)) ||
-                cuheap_buddy_order_at(&a->buddy, ptr) != (int)o)
+            if (!a || size_at(a, unit_of(a, ptr)) || block_bytes_at(a, ptr) != (int64_t)(1ull << o))
                 FAIL("quick block %#lx of order %u is live or not a block", (unsigned long)ptr, o);
             quick += 1ull << o;
             ptr = a->link[unit_of(a, ptr)];

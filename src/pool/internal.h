@@ -64,6 +64,7 @@
 #include "../pool.h"
 #include "buddy.h"
 #include "event.h"
+#include "fit.h"
 #include "log.h"
 
 #pragma GCC visibility push(hidden)
@@ -99,7 +100,8 @@ struct cuheap_granule {
 #define CUHEAP_VMM_ARENA (1ull << 32)
 
 struct cuheap_arena {
-    /* what thread caches read without locks, apart from what the pool's lock guards */
+    /* what thread caches read without locks, apart from what the pool's lock guards: the
+     * range (base, size, unit), and its blocks unless the arena places by first fit */
     struct cuheap_buddy buddy;
     struct cuheap_pool *pool;
     uint64_t *block_size; /* per unit: bytes the program asked for at a block start; 0 = not live */
@@ -112,6 +114,8 @@ struct cuheap_arena {
     uint64_t *mapped_bits;           /* vmm: one bit per granule with memory mapped */
     uint64_t *mapped_words;          /* vmm: one bit per word of mapped_bits with a bit set */
     uint32_t nr_granules;
+    /* CUHEAP_VMM_PLACEMENT=first-fit: the blocks (size 0 otherwise: the buddy has them) */
+    struct cuheap_fit fit;
     _Alignas(64) uint64_t nr_live; /* allocated blocks, pending ones included */
     uint32_t nr_mapped;            /* granules with physical memory mapped */
     uint32_t nr_used;              /* granules some live or pending block uses */
@@ -170,6 +174,7 @@ struct cuheap_pool {
     unsigned tc_max_order; /* largest block order a thread cache keeps */
     unsigned min_order;    /* log2 of CUHEAP_MIN_BLOCK */
     bool vmm;              /* CUHEAP_BACKING=vmm and the device has it (till it refuses it) */
+    bool first_fit;        /* vmm arenas place by first fit (CUHEAP_VMM_PLACEMENT) */
     unsigned granule_shift;
     int device;
     unsigned nr_capturing; /* streams capturing: no fences recorded meanwhile */
@@ -379,6 +384,31 @@ static inline unsigned order_of_size(const struct cuheap_pool *p, uint64_t size)
     if (size <= (1ull << p->min_order))
         return p->min_order;
     return 64u - (unsigned)__builtin_clzll(size - 1);
+}
+
+/* The bytes of the block a request of size bytes gets, and the only bytes it may get (a
+ * block's bytes are worked out from the size asked for wherever the lock is not held: a thread
+ * cache's free, a signal handler's claim): a power of two, or under first fit for a request
+ * above the thread caches' orders, the size rounded up to a unit. */
+static inline uint64_t block_of_size(const struct cuheap_pool *p, uint64_t size)
+{
+    unsigned order = order_of_size(p, size);
+    if (!p->first_fit || order <= p->tc_max_order)
+        return 1ull << order;
+    uint64_t unit = 1ull << p->min_order;
+    return (size + unit - 1) & ~(unit - 1);
+}
+
+/* Whether the requests of size bytes get a block of a whole power of two, so that blocks kept
+ * by order (quick lists, stream caches, a thread's large block) may serve them. */
+static inline bool pow2_block(const struct cuheap_pool *p, uint64_t size)
+{
+    return block_of_size(p, size) == 1ull << order_of_size(p, size);
+}
+
+static inline bool arena_first_fit(const struct cuheap_arena *a)
+{
+    return a->fit.size != 0;
 }
 
 /* ---- placement (vmm) ---- */
@@ -608,7 +638,12 @@ int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuhe
                       uint32_t first);
 
 /* place.c */
-bool room_for_order_locked(const struct cuheap_pool *p, unsigned order);
+bool room_for_locked(const struct cuheap_pool *p, uint64_t size);
+int64_t block_bytes_at(const struct cuheap_arena *a, uint64_t ptr);
+int block_holding(const struct cuheap_arena *a, uint64_t addr, uint64_t *ret_start,
+                  uint64_t *ret_bytes, bool *ret_allocated);
+int piece_at(const struct cuheap_arena *a, uint64_t addr, uint64_t *ret_bytes, bool *ret_allocated);
+uint64_t largest_free_of(const struct cuheap_arena *a);
 int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
                       struct cuheap_arena **ret_arena);
 void mark_live_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr, uint64_t size,

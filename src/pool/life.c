@@ -224,7 +224,7 @@ uint64_t cuheap_pool_largest_free(struct cuheap_pool *p)
     pool_lock(p);
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         const struct cuheap_arena *a = p->arenas[i];
-        uint64_t piece = cuheap_buddy_largest_free(&a->buddy);
+        uint64_t piece = largest_free_of(a);
         if (a->granules) { /* vmm: the free block's memory is at most the spare granules */
             uint64_t spare = a->nr_mapped > a->nr_used
                                  ? (uint64_t)(a->nr_mapped - a->nr_used) << p->granule_shift

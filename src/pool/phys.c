@@ -512,12 +512,12 @@ int share_locked(struct cuheap_pool *p, uint64_t block, uint64_t buffer_id,
     uint64_t handles[CUHEAP_NR_SHARE_MAX];
     if (max > CUHEAP_NR_SHARE_MAX)
         max = CUHEAP_NR_SHARE_MAX;
-    uintptr_t start;
-    unsigned order, n = 0;
+    uint64_t start, bytes;
+    unsigned n = 0;
     bool allocated;
     int r = -EINVAL;
-    if (!a || a->pool != p || cuheap_buddy_block_of(&a->buddy, block, &start, &order, &allocated) ||
-        !allocated || start != block || !size_at(a, unit_of(a, block)) ||
+    if (!a || a->pool != p || block_holding(a, block, &start, &bytes, &allocated) || !allocated ||
+        start != block || !size_at(a, unit_of(a, block)) ||
         __atomic_load_n(&a->buffer_id[unit_of(a, block)], __ATOMIC_RELAXED) != buffer_id)
         goto out; /* freed (or taken again) since it was exported */
     uint32_t u = unit_of(a, block), first, last;

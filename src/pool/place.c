@@ -126,14 +126,97 @@ static unsigned best_fit_arena_locked(const struct cuheap_pool *p, unsigned orde
     return best;
 }
 
-/* Whether some arena has a free block of order or more: the buddy would give it at once. */
-bool room_for_order_locked(const struct cuheap_pool *p, unsigned order)
+/* Whether some arena has a free block of size bytes or more: it would be given at once. */
+bool room_for_locked(const struct cuheap_pool *p, uint64_t size)
 {
+    unsigned order = order_of_size(p, size);
     uint64_t fits = order < 64 ? ~((1ull << order) - 1) : 0;
-    for (unsigned i = 0; i < p->nr_arenas; i++)
-        if (p->arenas[i]->buddy.free_bitmap & fits)
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        const struct cuheap_arena *a = p->arenas[i];
+        if (arena_first_fit(a) ? cuheap_fit_largest_free(&a->fit) >= block_of_size(p, size)
+                               : (a->buddy.free_bitmap & fits) != 0)
             return true;
+    }
     return false;
+}
+
+/* ---- an arena's blocks, from the buddy or first fit (CUHEAP_VMM_PLACEMENT) ---- */
+
+/* Bytes of the block that starts at ptr (live, pending or kept on a list), or -EINVAL when
+ * none does. */
+int64_t block_bytes_at(const struct cuheap_arena *a, uint64_t ptr)
+{
+    if (arena_first_fit(a)) {
+        uint64_t bytes = cuheap_fit_bytes_at(&a->fit, ptr);
+        return bytes ? (int64_t)bytes : -EINVAL;
+    }
+    int order = cuheap_buddy_order_at(&a->buddy, ptr);
+    return order < 0 ? order : (int64_t)(1ull << order);
+}
+
+/* The block that holds addr: 0 with its start and bytes and whether it is allocated (not
+ * free in the arena), -EINVAL outside it. Under first fit a free addr answers allocated false
+ * alone. */
+int block_holding(const struct cuheap_arena *a, uint64_t addr, uint64_t *ret_start,
+                  uint64_t *ret_bytes, bool *ret_allocated)
+{
+    if (arena_first_fit(a)) {
+        uintptr_t start = 0;
+        int r = cuheap_fit_block_of(&a->fit, addr, &start, ret_bytes);
+        *ret_allocated = r == 0;
+        *ret_start = start;
+        return r == -EINVAL ? r : 0;
+    }
+    uintptr_t start;
+    unsigned order;
+    int r = cuheap_buddy_block_of(&a->buddy, addr, &start, &order, ret_allocated);
+    if (r == 0) {
+        *ret_start = start;
+        *ret_bytes = 1ull << order;
+    }
+    return r;
+}
+
+/* What starts at addr, a block or free space, for a walk over an arena: 0 with its bytes,
+ * -EINVAL when nothing starts there. */
+int piece_at(const struct cuheap_arena *a, uint64_t addr, uint64_t *ret_bytes, bool *ret_allocated)
+{
+    if (arena_first_fit(a))
+        return cuheap_fit_piece_at(&a->fit, addr, ret_bytes, ret_allocated);
+    uintptr_t start;
+    unsigned order;
+    if (cuheap_buddy_block_of(&a->buddy, addr, &start, &order, ret_allocated) || start != addr)
+        return -EINVAL;
+    *ret_bytes = 1ull << order;
+    return 0;
+}
+
+/* The largest request the arena serves without a free. */
+uint64_t largest_free_of(const struct cuheap_arena *a)
+{
+    return arena_first_fit(a) ? cuheap_fit_largest_free(&a->fit)
+                              : cuheap_buddy_largest_free(&a->buddy);
+}
+
+/* First fit: the lowest place in the lowest arena that holds the request's block. */
+static int take_first_fit_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr,
+                                 uint64_t *ret_block, struct cuheap_arena **ret_arena)
+{
+    uint64_t want = block_of_size(p, size);
+    for (unsigned i = 0; i < p->nr_arenas; i++) {
+        struct cuheap_arena *a = p->arenas[i];
+        uintptr_t addr;
+        uint64_t got;
+        if (cuheap_fit_alloc(&a->fit, want, &addr, &got))
+            continue;
+        if (a->nr_live++ == 0)
+            p->nr_empty--;
+        *ret_ptr = addr;
+        *ret_block = got;
+        *ret_arena = a;
+        return 0;
+    }
+    return -ENOMEM;
 }
 
 /* A block of at least size bytes from what the pool has, with no driver call (p->lock held):
@@ -147,7 +230,8 @@ int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
                       struct cuheap_arena **ret_arena)
 {
     unsigned order = order_of_size(p, size);
-    struct cuheap_quick *q = order < CUHEAP_NR_ORDERS ? &p->quick[order] : NULL;
+    struct cuheap_quick *q =
+        order < CUHEAP_NR_ORDERS && pow2_block(p, size) ? &p->quick[order] : NULL;
     /* a block kept whole is taken only where its memory is still mapped and fits it: else
      * placement decides, which may find mapped memory elsewhere */
     if (q && q->head && order > CUHEAP_QUICK_MAX_ORDER &&
@@ -163,6 +247,8 @@ int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, u
         *ret_arena = a;
         return 0;
     }
+    if (p->first_fit)
+        return take_first_fit_locked(p, size, ret_ptr, ret_block, ret_arena);
     unsigned first = p->vmm ? p->hint : best_fit_arena_locked(p, order);
     for (unsigned n = 0; n < p->nr_arenas; n++) {
         unsigned i = (first + n) % p->nr_arenas;
@@ -212,7 +298,8 @@ void mark_live_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t pt
 /* Give a not-live block back to its buddy allocator. */
 void merge_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t ptr)
 {
-    if (cuheap_buddy_free(&a->buddy, ptr) < 0)
+    if ((arena_first_fit(a) ? cuheap_fit_free(&a->fit, ptr) : cuheap_buddy_free(&a->buddy, ptr)) <
+        0)
         return;
     p->nr_merged++;
     if (--a->nr_live == 0)
@@ -247,6 +334,8 @@ void purge_meta_locked(struct cuheap_pool *p)
     p->nr_merged = 0;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
+        if (arena_first_fit(a))
+            continue; /* first fit packs blocks at the lowest addresses: little to purge */
         cuheap_buddy_purge(&a->buddy, a->buddy.min_order + CUHEAP_PURGE_MIN_UNITS, purge_units, a);
     }
 }
@@ -258,9 +347,15 @@ void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t
     cuheap_assert(a && __atomic_load_n(&a->block_size[unit_of(a, ptr)], __ATOMIC_RELAXED) == 0);
     if (p->vmm)
         unuse_granules_locked(p, a, ptr);
-    int order = cuheap_buddy_order_at(&a->buddy, ptr);
-    if (order < 0)
+    int64_t bytes = block_bytes_at(a, ptr);
+    if (bytes < 0)
         return;
+    unsigned order = (unsigned)__builtin_ctzll((uint64_t)bytes);
+    if (bytes != 1ll << order || (p->first_fit && order > p->tc_max_order)) {
+        /* first fit: a block of its own size is found again where it was, with no list */
+        merge_block_locked(p, a, ptr);
+        return;
+    }
     struct cuheap_quick *q = &p->quick[order];
     /* Bounded: quick lists must not hoard what other sizes or the driver could use. Under vmm
      * a block on a quick list holds address space only (its granules went idle above), but it

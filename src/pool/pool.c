@@ -107,6 +107,10 @@ int cuheap_pool_init(struct cuheap_pool *p, const struct cuheap_config *cfg,
      * a 6 MiB piece would reach into a neighbour block's address space */
     if (cfg->vmm_layout == CUHEAP_VMM_ALIGNED)
         p->chunk_max = 1u << (31 - __builtin_clz(p->chunk_max));
+    /* first fit places blocks anywhere on a unit: the aligned layout's pieces line up only with
+     * the buddy's blocks */
+    p->first_fit =
+        p->vmm && cfg->vmm_placement == CUHEAP_PLACE_FIRST && cfg->vmm_layout == CUHEAP_VMM_TIGHT;
     p->idle.idle_next = p->idle.idle_prev = &p->idle;
     /* under CUHEAP_RELEASE=empty a freed block is merged as soon as it can: none are kept aside */
     p->tc_bytes = cfg->release == CUHEAP_RELEASE_EMPTY ? 0 : cfg->thread_cache;
@@ -243,7 +247,7 @@ static int pool_alloc_slow(struct cuheap_pool *p, uint64_t size, uint64_t stream
     /* Same-stream reuse needs no fence: later work on that stream is ordered after the free. */
     struct cuheap_stream_cache *sc = stream ? stream_cache_locked(p, stream, false) : NULL;
     if (sc) {
-        if (order < CUHEAP_NR_ORDERS && sc->heads[order]) {
+        if (order < CUHEAP_NR_ORDERS && sc->heads[order] && pow2_block(p, size)) {
             ptr = sc->heads[order];
             arena = map_lookup(ptr);
             sc->heads[order] = arena->link[unit_of(arena, ptr)];
@@ -315,7 +319,7 @@ again:;
         }
         /* The lock was dropped above (a poll, a wait): other threads' blocks may have come
          * back meanwhile and made room, and an arena taken then stays until it is empty. */
-        if (room_for_order_locked(p, order))
+        if (room_for_locked(p, size))
             continue;
         g = grow_locked(p, size, false);
         if (g == 0)
@@ -448,7 +452,7 @@ int cuheap_pool_claim_free(uint64_t ptr, int api, _Atomic uint64_t *head)
     if (!size)
         return -EINVAL; /* not live: a double free, or no block starts here */
     atomic_fetch_add_explicit(&a->pool->claimed, size, memory_order_relaxed); /* pool_check */
-    atomic_fetch_add_explicit(&a->pool->claimed_blocks, 1ull << order_of_size(a->pool, size),
+    atomic_fetch_add_explicit(&a->pool->claimed_blocks, block_of_size(a->pool, size),
                               memory_order_relaxed);
     __atomic_store_n(&a->link[u], size | (uint64_t)(uint8_t)api << CLAIM_API_SHIFT,
                      __ATOMIC_RELAXED);
@@ -480,7 +484,7 @@ uint64_t cuheap_pool_claimed_pop(_Atomic uint64_t *head, int *ret_api)
         *ret_api = (int)(v >> CLAIM_API_SHIFT);
         __atomic_store_n(&a->block_size[u], size, __ATOMIC_RELEASE);
         atomic_fetch_sub_explicit(&a->pool->claimed, size, memory_order_relaxed);
-        atomic_fetch_sub_explicit(&a->pool->claimed_blocks, 1ull << order_of_size(a->pool, size),
+        atomic_fetch_sub_explicit(&a->pool->claimed_blocks, block_of_size(a->pool, size),
                                   memory_order_relaxed);
         return ptr;
     }
@@ -496,7 +500,7 @@ uint64_t cuheap_pool_claimed_pop(_Atomic uint64_t *head, int *ret_api)
  * the pluggable allocator: bench/RESULTS.md). */
 static bool stream_cacheable(const struct cuheap_pool *p, uint64_t block)
 {
-    return !p->vmm || block < granule_bytes(p) / 2;
+    return (!p->vmm || block < granule_bytes(p) / 2) && !(block & (block - 1));
 }
 
 static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, bool cached,
@@ -508,15 +512,15 @@ static int pool_free_slow(struct cuheap_pool *p, uint64_t ptr, uint64_t stream, 
         return 0;
     pool_lock_noting(p, mine);
     struct cuheap_arena *a = map_lookup(ptr);
-    int found = a && a->pool == p ? cuheap_buddy_order_at(&a->buddy, ptr) : -EINVAL;
+    int64_t found = a && a->pool == p ? block_bytes_at(a, ptr) : -EINVAL;
     uint32_t u = found < 0 ? 0 : unit_of(a, ptr);
     uint64_t size = found < 0 ? 0 : __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
     if (!size) {
         pool_unlock(p);
         return -EINVAL; /* not a block start, or not live: a double free */
     }
-    unsigned order = (unsigned)found;
-    uint64_t block = 1ull << order;
+    uint64_t block = (uint64_t)found;
+    unsigned order = (unsigned)__builtin_ctzll(block); /* that of its list, when it has one */
     p->st.live -= size;
     p->st.live_blocks -= block;
     if (ret_seq)
@@ -569,11 +573,10 @@ int cuheap_pool_block_range(struct cuheap_pool *p, uint64_t ptr, uint64_t *ret_b
 {
     pool_lock(p);
     struct cuheap_arena *a = map_lookup(ptr);
-    uintptr_t start;
-    unsigned order;
+    uint64_t start, bytes;
     bool allocated;
     int r = -EINVAL;
-    if (a && cuheap_buddy_block_of(&a->buddy, ptr, &start, &order, &allocated) == 0 && allocated) {
+    if (a && block_holding(a, ptr, &start, &bytes, &allocated) == 0 && allocated) {
         uint32_t u = unit_of(a, start);
         uint64_t size = size_at(a, u);
         if (size && ptr < start + size) {

@@ -149,7 +149,7 @@ static inline unsigned tc_order(const struct tc_block *b)
 static inline bool tc_large_serves(const struct cuheap_pool *p, const struct tc_block *b,
                                    uint64_t size, unsigned order)
 {
-    return b->ptr && tc_order(b) == order &&
+    return b->ptr && tc_order(b) == order && pow2_block(p, size) &&
            (!p->vmm || b->arena->extent[unit_of(b->arena, tc_ptr(b))] >= size);
 }
 

@@ -142,7 +142,8 @@ __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct cuheap
     if (u >= a->buddy.nr_units) /* retired since the lookup */
         return -EAGAIN;
     uint64_t asked = size_at(a, u);
-    if (!asked || order_of_size(p, asked) <= p->tc_max_order)
+    /* kept by order: a block of a power of two (first fit makes others exact) */
+    if (!asked || order_of_size(p, asked) <= p->tc_max_order || !pow2_block(p, asked))
         return -EAGAIN;
     tc_enter(tc);
     if (tc->large.ptr) { /* read inside: a drainer may be taking it (ThreadSanitizer saw it) */

@@ -403,7 +403,10 @@ static uint64_t fixture_thread_cache; /* CUHEAP_THREAD_CACHE of the next fixture
 /* CUHEAP_VMM_LAYOUT of the next fixture: tight unless a test asks (the vmm tests count driver
  * calls of its rules; WITH_ALIGNED runs the ones that hold under both again, aligned) */
 static enum cuheap_vmm_layout fixture_layout = CUHEAP_VMM_TIGHT;
-static unsigned fixture_idle_fit = 125;      /* CUHEAP_VMM_IDLE_FIT of the next fixture */
+static unsigned fixture_idle_fit = 125; /* CUHEAP_VMM_IDLE_FIT of the next fixture */
+/* CUHEAP_VMM_PLACEMENT of the next fixture (WITH_FIRST_FIT runs the vmm tests whose rules hold
+ * under either placement again, first fit) */
+static enum cuheap_vmm_placement fixture_placement = CUHEAP_PLACE_SCORED;
 static uint64_t fixture_vmm_chunk = 8 * MIB; /* CUHEAP_VMM_CHUNK of the next fixture */
 
 static void note(struct cuheap_pool *p, const struct cuheap_pool_note *n)
@@ -446,6 +449,7 @@ static struct fixture *setup_backing(enum cuheap_reuse reuse, uint64_t capacity,
     f->cfg.thread_cache = fixture_thread_cache;
     f->cfg.vmm_layout = fixture_layout;
     f->cfg.vmm_idle_fit = fixture_idle_fit;
+    f->cfg.vmm_placement = fixture_placement;
     f->dev.next_va = 1ull << 46;
     struct cuheap_backend be = {
         .ctx = &f->dev,

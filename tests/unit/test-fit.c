@@ -143,8 +143,26 @@ static void random_run(uint64_t arena, uint64_t unit, unsigned seed, int steps, 
         uint64_t bytes;
         assert_int_equal(cuheap_fit_block_of(&f, BASE + u * unit, &start, &bytes),
                          used[u] ? 0 : -2);
-        if (step % check_every == 0)
+        if (step % check_every == 0) {
             check_ok(&f);
+            /* a walk by pieces tiles the arena as the model does: blocks where units are used,
+             * free ranges (never two in a row) where they are not */
+            bool last_free = false;
+            for (uint32_t v = 0; v < nr_units;) {
+                bool allocated;
+                assert_int_equal(cuheap_fit_piece_at(&f, BASE + v * unit, &bytes, &allocated), 0);
+                assert_true(bytes >= unit && bytes % unit == 0 && v + bytes / unit <= nr_units);
+                assert_int_equal(allocated, used[v]);
+                assert_false(!allocated && last_free);
+                for (uint32_t k = v; k < v + bytes / unit; k++)
+                    assert_int_equal(used[k], allocated);
+                last_free = !allocated;
+                v += (uint32_t)(bytes / unit);
+            }
+            bool inside_free;
+            if (nr_units > 1 && !used[0] && !used[1]) /* no piece starts inside a free range */
+                assert_int_equal(cuheap_fit_piece_at(&f, BASE + unit, &bytes, &inside_free), -22);
+        }
     }
     while (n) {
         n--;

@@ -1876,6 +1876,26 @@ WITH_ALIGNED(test_vmm_pending_granules_stay)
 WITH_ALIGNED(test_vmm_out_of_memory_and_limit)
 WITH_ALIGNED(test_vmm_trim_and_reserve)
 
+/* The vmm tests whose rules hold under either placement, again under first fit (the others
+ * test where the scored buddy puts a block). */
+#define WITH_FIRST_FIT(name)                                                                       \
+    static void name##_first_fit(void **state)                                                     \
+    {                                                                                              \
+        fixture_placement = CUHEAP_PLACE_FIRST;                                                    \
+        name(state);                                                                               \
+        fixture_placement = CUHEAP_PLACE_SCORED;                                                   \
+    }
+WITH_FIRST_FIT(test_vmm_random_with_invariants)
+WITH_FIRST_FIT(test_vmm_random_with_invariants_thread_cache)
+WITH_FIRST_FIT(test_vmm_pending_granules_stay)
+WITH_FIRST_FIT(test_vmm_out_of_memory_and_limit)
+WITH_FIRST_FIT(test_vmm_trim_and_reserve)
+WITH_FIRST_FIT(test_vmm_late_fences_do_not_raise_the_budget)
+WITH_FIRST_FIT(test_vmm_reuse_needs_no_driver_call)
+WITH_FIRST_FIT(test_vmm_stream_frees_map_no_more)
+WITH_FIRST_FIT(test_fence_wait_leaves_pool_unlocked)
+WITH_FIRST_FIT(test_sync_fallback_leaves_pool_unlocked)
+
 /* A pool under the fence policy with thread caches of 16 MiB: legacy (0) or vmm (1). */
 static struct fixture *setup_thread_cached(int backing)
 {
@@ -2796,8 +2816,10 @@ static void test_vmm_out_of_memory_is_no_refusal(void **state)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1) /* a pattern: only the tests it names (cmocka's filter) */
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_grows_by_an_eighth_or_the_block),
         cmocka_unit_test(test_pool_holds_little_more_than_it_grew_for),
@@ -2858,6 +2880,16 @@ int main(void)
         cmocka_unit_test(test_vmm_pending_granules_stay_aligned),
         cmocka_unit_test(test_vmm_out_of_memory_and_limit_aligned),
         cmocka_unit_test(test_vmm_trim_and_reserve_aligned),
+        cmocka_unit_test(test_vmm_random_with_invariants_first_fit),
+        cmocka_unit_test(test_vmm_random_with_invariants_thread_cache_first_fit),
+        cmocka_unit_test(test_vmm_pending_granules_stay_first_fit),
+        cmocka_unit_test(test_vmm_out_of_memory_and_limit_first_fit),
+        cmocka_unit_test(test_vmm_trim_and_reserve_first_fit),
+        cmocka_unit_test(test_vmm_late_fences_do_not_raise_the_budget_first_fit),
+        cmocka_unit_test(test_vmm_reuse_needs_no_driver_call_first_fit),
+        cmocka_unit_test(test_vmm_stream_frees_map_no_more_first_fit),
+        cmocka_unit_test(test_fence_wait_leaves_pool_unlocked_first_fit),
+        cmocka_unit_test(test_sync_fallback_leaves_pool_unlocked_first_fit),
         cmocka_unit_test(test_vmm_idle_fit),
         cmocka_unit_test(test_vmm_whole_block_kept_and_given_up),
         cmocka_unit_test(test_vmm_idle_fit_holds_back_when_spread),
