@@ -813,6 +813,14 @@ run_layouts() {
                 aligned8) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE CUHEAP_VMM_LAYOUT=aligned ;;
                 aligned16) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE \
                     CUHEAP_VMM_LAYOUT=aligned CUHEAP_VMM_CHUNK=16M ;;
+                first-fit) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE \
+                    CUHEAP_VMM_PLACEMENT=first-fit ;;
+                scored) set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE \
+                    CUHEAP_VMM_PLACEMENT=scored ;;
+                *:*) # LABEL:VAR=VALUE,...: this build, caching off, under those settings
+                    local extra
+                    IFS=, read -r -a extra <<<"${name#*:}"
+                    set -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$PRE "${extra[@]}" ;;
                 esac
                 if [ $job = gpt ]; then
                     out=$(env "$@" CUHEAP_RECORD=0 CUHEAP_SUMMARY=0 timeout 200 \

@@ -223,6 +223,23 @@ static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq
         poll_oldest_locked(p);
 }
 
+/* Under first fit a chunk is at most this share of the memory the job's blocks have kept busy
+ * at most (a granule at least, CUHEAP_VMM_CHUNK at most). Blocks lie anywhere there, not on
+ * power-of-two places, so a chunk's last granule is often the next block's first: that block
+ * keeps the whole chunk busy once the chunk's own block is freed, and a small job's few large
+ * blocks then held several granules each for nothing (bench/RESULTS.md, cupy-nopool). A large
+ * job keeps its chunks of CUHEAP_VMM_CHUNK, and so its few mapping calls. */
+#define CUHEAP_FIT_CHUNK_SHARE 64
+
+static uint32_t fit_chunk_max(const struct cuheap_pool *p)
+{
+    uint64_t busy = busy_bytes_locked(p);
+    if (busy < p->peak_busy)
+        busy = p->peak_busy;
+    uint64_t n = (busy / CUHEAP_FIT_CHUNK_SHARE) >> p->granule_shift;
+    return n < 1 ? 1 : n < p->chunk_max ? (uint32_t)n : p->chunk_max;
+}
+
 /* The granules [*ret_start, *ret_end] one new chunk covers, for the unmapped granule g that
  * the block at ptr needs (its last needed granule: last).
  * tight: from g to the next mapped granule, at most `last` and CUHEAP_VMM_CHUNK, so a block
@@ -241,7 +258,8 @@ static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena 
 {
     uint32_t start = g, end = g;
     if (p->cfg->vmm_layout == CUHEAP_VMM_TIGHT) {
-        while (end < last && !a->granules[end + 1].chunk && end + 1 - g < p->chunk_max)
+        uint32_t most = p->first_fit ? fit_chunk_max(p) : p->chunk_max;
+        while (end < last && !a->granules[end + 1].chunk && end + 1 - g < most)
             end++;
     } else {
         uint32_t piece = g - g % p->chunk_max, piece_end = piece + p->chunk_max - 1;

@@ -10,7 +10,9 @@
  *   arena.c     arenas: address ranges with a buddy allocator and per-unit records; legacy growth
  *   device.c    every call the pool makes to its backend (the driver), timed, lock rule checked
  *   phys.c      physical memory under vmm arenas: granules and chunks, mapped, moved, released
- *   place.c     blocks: where one goes (the scored buddy), quick lists, merging, metadata purge
+ *   blocks.c    an arena's blocks, from the buddy or first fit: what is where
+ *   place.c     blocks: where one goes (the scored buddy or first fit), quick lists, merging,
+ *               metadata purge
  *   fence.c     epochs of freed blocks behind fences, reclaim, the idle check, stream caches
  *   acquire.c   where a vmm block gets its memory: mapped, moved, new, or waited for
  *   tcache.c    per-thread caches of small blocks (tcache.h: their structs and fast path)
@@ -639,6 +641,8 @@ int move_chunk_locked(struct cuheap_pool *p, struct cuheap_chunk *c, struct cuhe
 
 /* place.c */
 bool room_for_locked(const struct cuheap_pool *p, uint64_t size);
+
+/* blocks.c */
 int64_t block_bytes_at(const struct cuheap_arena *a, uint64_t ptr);
 int block_holding(const struct cuheap_arena *a, uint64_t addr, uint64_t *ret_start,
                   uint64_t *ret_bytes, bool *ret_allocated);

@@ -1876,6 +1876,61 @@ WITH_ALIGNED(test_vmm_pending_granules_stay)
 WITH_ALIGNED(test_vmm_out_of_memory_and_limit)
 WITH_ALIGNED(test_vmm_trim_and_reserve)
 
+/* CUHEAP_VMM_PLACEMENT=first-fit: blocks above a thread cache's sizes are exact to 512 B and
+ * lie back to back, so they hold only the granules their bytes reach into (the buddy rounds
+ * 3, 5 and 1.5 MiB up to 4, 8 and 2 MiB, and maps 6 granules under them). */
+static void test_first_fit_packs_blocks(void **state)
+{
+    (void)state;
+    fixture_placement = CUHEAP_PLACE_FIRST;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 30, 0);
+    fixture_placement = CUHEAP_PLACE_SCORED;
+    uint64_t a = alloc(f, 3 * MIB, 0), b = alloc(f, 5 * MIB, 0), c = alloc(f, 3 * MIB / 2, 0);
+    assert_int_equal(b, a + 3 * MIB);
+    assert_int_equal(c, b + 5 * MIB);
+    assert_int_equal(f->dev.used, 10 * MIB); /* 9.5 MiB: five granules */
+    check_invariants(f);
+    /* freed, the lowest place that holds a block is taken again: no driver call */
+    release(f, a, 0);
+    complete_fences(&f->dev);
+    int calls = mapping_calls(f);
+    uint64_t d = alloc(f, 2 * MIB, 0);
+    assert_int_equal(d, a);
+    assert_int_equal(mapping_calls(f), calls);
+    check_invariants(f);
+    release(f, b, 0);
+    release(f, c, 0);
+    release(f, d, 0);
+    teardown(f);
+}
+
+/* First fit: a small job's chunks are single granules, so a block that shares the last granule
+ * of a freed one keeps that granule only; a large job's blocks still come in 8 MiB chunks. */
+static void test_first_fit_chunks_follow_the_job(void **state)
+{
+    (void)state;
+    fixture_placement = CUHEAP_PLACE_FIRST;
+    struct fixture *f = setup_vmm(CUHEAP_REUSE_FENCE, 1ull << 31, 0);
+    fixture_placement = CUHEAP_PLACE_SCORED;
+    uint64_t a = alloc(f, 7 * MIB, 0), b = alloc(f, 1 * MIB, 0);
+    assert_int_equal(b, a + 7 * MIB); /* in a's last granule */
+    release(f, a, 0);
+    complete_fences(&f->dev);
+    cuheap_pool_trim(&f->pool, false);
+    assert_int_equal(atomic_load(&f->reserved), 2 * MIB); /* b's granule, no more */
+    check_invariants(f);
+    release(f, b, 0);
+    complete_fences(&f->dev);
+    uint64_t big = alloc(f, 768 * MIB, 0);
+    int creates = f->dev.nr_creates;
+    uint64_t x = alloc(f, 64 * MIB, 0);
+    assert_int_equal(f->dev.nr_creates - creates, 8);
+    check_invariants(f);
+    release(f, x, 0);
+    release(f, big, 0);
+    teardown(f);
+}
+
 /* The vmm tests whose rules hold under either placement, again under first fit (the others
  * test where the scored buddy puts a block). */
 #define WITH_FIRST_FIT(name)                                                                       \
@@ -2880,6 +2935,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_vmm_pending_granules_stay_aligned),
         cmocka_unit_test(test_vmm_out_of_memory_and_limit_aligned),
         cmocka_unit_test(test_vmm_trim_and_reserve_aligned),
+        cmocka_unit_test(test_first_fit_packs_blocks),
+        cmocka_unit_test(test_first_fit_chunks_follow_the_job),
         cmocka_unit_test(test_vmm_random_with_invariants_first_fit),
         cmocka_unit_test(test_vmm_random_with_invariants_thread_cache_first_fit),
         cmocka_unit_test(test_vmm_pending_granules_stay_first_fit),
