@@ -394,8 +394,9 @@ static const struct option options[] = {
      "percent more memory)",
      parse_enum, FIELD(vmm_layout), 0, 0, vmm_layout_names, 0},
     {"CUHEAP_VMM_PLACEMENT", "scored",
-     "vmm: scored (power-of-two blocks where memory is mapped) or first-fit (blocks over 128 KiB "
-     "exact to CUHEAP_MIN_BLOCK, at the lowest address that holds them)",
+     "vmm, tight layout: scored (power-of-two blocks where memory is mapped) or first-fit (blocks "
+     "over a thread cache's largest, 128 KiB on 2 MiB granules, exact to CUHEAP_MIN_BLOCK, at "
+     "the lowest address that holds them)",
      parse_enum, FIELD(vmm_placement), 0, 0, vmm_placement_names, 0},
     {"CUHEAP_VMM_IDLE_FIT", "125",
      "vmm, tight layout: a block goes into an idle chunk of up to this percentage of the "
@@ -555,6 +556,13 @@ int cuheap_config_parse(struct cuheap_config *cfg, cuheap_getenv_fn get, cuheap_
     }
     if (cfg->min_block > cfg->arena_size)
         cfg->min_block = cfg->arena_size;
+    if (cfg->vmm_placement == CUHEAP_PLACE_FIRST && cfg->vmm_layout == CUHEAP_VMM_ALIGNED) {
+        warn("CUHEAP_VMM_PLACEMENT=first-fit needs CUHEAP_VMM_LAYOUT=tight (aligned pieces need "
+             "the buddy's places); using scored",
+             arg);
+        cfg->vmm_placement = CUHEAP_PLACE_SCORED;
+        nr_warnings++;
+    }
     return nr_warnings;
 }
 
@@ -584,7 +592,8 @@ void cuheap_config_dump(const struct cuheap_config *cfg, cuheap_warn_fn emit, vo
         EMIT("CUHEAP_VMM_CHUNK=%" PRIu64, cfg->vmm_chunk);
         EMIT("CUHEAP_VMM_CUSHION=%" PRIu64, cfg->vmm_cushion);
         EMIT("CUHEAP_VMM_LAYOUT=%s", vmm_layout_names[cfg->vmm_layout]);
-        EMIT("CUHEAP_VMM_PLACEMENT=%s", vmm_placement_names[cfg->vmm_placement]);
+        if (cfg->vmm_layout == CUHEAP_VMM_TIGHT) /* aligned pieces need the buddy's places */
+            EMIT("CUHEAP_VMM_PLACEMENT=%s", vmm_placement_names[cfg->vmm_placement]);
         if (cfg->vmm_layout == CUHEAP_VMM_TIGHT && cfg->vmm_placement == CUHEAP_PLACE_SCORED)
             EMIT("CUHEAP_VMM_IDLE_FIT=%u", cfg->vmm_idle_fit);
     }

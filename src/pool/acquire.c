@@ -231,12 +231,18 @@ static void map_wait_locked(struct cuheap_pool *p, int what, struct acquire *acq
  * job keeps its chunks of CUHEAP_VMM_CHUNK, and so its few mapping calls. */
 #define CUHEAP_FIT_CHUNK_SHARE 64
 
-static uint32_t fit_chunk_max(const struct cuheap_pool *p)
+/* Granules a new chunk may cover at most under first fit, for a block over span granules: small
+ * jobs' chunks are small, but no block is mapped in more than about CUHEAP_NR_SHARE_MAX / 2 chunks
+ * (an export of it to another process takes a piece each). */
+static uint32_t fit_chunk_max(const struct cuheap_pool *p, uint32_t span)
 {
     uint64_t busy = busy_bytes_locked(p);
     if (busy < p->peak_busy)
         busy = p->peak_busy;
     uint64_t n = (busy / CUHEAP_FIT_CHUNK_SHARE) >> p->granule_shift;
+    uint64_t few = (span + CUHEAP_NR_SHARE_MAX / 2 - 1) / (CUHEAP_NR_SHARE_MAX / 2);
+    if (n < few)
+        n = few;
     return n < 1 ? 1 : n < p->chunk_max ? (uint32_t)n : p->chunk_max;
 }
 
@@ -258,7 +264,8 @@ static void chunk_bounds(const struct cuheap_pool *p, const struct cuheap_arena 
 {
     uint32_t start = g, end = g;
     if (p->cfg->vmm_layout == CUHEAP_VMM_TIGHT) {
-        uint32_t most = p->first_fit ? fit_chunk_max(p) : p->chunk_max;
+        uint32_t span = last + 1 - (uint32_t)((ptr - a->buddy.base) >> p->granule_shift);
+        uint32_t most = p->first_fit ? fit_chunk_max(p, span) : p->chunk_max;
         while (end < last && !a->granules[end + 1].chunk && end + 1 - g < most)
             end++;
     } else {

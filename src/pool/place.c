@@ -164,10 +164,10 @@ static int take_first_fit_locked(struct cuheap_pool *p, uint64_t size, uint64_t 
 /* A block of at least size bytes from what the pool has, with no driver call (p->lock held):
  * its order's quick list first (a block kept whole only where its memory is still mapped), else
  * the buddy of an arena with room, from the last one that had some (p->hint), placed under vmm
- * by place_score. Neither live yet (mark_live_locked) nor, under vmm, backed
- * (use_granules_locked). Returns 0 with the
- * block's start, its bytes (a power of two) and its arena, or -ENOMEM when no arena has room:
- * the caller reclaims, trims or grows and asks again. */
+ * by place_score; or under first fit the lowest place that holds it. Neither live yet
+ * (mark_live_locked) nor, under vmm, backed (use_granules_locked). Returns 0 with the block's
+ * start, its bytes (block_of_size) and its arena, or -ENOMEM when no arena has room: the caller
+ * reclaims, trims or grows and asks again. */
 int take_block_locked(struct cuheap_pool *p, uint64_t size, uint64_t *ret_ptr, uint64_t *ret_block,
                       struct cuheap_arena **ret_arena)
 {
@@ -277,8 +277,10 @@ void purge_meta_locked(struct cuheap_pool *p)
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
         if (arena_first_fit(a))
-            continue; /* first fit packs blocks at the lowest addresses: little to purge */
-        cuheap_buddy_purge(&a->buddy, a->buddy.min_order + CUHEAP_PURGE_MIN_UNITS, purge_units, a);
+            cuheap_fit_purge(&a->fit, 1u << CUHEAP_PURGE_MIN_UNITS, purge_units, a);
+        else
+            cuheap_buddy_purge(&a->buddy, a->buddy.min_order + CUHEAP_PURGE_MIN_UNITS, purge_units,
+                               a);
     }
 }
 

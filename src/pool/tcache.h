@@ -246,7 +246,12 @@ tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a,
      * Cleared inside the cache, with the live count: a check sees both or neither. */
     tc_enter(tc);
     uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
-    if (!size) { /* a double free, or its arena died with its context meanwhile */
+    if (!size || !pow2_block(p, size)) {
+        /* a double free, or its arena died with its context meanwhile; or a racing double free
+         * of the address reused meanwhile by a block kept by no order (first fit): its size
+         * goes back for the pool's path, which knows the block's bytes */
+        if (size)
+            __atomic_store_n(&a->block_size[u], size, __ATOMIC_RELEASE);
         tc_leave(tc);
         return -EAGAIN;
     }

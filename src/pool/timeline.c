@@ -154,7 +154,9 @@ __attribute__((noinline)) int tc_large_free(struct cuheap_pool *p, struct cuheap
      * free of the address reused meanwhile may be of another order: the block is kept all the
      * same, and goes back to the pool from here (tc_large_give_locked takes any order) */
     uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
-    if (!size) {
+    if (!size || !pow2_block(p, size)) { /* as in tc_free */
+        if (size)
+            __atomic_store_n(&a->block_size[u], size, __ATOMIC_RELEASE);
         tc_leave(tc);
         return -EAGAIN;
     }

@@ -155,6 +155,22 @@ static void test_pool_max_capped_by_arena(void **state)
     assert_int_equal(c.pool_max, 32ull << 20);
 }
 
+/* First fit needs the tight layout: asked for with the aligned one, it says so and the pool
+ * places by the scored buddy, and the settings report says what is in force. */
+static void test_first_fit_needs_tight_layout(void **state)
+{
+    (void)state;
+    struct fake_env e = {
+        .vars = {{"CUHEAP_VMM_PLACEMENT", "first-fit"}, {"CUHEAP_VMM_LAYOUT", "aligned"}}};
+    struct cuheap_config c;
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &e), 1);
+    assert_true(warned(&e, "CUHEAP_VMM_PLACEMENT=first-fit needs CUHEAP_VMM_LAYOUT=tight"));
+    assert_int_equal(c.vmm_placement, CUHEAP_PLACE_SCORED);
+    struct fake_env t = {.vars = {{"CUHEAP_VMM_PLACEMENT", "first-fit"}}};
+    assert_int_equal(cuheap_config_parse(&c, get, warn, &t), 0);
+    assert_int_equal(c.vmm_placement, CUHEAP_PLACE_FIRST);
+}
+
 static void test_sizes_and_paths(void **state)
 {
     (void)state;
@@ -548,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_percent_limit),
         cmocka_unit_test(test_bad_values_warn_and_keep_defaults),
         cmocka_unit_test(test_pool_max_capped_by_arena),
+        cmocka_unit_test(test_first_fit_needs_tight_layout),
         cmocka_unit_test(test_sizes_and_paths),
         cmocka_unit_test(test_output_mode),
         cmocka_unit_test(test_audit),
