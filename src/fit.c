@@ -12,8 +12,6 @@
  */
 #include "fit.h"
 
-#include "buddy.h" /* cuheap_buddy_drop_pages */
-
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -336,31 +334,6 @@ int cuheap_fit_piece_at(const struct cuheap_fit *f, uintptr_t addr, uint64_t *re
     *ret_bytes = (uint64_t)at(f, r)->len << f->unit_shift;
     *ret_allocated = false;
     return 0;
-}
-
-static unsigned purge(struct cuheap_fit *f, uint32_t i, uint32_t min_units, cuheap_fit_purge_fn fn,
-                      void *arg)
-{
-    if (!i || longest(f, i) < min_units)
-        return 0;
-    const struct cuheap_fit_range *r = at(f, i);
-    unsigned nr = purge(f, r->left, min_units, fn, arg);
-    if (r->len >= min_units) {
-        uint32_t first = r->start + 1, n = r->len - 2;
-        cuheap_buddy_drop_pages(f->block_units, sizeof(*f->block_units), first, n);
-        cuheap_buddy_drop_pages(f->range_first, sizeof(*f->range_first), first, n);
-        cuheap_buddy_drop_pages(f->range_last, sizeof(*f->range_last), first, n);
-        if (fn)
-            fn(arg, first, n);
-        nr++;
-    }
-    return nr + purge(f, r->right, min_units, fn, arg);
-}
-
-unsigned cuheap_fit_purge(struct cuheap_fit *f, uint32_t min_units, cuheap_fit_purge_fn fn,
-                          void *arg)
-{
-    return purge(f, f->root, min_units < 3 ? 3 : min_units, fn, arg);
 }
 
 uint64_t cuheap_fit_largest_free(const struct cuheap_fit *f)

@@ -75,19 +75,6 @@ int cuheap_fit_block_of(const struct cuheap_fit *f, uintptr_t addr, uintptr_t *r
 int cuheap_fit_piece_at(const struct cuheap_fit *f, uintptr_t addr, uint64_t *ret_bytes,
                         bool *ret_allocated);
 
-/* Called by cuheap_fit_purge() with the units of a free range past its first and before its
- * last. */
-typedef void (*cuheap_fit_purge_fn)(void *arg, uint32_t first_unit, uint32_t nr_units);
-
-/* Give the kernel back the pages of per-unit records that lie wholly inside free ranges of
- * min_units units or more, past their first unit and before their last (those two hold the
- * range's records): those units hold zeros, which is what the pages read as afterwards. Blocks
- * start all over an arena in a long run, and every page of records a start touched would stay
- * resident. fn (may be NULL) is called for each such range, for the caller's own per-unit
- * arrays. Returns the number of ranges. */
-unsigned cuheap_fit_purge(struct cuheap_fit *f, uint32_t min_units, cuheap_fit_purge_fn fn,
-                          void *arg);
-
 /* Bytes of the longest free range: the largest request served without a free. O(1). */
 uint64_t cuheap_fit_largest_free(const struct cuheap_fit *f);
 

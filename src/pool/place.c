@@ -276,9 +276,10 @@ void purge_meta_locked(struct cuheap_pool *p)
     p->nr_merged = 0;
     for (unsigned i = 0; i < p->nr_arenas; i++) {
         struct cuheap_arena *a = p->arenas[i];
-        if (arena_first_fit(a))
-            cuheap_fit_purge(&a->fit, 1u << CUHEAP_PURGE_MIN_UNITS, purge_units, a);
-        else
+        /* first fit keeps block starts packed low, so the records they touch stay within the
+         * highest address in use; purging its free ranges only made them churn (page faults:
+         * bench/RESULTS.md, the soak under first fit) */
+        if (!arena_first_fit(a))
             cuheap_buddy_purge(&a->buddy, a->buddy.min_order + CUHEAP_PURGE_MIN_UNITS, purge_units,
                                a);
     }

@@ -8,8 +8,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #include <cmocka.h>
 
 #include "fit.h"
@@ -99,13 +97,6 @@ static int64_t model_first_fit(const uint8_t *used, uint32_t nr_units, uint32_t 
 }
 
 /* Long random sequences against the model; the arena must be one free range at the end. */
-static void count_purged(void *arg, uint32_t first, uint32_t nr)
-{
-    (void)first;
-    assert_true(nr >= 62); /* a range of 64 units or more, less its two ends */
-    (*(unsigned *)arg)++;
-}
-
 static void random_run(uint64_t arena, uint64_t unit, unsigned seed, int steps, int check_every)
 {
     struct cuheap_fit f;
@@ -153,9 +144,6 @@ static void random_run(uint64_t arena, uint64_t unit, unsigned seed, int steps, 
         assert_int_equal(cuheap_fit_block_of(&f, BASE + u * unit, &start, &bytes),
                          used[u] ? 0 : -2);
         if (step % check_every == 0) {
-            /* records inside long free ranges given back: every answer stays the same */
-            unsigned purged = 0;
-            cuheap_fit_purge(&f, 64, count_purged, &purged);
             check_ok(&f);
             /* a walk by pieces tiles the arena as the model does: blocks where units are used,
              * free ranges (never two in a row) where they are not */
@@ -226,53 +214,6 @@ static void test_random_large_arena(void **state)
     random_run(64ull << 20, 512, 3, 100000, 997);
 }
 
-/* Pages of the records a block start touched go back to the kernel once the block's range is
- * free and long (host memory stays flat over a long run), and the records a free range keeps at
- * its ends survive: the arena works on as before. */
-static void test_purge_gives_pages_back(void **state)
-{
-    (void)state;
-    struct cuheap_fit f;
-    enum { UNIT = 512, STRIDE = 1024, N = 256 }; /* a block start every page of 4-byte records */
-    assert_int_equal(cuheap_fit_init(&f, BASE, (uint64_t)UNIT * STRIDE * (N + 2), UNIT), 0);
-    long page = sysconf(_SC_PAGESIZE);
-    /* the first block ends where a page of the free-range records begins: the range that
-     * follows it keeps its first record on a page of its own */
-    uint32_t skip = (uint32_t)(((uintptr_t)page - (uintptr_t)f.range_first % (uintptr_t)page) %
-                               (uintptr_t)page / sizeof(uint32_t));
-    uintptr_t a[N + 1];
-    uint64_t bytes;
-    assert_int_equal(cuheap_fit_alloc(&f, (uint64_t)UNIT * (skip + STRIDE), &a[0], &bytes), 0);
-    for (int i = 1; i <= N; i++)
-        assert_int_equal(cuheap_fit_alloc(&f, (uint64_t)UNIT * STRIDE, &a[i], &bytes), 0);
-    for (int i = 1; i <= N; i++) /* the first stays */
-        assert_true(cuheap_fit_free(&f, a[i]) > 0);
-    size_t len = (size_t)STRIDE * (N + 2) * sizeof(uint32_t) / (size_t)page;
-    unsigned char *in = calloc(len + 1, 1);
-    uintptr_t array = (uintptr_t)f.block_units & ~(uintptr_t)(page - 1);
-    assert_int_equal(mincore((void *)array, len * (size_t)page, in), 0);
-    size_t resident = 0;
-    for (size_t i = 0; i < len; i++)
-        resident += in[i] & 1;
-    assert_true(resident >= N - 1);
-    assert_int_equal(cuheap_fit_purge(&f, 64, NULL, NULL), 1);
-    assert_int_equal(mincore((void *)array, len * (size_t)page, in), 0);
-    size_t after = 0;
-    for (size_t i = 0; i < len; i++)
-        after += in[i] & 1;
-    assert_true(after <= 3); /* the kept block's start, the range's two ends */
-    check_ok(&f);
-    /* the range's records at its ends are still there: a freed neighbour merges with it */
-    assert_true(cuheap_fit_free(&f, a[0]) > 0);
-    check_ok(&f);
-    assert_true(cuheap_fit_empty(&f));
-    uintptr_t b;
-    assert_int_equal(cuheap_fit_alloc(&f, UNIT, &b, &bytes), 0);
-    assert_int_equal(b, BASE);
-    free(in);
-    cuheap_fit_destroy(&f);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,7 +224,6 @@ int main(void)
         cmocka_unit_test(test_random_arena_of_odd_units),
         cmocka_unit_test(test_huge_request_refused),
         cmocka_unit_test(test_random_large_arena),
-        cmocka_unit_test(test_purge_gives_pages_back),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);
