@@ -246,7 +246,8 @@ tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a,
      * Cleared inside the cache, with the live count: a check sees both or neither. */
     tc_enter(tc);
     uint64_t size = __atomic_exchange_n(&a->block_size[u], 0, __ATOMIC_ACQ_REL);
-    if (!size || !pow2_block(p, size)) {
+    unsigned order = order_of_size(p, size); /* a block's order is its request's */
+    if (!size || (order > p->tc_max_order && !pow2_block(p, size))) {
         /* a double free, or its arena died with its context meanwhile; or a racing double free
          * of the address reused meanwhile by a block kept by no order (first fit): its size
          * goes back for the pool's path, which knows the block's bytes */
@@ -255,7 +256,6 @@ tc_free(struct cuheap_pool *p, struct cuheap_tcache *tc, struct cuheap_arena *a,
         tc_leave(tc);
         return -EAGAIN;
     }
-    unsigned order = order_of_size(p, size); /* a block's order is its request's */
     uint64_t block = 1ull << order;
     tc->live -= (int64_t)size;
     tc->live_blocks -= (int64_t)block;
