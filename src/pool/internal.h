@@ -420,7 +420,7 @@ static inline bool arena_first_fit(const struct cuheap_arena *a)
  * block, where no other block can go while it lives (a 5 MiB block on a chunk mapped for an
  * 8 MiB one holds 8 MiB). A chunk is mapped and released whole, so only placement can avoid
  * them: blocks of random sizes on streams of their own held more there than in any other part
- * of the pool (bench/RESULTS.md, issue 31). Tight layout only, where chunks fit the blocks they
+ * of the pool (bench/RESULTS.md). Tight layout only, where chunks fit the blocks they
  * were made for: under aligned a block under a piece maps the whole piece wherever it goes. */
 static inline uint32_t wasted_granules(const struct cuheap_pool *p, const struct cuheap_arena *a,
                                        uint32_t last, uint32_t block_last)

@@ -105,7 +105,7 @@ static unsigned merge_whole_locked(struct cuheap_pool *p)
  * p->hint), so that a small block takes a small free piece rather than splitting the only
  * large one of the first arena with room: requests of 8-16 MiB among smaller ones on four
  * streams grew the pool to several times their live bytes when they found every large piece
- * split (bench/RESULTS.md, issue 31). Returns p->hint when no arena has one. */
+ * split (bench/RESULTS.md). Returns p->hint when no arena has one. */
 static unsigned best_fit_arena_locked(const struct cuheap_pool *p, unsigned order)
 {
     unsigned best = p->hint, best_order = CUHEAP_NR_ORDERS;
@@ -306,7 +306,7 @@ void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t
      * a block on a quick list holds address space only (its granules went idle above), but it
      * hides that mapped memory from placement: blocks above CUHEAP_QUICK_MAX_ORDER kept whole,
      * many an order, made placement move idle chunks far more often, each an unmap and a map.
-     * One an order is kept (issue 14): a loop that frees a 2 or 20 MiB block and asks for
+     * One an order is kept: a loop that frees a 2 or 20 MiB block and asks for
      * another of its size then takes it back without merging it up through a 4 GiB arena and
      * splitting it down again, scored at every level (which cost that loop most of its pair);
      * and when the scored placement settles on a place that needs memory mapped, those kept
@@ -314,7 +314,7 @@ void return_block_locked(struct cuheap_pool *p, struct cuheap_arena *a, uint64_t
      * they were. Below a granule too, one an order: a block kept there stays out of its
      * buddy, so its granule never comes back whole, and the list hands it out again wherever
      * it lies, whatever is mapped or used around it; 64 an order spread blocks of random sizes
-     * over granules they kept busy (bench/RESULTS.md, issue 31), where merged, placement packs
+     * over granules they kept busy (bench/RESULTS.md), where merged, placement packs
      * them into the granules in use. A loop of one size still gets its block back. */
     bool whole = p->vmm && order > CUHEAP_QUICK_MAX_ORDER && q->nr == 0;
     bool small = order <= CUHEAP_QUICK_MAX_ORDER &&

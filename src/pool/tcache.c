@@ -249,7 +249,7 @@ static void tc_make_key(void)
  * threads keep together follows what the job uses, not how many threads it has: threads on
  * streams of their own that each kept their whole CUHEAP_THREAD_CACHE of small blocks, or a
  * larger share of the live bytes, made the pool hold measurably more than without caches
- * (bench/RESULTS.md, issue 31). Taken again at each refill. */
+ * (bench/RESULTS.md). Taken again at each refill. */
 uint64_t tc_share_locked(const struct cuheap_pool *p)
 {
     uint64_t n = p->nr_tcaches ? p->nr_tcaches : 1, share = p->st.live / (TC_LIVE_SHARE * n),
@@ -528,7 +528,7 @@ void pool_lock_noting(struct cuheap_pool *p, struct cuheap_tcache *tc)
  * could not serve: another order, a stream-ordered request, or under vmm more bytes than the
  * kept block has mapped. The kept block goes to the pool: a thread keeps one to reuse at once,
  * and one whose large sizes vary seldom asks for that order again, while the block (up to
- * CUHEAP_POOL_MAX) holds memory for nobody (bench/RESULTS.md, issue 31). Pairs of one size
+ * CUHEAP_POOL_MAX) holds memory for nobody (bench/RESULTS.md). Pairs of one size
  * keep theirs; a kept block whose fence has not passed yet also stays (tc_large_alloc). */
 void tc_large_unfit_locked(struct cuheap_pool *p, struct cuheap_tcache *tc, uint64_t size,
                            unsigned order, bool streamed)
